@@ -2,9 +2,10 @@
 // output, its canonical encoding, plan ids, the one digest of the contract
 // (XXH64), deep copy and equality, map-file parsing and plan blobs.
 //
-// A plan is pure data. Nothing here does I/O, reads a clock or parses
-// HAProxy configuration; the generator that wrote the files produces the
-// plan. The field order of every type below is part of the canonical
+// A plan is pure data. Nothing here reads a clock or parses HAProxy
+// configuration; the generator that wrote the files produces the plan. The
+// one piece of I/O is PlanFromDir, at the end, which describes a directory
+// of already rendered files by a fixed convention. The field order of every type below is part of the canonical
 // encoding, so it is part of the contract: never add, remove, rename,
 // reorder or retag a field without a new PlanSchemaVersion.
 package haptic
@@ -13,11 +14,15 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"math/bits"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -1145,4 +1150,247 @@ func inflateError(err error) error {
 		return errPlanJSONTooLarge
 	}
 	return fmt.Errorf("haptic: plan blob: decompress: %w", err)
+}
+
+// ---------------------------------------------------------------------------
+// Plans from a directory.
+
+// PlanFromDir builds a plan from a directory of rendered files by
+// convention, for pushes that have no template generator behind them:
+//
+//   - haproxy.cfg at the root is the config file (kind config). It is cut
+//     into one core section per top-level section, each named by its header
+//     line with runs of blanks folded ("global", "defaults web",
+//     "frontend http-in", "backend web"), so a reason names the section that
+//     changed. Lines before the first header belong to the first section;
+//     a repeated header gets "#2", "#3", ... so that names stay unique. No
+//     section is a backend record: every change to haproxy.cfg reloads.
+//   - *.map files are maps (kind map), their entries parsed with
+//     ParseMapEntries. They are declared Ordered, the fail-closed choice: a
+//     directory does not say whether a map is matched by prefix or regex, so
+//     per-entry ops are composed only when they reproduce the file's order,
+//     and anything else swaps the whole map atomically (map_replace).
+//   - *.crt-list files are crt-lists (kind crtlist) with their entries
+//     parsed: the certificate, the options inside one bracket pair, then the
+//     SNI filters. In the options, allow-0rtt, no-alpn and no-ca-names take
+//     no argument and every other keyword takes exactly one.
+//   - Any other file holding PEM blocks is a certificate (kind cert) when a
+//     block is a private key, and a CA file (kind ca) when every block is a
+//     certificate.
+//   - Every other regular file is general (kind general) and declared
+//     ReloadOnChange: HAProxy reads error pages, Lua scripts and ACL files
+//     only when it starts, so a change to one must reload.
+//
+// Names with a component starting with a dot and anything that is not a
+// regular file (directories are walked, symlinks are not followed) are
+// skipped. Files are sorted by path, contents are kept (ContentKnown, and
+// TextKnown for the sections) so that Diff compares exact bytes, and the id
+// is computed. Collections the directory does not use are nil.
+func PlanFromDir(dir string) (*Plan, error) {
+	p := &Plan{SchemaVersion: PlanSchemaVersion}
+	err := filepath.WalkDir(dir, func(abs string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if abs == dir {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		if len(p.Files) >= MaxFiles {
+			return fmt.Errorf("more than %d files", MaxFiles)
+		}
+		rel, err := filepath.Rel(dir, abs)
+		if err != nil {
+			return err
+		}
+		content, err := os.ReadFile(abs)
+		if err != nil {
+			return err
+		}
+		p.addDirFile(filepath.ToSlash(rel), string(content))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("haptic: plan from %s: %w", dir, err)
+	}
+	var config *PlanFile
+	for i := range p.Files {
+		if p.Files[i].Kind == FileKindConfig {
+			config = &p.Files[i]
+		}
+	}
+	if config == nil {
+		return nil, fmt.Errorf("haptic: plan from %s: no %s", dir, ConfigFilePath)
+	}
+	p.Sections = configSections(config.Content)
+	if len(p.Sections) > MaxSections {
+		return nil, fmt.Errorf("haptic: plan from %s: %d sections exceed the %d-section limit", dir, len(p.Sections), MaxSections)
+	}
+	// WalkDir visits in lexical order of each directory's entries, which is
+	// not the order of the joined paths ("a-b" sorts before "a/b" as a path
+	// but after it as a walk).
+	slices.SortFunc(p.Files, func(a, b PlanFile) int { return strings.Compare(a.Path, b.Path) })
+	p.ComputeID()
+	return p, nil
+}
+
+// addDirFile records one file of PlanFromDir by the convention above.
+func (p *Plan) addDirFile(rel, content string) {
+	f := PlanFile{Path: rel, Kind: FileKindGeneral, ReloadOnChange: true,
+		Digest: DigestString(content), Size: int64(len(content)), Content: content, ContentKnown: true}
+	switch {
+	case rel == ConfigFilePath:
+		f.Kind = FileKindConfig
+	case strings.HasSuffix(rel, ".map"):
+		f.Kind, f.ReloadOnChange = FileKindMap, false
+		if p.Maps == nil {
+			p.Maps = map[string]Map{}
+		}
+		p.Maps[rel] = Map{Path: rel, Ordered: true, Entries: ParseMapEntries(content)}
+	case strings.HasSuffix(rel, ".crt-list"):
+		f.Kind, f.ReloadOnChange = FileKindCRTList, false
+		if p.CRTLists == nil {
+			p.CRTLists = map[string]CRTList{}
+		}
+		p.CRTLists[rel] = CRTList{Path: rel, Entries: parseCRTList(content)}
+	default:
+		if kind := pemKind(content); kind != "" {
+			f.Kind, f.ReloadOnChange = kind, false
+		}
+	}
+	p.Files = append(p.Files, f)
+}
+
+// configSections cuts haproxy.cfg into core sections at every line that
+// starts a top-level section: a line that does not begin with white space
+// or '#'. The texts join back into the file byte for byte.
+func configSections(config string) []Section {
+	var sections []Section
+	seen := map[string]int{}
+	start, name := 0, ""
+	flush := func(end int) {
+		if end == start && name == "" {
+			return
+		}
+		if name == "" {
+			name = ConfigFilePath // a config with no section header at all
+		}
+		seen[name]++
+		if n := seen[name]; n > 1 {
+			name = fmt.Sprintf("%s#%d", name, n)
+		}
+		text := config[start:end]
+		sections = append(sections, Section{Kind: SectionKindCore, Name: name,
+			TextDigest: DigestString(text), Length: len(text), Text: text, TextKnown: true})
+	}
+	for pos := 0; pos < len(config); {
+		end := strings.IndexByte(config[pos:], '\n')
+		if end < 0 {
+			end = len(config)
+		} else {
+			end += pos + 1
+		}
+		if header := sectionHeader(config[pos:end]); header != "" {
+			if name != "" {
+				flush(pos)
+				start = pos
+			}
+			name = header
+		}
+		pos = end
+	}
+	flush(len(config))
+	return sections
+}
+
+// sectionHeader returns the folded header of a line that opens a top-level
+// section, or "" for any other line.
+func sectionHeader(line string) string {
+	if line == "" || line[0] == ' ' || line[0] == '\t' || line[0] == '#' || line[0] == '\n' || line[0] == '\r' {
+		return ""
+	}
+	if i := strings.IndexByte(line, '#'); i >= 0 {
+		line = line[:i]
+	}
+	return strings.Join(strings.Fields(line), " ")
+}
+
+// crtListNoArgOptions are the crt-list ssl options that take no argument.
+var crtListNoArgOptions = map[string]bool{"allow-0rtt": true, "no-alpn": true, "no-ca-names": true}
+
+// parseCRTList reads the entries of a crt-list file: per line, the
+// certificate, the options inside "[...]", then the SNI filters. Blank and
+// '#' lines are skipped.
+func parseCRTList(content string) []CRTListEntry {
+	var entries []CRTListEntry
+	for rest := content; rest != ""; {
+		var line string
+		line, rest = nextMapLine(rest)
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		var e CRTListEntry
+		e.Cert, line, _ = strings.Cut(line, " ")
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			opts, after, _ := strings.Cut(line[1:], "]")
+			words := strings.Fields(opts)
+			for i := 0; i < len(words); i++ {
+				kw := KeywordArg{Name: words[i]}
+				if !crtListNoArgOptions[kw.Name] && i+1 < len(words) {
+					i++
+					kw.Args = []string{words[i]}
+				}
+				e.Options = append(e.Options, kw)
+			}
+			line = after
+		}
+		if sni := strings.Fields(line); len(sni) > 0 {
+			e.SNIFilters = sni
+		}
+		entries = append(entries, e)
+	}
+	return entries
+}
+
+// maxPEMBlocks bounds the blocks pemKind reads from one file; a real
+// certificate chain has a handful.
+const maxPEMBlocks = 1024
+
+// pemKind classifies PEM content: cert when a block is a private key, ca
+// when every block is a certificate, "" otherwise (not PEM, or other
+// blocks such as a CRL).
+func pemKind(content string) string {
+	rest := []byte(content)
+	blocks, certs, keys := 0, 0, 0
+	for n := 0; n < maxPEMBlocks; n++ {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		blocks++
+		switch {
+		case strings.HasSuffix(b.Type, "PRIVATE KEY"):
+			keys++
+		case b.Type == "CERTIFICATE":
+			certs++
+		}
+	}
+	switch {
+	case keys > 0:
+		return FileKindCert
+	case blocks > 0 && certs == blocks:
+		return FileKindCA
+	}
+	return ""
 }

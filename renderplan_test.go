@@ -14,6 +14,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"reflect"
 	"runtime"
 	"slices"
@@ -1744,5 +1745,141 @@ func TestEncodePlanBlobRefuses(t *testing.T) {
 	if blob != nil || err == nil || !strings.HasPrefix(err.Error(), "haptic: plan blob: plan JSON of ") ||
 		!strings.HasSuffix(err.Error(), " bytes exceeds the 67108864-byte limit") {
 		t.Errorf("oversized plan: blob of %d bytes, %v", len(blob), err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// PlanFromDir.
+
+func TestPlanFromDir(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, "plan-ca")
+	certPEM, keyPEM := ca.issue(t, testCertOptions{CommonName: "site", DNSNames: []string{"site.example.com"}})
+	config := "# rendered by hand\n" +
+		"global\n    log stdout format raw local0\n\n" +
+		"defaults\n    mode http\n" +
+		"defaults\n    timeout client 5s\n" +
+		"frontend  http-in   # public\n    bind *:80\n" +
+		"backend web\n    server web1 10.0.0.1:80\n"
+	files := map[string]string{
+		"haproxy.cfg":          config,
+		"maps/host.map":        "# hosts\nshop.example.com web\nblog.example.com web\n",
+		"certs/site.pem":       string(certPEM) + string(keyPEM),
+		"certs/ca.pem":         string(ca.CertPEM),
+		"certs/list.crt-list":  "certs/site.pem [alpn h2,http/1.1 no-ca-names ssl-min-ver TLSv1.2] site.example.com !old.example.com\ncerts/other.pem\n",
+		"errors/503.http":      "HTTP/1.0 503 Service Unavailable\r\n\r\n",
+		"a-b":                  "sorts before a/b as a path",
+		"a/b":                  "x",
+		".hidden/skipped.map":  "k v\n",
+		"maps/.skipped.map":    "k v\n",
+		"certs/.well-known/x":  "y",
+		"errors/.editor-swap~": "z",
+	}
+	for rel, content := range files {
+		abs := filepath.Join(dir, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(abs, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("host.map", filepath.Join(dir, "maps", "link.map")); err != nil {
+		t.Fatal(err)
+	}
+
+	p, err := PlanFromDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type fileRow struct {
+		path, kind string
+		reload     bool
+	}
+	var got []fileRow
+	for _, f := range p.Files {
+		got = append(got, fileRow{f.Path, f.Kind, f.ReloadOnChange})
+		if !f.ContentKnown || f.Content != files[f.Path] || f.Digest != DigestString(files[f.Path]) || f.Size != int64(len(files[f.Path])) {
+			t.Errorf("file %s: content, digest or size not taken from disk", f.Path)
+		}
+	}
+	want := []fileRow{
+		{"a-b", FileKindGeneral, true},
+		{"a/b", FileKindGeneral, true},
+		{"certs/ca.pem", FileKindCA, false},
+		{"certs/list.crt-list", FileKindCRTList, false},
+		{"certs/site.pem", FileKindCert, false},
+		{"errors/503.http", FileKindGeneral, true},
+		{"haproxy.cfg", FileKindConfig, true},
+		{"maps/host.map", FileKindMap, false},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("files:\n got %v\nwant %v", got, want)
+	}
+
+	var names []string
+	var joined strings.Builder
+	for _, s := range p.Sections {
+		names = append(names, s.Name)
+		joined.WriteString(s.Text)
+		if s.Kind != SectionKindCore || !s.TextKnown || s.TextDigest != DigestString(s.Text) || s.Length != len(s.Text) {
+			t.Errorf("section %q is not a described core section", s.Name)
+		}
+	}
+	if want := []string{"global", "defaults", "defaults#2", "frontend http-in", "backend web"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("sections %q, want %q", names, want)
+	}
+	if joined.String() != config {
+		t.Errorf("sections do not join back into haproxy.cfg:\n%q", joined.String())
+	}
+	if !strings.HasPrefix(p.Sections[0].Text, "# rendered by hand\nglobal\n") {
+		t.Errorf("the preamble does not open the first section: %q", p.Sections[0].Text)
+	}
+
+	wantMaps := map[string]Map{"maps/host.map": {Path: "maps/host.map", Ordered: true,
+		Entries: []MapEntry{{"shop.example.com", "web"}, {"blog.example.com", "web"}}}}
+	if !reflect.DeepEqual(p.Maps, wantMaps) {
+		t.Errorf("maps %+v", p.Maps)
+	}
+	wantLists := map[string]CRTList{"certs/list.crt-list": {Path: "certs/list.crt-list", Entries: []CRTListEntry{
+		{Cert: "certs/site.pem",
+			Options: []KeywordArg{{Name: "alpn", Args: []string{"h2,http/1.1"}}, {Name: "no-ca-names"},
+				{Name: "ssl-min-ver", Args: []string{"TLSv1.2"}}},
+			SNIFilters: []string{"site.example.com", "!old.example.com"}},
+		{Cert: "certs/other.pem"},
+	}}}
+	if !reflect.DeepEqual(p.CRTLists, wantLists) {
+		t.Errorf("crt-lists %+v", p.CRTLists)
+	}
+	if p.Backends != nil || p.Profiles != nil {
+		t.Errorf("a directory declares no backend or profile record")
+	}
+	c := p.Clone()
+	c.ComputeID()
+	if p.ID == "" || c.ID != p.ID {
+		t.Errorf("id %q is not the plan's computed id", p.ID)
+	}
+}
+
+func TestPlanFromDirRefuses(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "x.map"), []byte("k v\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PlanFromDir(dir); err == nil || !strings.Contains(err.Error(), "no haproxy.cfg") {
+		t.Errorf("a directory without haproxy.cfg: %v", err)
+	}
+	if _, err := PlanFromDir(filepath.Join(dir, "absent")); err == nil {
+		t.Errorf("an absent directory gave no error")
+	}
+}
+
+func TestConfigSectionsOfAHeaderlessConfig(t *testing.T) {
+	got := configSections("    # only indented lines\n")
+	if len(got) != 1 || got[0].Name != ConfigFilePath || got[0].Text != "    # only indented lines\n" {
+		t.Errorf("got %+v", got)
+	}
+	if got := configSections(""); got != nil {
+		t.Errorf("an empty config gave sections %+v", got)
 	}
 }
