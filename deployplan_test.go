@@ -7,6 +7,7 @@ package haptic
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -800,4 +801,863 @@ func TestDiffProfileGarbageCollection(t *testing.T) {
 			wantReason(t, d, tc.reason)
 		})
 	}
+}
+
+// ---------------------------------------------------------------------------
+// Backends.
+
+func TestDiffBackendAdded(t *testing.T) {
+	server := srv("SRV_1", "10.0.0.1", 80)
+	for _, tc := range []struct {
+		name   string
+		be     Backend
+		caps   Caps
+		inv    Inventory
+		reason string // "" = runtime
+	}{
+		{name: "dynamic backend on 3.4", be: dynBackend("be-new", server), caps: on34},
+		{name: "no add backend below 3.4", be: dynBackend("be-new", server), caps: on33,
+			reason: "be-new added: this HAProxy has no add backend"},
+		{name: "structural shape", be: structuralBackend("be-new", server), caps: on34,
+			reason: "be-new added: structural shape, stick-table in the body"},
+		{name: "profile is not in the running config", caps: on34,
+			be:     func() Backend { b := dynBackend("be-new", server); b.Profile = "not-rendered-yet"; return b }(),
+			reason: `be-new added: profile "not-rendered-yet" is not in the running config`},
+		{name: "server keyword outside the add server set", caps: on34,
+			be:     dynBackend("be-new", withExtra(server, kw("resolvers", "dns"))),
+			reason: "keyword resolvers cannot be set on a dynamic server"},
+		{name: "ca-file the running worker has not loaded", caps: on34,
+			be:     dynBackend("be-new", withExtra(server, kw("ssl"), kw("ca-file", caPath))),
+			reason: "keyword ca-file cannot be set on a dynamic server"},
+		{name: "ca-file in the runtime inventory", caps: on34, inv: Inventory{CAFiles: []string{caPath}},
+			be: dynBackend("be-new", withExtra(server, kw("ssl"), kw("ca-file", caPath)))},
+		{name: "balance that refuses dynamic servers", caps: on34,
+			be:     func() Backend { b := dynBackend("be-new", server); b.Balance = "static-rr"; return b }(),
+			reason: `balance "static-rr" takes no dynamic server`},
+		{name: "unsafe guid", caps: on34,
+			be:     func() Backend { b := dynBackend("be-new", server); b.GUID = "a b"; return b }(),
+			reason: "the name, profile or guid is not a safe runtime token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := baseOf(basePlan())
+			base.Caps, base.Inventory = tc.caps, tc.inv
+			d := Diff(basePlan(withBackends(tc.be)), base)
+			if tc.reason == "" {
+				wantVerdict(t, d, VerdictRuntime)
+				wantKinds(t, d.Ops, OpBackendAdd, OpServerAdd, OpServerEnable, OpBackendPublish)
+				return
+			}
+			wantVerdict(t, d, VerdictReload)
+			wantReason(t, d, tc.reason)
+		})
+	}
+}
+
+func TestDiffBackendAddedOpSequence(t *testing.T) {
+	be := dynBackend("be-new", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80))
+	be.GUID = "be-new-guid"
+	d := Diff(basePlan(withBackends(be)), baseOf(basePlan()))
+	wantVerdict(t, d, VerdictRuntime)
+	wantKinds(t, d.Ops, OpBackendAdd, OpServerAdd, OpServerEnable, OpServerAdd, OpServerEnable, OpBackendPublish)
+	if want := (Op{Kind: OpBackendAdd, Backend: "be-new", Profile: "haptic-be", Mode: "http", GUID: "be-new-guid"}); !reflect.DeepEqual(d.Ops[0], want) {
+		t.Fatalf("Ops[0] = %+v, want %+v", d.Ops[0], want)
+	}
+	if add := d.Ops[1]; add.Backend != "be-new" || add.Server != "SRV_1" || add.Address != "10.0.0.1" || add.Port != 80 || len(add.Keywords) != 0 {
+		t.Fatalf("Ops[1] = %+v", add)
+	}
+	if d.Chunks != 1 || d.Mode != ModeAuto {
+		t.Fatalf("Chunks %d, Mode %s", d.Chunks, d.Mode)
+	}
+}
+
+func TestDiffBackendRemoved(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-old", srv("SRV_1", "10.0.0.1", 80))))
+	d := Diff(basePlan(), baseOf(prev))
+	wantVerdict(t, d, VerdictRuntime)
+	wantOps(t, d.Ops,
+		Op{Kind: OpBackendUnpublish, Backend: "be-old"},
+		Op{Kind: OpServerDisable, Backend: "be-old", Server: "SRV_1"},
+		Op{Kind: OpServerWaitRemovable, Backend: "be-old", Server: "SRV_1", TimeoutMs: 2000},
+		Op{Kind: OpServerDel, Backend: "be-old", Server: "SRV_1"},
+		Op{Kind: OpBackendWaitRemovable, Backend: "be-old", TimeoutMs: 2000},
+		Op{Kind: OpBackendDel, Backend: "be-old"})
+}
+
+func TestDiffBackendRemovedRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		be                      Backend
+		caps                    Caps
+		pendingSrv, pendingBack int
+		reason                  string
+	}{
+		{"no del backend on 3.3", dynBackend("be-old", srv("SRV_1", "10.0.0.1", 80)), on33, 0, 0,
+			"be-old removed: this HAProxy has no del backend"},
+		{"structural", structuralBackend("be-old", srv("SRV_1", "10.0.0.1", 80)), on34, 0, 0,
+			"be-old removed: structural shape, stick-table in the body"},
+		{"backend deletes at the cap", dynBackend("be-old", srv("SRV_1", "10.0.0.1", 80)), on34, 0, 100,
+			"be-old removed: 100 backend deletes already pending"},
+		{"server deletes at the cap", dynBackend("be-old", srv("SRV_1", "10.0.0.1", 80)), on34, 1000, 0,
+			"1000 server deletes already pending"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := baseOf(basePlan(withBackends(tc.be)))
+			base.Caps, base.PendingServerDeletes, base.PendingBackendDeletes = tc.caps, tc.pendingSrv, tc.pendingBack
+			d := Diff(basePlan(), base)
+			wantVerdict(t, d, VerdictReload)
+			wantReason(t, d, tc.reason)
+		})
+	}
+}
+
+func TestDiffBackendAttributeChanges(t *testing.T) {
+	beA := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
+	prev := basePlan(withProfile("haptic-be-2", "body-2"), withBackends(beA))
+	for _, tc := range []struct {
+		name   string
+		change func(*Backend)
+		reason string
+	}{
+		{"profile", func(b *Backend) { b.Profile = "haptic-be-2" }, "be-a: profile changed"},
+		{"mode", func(b *Backend) { b.Mode = "tcp" }, "be-a: mode changed"},
+		{"guid", func(b *Backend) { b.GUID = "be-a-guid" }, "be-a: guid changed"},
+		{"balance", func(b *Backend) { b.Balance = "leastconn" }, "be-a: balance changed"},
+		{"hash-type", func(b *Backend) { b.HashType = "consistent" }, "be-a: hash-type changed"},
+		{"shape", func(b *Backend) { b.Shape = ShapeStructural }, "be-a: shape changed"},
+		{"default-server", func(b *Backend) { b.DefaultServer = []KeywordArg{kw("maxconn", "100")} }, "be-a: default-server changed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			be := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
+			tc.change(&be)
+			d := Diff(basePlan(withProfile("haptic-be-2", "body-2"), withBackends(be)), baseOf(prev))
+			wantVerdict(t, d, VerdictReload)
+			wantReason(t, d, tc.reason+", which HAProxy cannot alter at runtime")
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Servers.
+
+// serverDiff diffs be-a holding prev against be-a holding next.
+func serverDiff(prev, next Backend, base func(*Baseline)) Decision {
+	b := baseOf(basePlan(withBackends(prev)))
+	if base != nil {
+		base(b)
+	}
+	return Diff(basePlan(withBackends(next)), b)
+}
+
+func TestDiffServerValueChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		prev, next Server
+		kinds      []string
+		reason     string
+	}{
+		{"weight 10 to 20", weighted(srv("SRV_1", "10.0.0.1", 80), 10), weighted(srv("SRV_1", "10.0.0.1", 80), 20),
+			[]string{OpServerSetWeight}, ""},
+		{"address and port", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "10.0.0.2", 8080), []string{OpServerSetAddr}, ""},
+		{"disabled", srv("SRV_1", "10.0.0.1", 80), disabled(srv("SRV_1", "10.0.0.1", 80)), []string{OpServerSetState}, ""},
+		{"enabled again", disabled(srv("SRV_1", "10.0.0.1", 80)), srv("SRV_1", "10.0.0.1", 80), []string{OpServerEnable}, ""},
+		{"nothing changed", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "10.0.0.1", 80), nil, ""},
+		{"maxconn added", srv("SRV_1", "10.0.0.1", 80), withExtra(srv("SRV_1", "10.0.0.1", 80), kw("maxconn", "10")), nil,
+			"keywords changed"},
+		{"weight dropped", weighted(srv("SRV_1", "10.0.0.1", 80), 10), srv("SRV_1", "10.0.0.1", 80), nil,
+			"weight keyword was dropped"},
+		{"hostname address", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "web.internal", 80), nil, "is not an IP"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := serverDiff(dynBackend("be-a", tc.prev), dynBackend("be-a", tc.next), nil)
+			switch {
+			case tc.reason != "":
+				wantVerdict(t, d, VerdictReload)
+				wantReason(t, d, tc.reason)
+			case tc.kinds == nil:
+				wantVerdict(t, d, VerdictFileOnly)
+			default:
+				wantVerdict(t, d, VerdictRuntime)
+				wantKinds(t, d.Ops, tc.kinds...)
+			}
+		})
+	}
+}
+
+func TestDiffServerWeightZeroIsSent(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 0)), nil)
+	wantVerdict(t, d, VerdictRuntime)
+	wantKinds(t, d.Ops, OpServerSetWeight)
+	if d.Ops[0].Weight == nil || *d.Ops[0].Weight != 0 {
+		t.Fatalf("Weight = %v, want a pointer to 0", d.Ops[0].Weight)
+	}
+	if js := opsJSON(d.Ops); !strings.Contains(js, `"weight":0`) {
+		t.Fatalf("the op marshals as %s, without \"weight\":0", js)
+	}
+}
+
+func TestDiffServerDisabledGoesToMaint(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), dynBackend("be-a", disabled(srv("SRV_1", "10.0.0.1", 80))), nil)
+	wantOps(t, d.Ops, Op{Kind: OpServerSetState, Backend: "be-a", Server: "SRV_1", State: "maint"})
+}
+
+func TestDiffServerLeavingMaintEnablesItsHealthCheck(t *testing.T) {
+	plain := srv("SRV_1", "10.0.0.1", 80)
+	checked := withExtra(plain, kw("check"))
+	withDefaultCheck := func(s Server) Backend {
+		b := dynBackend("be-a", s)
+		b.DefaultServer = []KeywordArg{kw("check")}
+		return b
+	}
+	for _, tc := range []struct {
+		name       string
+		prev, next Backend
+		health     bool
+	}{
+		{"without check", dynBackend("be-a", disabled(plain)), dynBackend("be-a", plain), false},
+		{"with the server's own check", dynBackend("be-a", disabled(checked)), dynBackend("be-a", checked), true},
+		{"with check only in default-server", withDefaultCheck(disabled(plain)), withDefaultCheck(plain), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := serverDiff(tc.prev, tc.next, nil)
+			wantVerdict(t, d, VerdictRuntime)
+			wantOps(t, d.Ops, Op{Kind: OpServerEnable, Backend: "be-a", Server: "SRV_1", Health: tc.health})
+		})
+	}
+}
+
+func TestDiffServerAdded(t *testing.T) {
+	srv1 := srv("SRV_1", "10.0.0.1", 80)
+	plain := srv("SRV_2", "10.0.0.2", 80)
+	checked := withExtra(plain, kw("check"), kw("inter", "2s"))
+	checked.GUID = "srv-2-guid"
+	balanced := func(balance, hashType string, servers ...Server) Backend {
+		b := dynBackend("be-a", servers...)
+		b.Balance, b.HashType = balance, hashType
+		return b
+	}
+	for _, tc := range []struct {
+		name       string
+		prev, next Backend
+		version    string
+		kinds      []string
+		keywords   []KeywordArg
+		reason     string
+	}{
+		{name: "plain on 3.4.3", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, plain),
+			kinds: []string{OpServerAdd, OpServerEnable}},
+		{name: "checked on 3.4.3", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, checked),
+			kinds:    []string{OpServerAdd, OpServerEnable},
+			keywords: []KeywordArg{kw("check"), kw("inter", "2s"), kw("guid", "srv-2-guid"), kw("init-state", "up")}},
+		{name: "checked on 3.0.26", version: "3.0.26", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, checked),
+			kinds:    []string{OpServerAdd, OpServerEnable},
+			keywords: []KeywordArg{kw("check"), kw("inter", "2s"), kw("guid", "srv-2-guid")}},
+		{name: "disabled", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, disabled(plain)),
+			kinds: []string{OpServerAdd}},
+		{name: "static-rr", version: "3.4.3", prev: balanced("static-rr", "", srv1), next: balanced("static-rr", "", srv1, plain),
+			reason: `balance "static-rr" takes no dynamic server`},
+		{name: "hdr(Host)", version: "3.4.3", prev: balanced("hdr(Host)", "", srv1), next: balanced("hdr(Host)", "", srv1, plain),
+			reason: `balance "hdr(Host)" takes no dynamic server`},
+		{name: "hdr(Host) with consistent hashing", version: "3.4.3",
+			prev: balanced("hdr(Host)", "consistent", srv1), next: balanced("hdr(Host)", "consistent", srv1, plain),
+			kinds: []string{OpServerAdd, OpServerEnable}},
+		{name: "2.9.0", version: "2.9.0", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, plain),
+			reason: "this HAProxy has no add server"},
+		{name: "port 0", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, srv("SRV_2", "10.0.0.2", 0)),
+			reason: "the port is outside 1-65535"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := serverDiff(tc.prev, tc.next, func(b *Baseline) { b.Caps = CapsFor(tc.version, nil) })
+			if tc.reason != "" {
+				wantVerdict(t, d, VerdictReload)
+				wantReason(t, d, tc.reason)
+				return
+			}
+			wantVerdict(t, d, VerdictRuntime)
+			wantKinds(t, d.Ops, tc.kinds...)
+			add := d.Ops[0]
+			if add.Backend != "be-a" || add.Server != "SRV_2" || add.Address != "10.0.0.2" || add.Port != 80 {
+				t.Fatalf("server_add = %+v", add)
+			}
+			if tc.keywords != nil {
+				if !reflect.DeepEqual(add.Keywords, tc.keywords) {
+					t.Fatalf("keywords = %v, want %v", add.Keywords, tc.keywords)
+				}
+				if !d.Ops[1].Health {
+					t.Fatal("server_enable of a checked server has Health false")
+				}
+			}
+		})
+	}
+}
+
+func TestDiffServerAddedMergesDefaultServer(t *testing.T) {
+	prev := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
+	prev.DefaultServer = []KeywordArg{kw("check"), kw("maxconn", "10")}
+	next := prev
+	next.Servers = []Server{srv("SRV_1", "10.0.0.1", 80), withExtra(srv("SRV_2", "10.0.0.2", 80), kw("maxconn", "50"))}
+	d := serverDiff(prev, next, nil)
+	wantKinds(t, d.Ops, OpServerAdd, OpServerEnable)
+	if want := []KeywordArg{kw("check"), kw("maxconn", "50"), kw("init-state", "up")}; !reflect.DeepEqual(d.Ops[0].Keywords, want) {
+		t.Fatalf("keywords = %v, want %v", d.Ops[0].Keywords, want)
+	}
+}
+
+func TestDiffServerCrtResolvesUnderTheCertDirectory(t *testing.T) {
+	srv1 := srv("SRV_1", "10.0.0.1", 80)
+	for _, tc := range []struct {
+		name, crt string
+		reason    string
+	}{
+		{"a loaded certificate by its bare name", "tls.pem", ""},
+		{"a certificate that is not loaded", "other.pem", "keyword crt cannot be set on a dynamic server"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := basePlan(withFile(certPath, FileKindCert, "pem"), withBackends(dynBackend("be-a", srv1)))
+			next := basePlan(withFile(certPath, FileKindCert, "pem"),
+				withBackends(dynBackend("be-a", srv1, withExtra(srv("SRV_2", "10.0.0.2", 443), kw("ssl"), kw("crt", tc.crt)))))
+			base := baseOf(prev)
+			base.Inventory.Certs = []string{certPath}
+			d := Diff(next, base)
+			if tc.reason != "" {
+				wantVerdict(t, d, VerdictReload)
+				wantReason(t, d, tc.reason)
+				return
+			}
+			wantVerdict(t, d, VerdictRuntime)
+			wantKinds(t, d.Ops, OpServerAdd, OpServerEnable)
+			if want := []KeywordArg{kw("ssl"), kw("crt", "tls.pem")}; !reflect.DeepEqual(d.Ops[0].Keywords, want) {
+				t.Fatalf("keywords = %v, want %v (sent as written)", d.Ops[0].Keywords, want)
+			}
+		})
+	}
+}
+
+func TestDiffServerRemoved(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80)),
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), nil)
+	wantVerdict(t, d, VerdictRuntime)
+	wantKinds(t, d.Ops, OpServerDisable, OpServerWaitRemovable, OpServerDel)
+	if d.Ops[0].Server != "SRV_2" {
+		t.Fatalf("Ops[0].Server = %s, want SRV_2", d.Ops[0].Server)
+	}
+}
+
+func TestDiffServerRemovedAtPendingCap(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80)),
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), func(b *Baseline) { b.PendingServerDeletes = 1000 })
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "1000 server deletes already pending")
+}
+
+func TestDiffServerDeletesCrossTheCapMidDiff(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80), srv("SRV_3", "10.0.0.3", 80)),
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), func(b *Baseline) { b.PendingServerDeletes = 999 })
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "1000 server deletes already pending")
+}
+
+func TestDiffBackendDeletesCrossTheCapMidDiff(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-old-1", srv("SRV_1", "10.0.0.1", 80)), dynBackend("be-old-2", srv("SRV_1", "10.0.0.2", 80))))
+	base := baseOf(prev)
+	base.PendingBackendDeletes = 99
+	d := Diff(basePlan(), base)
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "100 backend deletes already pending")
+}
+
+func TestDiffServerNameMustBeASafeToken(t *testing.T) {
+	d := serverDiff(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)),
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV;2", "10.0.0.2", 80)), nil)
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "not a safe runtime token")
+}
+
+// ---------------------------------------------------------------------------
+// Maps.
+
+func mapAdd(path, key, value string) Op {
+	return Op{Kind: OpMapAdd, Path: path, Key: key, Value: value}
+}
+func mapSet(path, key, value string) Op {
+	return Op{Kind: OpMapSet, Path: path, Key: key, Value: value}
+}
+func mapDel(path, key string) Op { return Op{Kind: OpMapDel, Path: path, Key: key} }
+func mapReplace(path string) Op  { return Op{Kind: OpMapReplace, Path: path} }
+
+// mapCase is one row of the map tables: the route map's entries before and
+// after, and the exact ops (none = file_only).
+type mapCase struct {
+	name       string
+	prev, next []MapEntry
+	ops        []Op
+}
+
+func runMapCases(t *testing.T, ordered bool, cases []mapCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := basePlan(withMap(routeMap, ordered, tc.prev...))
+			next := basePlan(withMap(routeMap, ordered, tc.next...))
+			d := Diff(next, withMapsLoaded(baseOf(prev), routeMap))
+			if len(tc.ops) == 0 {
+				wantVerdict(t, d, VerdictFileOnly)
+				return
+			}
+			wantVerdict(t, d, VerdictRuntime)
+			wantOps(t, d.Ops, tc.ops...)
+		})
+	}
+}
+
+func TestDiffUnorderedMap(t *testing.T) {
+	ab := entries("a.example.com", "be-a", "b.example.com", "be-b")
+	a := entries("a.example.com", "be-a")
+	runMapCases(t, false, []mapCase{
+		{"new key", a, ab, []Op{mapAdd(routeMap, "b.example.com", "be-b")}},
+		{"single value change is set in place", a, entries("a.example.com", "be-z"), []Op{mapSet(routeMap, "a.example.com", "be-z")}},
+		{"removed key", ab, a, []Op{mapDel(routeMap, "b.example.com")}},
+		{"a value the line form would mangle", a, entries("a.example.com", "301|https|example.com; x"), []Op{mapReplace(routeMap)}},
+		{"a multiset change", a, entries("a.example.com", "be-a", "a.example.com", "be-b"), []Op{mapReplace(routeMap)}},
+		{"a same-count change of a multi-valued key", entries("a.example.com", "be-a", "a.example.com", "be-b"),
+			entries("a.example.com", "be-a", "a.example.com", "be-c"), []Op{mapReplace(routeMap)}},
+		{"reordered values of one key", entries("a.example.com", "be-a", "a.example.com", "be-b"),
+			entries("a.example.com", "be-b", "a.example.com", "be-a"), []Op{mapReplace(routeMap)}},
+		{"reordering alone is not a change", ab, entries("b.example.com", "be-b", "a.example.com", "be-a"), nil},
+		{"a key no line-form command can name replaces the map", a, entries("a.example.com", "be-a", "/api;v1", "be-b"), []Op{mapReplace(routeMap)}},
+		{"an angle bracket in a key replaces the map", a, entries("a.example.com", "be-a", "/a>b", "be-b"), []Op{mapReplace(routeMap)}},
+		{"a new key the agent would refuse replaces the map", a, entries("a.example.com", "be-a", "z;v1", "be-b"), []Op{mapReplace(routeMap)}},
+		{"an emptied value", a, entries("a.example.com", ""), []Op{mapReplace(routeMap)}},
+		{"an angle bracket in a value", a, entries("a.example.com", "x>y"), []Op{mapReplace(routeMap)}},
+		{"a value that spans lines replaces the map", a, entries("a.example.com", "be-a\nbe-b"), []Op{mapReplace(routeMap)}},
+		{"a new key with a spaced value takes the payload form", a, entries("a.example.com", "be-a", "c", "301 https://x"),
+			[]Op{mapAdd(routeMap, "c", "301 https://x")}},
+		{"a replacement swallows the map's other ops", ab, entries("a.example.com", "x y"), []Op{mapReplace(routeMap)}},
+	})
+}
+
+func TestDiffOrderedMap(t *testing.T) {
+	runMapCases(t, true, []mapCase{
+		{"append sorts after every existing key", entries("a", "1", "b", "2"), entries("a", "1", "b", "2", "c", "3"),
+			[]Op{mapAdd(routeMap, "c", "3")}},
+		{"an insertion in the middle replaces the map", entries("a", "1", "b", "2"), entries("a", "1", "ab", "9", "b", "2"),
+			[]Op{mapReplace(routeMap)}},
+		{"a new first entry replaces the map, however it sorts", entries("a", "1", "b", "2"), entries("z", "0", "a", "1", "b", "2"),
+			[]Op{mapReplace(routeMap)}},
+		{"appended keys are judged by file position, not by sort order", entries("m", "1"), entries("m", "1", "z", "2", "b", "3"),
+			[]Op{mapAdd(routeMap, "z", "2"), mapAdd(routeMap, "b", "3")}},
+		{"an append after a middle insertion replaces the map", entries("m", "1"), entries("z", "0", "m", "1", "n", "2"),
+			[]Op{mapReplace(routeMap)}},
+		{"an in-place value change keeps its position", entries("a", "1", "b", "2", "c", "3"), entries("a", "1", "b", "9", "c", "3"),
+			[]Op{mapSet(routeMap, "b", "9")}},
+		{"a delete keeps the order of the rest", entries("a", "1", "b", "2", "c", "3"), entries("a", "1", "c", "3"),
+			[]Op{mapDel(routeMap, "b")}},
+		{"reordering replaces the map", entries("a", "1", "b", "2"), entries("b", "2", "a", "1"), []Op{mapReplace(routeMap)}},
+		{"a value the line form would mangle replaces the map", entries("a", "1"), entries("a", "1 2"), []Op{mapReplace(routeMap)}},
+		{"an appended key the agent would refuse replaces the map", entries("a", "1"), entries("a", "1", "b;c", "2"),
+			[]Op{mapReplace(routeMap)}},
+	})
+}
+
+func TestDiffMapNotLoadedIsWrittenOnly(t *testing.T) {
+	prev := basePlan(withMap(routeMap, false, entries("a", "be-a")...))
+	next := basePlan(withMap(routeMap, false, entries("a", "be-b")...))
+	d := Diff(next, baseOf(prev))
+	wantVerdict(t, d, VerdictFileOnly)
+	wantReason(t, d, "is not loaded at runtime, its file is written only")
+}
+
+func TestDiffMapPathMustBeASafeToken(t *testing.T) {
+	const unsafePath = "maps/route backend.map"
+	prev := basePlan(withMap(unsafePath, false, entries("a", "be-a")...))
+	next := basePlan(withMap(unsafePath, false, entries("a", "be-b")...))
+	d := Diff(next, withMapsLoaded(baseOf(prev), unsafePath))
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "the path is not a safe runtime token")
+}
+
+func TestDiffMapShortCircuitsOnExactFileContent(t *testing.T) {
+	prev := basePlan(withMap(routeMap, false, entries("a", "be-a")...))
+	next := basePlan(withMap(routeMap, false, entries("a", "be-b")...))
+	i := slices.IndexFunc(next.Files, func(f PlanFile) bool { return f.Path == routeMap })
+	next.Files[i] = prev.Files[i]
+	next = finishPlan(next)
+	d := Diff(next, withMapsLoaded(baseOf(prev), routeMap))
+	wantVerdict(t, d, VerdictFileOnly)
+	wantKinds(t, d.Ops)
+}
+
+func TestDiffMapDeclaredReloadOnChangeReloads(t *testing.T) {
+	prev := basePlan(withMap(routeMap, false, entries("a", "be-a")...), withReloadOnChange(routeMap))
+	next := basePlan(withMap(routeMap, false, entries("a", "be-b")...), withReloadOnChange(routeMap))
+	d := Diff(next, withMapsLoaded(baseOf(prev), routeMap))
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "is declared reload-on-change")
+}
+
+func TestDiffNewLoadedMapIsAddedEntryByEntry(t *testing.T) {
+	next := basePlan(withMap(routeMap, false, entries("c", "be-c", "a", "be-a", "b", "be-b")...))
+	d := Diff(next, withMapsLoaded(baseOf(basePlan()), routeMap))
+	wantVerdict(t, d, VerdictRuntime)
+	wantOps(t, d.Ops, mapAdd(routeMap, "c", "be-c"), mapAdd(routeMap, "a", "be-a"), mapAdd(routeMap, "b", "be-b"))
+}
+
+func TestMapValueReplacementNeverRemovesAuthenticationBetweenCommands(t *testing.T) {
+	const authMap = "maps/authentication.map"
+	prev := basePlan(withMap(authMap, false, entries("protected", "require old-key")...))
+	next := basePlan(withMap(authMap, false, entries("protected", "require new-key")...))
+	d := Diff(next, withMapsLoaded(baseOf(prev), authMap))
+	wantVerdict(t, d, VerdictRuntime)
+	wantOps(t, d.Ops, mapReplace(authMap))
+}
+
+func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+	values := []string{"v0", "v1", "v2", "v 3", ""}
+	randomEntry := func() MapEntry {
+		return MapEntry{Key: keys[rng.IntN(len(keys))], Value: values[rng.IntN(len(values))]}
+	}
+	trimmed := 0
+	for i := range 2000 {
+		prev := make([]MapEntry, rng.IntN(9))
+		for j := range prev {
+			prev[j] = randomEntry()
+		}
+		next := slices.Clone(prev)
+		for range 1 + rng.IntN(3) {
+			switch op := rng.IntN(3); {
+			case op == 0 && len(next) > 0:
+				j := rng.IntN(len(next))
+				next = slices.Delete(next, j, j+1)
+			case op == 1 && len(next) > 0:
+				next[rng.IntN(len(next))].Value = values[rng.IntN(len(values))]
+			case len(next) < 8:
+				j := rng.IntN(len(next) + 1)
+				next = slices.Insert(next, j, randomEntry())
+			}
+		}
+		fullUp, fullDel := unorderedMapDelta(routeMap, prev, next)
+		gotUp, gotDel := mapDelta(routeMap, false, prev, next)
+		if !reflect.DeepEqual(fullUp, gotUp) || !reflect.DeepEqual(fullDel, gotDel) {
+			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,
+				opsJSON(gotUp), opsJSON(gotDel), opsJSON(fullUp), opsJSON(fullDel))
+		}
+		if pw, _, ok := trimCommonEntries(prev, next); ok && len(pw) < len(prev) {
+			trimmed++
+		}
+	}
+	if trimmed == 0 {
+		t.Fatal("no case was trimmed: the test does not exercise the window")
+	}
+}
+
+func TestTrimCommonEntriesRefusesAKeySharedWithTheTrimmedPart(t *testing.T) {
+	if _, _, ok := trimCommonEntries(entries("k", "1", "k", "2", "z", "1"), entries("k", "1", "z", "1")); ok {
+		t.Fatal("[k1,k2,z1] vs [k1,z1] was trimmed although k occurs in the trimmed prefix")
+	}
+	pw, nw, ok := trimCommonEntries(entries("a", "1", "b", "1", "z", "1"), entries("a", "1", "b", "2", "z", "1"))
+	if !ok || !reflect.DeepEqual(pw, entries("b", "1")) || !reflect.DeepEqual(nw, entries("b", "2")) {
+		t.Fatalf("[a1,b1,z1] vs [a1,b2,z1] gives %v, %v, %v; want [b1], [b2]", pw, nw, ok)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Certificates and crt-lists.
+
+func TestDiffCertificates(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		path, kind string
+		inPrev     bool
+		inv        Inventory
+		op         Op
+	}{
+		{"known cert", certPath, FileKindCert, true, Inventory{Certs: []string{certPath}}, Op{Kind: OpCertSet, Path: certPath}},
+		{"new cert", certPath, FileKindCert, false, Inventory{}, Op{Kind: OpCertNew, Path: certPath}},
+		{"known CA", caPath, FileKindCA, true, Inventory{CAFiles: []string{caPath}}, Op{Kind: OpCASet, Path: caPath}},
+		{"new CA", caPath, FileKindCA, false, Inventory{}, Op{Kind: OpCANew, Path: caPath}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prev := basePlan()
+			if tc.inPrev {
+				prev = basePlan(withFile(tc.path, tc.kind, "before"))
+			}
+			base := baseOf(prev)
+			base.Inventory = tc.inv
+			d := Diff(basePlan(withFile(tc.path, tc.kind, "after")), base)
+			wantVerdict(t, d, VerdictRuntime)
+			wantOps(t, d.Ops, tc.op)
+		})
+	}
+}
+
+func TestDiffUnchangedCertificateIsNotTouched(t *testing.T) {
+	p := basePlan(withFile(certPath, FileKindCert, "pem"), withFile(caPath, FileKindCA, "ca"))
+	base := baseOf(p)
+	base.Inventory = Inventory{Certs: []string{certPath}, CAFiles: []string{caPath}}
+	d := Diff(basePlan(withFile(certPath, FileKindCert, "pem"), withFile(caPath, FileKindCA, "ca")), base)
+	wantVerdict(t, d, VerdictFileOnly)
+	wantKinds(t, d.Ops)
+}
+
+func TestDiffCertPathMustBeASafeToken(t *testing.T) {
+	const unsafeCert = "certs/a b.pem"
+	prev := basePlan(withFile(unsafeCert, FileKindCert, "before"))
+	d := Diff(basePlan(withFile(unsafeCert, FileKindCert, "after")), baseOf(prev))
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "file certs/a b.pem is not a safe runtime token")
+}
+
+// crtListDiff diffs the loaded crt-list listPath from prev to next entries.
+func crtListDiff(prev, next []CRTListEntry) Decision {
+	base := baseOf(basePlan(withCRTList(listPath, prev...)))
+	base.Inventory.CRTLists = []string{listPath}
+	return Diff(basePlan(withCRTList(listPath, next...)), base)
+}
+
+func TestDiffCRTListEntries(t *testing.T) {
+	tls := CRTListEntry{Cert: certPath, SNIFilters: []string{"a.example.com"}}
+	other := CRTListEntry{Cert: "certs/other.pem", SNIFilters: []string{"b.example.com"}}
+	alpn := tls
+	alpn.Options = []KeywordArg{kw("alpn", "h2,http/1.1")}
+	for _, tc := range []struct {
+		name       string
+		prev, next []CRTListEntry
+		ops        []Op
+	}{
+		{"entry added", []CRTListEntry{tls}, []CRTListEntry{tls, other},
+			[]Op{{Kind: OpCRTListAdd, Path: listPath, Cert: "certs/other.pem", SNIFilters: []string{"b.example.com"}}}},
+		{"entry removed", []CRTListEntry{tls, other}, []CRTListEntry{tls},
+			[]Op{{Kind: OpCRTListDel, Path: listPath, Cert: "certs/other.pem"}}},
+		{"options of the last entry changed", []CRTListEntry{tls}, []CRTListEntry{alpn},
+			[]Op{{Kind: OpCRTListDel, Path: listPath, Cert: certPath},
+				{Kind: OpCRTListAdd, Path: listPath, Cert: certPath, Options: []KeywordArg{kw("alpn", "h2,http/1.1")}, SNIFilters: []string{"a.example.com"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := crtListDiff(tc.prev, tc.next)
+			wantVerdict(t, d, VerdictRuntime)
+			wantOps(t, d.Ops, tc.ops...)
+		})
+	}
+}
+
+func TestDiffCRTListOrderIsNotReachablePerEntry(t *testing.T) {
+	tls := CRTListEntry{Cert: certPath, SNIFilters: []string{"a.example.com"}}
+	other := CRTListEntry{Cert: "certs/other.pem", SNIFilters: []string{"b.example.com"}}
+	alpn := tls
+	alpn.Options = []KeywordArg{kw("alpn", "h2")}
+	prev := []CRTListEntry{tls, other}
+	for _, tc := range []struct {
+		name   string
+		next   []CRTListEntry
+		reason string
+	}{
+		{"a new default entry first", []CRTListEntry{{Cert: "certs/default.pem"}, tls, other}, "the entry order changed"},
+		{"two entries swapped", []CRTListEntry{other, tls}, "the entry order changed"},
+		{"options change on a non-last entry", []CRTListEntry{alpn, other}, "the entry order changed"},
+		{"an unsafe certificate", []CRTListEntry{tls, other, {Cert: "certs/a;b.pem"}}, "is not a safe runtime token"},
+		{"an unsafe SNI filter", []CRTListEntry{tls, other, {Cert: "certs/third.pem", SNIFilters: []string{"a b.example.com"}}},
+			"is not a safe runtime token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := crtListDiff(prev, tc.next)
+			wantVerdict(t, d, VerdictReload)
+			wantReason(t, d, tc.reason)
+		})
+	}
+	t.Run("an append past every retained entry stays runtime", func(t *testing.T) {
+		d := crtListDiff(prev, []CRTListEntry{tls, other, {Cert: "certs/third.pem"}})
+		wantVerdict(t, d, VerdictRuntime)
+		wantOps(t, d.Ops, Op{Kind: OpCRTListAdd, Path: listPath, Cert: "certs/third.pem"})
+	})
+}
+
+func TestDiffCRTListFileAppearingOrDisappearingReloads(t *testing.T) {
+	list := withCRTList(listPath, CRTListEntry{Cert: certPath})
+	added := Diff(basePlan(list), baseOf(basePlan()))
+	wantVerdict(t, added, VerdictReload)
+	wantReason(t, added, "added, which only a reload puts into the config")
+	removed := Diff(basePlan(), baseOf(basePlan(list)))
+	wantVerdict(t, removed, VerdictReload)
+	wantReason(t, removed, "removed, which only a reload takes out of the config")
+}
+
+func TestDiffCRTListWithoutEntriesReloads(t *testing.T) {
+	prev := basePlan(withFile(listPath, FileKindCRTList, "certs/tls.pem\n"))
+	next := basePlan(withFile(listPath, FileKindCRTList, "certs/tls.pem\ncerts/other.pem\n"))
+	base := baseOf(prev)
+	base.Inventory.CRTLists = []string{listPath}
+	d := Diff(next, base)
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "crt-list entries are not declared by the render yet")
+}
+
+func TestDiffCertificateCreatedInThisDiffCountsAsLoaded(t *testing.T) {
+	srv1 := srv("SRV_1", "10.0.0.1", 80)
+	prev := basePlan(withFile(certPath, FileKindCert, "before"), withBackends(dynBackend("be-a", srv1)))
+	next := basePlan(withFile(certPath, FileKindCert, "after"),
+		withBackends(dynBackend("be-a", srv1, withExtra(srv("SRV_2", "10.0.0.2", 443), kw("ssl"), kw("crt", certPath)))))
+	d := Diff(next, baseOf(prev))
+	wantVerdict(t, d, VerdictRuntime)
+	wantKinds(t, d.Ops, OpCertNew, OpServerAdd, OpServerEnable)
+}
+
+func TestDiffCRTListNotLoadedIsWrittenOnly(t *testing.T) {
+	prev := basePlan(withCRTList(listPath, CRTListEntry{Cert: certPath}))
+	next := basePlan(withCRTList(listPath, CRTListEntry{Cert: certPath}, CRTListEntry{Cert: "certs/other.pem"}))
+	d := Diff(next, baseOf(prev))
+	wantVerdict(t, d, VerdictFileOnly)
+	wantReason(t, d, "is not loaded at runtime, its file is written only")
+}
+
+// ---------------------------------------------------------------------------
+// Files, ManifestFiles, InventoryOf.
+
+func TestDiffGeneralFiles(t *testing.T) {
+	const page = "general/errors/503.http"
+	for _, tc := range []struct {
+		name    string
+		reload  bool
+		verdict string
+	}{
+		{"changed", false, VerdictFileOnly},
+		{"changed and declared reload-on-change", true, VerdictReload},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := func(content string) []planOpt {
+				o := []planOpt{withFile(page, FileKindGeneral, content)}
+				if tc.reload {
+					o = append(o, withReloadOnChange(page))
+				}
+				return o
+			}
+			d := Diff(basePlan(opts("down for maintenance, v2")...), baseOf(basePlan(opts("down for maintenance")...)))
+			wantVerdict(t, d, tc.verdict)
+			wantKinds(t, d.Ops)
+			if tc.reload {
+				wantReason(t, d, "file general/errors/503.http changed and is declared reload-on-change")
+			}
+		})
+	}
+}
+
+func TestDiffRemovedFiles(t *testing.T) {
+	const extra = "general/rules/extra.conf"
+	removed := Diff(basePlan(), baseOf(basePlan(withFile(extra, FileKindGeneral, "rules"))))
+	wantVerdict(t, removed, VerdictFileOnly)
+	wantReason(t, removed, "was removed, which no runtime op undoes")
+	declared := Diff(basePlan(), baseOf(basePlan(withFile(extra, FileKindGeneral, "rules"), withReloadOnChange(extra))))
+	wantVerdict(t, declared, VerdictReload)
+	wantReason(t, declared, "was removed and is declared reload-on-change")
+}
+
+func TestManifestFilesProjectsTheWholeSet(t *testing.T) {
+	p := &Plan{Files: []PlanFile{
+		{Path: "general/errors/503.http", Kind: FileKindGeneral, Digest: "d1", Size: 42, ReloadOnChange: true, Content: "x", ContentKnown: true},
+		{Path: ConfigFilePath, Kind: FileKindConfig, Digest: "d2", Size: 7, ReloadOnChange: true},
+		{Path: routeMap, Kind: FileKindMap, Digest: "d3", Size: 9},
+	}}
+	files := ManifestFiles(p)
+	if len(files) != len(p.Files) {
+		t.Fatalf("%d files, want %d", len(files), len(p.Files))
+	}
+	for i := range files {
+		if files[i].Path != p.Files[i].Path {
+			t.Fatalf("file %d is %s, want %s (plan order)", i, files[i].Path, p.Files[i].Path)
+		}
+	}
+	want := ManifestFile{Path: "general/errors/503.http", Kind: FileKindGeneral, Digest: "d1", Proof: "d1", Size: 42, ReloadOnChange: true}
+	if !reflect.DeepEqual(files[0], want) {
+		t.Fatalf("first file = %+v, want %+v", files[0], want)
+	}
+	if ManifestFiles(nil) != nil {
+		t.Fatal("ManifestFiles(nil) is not nil")
+	}
+	if got := ManifestFiles(&Plan{}); got == nil {
+		t.Fatal("ManifestFiles of a plan without files is nil, want an empty slice")
+	}
+}
+
+func TestManifestFilesCarryAProof(t *testing.T) {
+	p := basePlan(withMap(routeMap, false, entries("a", "b")...), withFile(certPath, FileKindCert, "pem"),
+		withCRTList(listPath, CRTListEntry{Cert: certPath}))
+	for _, f := range ManifestFiles(p) {
+		if f.Proof == "" || f.Proof != f.Digest {
+			t.Fatalf("%s: proof %q, digest %q", f.Path, f.Proof, f.Digest)
+		}
+	}
+}
+
+func TestInventoryOf(t *testing.T) {
+	p := &Plan{Files: []PlanFile{
+		{Path: ConfigFilePath, Kind: FileKindConfig},
+		{Path: "maps/path.map", Kind: FileKindMap},
+		{Path: "maps/host.map", Kind: FileKindMap},
+		{Path: "ssl/tls.pem", Kind: FileKindCert},
+		{Path: "ssl/ca.pem", Kind: FileKindCA},
+		{Path: "ssl/list.txt", Kind: FileKindCRTList},
+		{Path: "general/errors/503.http", Kind: FileKindGeneral},
+	}}
+	want := Inventory{
+		Maps:     []string{"maps/host.map", "maps/path.map"},
+		Certs:    []string{"ssl/tls.pem"},
+		CAFiles:  []string{"ssl/ca.pem"},
+		CRTLists: []string{"ssl/list.txt"},
+	}
+	if got := InventoryOf(p); !reflect.DeepEqual(got, want) {
+		t.Fatalf("InventoryOf = %+v, want %+v", got, want)
+	}
+}
+
+func TestInventoryOfNoPlan(t *testing.T) {
+	if got := InventoryOf(nil); !reflect.DeepEqual(got, Inventory{}) {
+		t.Fatalf("InventoryOf(nil) = %+v, want the zero Inventory", got)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Baselines that went through a plan blob.
+
+// roundTrip sends a plan through a plan blob: text, content, body and
+// comments are lost, digests are kept.
+func roundTrip(t testing.TB, p *Plan) *Plan {
+	t.Helper()
+	blob, err := EncodePlanBlob(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decoded, err := DecodePlanBlob(blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return decoded
+}
+
+func serializablePlan(opts ...planOpt) *Plan {
+	commented := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
+	commented.Comments = []string{"owned by team a"}
+	commented.Body = []string{"http-request set-header X-A 1"}
+	return basePlan(append([]planOpt{
+		withBackends(commented, structuralBackend("be-b", srv("SRV_1", "10.0.0.2", 80))),
+		withMap(routeMap, false, entries("a", "be-a", "b", "be-b")...),
+		withFile(certPath, FileKindCert, "pem"),
+		withCRTList(listPath, CRTListEntry{Cert: certPath}),
+	}, opts...)...)
+}
+
+func TestDiffAgainstSerializedBaselineDoesNotReload(t *testing.T) {
+	prev := roundTrip(t, serializablePlan())
+	base := withMapsLoaded(baseOf(prev), routeMap)
+	base.Inventory.Certs, base.Inventory.CRTLists = []string{certPath}, []string{listPath}
+	d := Diff(serializablePlan(), base)
+	if d.Verdict == VerdictReload || len(d.Ops) != 0 {
+		t.Fatalf("verdict %s, ops %v, reasons %q", d.Verdict, opKindsOf(d.Ops), d.Reasons)
+	}
+}
+
+func TestDiffAgainstSerializedBaselineStillDetectsChange(t *testing.T) {
+	prev := roundTrip(t, serializablePlan())
+	d := Diff(serializablePlan(withCore("global", "global\n  maxconn 100\n")), withMapsLoaded(baseOf(prev), routeMap))
+	wantVerdict(t, d, VerdictReload)
+	wantReason(t, d, "core section global changed")
 }
