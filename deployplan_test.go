@@ -7,6 +7,7 @@ package haptic
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -1660,4 +1661,1046 @@ func TestDiffAgainstSerializedBaselineStillDetectsChange(t *testing.T) {
 	d := Diff(serializablePlan(withCore("global", "global\n  maxconn 100\n")), withMapsLoaded(baseOf(prev), routeMap))
 	wantVerdict(t, d, VerdictReload)
 	wantReason(t, d, "core section global changed")
+}
+
+// ---------------------------------------------------------------------------
+// In-place ops.
+
+// pendingOn is the usual in-place baseline: applied = running = worker =
+// prev, a reload pending.
+func pendingOn(prev *Plan) *Baseline {
+	base := baseOf(prev)
+	base.WorkerOps, base.ReloadPending = prev, true
+	return base
+}
+
+func TestInPlaceOnlyWhileAReloadIsPending(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))))
+	base := baseOf(prev)
+	base.WorkerOps = prev
+	d := Diff(next, base)
+	wantVerdict(t, d, VerdictRuntime)
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %v, WorkerPlan %v with nothing pending", d.InPlace, d.WorkerPlan)
+	}
+}
+
+func TestInPlaceRidesAReloadThePodMayPace(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))), withCore("frontend#1", "frontend http-in\n"))
+	base := baseOf(prev)
+	base.WorkerOps = prev
+	d := Diff(next, base)
+	wantVerdict(t, d, VerdictReload)
+	wantOps(t, d.InPlace, Op{Kind: OpServerSetAddr, Backend: "be-a", Server: "SRV_1", Address: "10.0.0.2", Port: 80})
+	if d.WorkerPlan == nil {
+		t.Fatal("WorkerPlan is nil with in-place ops")
+	}
+}
+
+func TestInPlaceIsComputedAgainstTheWorkerPlan(t *testing.T) {
+	applied := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	worker := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 10))))
+	next := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 30))))
+	base := baseOf(applied)
+	base.WorkerOps, base.ReloadPending = worker, true
+	d := Diff(next, base)
+	wantOps(t, d.InPlace, Op{Kind: OpServerSetWeight, Backend: "be-a", Server: "SRV_1", Weight: intp(30)})
+}
+
+func TestInPlaceExcludesDeletesAndBackendOps(t *testing.T) {
+	worker := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80)),
+		dynBackend("be-old", srv("SRV_1", "10.0.0.3", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80)), dynBackend("be-new", srv("SRV_1", "10.0.0.4", 80))))
+	d := Diff(next, pendingOn(worker))
+	wantOps(t, d.InPlace, Op{Kind: OpServerDisable, Backend: "be-a", Server: "SRV_2"})
+}
+
+func TestInPlaceMapAndCertOps(t *testing.T) {
+	prev := basePlan(
+		withMap(routeMap, false, entries("a.example.com", "be-a", "gone.example.com", "be-gone", "multi", "be-a")...),
+		withFile(certPath, FileKindCert, "before"))
+	base := func() *Baseline {
+		b := withMapsLoaded(pendingOn(prev), routeMap)
+		b.Inventory.Certs = []string{certPath}
+		return b
+	}
+	for _, tc := range []struct {
+		name    string
+		next    []MapEntry
+		inPlace []Op
+	}{
+		{"a multiset change holds back every map op",
+			entries("a.example.com", "be-z", "multi", "be-a", "multi", "be-b"),
+			[]Op{{Kind: OpCertSet, Path: certPath}}},
+		{"line-form changes go in place together",
+			entries("a.example.com", "be-z", "multi", "be-a"),
+			[]Op{{Kind: OpCertSet, Path: certPath}, mapSet(routeMap, "a.example.com", "be-z"), mapDel(routeMap, "gone.example.com")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := basePlan(withMap(routeMap, false, tc.next...), withFile(certPath, FileKindCert, "after"))
+			d := Diff(next, base())
+			wantOps(t, d.InPlace, tc.inPlace...)
+			if d.WorkerPlan == nil {
+				t.Fatal("WorkerPlan is nil")
+			}
+			if len(tc.inPlace) == 1 && !reflect.DeepEqual(d.WorkerPlan.Maps, prev.Maps) {
+				t.Fatalf("WorkerPlan maps = %v, want the worker's %v", d.WorkerPlan.Maps, prev.Maps)
+			}
+			again := base()
+			again.WorkerOps = d.WorkerPlan
+			if d2 := Diff(next, again); d2.InPlace != nil {
+				t.Fatalf("re-diff against the WorkerPlan composes %s", opsJSON(d2.InPlace))
+			}
+		})
+	}
+}
+
+func TestInPlaceWorkerPlanIsStableAndCarriesTheServerChanges(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 10))))
+	next := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 30), srv("SRV_2", "10.0.0.2", 80))))
+	prevBefore, nextBefore := prev.Clone(), next.Clone()
+	d := Diff(next, pendingOn(prev))
+	wantKinds(t, d.InPlace, OpServerSetWeight, OpServerAdd, OpServerEnable)
+	if want := []Server{weighted(srv("SRV_1", "10.0.0.1", 80), 30), srv("SRV_2", "10.0.0.2", 80)}; !reflect.DeepEqual(d.WorkerPlan.Backends["be-a"].Servers, want) {
+		t.Fatalf("WorkerPlan be-a servers = %+v, want %+v", d.WorkerPlan.Backends["be-a"].Servers, want)
+	}
+	if !reflect.DeepEqual(prev, prevBefore) || !reflect.DeepEqual(next, nextBefore) {
+		t.Fatal("Diff changed an input plan")
+	}
+	if again := Diff(next, pendingOn(prev)); again.WorkerPlan.ID != d.WorkerPlan.ID {
+		t.Fatalf("WorkerPlan.ID %s on a second diff, %s on the first", again.WorkerPlan.ID, d.WorkerPlan.ID)
+	}
+	if id := d.WorkerPlan.ID; id == prev.ID || id == next.ID || len(id) != 16 {
+		t.Fatalf("WorkerPlan.ID %q is not a distinct derived id (prev %s, next %s)", id, prev.ID, next.ID)
+	}
+	b, _ := json.Marshal(d.InPlace)
+	if want := DigestString(prev.ID + "\x00" + next.ID + "\x00" + string(b)); d.WorkerPlan.ID != want {
+		t.Fatalf("WorkerPlan.ID = %s, want %s", d.WorkerPlan.ID, want)
+	}
+	base := pendingOn(prev)
+	base.WorkerOps = d.WorkerPlan
+	if d2 := Diff(next, base); d2.InPlace != nil {
+		t.Fatalf("re-diff against the WorkerPlan composes %s", opsJSON(d2.InPlace))
+	}
+}
+
+func TestInPlaceHonoursTheAgentOpSet(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 10))))
+	next := basePlan(withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.1", 80), 20))))
+	base := pendingOn(prev)
+	base.Caps = CapsFor("3.4.3", []string{OpServerSetAddr})
+	d := Diff(next, base)
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %s, WorkerPlan %v", opsJSON(d.InPlace), d.WorkerPlan)
+	}
+}
+
+func TestInPlaceMapOpsFollowTheAgentOpSetAsAWhole(t *testing.T) {
+	prev := basePlan(withMap(routeMap, false, entries("a", "be-a", "b", "be-b")...))
+	next := basePlan(withMap(routeMap, false, entries("a", "be-z")...))
+	base := withMapsLoaded(pendingOn(prev), routeMap)
+	base.Caps = CapsFor("3.4.3", []string{OpMapSet})
+	d := Diff(next, base)
+	for _, op := range d.InPlace {
+		if strings.HasPrefix(op.Kind, "map_") {
+			t.Fatalf("InPlace holds %s", op.Kind)
+		}
+	}
+	base.Caps = CapsFor("3.4.3", []string{OpMapSet, OpMapDel})
+	if d := Diff(next, base); len(d.InPlace) != 2 {
+		t.Fatalf("with both kinds executed InPlace = %s, want the map_set and the map_del", opsJSON(d.InPlace))
+	}
+}
+
+func TestInPlaceDropsAnEnableWhoseAddWasDropped(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80))))
+	base := pendingOn(prev)
+	base.Caps = CapsFor("3.4.3", []string{OpServerEnable})
+	d := Diff(next, base)
+	for _, op := range d.InPlace {
+		if op.Kind == OpServerEnable && op.Server == "SRV_2" {
+			t.Fatalf("InPlace enables SRV_2, whose server_add was dropped: %s", opsJSON(d.InPlace))
+		}
+	}
+}
+
+func TestInPlaceNeedsTheWorkerOpsBaseline(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))))
+	base := baseOf(prev)
+	base.ReloadPending = true
+	d := Diff(next, base)
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %s without a worker-ops baseline", opsJSON(d.InPlace))
+	}
+}
+
+func TestInPlaceNeedsAUsableBaseline(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))))
+	d := Diff(next, &Baseline{WorkerOps: prev, ReloadPending: true, Caps: on34})
+	wantReasonsExactly(t, d, "no baseline")
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %s without an applied baseline", opsJSON(d.InPlace))
+	}
+}
+
+func TestInPlaceMapSetWaitsForABackendTheReloadAdds(t *testing.T) {
+	const pathMap = "maps/path.map"
+	maps := func(pathTarget string, route ...string) []planOpt {
+		return []planOpt{withMap(pathMap, false, entries("/api", pathTarget)...), withMap(routeMap, false, entries(route...)...)}
+	}
+	srv1 := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
+	beNew := structuralBackend("be-new", srv("SRV_1", "10.0.0.9", 80))
+	t.Run("backend still missing", func(t *testing.T) {
+		prev := basePlan(append(maps("be-a", "a.example.com", "be-a", "gone.example.com", "be-a"), withBackends(srv1))...)
+		next := basePlan(append(maps("be-new", "a.example.com", "be-a"), withBackends(srv1, beNew))...)
+		base := withMapsLoaded(baseOf(prev), pathMap, routeMap)
+		base.WorkerOps = prev
+		d := Diff(next, base)
+		wantVerdict(t, d, VerdictReload)
+		if d.InPlace != nil || d.WorkerPlan != nil {
+			t.Fatalf("InPlace %s before the reload adds be-new", opsJSON(d.InPlace))
+		}
+	})
+	t.Run("backend present on the worker", func(t *testing.T) {
+		prev := basePlan(append(maps("be-a", "a.example.com", "be-a", "gone.example.com", "be-a"), withBackends(srv1, beNew))...)
+		next := basePlan(append(maps("be-new", "a.example.com", "be-a"), withBackends(srv1, beNew))...)
+		d := Diff(next, withMapsLoaded(pendingOn(prev), pathMap, routeMap))
+		wantOps(t, d.InPlace, mapSet(pathMap, "/api", "be-new"), mapDel(routeMap, "gone.example.com"))
+	})
+}
+
+func TestInPlaceMapBatchIsNotTruncated(t *testing.T) {
+	var before, after []string
+	for i := range 1001 {
+		before = append(before, fmt.Sprint("k", i), "old")
+		after = append(after, fmt.Sprint("k", i), "new")
+	}
+	prev := basePlan(withMap(routeMap, false, entries(before...)...))
+	next := basePlan(withMap(routeMap, false, entries(after...)...))
+	d := Diff(next, withMapsLoaded(pendingOn(prev), routeMap))
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace holds %d ops, want none", len(d.InPlace))
+	}
+	wantVerdict(t, d, VerdictRuntime)
+	if len(d.Ops) != 1001 || d.Chunks != 2 || opKindsOf(d.Ops)[1000] != OpMapSet {
+		t.Fatalf("Ops %d in %d chunks", len(d.Ops), d.Chunks)
+	}
+}
+
+func TestInPlaceMapsKeepDenialUntilAllEnforcementCanApply(t *testing.T) {
+	const denied, authentication = "maps/denied.map", "maps/authentication.map"
+	prev := basePlan(withMap(denied, false, entries("protected", "1", "other", "1")...),
+		withMap(authentication, false, entries("public", "allow")...))
+	for _, tc := range []struct {
+		name string
+		more []planOpt
+	}{
+		{"the maps alone", nil},
+		{"with the core section that enforces them", []planOpt{withCore("authentication", "frontend auth\n")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := basePlan(append([]planOpt{withMap(denied, false, entries("other", "1")...),
+				withMap(authentication, false, entries("public", "allow", "protected", "require credentials")...)}, tc.more...)...)
+			d := Diff(next, withMapsLoaded(pendingOn(prev), denied, authentication))
+			if d.InPlace != nil || d.WorkerPlan != nil {
+				t.Fatalf("InPlace %s lifts the denial before the enforcement applies", opsJSON(d.InPlace))
+			}
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// BaselineFromState.
+
+func TestBaselineFromState(t *testing.T) {
+	plan := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))), withMap(routeMap, false, entries("a", "be-a")...))
+	blob, err := EncodePlanBlob(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := basePlan(withCore("frontend#1", "frontend f\n"))
+	otherBlob, err := EncodePlanBlob(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// stateOf is a state whose applied, running and worker-ops pairs all
+	// name plan, with its blob.
+	stateOf := func(change func(*State)) *State {
+		s := &State{
+			HAProxy:            HAProxyInfo{Version: "3.4.3"},
+			AppliedPlanID:      plan.ID,
+			AppliedPlanProof:   "proof-applied",
+			RunningPlanID:      plan.ID,
+			RunningPlanProof:   "proof-running",
+			WorkerOpsPlanID:    plan.ID,
+			WorkerOpsPlanProof: "proof-worker",
+			AppliedPlan:        blob,
+			AppliedPlanStored:  true,
+		}
+		if change != nil {
+			change(s)
+		}
+		return s
+	}
+	decoded := roundTrip(t, plan)
+	for _, tc := range []struct {
+		name  string
+		state *State
+		check func(t *testing.T, b *Baseline, err error)
+	}{
+		{"blob of the applied, running and worker-ops plan", stateOf(nil), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || !reflect.DeepEqual(b.Applied, decoded) || b.Running != b.Applied || b.WorkerOps != b.Applied {
+				t.Fatalf("err %v; Applied %v, Running %v, WorkerOps %v", err, b.Applied != nil, b.Running != nil, b.WorkerOps != nil)
+			}
+			wantVerdict(t, Diff(plan, b), VerdictFileOnly)
+		}},
+		{"a reload is pending", stateOf(func(s *State) {
+			s.RunningPlanID, s.WorkerOpsPlanID, s.ReloadPendingAt = "older", "older", "2025-01-01T00:00:00Z"
+		}), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.Applied == nil || b.Running != nil || b.WorkerOps != nil || !b.ReloadPending {
+				t.Fatalf("err %v; Applied %v, Running %v, WorkerOps %v, ReloadPending %v", err, b.Applied != nil, b.Running != nil, b.WorkerOps != nil, b.ReloadPending)
+			}
+		}},
+		{"worker moved by in-place ops", stateOf(func(s *State) {
+			s.RunningPlanID, s.WorkerOpsPlanID = "older", "moved"
+		}), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.Applied == nil || b.Running != nil || b.WorkerOps != nil {
+				t.Fatalf("err %v; Running %v, WorkerOps %v", err, b.Running != nil, b.WorkerOps != nil)
+			}
+		}},
+		{"after a runtime apply", stateOf(func(s *State) { s.RunningPlanID = "older" }), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.Applied == nil || b.Running != nil || b.WorkerOps != b.Applied {
+				t.Fatalf("err %v; Running %v, WorkerOps is Applied %v", err, b.Running != nil, b.WorkerOps == b.Applied)
+			}
+		}},
+		{"no blob", stateOf(func(s *State) { s.AppliedPlan, s.AppliedPlanStored = nil, false }), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.Applied != nil {
+				t.Fatalf("err %v, Applied %v", err, b.Applied != nil)
+			}
+			wantReasonsExactly(t, Diff(plan, b), "no baseline")
+		}},
+		{"a blob for another plan", stateOf(func(s *State) { s.AppliedPlan = otherBlob }), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.Applied != nil || b.Running != nil || b.WorkerOps != nil {
+				t.Fatalf("err %v, Applied %v", err, b.Applied != nil)
+			}
+		}},
+		{"a corrupt blob", stateOf(func(s *State) { s.AppliedPlan = []byte("not zstd") }), func(t *testing.T, b *Baseline, err error) {
+			if b != nil || err == nil || !strings.Contains(err.Error(), "decoding the applied plan") {
+				t.Fatalf("baseline %v, err %v", b, err)
+			}
+		}},
+		{"caps", stateOf(func(s *State) { s.AgentOps = []string{OpMapSet} }), func(t *testing.T, b *Baseline, err error) {
+			if want := CapsFor("3.4.3", []string{OpMapSet}); err != nil || !reflect.DeepEqual(b.Caps, want) {
+				t.Fatalf("err %v, Caps %+v, want %+v", err, b.Caps, want)
+			}
+		}},
+		{"pending deletes", stateOf(func(s *State) {
+			s.PendingDeletes = PendingDeletes{Servers: []string{"a/1", "a/2", "b/1"}, Backends: []string{"c", "d"}}
+		}), func(t *testing.T, b *Baseline, err error) {
+			if err != nil || b.PendingServerDeletes != 3 || b.PendingBackendDeletes != 2 {
+				t.Fatalf("err %v, pending %d servers, %d backends", err, b.PendingServerDeletes, b.PendingBackendDeletes)
+			}
+		}},
+		{"inventory", stateOf(func(s *State) {
+			s.Inventory = Inventory{Generation: 4, Maps: []string{routeMap}, Certs: []string{certPath}, CAFiles: []string{caPath},
+				CRLFiles: []string{"ca/crl.pem"}, CRTLists: []string{listPath}}
+		}), func(t *testing.T, b *Baseline, err error) {
+			want := Inventory{Generation: 4, Maps: []string{routeMap}, Certs: []string{certPath}, CAFiles: []string{caPath},
+				CRLFiles: []string{"ca/crl.pem"}, CRTLists: []string{listPath}}
+			if err != nil || !reflect.DeepEqual(b.Inventory, want) {
+				t.Fatalf("err %v, Inventory %+v", err, b.Inventory)
+			}
+		}},
+		{"nil state", nil, func(t *testing.T, b *Baseline, err error) {
+			if b != nil || err == nil {
+				t.Fatalf("baseline %v, err %v", b, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := BaselineFromState(tc.state)
+			tc.check(t, b, err)
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// NewManifest.
+
+func TestNewManifest(t *testing.T) {
+	prev := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))))
+	next := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))))
+	token := Token{LeaderEpoch: 3, RenderSeq: 9}
+	fullState := func() *State {
+		return &State{
+			AppliedPlanID: prev.ID, AppliedPlanProof: "proof-applied", AppliedToken: Token{LeaderEpoch: 3, RenderSeq: 8},
+			RunningPlanID: prev.ID, WorkerOpsPlanID: prev.ID, WorkerOpsPlanProof: "proof-worker",
+		}
+	}
+	mapOps := func(n int) []Op {
+		ops := make([]Op, n)
+		for i := range ops {
+			ops[i] = mapSet(routeMap, fmt.Sprint("k", i), "v")
+		}
+		return ops
+	}
+	runtime := Diff(next, baseOf(prev))
+	wantVerdict(t, runtime, VerdictRuntime)
+	big := Decision{Verdict: VerdictRuntime, Mode: ModeAuto, Ops: mapOps(1500), Chunks: 2, Files: ManifestFiles(next)}
+	withInPlace := big
+	withInPlace.InPlace = mapOps(400)
+	withInPlace.WorkerPlan = prev.Clone()
+	withInPlace.WorkerPlan.ID = "worker-after-ops"
+	reloadNext := basePlan(withBackends(dynBackend("be-a", srv("SRV_1", "10.0.0.2", 80))), withCore("frontend#1", "frontend f\n"))
+	reloadBase := baseOf(prev)
+	reloadBase.WorkerOps = prev
+	reloadInPlace := Diff(reloadNext, reloadBase)
+	if reloadInPlace.Verdict != VerdictReload || len(reloadInPlace.InPlace) == 0 {
+		t.Fatalf("the reload fixture gives %s with %d in-place ops", reloadInPlace.Verdict, len(reloadInPlace.InPlace))
+	}
+
+	for _, tc := range []struct {
+		name  string
+		next  *Plan
+		d     Decision
+		state *State
+		check func(t *testing.T, m *Manifest)
+	}{
+		{"runtime", next, runtime, fullState(), func(t *testing.T, m *Manifest) {
+			s := fullState()
+			if m.IdentityVersion != 1 || m.PlanID != next.ID || m.PlanSchemaVersion != next.SchemaVersion || m.Token != token ||
+				m.ExpectedPrevPlanID != s.AppliedPlanID || m.ExpectedPrevPlanProof != s.AppliedPlanProof || m.ExpectedPrevToken != s.AppliedToken ||
+				m.ExpectedWorkerOpsPlanID != s.WorkerOpsPlanID || m.ExpectedWorkerOpsPlanProof != s.WorkerOpsPlanProof {
+				t.Fatalf("manifest %+v", m)
+			}
+			if m.Mode != ModeAuto || !reflect.DeepEqual(m.Ops, runtime.Ops) || m.OpBatches != nil || !reflect.DeepEqual(m.Files, runtime.Files) {
+				t.Fatalf("mode %s, ops %d, batches %d", m.Mode, len(m.Ops), len(m.OpBatches))
+			}
+			if &m.Files[0] != &runtime.Files[0] {
+				t.Fatal("files are copied, want d.Files shared")
+			}
+		}},
+		{"1500 ops", next, big, fullState(), func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeAuto || len(m.Ops) != 1000 || len(m.OpBatches) != 1 || len(m.OpBatches[0]) != 500 {
+				t.Fatalf("mode %s, ops %d, batches %d", m.Mode, len(m.Ops), len(m.OpBatches))
+			}
+		}},
+		{"1500 ops with 400 in place", next, withInPlace, fullState(), func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeAuto || len(m.Ops) != 600 || len(m.OpBatches) != 1 || len(m.OpBatches[0]) != 900 ||
+				len(m.InPlaceOps) != 400 || m.WorkerOpsPlanID != "worker-after-ops" || m.WorkerOpsPlanProof != "" {
+				t.Fatalf("mode %s, ops %d, batches %d, in place %d, worker ops %q/%q", m.Mode, len(m.Ops), len(m.OpBatches),
+					len(m.InPlaceOps), m.WorkerOpsPlanID, m.WorkerOpsPlanProof)
+			}
+		}},
+		{"no applied proof", next, big, func() *State { s := fullState(); s.AppliedPlanProof = ""; return s }(), func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeReload || m.Ops != nil || m.OpBatches != nil {
+				t.Fatalf("mode %s, ops %d, batches %d", m.Mode, len(m.Ops), len(m.OpBatches))
+			}
+		}},
+		{"no worker-ops proof", next, withInPlace, func() *State { s := fullState(); s.WorkerOpsPlanProof = ""; return s }(), func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeReload || m.Ops != nil || m.InPlaceOps != nil || m.WorkerOpsPlanID != "" {
+				t.Fatalf("mode %s, ops %d, in place %d, worker ops id %q", m.Mode, len(m.Ops), len(m.InPlaceOps), m.WorkerOpsPlanID)
+			}
+		}},
+		{"reload decision with in-place ops", reloadNext, reloadInPlace, fullState(), func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeReload || m.Ops != nil || !reflect.DeepEqual(m.InPlaceOps, reloadInPlace.InPlace) ||
+				m.WorkerOpsPlanID != reloadInPlace.WorkerPlan.ID {
+				t.Fatalf("mode %s, ops %d, in place %d, worker ops id %q", m.Mode, len(m.Ops), len(m.InPlaceOps), m.WorkerOpsPlanID)
+			}
+		}},
+		{"nil state", next, runtime, nil, func(t *testing.T, m *Manifest) {
+			if m.Mode != ModeReload || m.ExpectedPrevPlanID != "" || m.ExpectedPrevPlanProof != "" || m.ExpectedPrevToken != (Token{}) ||
+				m.ExpectedWorkerOpsPlanID != "" || m.ExpectedWorkerOpsPlanProof != "" || m.Ops != nil || m.InPlaceOps != nil {
+				t.Fatalf("manifest %+v", m)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewManifest(tc.next, tc.d, tc.state, token)
+			if m == nil {
+				t.Fatal("NewManifest returned nil")
+			}
+			tc.check(t, m)
+			// "left empty", on every row.
+			if m.PlanProof != "" || m.WorkerOpsPlanProof != "" || m.ValidatedPlanID != "" || m.ValidatedPlanProof != "" || m.Mode == ModeRevertLKG {
+				t.Fatalf("a field NewManifest leaves empty is set: %+v", m)
+			}
+			for _, f := range m.Files {
+				if f.Patch != nil {
+					t.Fatalf("%s carries a patch", f.Path)
+				}
+			}
+			if err := m.ValidateOpBatches(); err != nil {
+				t.Fatalf("ValidateOpBatches: %v", err)
+			}
+		})
+	}
+	if m := NewManifest(nil, runtime, fullState(), token); m != nil {
+		t.Fatalf("NewManifest(nil, ...) = %+v, want nil", m)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Purity: Diff never writes to what it was given.
+
+// cloneBaseline deep-copies a baseline, so that a test can compare it after
+// a diff.
+func cloneBaseline(b *Baseline) *Baseline {
+	c := *b
+	c.Applied, c.Running, c.WorkerOps = b.Applied.Clone(), b.Running.Clone(), b.WorkerOps.Clone()
+	c.Inventory.Maps, c.Inventory.Certs = cloneSlice(b.Inventory.Maps), cloneSlice(b.Inventory.Certs)
+	c.Inventory.CAFiles, c.Inventory.CRLFiles = cloneSlice(b.Inventory.CAFiles), cloneSlice(b.Inventory.CRLFiles)
+	c.Inventory.CRTLists = cloneSlice(b.Inventory.CRTLists)
+	if b.Caps.AgentOps != nil {
+		c.Caps.AgentOps = maps.Clone(b.Caps.AgentOps)
+	}
+	return &c
+}
+
+func TestDiffDoesNotMutateItsInputs(t *testing.T) {
+	srv1 := weighted(srv("SRV_1", "10.0.0.1", 80), 10)
+	prev := basePlan(
+		withBackends(dynBackend("be-a", srv1, srv("SRV_2", "10.0.0.2", 80)), dynBackend("be-old", srv("SRV_1", "10.0.0.3", 80))),
+		withMap(routeMap, false, entries("a", "be-a", "b", "be-b", "gone", "be-a")...),
+		withMap("maps/ordered.map", true, entries("x", "1", "y", "2")...),
+		withFile(certPath, FileKindCert, "before"), withFile(caPath, FileKindCA, "ca-before"),
+		withCRTList(listPath, CRTListEntry{Cert: certPath, Options: []KeywordArg{kw("alpn", "h2")}, SNIFilters: []string{"a.example.com"}}))
+	nextRuntime := basePlan(
+		withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.9", 80), 30), withExtra(srv("SRV_3", "10.0.0.4", 80), kw("check"))),
+			dynBackend("be-new", srv("SRV_1", "10.0.0.5", 80))),
+		withMap(routeMap, false, entries("a", "be-new", "b", "be-b", "c", "be-c")...),
+		withMap("maps/ordered.map", true, entries("x", "1", "y", "3", "z", "4")...),
+		withFile(certPath, FileKindCert, "after"), withFile(caPath, FileKindCA, "ca-after"),
+		withCRTList(listPath, CRTListEntry{Cert: certPath, Options: []KeywordArg{kw("alpn", "h2,http/1.1")}, SNIFilters: []string{"a.example.com"}},
+			CRTListEntry{Cert: "certs/other.pem", SNIFilters: []string{"b.example.com"}}))
+	nextReload := basePlan(
+		withBackends(dynBackend("be-a", weighted(srv("SRV_1", "10.0.0.9", 80), 30)), structuralBackend("be-new")),
+		withMap(routeMap, false, entries("a", "be-a", "b", "be-z")...),
+		withFile(certPath, FileKindCert, "after"), withCore("frontend#1", "frontend f\n"))
+	loaded := func(b *Baseline) *Baseline {
+		b = withMapsLoaded(b, routeMap, "maps/ordered.map")
+		b.Inventory.Certs, b.Inventory.CRTLists = []string{certPath}, []string{listPath}
+		return b
+	}
+	inPlace := loaded(pendingOn(prev))
+	for _, tc := range []struct {
+		name    string
+		next    *Plan
+		base    *Baseline
+		verdict string
+		inPlace bool
+	}{
+		{"reload", nextReload, loaded(baseOf(prev)), VerdictReload, false},
+		{"runtime", nextRuntime, loaded(baseOf(prev)), VerdictRuntime, false},
+		{"in place", nextRuntime, inPlace, VerdictRuntime, true},
+		{"reload with in-place ops", nextReload, inPlace, VerdictReload, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nextBefore, baseBefore := tc.next.Clone(), cloneBaseline(tc.base)
+			d := Diff(tc.next, tc.base)
+			wantVerdict(t, d, tc.verdict)
+			if tc.inPlace != (len(d.InPlace) > 0) {
+				t.Fatalf("in-place ops %s", opsJSON(d.InPlace))
+			}
+			if !reflect.DeepEqual(tc.next, nextBefore) {
+				t.Fatal("Diff changed next")
+			}
+			if !reflect.DeepEqual(tc.base, baseBefore) {
+				t.Fatal("Diff changed the baseline or a plan it holds")
+			}
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Properties over random pairs of plans.
+
+// planShape is what a random plan states; build turns it into a plan.
+type planShape struct {
+	cores    map[string]string
+	profiles map[string]string
+	backends []Backend
+	maps     []Map
+	lists    []CRTList
+	files    []PlanFile
+	reload   []string
+}
+
+func (s planShape) build() *Plan {
+	opts := []planOpt{func(b *planBuilder) { b.profiles = maps.Clone(s.profiles) }}
+	for _, name := range sortedKeys(s.cores) {
+		opts = append(opts, withCore(name, s.cores[name]))
+	}
+	opts = append(opts, withBackends(s.backends...))
+	for _, m := range s.maps {
+		opts = append(opts, withMap(m.Path, m.Ordered, m.Entries...))
+	}
+	for _, l := range s.lists {
+		opts = append(opts, withCRTList(l.Path, l.Entries...))
+	}
+	for _, f := range s.files {
+		opts = append(opts, withFile(f.Path, f.Kind, f.Content))
+	}
+	for _, p := range s.reload {
+		opts = append(opts, withReloadOnChange(p))
+	}
+	return basePlan(opts...)
+}
+
+// clone deep-copies the shape through a built plan's records.
+func (s planShape) clone() planShape {
+	c := planShape{cores: maps.Clone(s.cores), profiles: maps.Clone(s.profiles), reload: slices.Clone(s.reload), files: slices.Clone(s.files)}
+	p := &Plan{Backends: map[string]Backend{}, Maps: map[string]Map{}, CRTLists: map[string]CRTList{}}
+	for _, b := range s.backends {
+		p.Backends[b.Name] = b
+	}
+	for _, m := range s.maps {
+		p.Maps[m.Path] = m
+	}
+	for _, l := range s.lists {
+		p.CRTLists[l.Path] = l
+	}
+	p = p.Clone()
+	for _, name := range sortedKeys(p.Backends) {
+		c.backends = append(c.backends, p.Backends[name])
+	}
+	for _, name := range sortedKeys(p.Maps) {
+		c.maps = append(c.maps, p.Maps[name])
+	}
+	for _, name := range sortedKeys(p.CRTLists) {
+		c.lists = append(c.lists, p.CRTLists[name])
+	}
+	return c
+}
+
+// shapeRand draws the parts of random plans: mostly sendable words, now and
+// then one the runtime API cannot carry.
+type shapeRand struct{ *rand.Rand }
+
+func (r shapeRand) pick(words ...string) string { return words[r.IntN(len(words))] }
+
+func (r shapeRand) server() Server {
+	s := Server{
+		Name:     r.pick("SRV_1", "SRV_2", "SRV_3", "SRV_4", "SRV 5", "SRV_1"),
+		Address:  r.pick("10.0.0.1", "10.0.0.2", "::1", "10.0.0.3", "web.internal", "fe80::1%eth 0"),
+		Port:     []int{80, 443, 8080, 0}[r.IntN(4)],
+		Disabled: r.IntN(4) == 0,
+		GUID:     r.pick("", "", "", "g-1", "g 2"),
+	}
+	if r.IntN(2) == 0 {
+		s.Weight = intp(r.IntN(3))
+	}
+	for range r.IntN(3) {
+		s.Extra = append(s.Extra, []KeywordArg{
+			kw("check"), kw("inter", "2s"), kw("maxconn", "10"), kw("resolvers", "dns"), kw("crt", "tls.pem"),
+			kw("ca-file", caPath), kw("init-state", "up"), kw("maxconn", "a;b"), kw("ssl"),
+		}[r.IntN(9)])
+	}
+	return s
+}
+
+func (r shapeRand) backend(name string) Backend {
+	b := dynBackend(name)
+	if r.IntN(5) == 0 {
+		b = structuralBackend(name)
+	}
+	b.Balance = r.pick("roundrobin", "roundrobin", "static-rr", "hdr(Host)", "")
+	b.HashType = r.pick("", "", "consistent")
+	b.Profile = r.pick("haptic-be", "haptic-be", "haptic-be", "other", "")
+	b.Mode = r.pick("http", "http", "tcp", "h t")
+	if r.IntN(4) == 0 {
+		b.DefaultServer = []KeywordArg{kw("check")}
+	}
+	for range r.IntN(4) {
+		b.Servers = append(b.Servers, r.server())
+	}
+	return b
+}
+
+func (r shapeRand) entries() []MapEntry {
+	var es []MapEntry
+	for range r.IntN(6) {
+		es = append(es, MapEntry{
+			Key:   r.pick("a", "b", "c", "d", "/api;v1", "x y"),
+			Value: r.pick("be-a", "be-b", "be-c", "", "301 https://x", "a>b", "two\nlines"),
+		})
+	}
+	return es
+}
+
+func (r shapeRand) crtEntries() []CRTListEntry {
+	var es []CRTListEntry
+	for _, cert := range []string{certPath, "certs/b.pem", "certs/c.pem", "certs/a;b.pem"} {
+		if r.IntN(2) == 0 {
+			continue
+		}
+		e := CRTListEntry{Cert: cert}
+		if r.IntN(3) == 0 {
+			e.Options = []KeywordArg{kw("alpn", r.pick("h2", "h2,http/1.1", "h 2"))}
+		}
+		if r.IntN(2) == 0 {
+			e.SNIFilters = []string{r.pick("a.example.com", "b.example.com", "a b")}
+		}
+		es = append(es, e)
+	}
+	if r.IntN(3) == 0 {
+		slices.Reverse(es)
+	}
+	return es
+}
+
+func (r shapeRand) shape() planShape {
+	s := planShape{cores: map[string]string{}, profiles: map[string]string{"haptic-be": "body-1"}}
+	if r.IntN(2) == 0 {
+		s.profiles["other"] = "body-other"
+	}
+	for _, name := range []string{"be-a", "be-b", "be-c", "be d"} {
+		if r.IntN(3) != 0 {
+			s.backends = append(s.backends, r.backend(name))
+		}
+	}
+	for _, m := range []Map{{Path: routeMap}, {Path: "maps/ordered.map", Ordered: true}, {Path: "maps/un safe.map"}} {
+		if r.IntN(3) != 0 {
+			m.Entries = r.entries()
+			s.maps = append(s.maps, m)
+		}
+	}
+	if r.IntN(2) == 0 {
+		s.lists = append(s.lists, CRTList{Path: listPath, Entries: r.crtEntries()})
+	}
+	for _, f := range []PlanFile{{Path: certPath, Kind: FileKindCert}, {Path: caPath, Kind: FileKindCA},
+		{Path: "certs/x y.pem", Kind: FileKindCert}, {Path: "general/503.http", Kind: FileKindGeneral}} {
+		if r.IntN(2) == 0 {
+			f.Content = r.pick("one", "two")
+			s.files = append(s.files, f)
+		}
+	}
+	if r.IntN(4) == 0 {
+		s.reload = append(s.reload, r.pick(routeMap, "general/503.http", certPath))
+	}
+	return s
+}
+
+// mutate changes a few things of a shape, the way one render differs from
+// the last.
+func (r shapeRand) mutate(s planShape) planShape {
+	s = s.clone()
+	for range 1 + r.IntN(4) {
+		switch r.IntN(9) {
+		case 0:
+			if len(s.backends) > 0 {
+				b := &s.backends[r.IntN(len(s.backends))]
+				if len(b.Servers) > 0 {
+					sv := &b.Servers[r.IntN(len(b.Servers))]
+					switch r.IntN(4) {
+					case 0:
+						sv.Address = r.pick("10.0.0.7", "10.0.0.8", "web.internal")
+					case 1:
+						sv.Weight = intp(r.IntN(5))
+					case 2:
+						sv.Disabled = !sv.Disabled
+					default:
+						sv.Port = []int{81, 443, 70000}[r.IntN(3)]
+					}
+				}
+			}
+		case 1:
+			if len(s.backends) > 0 {
+				b := &s.backends[r.IntN(len(s.backends))]
+				b.Servers = append(b.Servers, r.server())
+			}
+		case 2:
+			if len(s.backends) > 0 {
+				b := &s.backends[r.IntN(len(s.backends))]
+				if len(b.Servers) > 0 {
+					i := r.IntN(len(b.Servers))
+					b.Servers = slices.Delete(b.Servers, i, i+1)
+				}
+			}
+		case 3:
+			if r.IntN(2) == 0 && len(s.backends) > 0 {
+				i := r.IntN(len(s.backends))
+				s.backends = slices.Delete(s.backends, i, i+1)
+			} else {
+				name := r.pick("be-e", "be-f", "be g")
+				if !slices.ContainsFunc(s.backends, func(b Backend) bool { return b.Name == name }) {
+					s.backends = append(s.backends, r.backend(name))
+				}
+			}
+		case 4:
+			if len(s.maps) > 0 {
+				m := &s.maps[r.IntN(len(s.maps))]
+				if r.IntN(2) == 0 || len(m.Entries) == 0 {
+					m.Entries = r.entries()
+				} else {
+					m.Entries[r.IntN(len(m.Entries))].Value = r.pick("be-z", "be-y", "x y")
+				}
+			}
+		case 5:
+			if len(s.files) > 0 {
+				f := &s.files[r.IntN(len(s.files))]
+				f.Content += "!"
+			}
+		case 6:
+			if len(s.lists) > 0 {
+				s.lists[0].Entries = r.crtEntries()
+			}
+		case 7:
+			switch r.IntN(3) {
+			case 0:
+				s.cores["frontend#1"] = r.pick("frontend a\n", "frontend b\n")
+			case 1:
+				s.profiles["haptic-be"] = r.pick("body-1", "body-2")
+			default:
+				delete(s.profiles, "other")
+			}
+		default:
+			if len(s.backends) > 0 {
+				b := &s.backends[r.IntN(len(s.backends))]
+				b.Comments = append(b.Comments, "note")
+			}
+		}
+	}
+	return s
+}
+
+func (r shapeRand) baseline(prev, worker *Plan) *Baseline {
+	version := r.pick("3.4.3", "3.4.3", "3.0.26", "3.1.17", "2.9.0", "unknown")
+	var agentOps []string
+	if r.IntN(4) == 0 {
+		for _, k := range ComposedOps() {
+			if r.IntN(5) != 0 {
+				agentOps = append(agentOps, k)
+			}
+		}
+	}
+	b := &Baseline{Applied: prev, Running: prev, Caps: CapsFor(version, agentOps)}
+	for _, p := range []string{routeMap, "maps/ordered.map", "maps/un safe.map"} {
+		if r.IntN(4) != 0 {
+			b.Inventory.Maps = append(b.Inventory.Maps, p)
+		}
+	}
+	if r.IntN(2) == 0 {
+		b.Inventory.Certs = []string{certPath}
+	}
+	if r.IntN(2) == 0 {
+		b.Inventory.CAFiles = []string{caPath}
+	}
+	if r.IntN(2) == 0 {
+		b.Inventory.CRTLists = []string{listPath}
+	}
+	b.PendingServerDeletes = []int{0, 0, 998, 1000}[r.IntN(4)]
+	b.PendingBackendDeletes = []int{0, 0, 99, 100}[r.IntN(4)]
+	b.ReloadPending = r.IntN(2) == 0
+	switch r.IntN(3) {
+	case 0:
+		b.WorkerOps = prev
+	case 1:
+		b.WorkerOps = worker
+	}
+	if r.IntN(20) == 0 {
+		b.Applied = nil
+	}
+	return b
+}
+
+// opWordsError names the first word of op that the token grammar refuses.
+func opWordsError(op Op) error {
+	bad := func(field, word string) error {
+		return fmt.Errorf("%s %s %q is not a safe runtime token", op.Kind, field, word)
+	}
+	keywordsOK := func(kws []KeywordArg) bool {
+		for _, k := range kws {
+			if !SafeToken(k.Name) || !allSafeTokens(k.Args) {
+				return false
+			}
+		}
+		return true
+	}
+	switch op.Kind {
+	case OpBackendAdd:
+		switch {
+		case !SafeToken(op.Backend):
+			return bad("backend", op.Backend)
+		case !SafeToken(op.Profile):
+			return bad("profile", op.Profile)
+		case op.Mode != "" && !SafeToken(op.Mode):
+			return bad("mode", op.Mode)
+		case op.GUID != "" && !SafeToken(op.GUID):
+			return bad("guid", op.GUID)
+		}
+	case OpBackendPublish, OpBackendUnpublish, OpBackendDel, OpBackendWaitRemovable:
+		if !SafeToken(op.Backend) {
+			return bad("backend", op.Backend)
+		}
+	case OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight, OpServerSetState,
+		OpServerWaitRemovable, OpServerDel:
+		switch {
+		case !SafeToken(op.Backend):
+			return bad("backend", op.Backend)
+		case !SafeToken(op.Server):
+			return bad("server", op.Server)
+		case (op.Kind == OpServerAdd || op.Kind == OpServerSetAddr) && !SafeToken(op.Address):
+			return bad("address", op.Address)
+		case !keywordsOK(op.Keywords):
+			return fmt.Errorf("%s keywords %v are not safe runtime tokens", op.Kind, op.Keywords)
+		case op.Kind == OpServerSetWeight && op.Weight == nil:
+			return fmt.Errorf("server_set_weight without a weight")
+		}
+	case OpMapAdd, OpMapSet, OpMapDel, OpMapReplace:
+		switch {
+		case !SafeToken(op.Path):
+			return bad("path", op.Path)
+		case op.Kind != OpMapReplace && !SafeToken(op.Key):
+			return bad("key", op.Key)
+		case op.Kind == OpMapSet && !SafeToken(op.Value):
+			return bad("value", op.Value)
+		case op.Kind == OpMapAdd && !SafePayloadValue(op.Value):
+			return fmt.Errorf("map_add value %q is not a safe payload value", op.Value)
+		}
+	case OpCertSet, OpCertNew, OpCASet, OpCANew:
+		if !SafeToken(op.Path) {
+			return bad("path", op.Path)
+		}
+	case OpCRTListAdd, OpCRTListDel:
+		switch {
+		case !SafeToken(op.Path):
+			return bad("path", op.Path)
+		case !SafeToken(op.Cert):
+			return bad("cert", op.Cert)
+		case !keywordsOK(op.Options) || !allSafeTokens(op.SNIFilters):
+			return fmt.Errorf("%s options %v or SNI filters %v are not safe runtime tokens", op.Kind, op.Options, op.SNIFilters)
+		}
+	default:
+		return fmt.Errorf("unknown op kind %s", op.Kind)
+	}
+	return nil
+}
+
+func TestDiffProperties(t *testing.T) {
+	r := shapeRand{rand.New(rand.NewPCG(2024, 11))}
+	composed := ComposedOps()
+	verdicts := map[string]int{}
+	inPlace := 0
+	for i := range 1500 {
+		prevShape := r.shape()
+		nextShape := r.mutate(prevShape)
+		prev, next, worker := prevShape.build(), nextShape.build(), r.mutate(prevShape).build()
+		base := r.baseline(prev, worker)
+		nextBefore, baseBefore := next.Clone(), cloneBaseline(base)
+
+		d := Diff(next, base)
+		fail := func(format string, args ...any) {
+			t.Helper()
+			t.Fatalf("case %d (verdict %s, reasons %q): %s", i, d.Verdict, d.Reasons, fmt.Sprintf(format, args...))
+		}
+		if again := Diff(next, base); !reflect.DeepEqual(d, again) {
+			fail("two diffs of the same inputs differ")
+		}
+		if !reflect.DeepEqual(next, nextBefore) || !reflect.DeepEqual(base, baseBefore) {
+			fail("Diff changed its inputs")
+		}
+		verdicts[d.Verdict]++
+		switch d.Verdict {
+		case VerdictReload:
+			if len(d.Ops) != 0 || d.Chunks != 0 || d.Mode != ModeReload || len(d.Reasons) == 0 {
+				fail("a reload carries %d ops, %d chunks, mode %s", len(d.Ops), d.Chunks, d.Mode)
+			}
+		case VerdictRuntime:
+			if len(d.Ops) == 0 || d.Chunks < 1 || d.Chunks > MaxOpBatches || d.Mode != ModeAuto {
+				fail("runtime with %d ops, %d chunks, mode %s", len(d.Ops), d.Chunks, d.Mode)
+			}
+		case VerdictFileOnly:
+			if len(d.Ops) != 0 || d.Mode != ModeAuto {
+				fail("file_only with %d ops, mode %s", len(d.Ops), d.Mode)
+			}
+		default:
+			fail("unknown verdict")
+		}
+		if len(d.Reasons) > maxReasons {
+			fail("%d reasons", len(d.Reasons))
+		}
+		if (len(d.InPlace) > 0) != (d.WorkerPlan != nil) {
+			fail("InPlace %d ops, WorkerPlan %v", len(d.InPlace), d.WorkerPlan != nil)
+		}
+		if len(d.InPlace) > 0 {
+			inPlace++
+		}
+		for _, op := range slices.Concat(d.Ops, d.InPlace) {
+			if err := opWordsError(op); err != nil {
+				fail("%v", err)
+			}
+			if !slices.Contains(composed, op.Kind) {
+				fail("%s is not in ComposedOps", op.Kind)
+			}
+		}
+		if base.Applied != nil && len(d.InPlace) > 0 {
+			again := cloneBaseline(base)
+			again.WorkerOps = d.WorkerPlan
+			if d2 := Diff(next, again); len(d.InPlace) < MaxOpsPerApply && d2.InPlace != nil {
+				fail("re-diff against the WorkerPlan composes %s after %s", opsJSON(d2.InPlace), opsJSON(d.InPlace))
+			}
+		}
+		state := &State{AppliedPlanID: prev.ID, AppliedPlanProof: "p", WorkerOpsPlanID: prev.ID, WorkerOpsPlanProof: "w"}
+		if err := NewManifest(next, d, state, Token{LeaderEpoch: 1}).ValidateOpBatches(); err != nil {
+			fail("NewManifest builds a manifest that fails ValidateOpBatches: %v", err)
+		}
+	}
+	for _, v := range []string{VerdictRuntime, VerdictFileOnly, VerdictReload} {
+		if verdicts[v] == 0 {
+			t.Errorf("no random case gave %s (%v): the generator does not cover it", v, verdicts)
+		}
+	}
+	if inPlace == 0 {
+		t.Error("no random case composed in-place ops")
+	}
+	t.Logf("verdicts %v, %d with in-place ops", verdicts, inPlace)
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark (deployplan.md §9).
+
+func BenchmarkDiff(b *testing.B) {
+	build := func(changed string) *Plan {
+		backends := make([]Backend, 3000)
+		for i := range backends {
+			address := fmt.Sprintf("10.%d.%d.1", i/250, i%250)
+			if i == 1500 {
+				address = changed
+			}
+			backends[i] = dynBackend(fmt.Sprintf("be-%04d", i),
+				srv("SRV_1", address, 80), srv("SRV_2", fmt.Sprintf("10.%d.%d.2", i/250, i%250), 80))
+		}
+		opts := []planOpt{withBackends(backends...)}
+		for m := range 25 {
+			var kv []string
+			for e := range 100 {
+				kv = append(kv, fmt.Sprintf("host-%03d.example.com", e), fmt.Sprintf("be-%04d", (m*100+e)%3000))
+			}
+			opts = append(opts, withMap(fmt.Sprintf("maps/m%02d.map", m), false, entries(kv...)...))
+		}
+		return basePlan(opts...)
+	}
+	prev, next := build("10.6.0.1"), build("10.99.0.1")
+	base := baseOf(prev)
+	base.Inventory = InventoryOf(prev)
+	check := func(d Decision) {
+		if d.Verdict != VerdictRuntime || len(d.Ops) != 1 || d.Ops[0].Kind != OpServerSetAddr {
+			b.Fatalf("decision %s with ops %v, reasons %q; want runtime with exactly one server_set_addr", d.Verdict, opKindsOf(d.Ops), d.Reasons)
+		}
+	}
+	check(Diff(next, base))
+	b.ReportAllocs()
+	b.ResetTimer()
+	var d Decision
+	for b.Loop() {
+		d = Diff(next, base)
+	}
+	b.StopTimer()
+	check(d)
 }
