@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -643,10 +644,19 @@ func TestDiffIsDeterministic(t *testing.T) {
 		withMap(routeMap, false, entries("a", "be-d", "c", "be-c", "d", "be-a")...),
 		withMap("maps/other.map", false, entries("x", "3", "z", "4")...))
 	base := withMapsLoaded(baseOf(prev), routeMap, "maps/other.map")
-	first, second := Diff(next, base), Diff(next, base)
-	wantVerdict(t, first, VerdictRuntime)
-	if !reflect.DeepEqual(first, second) {
-		t.Fatalf("two diffs differ:\n%s\n%s", opsJSON(first.Ops), opsJSON(second.Ops))
+	// Concurrently, on the same inputs: Diff is safe for concurrent use on
+	// shared read-only plans, which -race checks here.
+	decisions := make([]Decision, 4)
+	var wg sync.WaitGroup
+	for i := range decisions {
+		wg.Go(func() { decisions[i] = Diff(next, base) })
+	}
+	wg.Wait()
+	wantVerdict(t, decisions[0], VerdictRuntime)
+	for _, d := range decisions[1:] {
+		if !reflect.DeepEqual(decisions[0], d) {
+			t.Fatalf("two diffs differ:\n%s\n%s", opsJSON(decisions[0].Ops), opsJSON(d.Ops))
+		}
 	}
 }
 
@@ -2113,6 +2123,8 @@ func TestNewManifest(t *testing.T) {
 				t.Fatalf("mode %s, ops %d, in place %d, worker ops id %q", m.Mode, len(m.Ops), len(m.InPlaceOps), m.WorkerOpsPlanID)
 			}
 		}},
+		// The fields NewManifest leaves empty are checked on every row below.
+		{"left empty", next, runtime, fullState(), func(t *testing.T, m *Manifest) {}},
 		{"nil state", next, runtime, nil, func(t *testing.T, m *Manifest) {
 			if m.Mode != ModeReload || m.ExpectedPrevPlanID != "" || m.ExpectedPrevPlanProof != "" || m.ExpectedPrevToken != (Token{}) ||
 				m.ExpectedWorkerOpsPlanID != "" || m.ExpectedWorkerOpsPlanProof != "" || m.Ops != nil || m.InPlaceOps != nil {
