@@ -324,6 +324,9 @@ func (c *Client) roundTrip(req *http.Request) (int, []byte, error) {
 // readAnswer reads at most MaxApplyBodyBytes+1 bytes of a response: a
 // state answer carries the plan blob, and nothing larger is legitimate.
 func readAnswer(resp *http.Response) (int, []byte, error) {
+	if resp.ContentLength > MaxApplyBodyBytes {
+		return 0, nil, fmt.Errorf("agent client: response exceeds %d bytes", MaxApplyBodyBytes)
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxApplyBodyBytes+1))
 	if err != nil {
 		return 0, nil, fmt.Errorf("agent client: read response: %v", err)

@@ -643,6 +643,17 @@ func TestResponseSizeCap(t *testing.T) {
 	if err == nil || err.Error() != "agent client: response exceeds 67108864 bytes" {
 		t.Fatalf("State error %v", err)
 	}
+
+	// A declared length over the cap fails before the body is read.
+	declared, _ := startRecordingServer(t, func(w http.ResponseWriter, _ recordedRequest) {
+		w.Header().Set("Content-Length", fmt.Sprint(MaxApplyBodyBytes+1))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("{}"))
+	})
+	_, err = newTestClient(t, declared.URL, nil).State(context.Background(), StateRead{})
+	if err == nil || err.Error() != "agent client: response exceeds 67108864 bytes" {
+		t.Fatalf("State error %v with a declared oversized length", err)
+	}
 }
 
 func TestStateRetriesResetConnectionThenSucceeds(t *testing.T) {
