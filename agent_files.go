@@ -553,7 +553,9 @@ func (s *fileStore) backupPath(j *backupJournal, seen map[string]bool, rel, abs 
 	case err != nil:
 		return err
 	case !fi.Mode().IsRegular():
-		return notRegular(rel)
+		// Nothing of ours to keep: Write refuses to replace or unlink a
+		// non-regular file, and the apply aborts there.
+		return nil
 	}
 	bak := filepath.Join(s.mountFor(abs), storeBackupDir, fmt.Sprintf("%d-%s.bak", len(j.Entries), DigestString(rel)))
 	if err := os.Remove(bak); err != nil && !errors.Is(err, fs.ErrNotExist) {
