@@ -9,10 +9,13 @@ package haptic
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/textproto"
 	"os"
@@ -751,5 +754,703 @@ func TestACorruptStateFileIsFatal(t *testing.T) {
 	a.closeListeners()
 	if a.st.Generation != 3 {
 		t.Errorf("generation %d", a.st.Generation)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Startup, readiness, recovery.
+
+// shortTempDir is a temp directory short enough for unix socket paths.
+func shortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// getText reads a no-auth route and returns its status and body.
+func getText(t testing.TB, a *Agent, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + a.Addr() + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestReadinessWaitsForEveryCondition(t *testing.T) {
+	fake := startTestFake(t, "")
+	for _, missing := range []string{"worker", "master"} {
+		t.Run("without the "+missing, func(t *testing.T) {
+			dir := shortTempDir(t)
+			cfg := testAgentConfig(t, fake)
+			cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+			a, _ := launchTestAgent(t, cfg, false)
+			link := func(target, name string) {
+				if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if missing == "worker" {
+				link(fake.MasterSocket(), "m.sock")
+			} else {
+				link(fake.WorkerSocket(), "w.sock")
+			}
+			for range 4 { // several probe rounds
+				if code, body := getText(t, a, PathReadyz); code != http.StatusServiceUnavailable || body != "initialising\n" {
+					t.Fatalf("readyz = %d %q", code, body)
+				}
+				if a.Ready() {
+					t.Fatal("ready without the " + missing)
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+			if code, body := getText(t, a, PathHealthz); code != http.StatusOK || body != "ok\n" {
+				t.Errorf("healthz before ready = %d %q", code, body)
+			}
+			if missing == "worker" {
+				link(fake.WorkerSocket(), "w.sock")
+			} else {
+				link(fake.MasterSocket(), "m.sock")
+			}
+			waitFor(t, "readiness", a.Ready)
+			if code, body := getText(t, a, PathReadyz); code != http.StatusOK || body != "ready\n" {
+				t.Errorf("readyz = %d %q", code, body)
+			}
+		})
+	}
+}
+
+// editState rewrites the state file of a stopped agent.
+func editState(t testing.TB, base string, edit func(m map[string]any)) {
+	t.Helper()
+	path := filepath.Join(base, ".haptic-agent.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readStateFile(t testing.TB, base string) agentState {
+	t.Helper()
+	st, err := loadState(filepath.Join(base, ".haptic-agent.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	fake.With(func(m *FakeModel) { m.ReloadFails = true })
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c = newAgentClient(t, a)
+	if code, body := getText(t, a, PathReadyz); code != http.StatusOK || body != "ready\n" {
+		t.Errorf("readyz = %d %q", code, body)
+	}
+	st := c.state("")
+	if st.InvariantViolation != "recovery_reload" || metricValue(a, "invariant_violations_total", "recovery_reload") != 1 {
+		t.Errorf("invariant %q", st.InvariantViolation)
+	}
+	if st.RunningPlanID != "" || st.AppliedPlanID != "" {
+		t.Errorf("after a failed recovery reload: running %q applied %q", st.RunningPlanID, st.AppliedPlanID)
+	}
+	if ps := readStateFile(t, cfg.BaseDir); ps.Phase != "" || ps.InFlightPlanID != "" {
+		t.Errorf("phase %q in flight %q", ps.Phase, ps.InFlightPlanID)
+	}
+	// A later apply neither takes readiness away nor needs a restart.
+	fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	if res := c.apply(c.manifest("plan-3", fs), fs); !res.OK || res.Mode != ResultReload {
+		t.Errorf("apply after recovery: %+v", res)
+	}
+	if !a.Ready() {
+		t.Error("readiness went back to false")
+	}
+}
+
+func TestStateWaitsForInitializedBaseline(t *testing.T) {
+	fake := startTestFake(t, "")
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	a, _ := launchTestAgent(t, cfg, false)
+	c := newAgentClient(t, a)
+	answered := make(chan State, 1)
+	go func() { answered <- c.state("") }()
+	select {
+	case st := <-answered:
+		t.Fatalf("state answered before initialisation: %+v", st)
+	case <-time.After(400 * time.Millisecond):
+	}
+	os.Symlink(fake.WorkerSocket(), cfg.WorkerSocket)
+	os.Symlink(fake.MasterSocket(), cfg.MasterSocket)
+	select {
+	case st := <-answered:
+		if st.HAProxy.WorkerPID != fake.Worker().WorkerPID || st.APIVersion != 1 {
+			t.Errorf("state: %+v", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("state never answered")
+	}
+}
+
+func TestStateWaitRespectsCancellation(t *testing.T) {
+	fake := startTestFake(t, "")
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	a, _ := launchTestAgent(t, cfg, false)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	rec := &recordingWriter{header: http.Header{}}
+	req := httptestRequest(ctx, "GET", PathState)
+	done := make(chan struct{})
+	go func() { a.handleState(rec, req); close(done) }()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not return on cancellation")
+	}
+	if rec.wrote || rec.body.Len() != 0 {
+		t.Errorf("a cancelled state read wrote %d %q", rec.code, rec.body.String())
+	}
+	// Over the network the client sees no answer at all.
+	rctx, rcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer rcancel()
+	hreq, _ := http.NewRequestWithContext(rctx, "GET", "http://"+a.Addr()+PathState, nil)
+	hreq.SetBasicAuth("haptic", "s3cret")
+	if resp, err := http.DefaultClient.Do(hreq); err == nil {
+		resp.Body.Close()
+		t.Errorf("got an answer: %d", resp.StatusCode)
+	}
+}
+
+// recordingWriter is a minimal http.ResponseWriter that records whether
+// anything was written.
+type recordingWriter struct {
+	header http.Header
+	code   int
+	wrote  bool
+	body   bytes.Buffer
+}
+
+func (w *recordingWriter) Header() http.Header { return w.header }
+func (w *recordingWriter) WriteHeader(code int) {
+	w.code, w.wrote = code, true
+}
+func (w *recordingWriter) Write(b []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.body.Write(b)
+}
+
+func httptestRequest(ctx context.Context, method, target string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, method, "http://agent"+target, nil)
+	return req
+}
+
+func TestARestartBetweenAppliesKeepsTheBaseline(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	first := c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c2 := newAgentClient(t, a)
+	c2.seq = c.seq
+	st := c2.state("")
+	if st.AppliedPlanID != "plan-1" || st.AppliedToken != first.AppliedToken || st.Generation != 1 {
+		t.Errorf("after restart: %+v", st)
+	}
+	if st.AppliedPlanProof != "" || st.RunningPlanProof != "" || st.WorkerOpsPlanProof != "" || st.LKGPlanProof != "" {
+		t.Errorf("proofs survived the restart: %+v", st)
+	}
+	for p, at := range st.Files {
+		if at.Proof != "" {
+			t.Errorf("%s kept its proof", p)
+		}
+	}
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "example.org be-b\n"
+	m := c2.manifestFrom(st, "plan-2", fs2)
+	m.Mode = ModeReload
+	res := c2.apply(m, fs2)
+	if !res.OK || res.Mode != ResultReload || res.AppliedPlanID != "plan-2" {
+		t.Errorf("reload apply after restart: %+v", res)
+	}
+	if res.AppliedPlanProof == first.AppliedPlanProof || res.AppliedPlanProof != "a:2" {
+		t.Errorf("proof %q reused or out of sequence", res.AppliedPlanProof)
+	}
+}
+
+func TestAdoptDiskClearsProofsAndPending(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	if st := c.state(""); !st.AppliedPlanStored {
+		t.Fatalf("blob not stored: %+v", st)
+	}
+	stop()
+	due := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+	editState(t, cfg.BaseDir, func(m map[string]any) {
+		m["pending_reload_plan_id"], m["pending_reload_plan_proof"], m["reload_pending_at"] = "plan-9", "a:9", due
+		m["nack"] = map[string]any{"manifest_digest": "0123456789abcdef", "reason": "reload", "until": due}
+	})
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c = newAgentClient(t, a)
+	st := c.state("")
+	if st.AppliedPlanProof != "" || st.RunningPlanProof != "" || st.WorkerOpsPlanProof != "" || st.LKGPlanProof != "" ||
+		st.ReloadPendingAt != "" || st.AppliedPlanStored || len(st.AppliedPlan) != 0 {
+		t.Errorf("state after restart: %+v", st)
+	}
+	ps := readStateFile(t, cfg.BaseDir)
+	if ps.PendingReloadPlanID != "" || ps.PendingReloadPlanProof != "" || !ps.ReloadPendingAt.IsZero() || ps.Nack != nil ||
+		ps.PlanBlobPlanProof != "" || ps.PlanBlobPlanID != "plan-1" {
+		t.Errorf("state file after restart: %+v", ps)
+	}
+}
+
+func TestATreeThatChangedWhileTheAgentWasAwayInvalidatesTheBaseline(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	os.WriteFile(filepath.Join(cfg.BaseDir, "haproxy.cfg"), []byte("global\n  # edited by hand\n"), 0o644)
+
+	a, _ = launchTestAgent(t, cfg, true)
+	st := newAgentClient(t, a).state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("baseline survived an edited tree: %+v", st)
+	}
+	if st.Files["haproxy.cfg"].Digest != DigestString("global\n  # edited by hand\n") {
+		t.Errorf("files: %+v", st.Files)
+	}
+}
+
+func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	pid := fake.Worker().WorkerPID
+
+	a, _ = launchTestAgent(t, cfg, true)
+	st := newAgentClient(t, a).state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("baseline after recovery: %+v", st)
+	}
+	if fake.Worker().WorkerPID <= pid || st.HAProxy.WorkerPID != fake.Worker().WorkerPID {
+		t.Errorf("no recovery reload: pid %d → %d (state %d)", pid, fake.Worker().WorkerPID, st.HAProxy.WorkerPID)
+	}
+	if st.LKGPlanID != "plan-1" || st.InvariantViolation != "" {
+		t.Errorf("LKG %q invariant %q", st.LKGPlanID, st.InvariantViolation)
+	}
+}
+
+// applyFileOnly lands fs as a file_only apply (no ops, exact worker proof).
+func applyFileOnly(t testing.TB, c *agentClient, planID string, fs fileSet) ApplyResult {
+	t.Helper()
+	res := c.apply(c.manifest(planID, fs), fs)
+	if !res.OK || res.Mode != ResultFileOnly {
+		t.Fatalf("file_only apply %s: %+v", planID, res)
+	}
+	return res
+}
+
+func TestAnInterruptedBackedUpApplyRestoresTheJournal(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	lkg := seedFiles()
+	lkg["notes/readme.txt"] = "v1\n"
+	c.apply(c.manifest("plan-1", lkg), lkg)
+	next := lkg.clone()
+	next["notes/readme.txt"] = "v2\n"
+	next["notes/new.txt"] = "new\n"
+	delete(next, "maps/host.map")
+	applyFileOnly(t, c, "plan-2", next)
+	stop()
+	// A third apply was cut half way through its writes.
+	os.WriteFile(filepath.Join(cfg.BaseDir, "haproxy.cfg"), []byte("half written\n"), 0o644)
+	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/new.txt"), []byte("half\n"), 0o644)
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "backed_up"; m["in_flight_plan_id"] = "plan-3" })
+
+	a, _ = launchTestAgent(t, cfg, true)
+	if got := diskSet(t, cfg.BaseDir); !sameSet(got, lkg) {
+		t.Errorf("tree after recovery = %v\nwant the LKG set %v", got, lkg)
+	}
+	st := newAgentClient(t, a).state("")
+	if !slices.Equal(slices.Sorted(mapsKeys(st.Files)), lkg.paths()) {
+		t.Errorf("state files %v", st.Files)
+	}
+	ps := readStateFile(t, cfg.BaseDir)
+	if len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, lkg.paths()) || ps.Phase != "" {
+		t.Errorf("state file: journal %v paths %v phase %q", ps.Journal.Entries, ps.ManifestPaths, ps.Phase)
+	}
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func TestAScheduledReloadWaitsForStartupToFinish(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	fs2 := fs.clone()
+	fs2["notes/extra.txt"] = "extra\n"
+	applyFileOnly(t, c, "plan-2", fs2)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) {
+		m["pending_reload_plan_id"], m["pending_reload_plan_proof"] = "plan-2", "a:2"
+		m["reload_pending_at"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+	})
+	dir := shortTempDir(t)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	a, _ = launchTestAgent(t, cfg, false)
+	time.Sleep(time.Second)
+	if a.Ready() {
+		t.Fatal("ready without HAProxy")
+	}
+	if got := diskSet(t, cfg.BaseDir); !sameSet(got, fs2) {
+		t.Errorf("the tree changed before startup finished: %v", got)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Authentication and handlers.
+
+func TestAuthenticationIsRequiredForTheAPIButNotTheProbes(t *testing.T) {
+	fake := startTestFake(t, "")
+	a := startTestAgent(t, fake, nil)
+	for _, p := range []string{PathHealthz, PathReadyz} {
+		if code, _ := getText(t, a, p); code != http.StatusOK {
+			t.Errorf("%s without auth: %d", p, code)
+		}
+	}
+	c := newAgentClient(t, a)
+	for _, tc := range []struct {
+		name, user, pass, method, path string
+	}{
+		{"no header", "", "", "GET", PathState},
+		{"wrong password", "haptic", "wrong", "GET", PathState},
+		{"wrong user", "admin", "s3cret", "GET", PathState},
+		{"apply without auth", "", "", "POST", PathApply},
+		{"plan without auth", "", "", "PUT", PathPlan + "?plan_id=a&proof=b"},
+	} {
+		c.user, c.pass = tc.user, tc.pass
+		code, h, b := c.do(tc.method, tc.path, strings.NewReader("x"), "text/plain")
+		if code != http.StatusUnauthorized || h.Get("WWW-Authenticate") != `Basic realm="haptic-agent"` ||
+			string(b) != "unauthorized\n" || h.Get("Content-Type") != "text/plain; charset=utf-8" {
+			t.Errorf("%s: %d %q %q", tc.name, code, h.Get("WWW-Authenticate"), b)
+		}
+	}
+	c.user, c.pass = "haptic", "s3cret"
+	if st := c.state(""); st.APIVersion != 1 {
+		t.Errorf("with auth: %+v", st)
+	}
+}
+
+// tlsFixture is a --tls-dir with its CAs, and clients built from them.
+type tlsFixture struct {
+	dir              string
+	serverCA, client *testCA
+}
+
+func (f *tlsFixture) write(t testing.TB, serverCert, serverKey, clientCAPEM []byte) {
+	t.Helper()
+	bump := time.Now().Add(time.Duration(len(serverCert)) * time.Millisecond)
+	for name, b := range map[string][]byte{tlsCertFile: serverCert, tlsKeyFile: serverKey, tlsCAFile: clientCAPEM} {
+		p := filepath.Join(f.dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Make the change visible even within the file system's timestamp
+		// granularity.
+		os.Chtimes(p, bump, bump.Add(2*time.Second))
+	}
+}
+
+func newTLSFixture(t testing.TB) *tlsFixture {
+	f := &tlsFixture{dir: t.TempDir(), serverCA: newTestCA(t, "server-ca"), client: newTestCA(t, "client-ca")}
+	cert, key := f.serverCA.issue(t, testCertOptions{CommonName: "agent", DNSNames: []string{"agent.test"}})
+	f.write(t, cert, key, f.client.CertPEM)
+	return f
+}
+
+// tlsGet makes one request over a fresh TLS connection (no reuse, so every
+// request is a new handshake).
+func tlsGet(t testing.TB, a *Agent, path string, roots *testCA, clientCert, clientKey []byte) (int, http.Header, string, error) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(roots.CertPEM)
+	cfg := &tls.Config{RootCAs: pool, ServerName: "agent.test"}
+	if clientCert != nil {
+		pair, err := tls.X509KeyPair(clientCert, clientKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
+	resp, err := hc.Get("https://" + a.Addr() + path)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b), nil
+}
+
+func TestMutualTLS(t *testing.T) {
+	fake := startTestFake(t, "")
+	fx := newTLSFixture(t)
+	a := startTestAgent(t, fake, func(c *AgentConfig) {
+		c.TLSDir, c.TLSClientName, c.Username, c.Password = fx.dir, "controller.haptic", "", ""
+	})
+	good, goodKey := fx.client.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"other", "Controller.HAPTIC"}, Client: true})
+	wrongSAN, wrongSANKey := fx.client.issue(t, testCertOptions{CommonName: "controller.haptic", DNSNames: []string{"intruder"}, Client: true})
+	wildcard, wildcardKey := fx.client.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"*.haptic"}, Client: true})
+	serverUsage, serverUsageKey := fx.client.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"controller.haptic"}})
+	otherCA := newTestCA(t, "other")
+	foreign, foreignKey := otherCA.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"controller.haptic"}, Client: true})
+	tests := []struct {
+		name       string
+		path       string
+		cert, key  []byte
+		wantStatus int
+	}{
+		{"CA-signed with the client name", PathState, good, goodKey, http.StatusOK},
+		{"wrong SAN", PathState, wrongSAN, wrongSANKey, http.StatusUnauthorized},
+		{"wildcard not expanded", PathState, wildcard, wildcardKey, http.StatusUnauthorized},
+		{"server usage only", PathState, serverUsage, serverUsageKey, http.StatusUnauthorized},
+		{"other CA", PathState, foreign, foreignKey, http.StatusUnauthorized},
+		{"no certificate", PathState, nil, nil, http.StatusUnauthorized},
+		{"healthz without a certificate", PathHealthz, nil, nil, http.StatusOK},
+		{"readyz without a certificate", PathReadyz, nil, nil, http.StatusOK},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, h, body, err := tlsGet(t, a, tc.path, fx.serverCA, tc.cert, tc.key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.wantStatus {
+				t.Fatalf("status %d, want %d (%s)", code, tc.wantStatus, body)
+			}
+			if code == http.StatusUnauthorized && (body != "client certificate rejected\n" || h.Get("WWW-Authenticate") != "") {
+				t.Errorf("401 body %q, WWW-Authenticate %q", body, h.Get("WWW-Authenticate"))
+			}
+		})
+	}
+}
+
+func TestMutualTLSPicksUpRotatedFiles(t *testing.T) {
+	fake := startTestFake(t, "")
+	fx := newTLSFixture(t)
+	a := startTestAgent(t, fake, func(c *AgentConfig) {
+		c.TLSDir, c.TLSClientName, c.Username, c.Password = fx.dir, "controller", "", ""
+	})
+	oldClient, oldClientKey := fx.client.issue(t, testCertOptions{DNSNames: []string{"controller"}, Client: true})
+	if code, _, _, err := tlsGet(t, a, PathState, fx.serverCA, oldClient, oldClientKey); err != nil || code != 200 {
+		t.Fatalf("before rotation: %d %v", code, err)
+	}
+	// Rotate all three files to new CAs.
+	newServerCA, newClientCA := newTestCA(t, "server-ca-2"), newTestCA(t, "client-ca-2")
+	cert, key := newServerCA.issue(t, testCertOptions{DNSNames: []string{"agent.test"}})
+	fx.write(t, cert, key, newClientCA.CertPEM)
+	newClient, newClientKey := newClientCA.issue(t, testCertOptions{DNSNames: []string{"controller"}, Client: true})
+	if code, _, _, err := tlsGet(t, a, PathState, newServerCA, newClient, newClientKey); err != nil || code != 200 {
+		t.Fatalf("after rotation, new material: %d %v", code, err)
+	}
+	if code, _, _, err := tlsGet(t, a, PathState, newServerCA, oldClient, oldClientKey); err != nil || code != 401 {
+		t.Errorf("after rotation, the old client: %d %v", code, err)
+	}
+	if _, _, _, err := tlsGet(t, a, PathHealthz, fx.serverCA, nil, nil); err == nil {
+		t.Error("the old server certificate is still served")
+	}
+	// A broken replacement keeps the material in use.
+	fx.write(t, []byte("not a certificate"), []byte("not a key"), []byte("garbage"))
+	for range 2 {
+		if code, _, _, err := tlsGet(t, a, PathState, newServerCA, newClient, newClientKey); err != nil || code != 200 {
+			t.Fatalf("after a broken rotation: %d %v", code, err)
+		}
+	}
+}
+
+func TestLocalAgentHealthSurvivesExpiredIdentity(t *testing.T) {
+	fake := startTestFake(t, "")
+	fx := newTLSFixture(t)
+	expired, expiredKey := fx.serverCA.issue(t, testCertOptions{DNSNames: []string{"agent.test"}, NotAfter: time.Now().Add(-time.Minute)})
+	fx.write(t, expired, expiredKey, fx.client.CertPEM)
+	admin := filepath.Join(shortTempDir(t), "admin.sock")
+	a := startTestAgent(t, fake, func(c *AgentConfig) {
+		c.TLSDir, c.TLSClientName, c.Username, c.Password = fx.dir, "controller", "", ""
+		c.AdminSocket = admin
+	})
+	if _, _, _, err := tlsGet(t, a, PathHealthz, fx.serverCA, nil, nil); err == nil {
+		t.Fatal("an expired serving certificate verified")
+	}
+	uc := unixClient(admin)
+	for _, p := range []string{PathHealthz, PathState} {
+		resp, err := uc.Get("http://agent" + p)
+		if err != nil {
+			t.Fatalf("admin %s: %v", p, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("admin %s: %d", p, resp.StatusCode)
+		}
+	}
+	cert, key := fx.serverCA.issue(t, testCertOptions{DNSNames: []string{"agent.test"}})
+	fx.write(t, cert, key, fx.client.CertPEM)
+	client, clientKey := fx.client.issue(t, testCertOptions{DNSNames: []string{"controller"}, Client: true})
+	if code, _, _, err := tlsGet(t, a, PathState, fx.serverCA, client, clientKey); err != nil || code != 200 {
+		t.Errorf("after rotation: %d %v", code, err)
+	}
+}
+
+// unixClient is an HTTP client that dials the unix socket path.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+func TestLocalAgentStateSocketRejectsMutations(t *testing.T) {
+	fake := startTestFake(t, "")
+	admin := filepath.Join(shortTempDir(t), "admin.sock")
+	cfg := testAgentConfig(t, fake)
+	cfg.AdminSocket = admin
+	_, stop := launchTestAgent(t, cfg, true)
+	uc := unixClient(admin)
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"POST", PathApply, 404}, {"PUT", PathPlan, 404}, {"POST", PathState, 405},
+		{"GET", PathState, 200}, {"GET", PathHealthz, 200}, {"GET", PathReadyz, 404},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://agent"+tc.path, strings.NewReader("x"))
+		resp, err := uc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s = %d %s", tc.method, tc.path, resp.StatusCode, b)
+		}
+		if tc.want == 200 && tc.path == PathState {
+			var st State
+			if err := json.Unmarshal(b, &st); err != nil || st.APIVersion != 1 {
+				t.Errorf("admin state: %v %s", err, b)
+			}
+		}
+	}
+	stop()
+	if _, err := os.Lstat(admin); !os.IsNotExist(err) {
+		t.Errorf("the admin socket is still there: %v", err)
+	}
+}
+
+func TestHandlersAnswerExactBodies(t *testing.T) {
+	fake := startTestFake(t, "")
+	ready := startTestAgent(t, fake, nil)
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	starting, _ := launchTestAgent(t, cfg, false)
+
+	const text, js = "text/plain; charset=utf-8", "application/json"
+	tests := []struct {
+		name         string
+		a            *Agent
+		method, path string
+		contentType  string
+		body         string
+		wantCode     int
+		wantType     string
+		wantBody     string
+	}{
+		{"healthz", ready, "GET", PathHealthz, "", "", 200, text, "ok\n"},
+		{"healthz while starting", starting, "GET", PathHealthz, "", "", 200, text, "ok\n"},
+		{"readyz", ready, "GET", PathReadyz, "", "", 200, text, "ready\n"},
+		{"readyz while starting", starting, "GET", PathReadyz, "", "", 503, text, "initialising\n"},
+		{"unknown path", ready, "GET", "/v1/nothing", "", "", 404, text, "404 page not found\n"},
+		{"wrong method", ready, "POST", PathState, "", "", 405, text, "Method Not Allowed\n"},
+		{"apply before ready", starting, "POST", PathApply, "text/plain", "x", 503, js,
+			`{"stage":"startup","message":"agent is initialising"}` + "\n"},
+		{"plan before ready", starting, "PUT", PathPlan + "?plan_id=a&proof=b", "", "x", 503, js,
+			`{"stage":"startup","message":"agent is initialising"}` + "\n"},
+		{"not multipart", ready, "POST", PathApply, "application/json", "{}", 400, js,
+			`{"stage":"request","message":"request Content-Type isn't multipart/form-data"}` + "\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newAgentClient(t, tc.a)
+			var body io.Reader
+			if tc.body != "" {
+				body = strings.NewReader(tc.body)
+			}
+			code, h, b := c.do(tc.method, tc.path, body, tc.contentType)
+			if code != tc.wantCode || h.Get("Content-Type") != tc.wantType || string(b) != tc.wantBody {
+				t.Errorf("got %d %q %q\nwant %d %q %q", code, h.Get("Content-Type"), b, tc.wantCode, tc.wantType, tc.wantBody)
+			}
+		})
 	}
 }
