@@ -69,9 +69,19 @@ func startTestAgent(t testing.TB, fake *FakeHAProxy, mutate func(*AgentConfig)) 
 // for it (cleanup does the same if the test did not).
 func launchTestAgent(t testing.TB, cfg AgentConfig, waitReady bool) (*Agent, func()) {
 	t.Helper()
+	return launchPreparedAgent(t, cfg, nil, waitReady)
+}
+
+// launchPreparedAgent is launchTestAgent with a hook that runs on the agent
+// before Run, where internal tests set agent hooks without racing Run.
+func launchPreparedAgent(t testing.TB, cfg AgentConfig, prepare func(*Agent), waitReady bool) (*Agent, func()) {
+	t.Helper()
 	a, err := NewAgent(cfg)
 	if err != nil {
 		t.Fatalf("NewAgent: %v", err)
+	}
+	if prepare != nil {
+		prepare(a)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -110,23 +120,80 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 }
 
 // loadOnReload makes every successful reload of the fake "load" the maps
-// under base, as a real worker would read them from the configuration.
+// and certificates under base, as a real worker would read them through its
+// configuration.
 func loadOnReload(fake *FakeHAProxy, base string) {
 	fake.With(func(m *FakeModel) {
 		m.OnReload = func(m *FakeModel) {
 			m.Maps = map[string][]MapEntry{}
+			m.Certs = map[string]string{}
 			filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
-				if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), ".") || !strings.HasSuffix(p, ".map") {
+				if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), ".") {
 					return nil
 				}
 				rel, _ := filepath.Rel(base, p)
+				rel = filepath.ToSlash(rel)
 				b, _ := os.ReadFile(p)
-				m.Maps[filepath.ToSlash(rel)] = ParseMapEntries(string(b))
+				switch {
+				case strings.HasSuffix(p, ".map"):
+					m.Maps[rel] = ParseMapEntries(string(b))
+				case strings.HasSuffix(p, ".pem"):
+					m.Certs[rel] = string(b)
+				}
 				return nil
 			})
 		}
 	})
 }
+
+// testEnv is one fake HAProxy, one agent on it and a client.
+type testEnv struct {
+	fake *FakeHAProxy
+	a    *Agent
+	c    *agentClient
+	cfg  AgentConfig
+	stop func()
+}
+
+// newTestEnv starts a fake (3.4 dialect) whose reloads load the agent's
+// maps and certificates, and an agent on it.
+func newTestEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) *testEnv {
+	t.Helper()
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	loadOnReload(fake, cfg.BaseDir)
+	var prep func(*Agent)
+	if prepare != nil {
+		prep = func(a *Agent) { prepare(a, fake) }
+	}
+	a, stop := launchPreparedAgent(t, cfg, prep, true)
+	return &testEnv{fake: fake, a: a, c: newAgentClient(t, a), cfg: cfg, stop: stop}
+}
+
+// restart stops the agent and starts a new one on the same directory.
+func (e *testEnv) restart(t testing.TB) {
+	t.Helper()
+	e.stop()
+	seq := e.c.seq
+	e.a, e.stop = launchTestAgent(t, e.cfg, true)
+	e.c = newAgentClient(t, e.a)
+	e.c.seq = seq
+}
+
+// land applies fs as planID and expects an OK result.
+func (e *testEnv) land(t testing.TB, planID string, fs fileSet, ops ...Op) ApplyResult {
+	t.Helper()
+	res := e.c.apply(e.c.manifest(planID, fs, ops...), fs)
+	if !res.OK {
+		t.Fatalf("apply %s: %+v", planID, res)
+	}
+	return res
+}
+
+func (e *testEnv) disk(t testing.TB) fileSet { return diskSet(t, e.cfg.BaseDir) }
 
 // agentClient talks to one agent over its TCP API.
 type agentClient struct {
