@@ -717,6 +717,7 @@ func fakeFields(cmd string) []string {
 type fakeOut struct {
 	level int // 0..7; fakeDump for a listing
 	text  string
+	short bool // ends with one '\n' instead of a blank line (2.6's server commands)
 }
 
 const fakeDump = -1
@@ -746,6 +747,8 @@ func (s *fakeSession) render(out *bytes.Buffer, o fakeOut) {
 		out.WriteString("\n")
 	case o.level == fakeDump:
 		out.WriteString(o.text + "\n\n")
+	case o.short:
+		out.WriteString(s.tag(o.level) + o.text + "\n")
 	default:
 		out.WriteString(s.tag(o.level) + o.text + "\n\n")
 	}
@@ -760,6 +763,12 @@ func (s *fakeSession) render(out *bytes.Buffer, o fakeOut) {
 func (f *FakeHAProxy) runCommand(out *bytes.Buffer, s *fakeSession, text string, payload *string) {
 	args := fakeFields(text)
 	if len(args) == 0 {
+		if f.dialect == fakeDialect26 {
+			// 2.6 answers an empty command, even an empty line, with its
+			// whole help; 3.x is silent.
+			s.render(out, fakeMsg(6, "Unknown command. Please enter one of the following commands only:\n"+fakeHelpTail))
+			return
+		}
 		s.render(out, fakeSilent())
 		return
 	}
@@ -877,11 +886,13 @@ func fakeHasPrefix(args, words []string) bool {
 // dialect, then help lines (their choice varies with the verb; tests
 // compare the first line only).
 func (f *FakeHAProxy) unknownCommand(verb string) fakeOut {
-	return fakeMsg(6, f.unknownFirstLine(verb)+"\n"+
-		"  help [<command>]                        : list matching or all commands\n"+
-		"  prompt [timed]                          : toggle interactive mode with prompt\n"+
-		"  quit                                    : disconnect")
+	return fakeMsg(6, f.unknownFirstLine(verb)+"\n"+fakeHelpTail)
 }
+
+// fakeHelpTail is the end of every help listing.
+const fakeHelpTail = "  help [<command>]                        : list matching or all commands\n" +
+	"  prompt [timed]                          : toggle interactive mode with prompt\n" +
+	"  quit                                    : disconnect"
 
 func (f *FakeHAProxy) unknownFirstLine(verb string) string {
 	if f.dialect == fakeDialect26 {
@@ -896,7 +907,11 @@ func (f *FakeHAProxy) showInfo(args []string, _ *string) fakeOut {
 	m := &f.model
 	start := strconv.FormatInt(m.StartTimeUnixMicros/1_000_000, 10)
 	if len(args) > 0 && args[0] == "float" {
-		start += fmt.Sprintf(".%06d", m.StartTimeUnixMicros%1_000_000)
+		// HAProxy prints floats with six decimals, then trims trailing
+		// zeros and a bare decimal point.
+		if frac := strings.TrimRight(fmt.Sprintf("%06d", m.StartTimeUnixMicros%1_000_000), "0"); frac != "" {
+			start += "." + frac
+		}
 	}
 	return fakeList(fmt.Sprintf("Name: HAProxy\nVersion: %s\nPid: %d\nUptime_sec: 1\nStart_time_sec: %s",
 		f.version, m.Pid, start))
@@ -1188,6 +1203,9 @@ type fakeStore struct {
 	updated       string
 	validate      func(name, payload string) string // refusal or ""
 	commitCheck   func(content string) string
+	// joinOpenTx is 2.6's certificate behaviour: a set while another
+	// certificate's transaction is open updates that transaction.
+	joinOpenTx bool
 }
 
 func (f *FakeHAProxy) certStore() fakeStore {
@@ -1198,11 +1216,15 @@ func (f *FakeHAProxy) certStore() fakeStore {
 		created:       "Transaction created for certificate %s!",
 		updated:       "Transaction updated for certificate %s!",
 		validate: func(name, payload string) string {
-			if !strings.Contains(payload, "-----BEGIN CERTIFICATE-----") {
-				return "unable to load certificate from file '" + name + "': no start line.\nCan't load the payload"
+			switch {
+			case strings.Contains(payload, "-----BEGIN CERTIFICATE-----"):
+				return ""
+			case f.dialect == fakeDialect26:
+				return "unable to load certificate from file '" + name + "'.\nCan't load the payload"
 			}
-			return ""
+			return "unable to load certificate from file '" + name + "': no start line.\nCan't load the payload"
 		},
+		joinOpenTx: f.dialect == fakeDialect26,
 		commitCheck: func(content string) string {
 			if !strings.Contains(content, "PRIVATE KEY-----") {
 				return "The transaction must contain at least a certificate and a private key!"
@@ -1230,6 +1252,9 @@ func (f *FakeHAProxy) caStore() fakeStore {
 }
 
 func (st fakeStore) set(name string, payload *string) fakeOut {
+	if tx := *st.tx; tx != nil && tx.path != name && st.joinOpenTx {
+		name = tx.path
+	}
 	if tx := *st.tx; tx != nil && tx.path != name {
 		return fakeErr("The ongoing transaction is about '" + tx.path + "' but you are trying to set '" + name + "'\nCan't update " + name + "!")
 	}
@@ -1663,11 +1688,11 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	ref := fakeFirstArg(args)
 	bname, sname, ok := strings.Cut(ref, "/")
 	if !ok {
-		return fakeErr("Require 'backend/server'.")
+		return f.short(fakeErr("Require 'backend/server'."))
 	}
 	be := m.Backends[bname]
 	if be == nil {
-		return fakeErr("No such backend.")
+		return f.short(fakeErr("No such backend."))
 	}
 	if len(args) < 2 {
 		return fakeErr("'server' expects <name> and <addr>[:<port>] as arguments.")
@@ -1693,7 +1718,7 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 		case "weight":
 			w, err := strconv.Atoi(args[i+1])
 			if err != nil || w < 0 || w > 256 {
-				return fakeErr("weight of server " + sname + " must be between 0 and 256.")
+				return fakeErr("weight of server " + sname + " is not within 0 and 256 (" + args[i+1] + ")..")
 			}
 			s.Weight = w
 		}
@@ -1785,6 +1810,9 @@ func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
 	}
 	switch args[1] {
 	case "addr":
+		if f.dialect == fakeDialect26 {
+			return setServerAddr26(s, args[2:])
+		}
 		return setServerAddr(s, args[2:])
 	case "weight":
 		if len(args) < 3 {
@@ -1847,6 +1875,39 @@ func setServerAddr(s *FakeServer, args []string) fakeOut {
 	return fakeMsg(4, strings.Join(changes, ", ")+" by 'stats socket command'")
 }
 
+// setServerAddr26 is 2.6's wording: every part is reported, "no need to
+// change" included, and every answer ends with the updater; the IP change
+// stands even when the port is refused.
+func setServerAddr26(s *FakeServer, args []string) fakeOut {
+	if len(args) == 0 {
+		return fakeErr("set server <b>/<s> addr requires an address and optionally a port.")
+	}
+	const by = " by 'stats socket command'"
+	if net.ParseIP(args[0]) == nil {
+		return fakeMsg(4, "Invalid addr '"+args[0]+"'"+by)
+	}
+	var parts []string
+	if args[0] != s.Address {
+		parts = append(parts, "IP changed from '"+s.Address+"' to '"+args[0]+"'")
+		s.Address = args[0]
+	} else {
+		parts = append(parts, "no need to change the addr")
+	}
+	if len(args) >= 3 && args[1] == "port" {
+		n, err := strconv.Atoi(args[2])
+		switch {
+		case err != nil:
+			parts = append(parts, "problem converting port '"+args[2]+"' to an int")
+		case n&0xffff != s.Port:
+			parts = append(parts, fmt.Sprintf("port changed from '%d' to '%d'", s.Port, n&0xffff))
+			s.Port = n & 0xffff
+		default:
+			parts = append(parts, "no need to change the port")
+		}
+	}
+	return fakeMsg(4, strings.Join(parts, ", ")+by)
+}
+
 func (f *FakeHAProxy) shutdownSessions(args []string, _ *string) fakeOut {
 	ref := fakeFirstArg(args)
 	_, s, refused := f.lookupServer(ref)
@@ -1857,7 +1918,19 @@ func (f *FakeHAProxy) shutdownSessions(args []string, _ *string) fakeOut {
 	return fakeSilent()
 }
 
+// short marks a response that 2.6 ends with a single '\n': its add
+// server and del server messages lack their own newline. Such a reply
+// counts as incomplete (runtime.md §2.3), which is what a 2.6 worker gives.
+func (f *FakeHAProxy) short(o fakeOut) fakeOut {
+	o.short = f.dialect == fakeDialect26
+	return o
+}
+
 func (f *FakeHAProxy) delServer(args []string, _ *string) fakeOut {
+	return f.short(f.delServerOut(args))
+}
+
+func (f *FakeHAProxy) delServerOut(args []string) fakeOut {
 	ref := fakeFirstArg(args)
 	be, s, refused := f.lookupServer(ref)
 	if s == nil {

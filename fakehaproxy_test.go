@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -752,6 +753,17 @@ func writeRealFixture(t testing.TB, dir string) realFixture {
 	return fx
 }
 
+// waitReady polls every 50 ms for up to 10 s until the master lists a
+// worker and the worker answers, as after a reload.
+func (h *realHAProxy) waitReady(t testing.TB) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !h.ready(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready within 10s:\n%s", h.bin, h.output.String())
+		}
+	}
+}
+
 // WorkerSocket is the worker's stats socket.
 func (h *realHAProxy) WorkerSocket() string { return filepath.Join(h.Dir, "haproxy-worker.sock") }
 
@@ -821,4 +833,321 @@ func (h *realHAProxy) dialect() fakeDialect {
 func TestRealHAProxyFramingLimits(t *testing.T) {
 	h := startRealHAProxy(t)
 	runFramingRows(t, h.WorkerSocket(), h.dialect())
+}
+
+// ---------------------------------------------------------------------------
+// Parity (runtime.md §9.2).
+
+var (
+	parityHex       = regexp.MustCompile(`0x[0-9a-f]+`)
+	parityCommit    = regexp.MustCompile(`(?m)^(Committing .*?)\.*$`)
+	paritySystemCA  = regexp.MustCompile(`@system-ca - \d+ certificate`)
+	parityMapSource = regexp.MustCompile(`used by map at file '[^']*' line \d+`)
+	parityStartTime = regexp.MustCompile(`^\d+(\.\d{1,6})?$`)
+	parityDigits    = regexp.MustCompile(`^\d+$`)
+)
+
+// normaliseReply rewrites a raw reply into comparable text: response by
+// response (runtime.md §2.3), with the volatile parts of §9.2 replaced.
+func normaliseReply(raw string) string {
+	resp, tail := splitResponses(raw)
+	var out []string
+	for _, r := range resp {
+		out = append(out, normaliseResponse(r))
+	}
+	if tail != "" {
+		out = append(out, "partial: "+normaliseResponse(tail))
+	}
+	return strings.Join(out, "\n--- next response ---\n")
+}
+
+func normaliseResponse(r string) string {
+	r = strings.ReplaceAll(r, "\x00", "")
+	switch {
+	case strings.HasPrefix(r, "Name: HAProxy\n"):
+		return normaliseShowInfo(r)
+	case strings.HasPrefix(r, "# pxname,"):
+		return normaliseShowStat(r)
+	case strings.HasPrefix(r, "1\n# be_id "):
+		return normaliseServersState(r)
+	case strings.HasPrefix(r, "#<PID>"):
+		return normaliseShowProc(r)
+	case strings.HasPrefix(r, "Success="):
+		status, _, _ := strings.Cut(r, "\n")
+		return fmt.Sprintf("%s (log separator: %v)", status, strings.Contains(r, "\n--\n") || strings.HasSuffix(r, "\n--"))
+	}
+	r = firstLineIfUnknown(r)
+	r = parityHex.ReplaceAllString(r, "0xADDR")
+	r = parityCommit.ReplaceAllString(r, "$1")
+	r = paritySystemCA.ReplaceAllString(r, "@system-ca - N certificate")
+	r = parityMapSource.ReplaceAllString(r, "used by map at file 'CFG' line N")
+	return r
+}
+
+// normaliseShowInfo keeps the presence and format of the identity fields.
+func normaliseShowInfo(r string) string {
+	fields := map[string]string{}
+	for _, line := range strings.Split(r, "\n") {
+		if k, v, ok := strings.Cut(line, ": "); ok {
+			fields[k] = v
+		}
+	}
+	return fmt.Sprintf("show info: Name=%s Version=%s Pid digits=%v Start_time_sec float=%v",
+		fields["Name"], fields["Version"], parityDigits.MatchString(fields["Pid"]),
+		parityStartTime.MatchString(fields["Start_time_sec"]))
+}
+
+// normaliseShowStat keeps the conn_tot column's presence and the FRONTEND
+// names.
+func normaliseShowStat(r string) string {
+	lines := strings.Split(r, "\n")
+	header := strings.Split(strings.TrimPrefix(lines[0], "# "), ",")
+	var frontends []string
+	for _, line := range lines[1:] {
+		cols := strings.Split(line, ",")
+		if len(cols) > 1 && cols[1] == "FRONTEND" {
+			frontends = append(frontends, cols[0])
+		}
+	}
+	sort.Strings(frontends) // a set: HAProxy lists them in configuration order
+	return fmt.Sprintf("show stat: conn_tot=%v frontends=%s", containsString(header, "conn_tot"), strings.Join(frontends, ","))
+}
+
+// normaliseServersState keeps be_name, srv_name, srv_addr, srv_admin_state
+// and srv_port of every row.
+func normaliseServersState(r string) string {
+	var rows []string
+	for _, line := range strings.Split(r, "\n")[2:] {
+		f := strings.Fields(line)
+		if len(f) < 19 {
+			rows = append(rows, "short row: "+line)
+			continue
+		}
+		rows = append(rows, strings.Join([]string{f[1], f[3], f[4], f[6], f[18]}, " "))
+	}
+	return "show servers state:\n" + strings.Join(rows, "\n")
+}
+
+// normaliseShowProc keeps the header and section lines exactly, and of
+// each row its type, field count and failed count.
+func normaliseShowProc(r string) string {
+	var out []string
+	for i, line := range strings.Split(r, "\n") {
+		switch {
+		case i == 0 || strings.HasPrefix(line, "#"):
+			out = append(out, line)
+		default:
+			f := strings.Fields(line)
+			row := fmt.Sprintf("row: %d fields", len(f))
+			if len(f) > 1 {
+				row += " type " + f[1]
+			}
+			if m := regexp.MustCompile(`\[failed: \d+\]`).FindString(line); m != "" {
+				row += " " + m
+			}
+			out = append(out, row)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// parityScript is the worker script of runtime.md §9.2, in order, for the
+// real binary's dialect. Each entry is one line without the severity
+// prefix; payload commands are framed for the dialect.
+func parityScript(t testing.TB, h *realHAProxy) []string {
+	d := h.dialect()
+	payload := func(cmd, body string) string {
+		if d == fakeDialect26 {
+			return cmd + " <<\n" + body // the line's own '\n' makes the empty terminator line
+		}
+		return cmd + " <<HAPTIC\n" + body + "HAPTIC"
+	}
+	certB, keyB := h.fixture.ca.issue(t, testCertOptions{CommonName: "b.example.com", DNSNames: []string{"b.example.com"}})
+	validB := string(certB) + string(keyB)
+	ca2 := newTestCA(t, "haptic second CA")
+	lines := []string{
+		// identity and stats
+		"show info float",
+		"show stat -1 1 -1",
+		// maps
+		"show map",
+		"show map maps/host.map",
+		payload("add map maps/host.map", "p1.example.com be-p\nspaced.example.com a value  with spaces\nempty.example.com \n"),
+		"show map maps/host.map",
+		"set map maps/host.map example.com be-z",
+		"set map maps/host.map absent.example.com be-z",
+		"set map maps/host.map example.com",
+		"add map maps/host.map dup d1;add map maps/host.map dup d2;del map maps/host.map dup;show map maps/host.map",
+		"del map maps/host.map dup",
+		"prepare map maps/host.map",
+		"add map @1 maps/host.map v1.example.com be-v",
+		payload("add map @1 maps/host.map", "v2.example.com be-v\n"),
+		"show map",
+		"add map @9 maps/host.map k v",
+		"commit map @9 maps/host.map",
+		"commit map @1 maps/host.map",
+		"show map;show map maps/host.map",
+		"prepare map maps/host.map",
+		"add map @2 maps/host.map c1 v;clear map @2 maps/host.map;commit map @2 maps/host.map;show map maps/host.map",
+		"add map maps/host.map example.com be-a",
+		"show map nope.map",
+		"add map nope.map k v",
+		"set map nope.map k v",
+		"del map nope.map k",
+		"prepare map nope.map",
+		"commit map @1 nope.map",
+		"clear map nope.map",
+		"add map maps/host.map k1",
+		// TLS
+		"show ssl cert",
+		"show ssl ca-file",
+		"show ssl crl-file",
+		"show ssl crt-list",
+		"show ssl crt-list -n certs/list.txt",
+		"show ssl crt-list certs/list.txt",
+		"show ssl crt-list nope.txt",
+		"new ssl cert certs/b.pem",
+		"new ssl cert certs/b.pem",
+		payload("add ssl crt-list certs/list.txt", "certs/b.pem\n"),
+		payload("set ssl cert certs/b.pem", string(certB)),
+		"show ssl cert",
+		"commit ssl cert certs/b.pem",
+		"abort ssl cert certs/b.pem",
+		payload("set ssl cert certs/b.pem", "hello\n"),
+		payload("set ssl cert certs/zz.pem", validB),
+		"commit ssl cert certs/b.pem",
+		"abort ssl cert certs/b.pem",
+		payload("set ssl cert certs/b.pem", validB),
+		payload("set ssl cert certs/a.pem", h.fixture.certPEM),
+		"commit ssl cert certs/a.pem",
+		"abort ssl cert certs/a.pem",
+		"commit ssl cert certs/b.pem",
+		"show ssl cert",
+		"new ssl ca-file certs/ca2.pem",
+		"new ssl ca-file certs/ca2.pem",
+		payload("set ssl ca-file certs/ca2.pem", "hello\n"),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		"show ssl ca-file",
+		payload("set ssl ca-file certs/ca.pem", h.fixture.caPEM),
+		"commit ssl ca-file certs/ca.pem",
+		"abort ssl ca-file certs/ca.pem",
+		"commit ssl ca-file certs/ca2.pem",
+		"commit ssl ca-file certs/ca2.pem",
+		"abort ssl ca-file certs/ca2.pem",
+		payload("set ssl ca-file certs/zz.pem", string(ca2.CertPEM)),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		"abort ssl ca-file certs/ca2.pem",
+		"show ssl ca-file",
+		payload("add ssl crt-list certs/list.txt", "certs/b.pem [alpn h2 ssl-min-ver TLSv1.2] b.example.com !x.example.com\n"),
+		payload("add ssl crt-list certs/list.txt", "certs/zz.pem\n"),
+		payload("add ssl crt-list certs/nolist.txt", "certs/b.pem\n"),
+		"show ssl crt-list -n certs/list.txt",
+		"del ssl crt-list certs/list.txt certs/b.pem",
+		"del ssl crt-list certs/list.txt certs/b.pem",
+		"del ssl crt-list certs/list.txt certs/zz.pem",
+		"del ssl crt-list certs/nolist.txt certs/b.pem",
+		"show ssl crt-list -n certs/list.txt",
+		// servers
+		"add server be-a/s1 127.0.0.1:80",
+		"add server be-a/s2 127.0.0.1:80 check inter 2s",
+		"add server be-a/s1 127.0.0.1:80",
+		"add server nope/s1 127.0.0.1:80",
+		"add server be-a/s3 127.0.0.1:80 bogus",
+		"add server be-a/s3",
+		"add server bea 127.0.0.1:80",
+		"enable server be-a/s1",
+		"disable server be-a/s1",
+		"enable server be-a/nope",
+		"enable server nope/s1",
+		"enable server bea",
+		"enable health be-a/s1",
+		"enable health be-a/s2",
+		"enable server be-a/s1",
+		"set server be-a/s1 addr 127.0.0.2",
+		"set server be-a/s1 addr 127.0.0.2 port 81",
+		"set server be-a/s1 addr 127.0.0.3 port 82",
+		"set server be-a/s1 addr 127.0.0.3",
+		"set server be-a/s1 addr bogus",
+		"set server be-a/s1 addr 127.0.0.3 port abc",
+		"set server be-a/s1 weight 5",
+		"set server be-a/s1 weight 999",
+		"set server be-a/s1 state drain",
+		"set server be-a/s1 state bogus",
+		"set server be-a/s1 bogus",
+		"show servers state be-a",
+		"show servers state nope",
+		"shutdown sessions server be-a/s1",
+		"wait 100 srv-removable be-a/s1",
+		"del server be-a/s1",
+		"disable server be-a/s1",
+		"wait 100 srv-removable be-a/s1",
+		"del server be-a/s1",
+		"del server be-a/s1",
+		"wait 100 srv-removable bea",
+		"show servers state be-a",
+		// version gaps
+		"experimental-mode on;add backend be-x from web mode http",
+		"experimental-mode on;publish backend be-a",
+		"unpublish backend be-a",
+		"experimental-mode on;del backend be-x",
+		"wait 100 be-removable be-a",
+		"wait 100",
+		"bogus verb",
+	}
+	major, minor, _ := fakeVersionParts(h.version)
+	if major*100+minor < 301 {
+		lines = append(lines, "add server be-a/s4 127.0.0.1:80 init-state up")
+	}
+	return lines
+}
+
+// TestFakeMatchesRealHAProxy sends the same lines to the real binary and
+// to a fake of the same version and fixture, and compares the normalised
+// replies (runtime.md §9.2).
+func TestFakeMatchesRealHAProxy(t *testing.T) {
+	h := startRealHAProxy(t)
+	f := h.startMatchingFake(t)
+	compare := func(what, realRaw, fakeRaw string) {
+		t.Helper()
+		if r, fk := normaliseReply(realRaw), normaliseReply(fakeRaw); r != fk {
+			t.Errorf("%s:\nreal: %q\nfake: %q\nnormalised real:\n%s\nnormalised fake:\n%s", what, realRaw, fakeRaw, r, fk)
+		}
+	}
+	worker := func(line string) {
+		t.Helper()
+		realRaw, _ := socketExchange(t, h.WorkerSocket(), line, 5*time.Second)
+		fakeRaw, _ := socketExchange(t, f.WorkerSocket(), line, 5*time.Second)
+		compare(fmt.Sprintf("%.120q", line), realRaw, fakeRaw)
+	}
+	for _, line := range parityScript(t, h) {
+		worker(framingPrefix + line + "\n")
+	}
+	for _, row := range framingRows(h.dialect()) {
+		worker(row.send)
+	}
+	master := func(line string) {
+		t.Helper()
+		realRaw, _ := socketExchange(t, h.MasterSocket(), line, 30*time.Second)
+		fakeRaw, _ := socketExchange(t, f.MasterSocket(), line, 30*time.Second)
+		compare("master "+strings.TrimSpace(line), realRaw, fakeRaw)
+	}
+	master("show proc;quit\n")
+	master("bogus;quit\n")
+	master("reload;quit\n")
+	h.waitReady(t) // a 2.6 master re-executes and refuses connections meanwhile
+
+	cfg := filepath.Join(h.Dir, "haproxy.cfg")
+	good, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, append(append([]byte{}, good...), "bogus_keyword here\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.With(func(m *FakeModel) { m.ReloadFails = true })
+	master("reload;quit\n")
+	if err := os.WriteFile(cfg, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.With(func(m *FakeModel) { m.ReloadFails = false })
 }
