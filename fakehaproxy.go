@@ -104,11 +104,11 @@ type FakeHAProxy struct {
 	workerPath   string
 	masterPath   string
 
-	mu     sync.Mutex
-	model  FakeModel
-	closed bool
+	mu    sync.Mutex // guards model
+	model FakeModel
 
-	connMu     sync.Mutex
+	connMu     sync.Mutex // guards the fields below
+	closed     bool
 	workerLn   net.Listener
 	masterLn   net.Listener
 	conns      map[net.Conn]bool // open connections → is a master connection
@@ -136,6 +136,9 @@ const (
 	// fakeMaxLineBytes bounds one worker or master line; a longer line
 	// closes the connection rather than growing memory without end.
 	fakeMaxLineBytes = 1 << 20
+	// fakeMaxLinesPerConnection bounds the lines one connection may send
+	// (a prompt-mode session or a master connection); then it is closed.
+	fakeMaxLinesPerConnection = 1 << 20
 	// fakeMaxArgs is HAProxy's MAX_CLI_ARGS: words after it are ignored.
 	fakeMaxArgs = 64
 	// fakeMaxPayloadPattern is the longest custom payload terminator.
@@ -535,7 +538,7 @@ func (f *FakeHAProxy) serveWorker(conn net.Conn) {
 	f.mu.Unlock()
 	r := bufio.NewReaderSize(conn, 64<<10)
 	s := &fakeSession{}
-	for n := 0; ; n++ {
+	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		if n > 0 && !s.prompt {
 			// Non-interactive: 2.6 runs every line already received; 3.x
 			// answers one line and discards the rest, except one further
@@ -2097,7 +2100,7 @@ func (f *FakeHAProxy) delBackend(args []string, _ *string) fakeOut {
 // open until a line holds quit or reload, as a real master's does.
 func (f *FakeHAProxy) serveMaster(conn net.Conn) {
 	r := bufio.NewReader(conn)
-	for {
+	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		line, err := fakeReadLine(r)
 		if err != nil {
 			return

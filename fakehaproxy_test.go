@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -173,11 +174,20 @@ func TestFakeDialects(t *testing.T) {
 		initState      string
 		reloadReply    string // first line of the reload reply
 		programs       bool
+		sameAddr       string // set server addr to the current address
+		delServer      string // raw reply to del server of an enabled server, prefix included
+		emptyCommand   string // first line of the answer to an empty command
 	}{
-		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false},
-		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true},
-		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true},
-		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true},
+		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true,
+			"[4]: no need to change the addr, no need to change the port by 'stats socket command'",
+			"\n[3]: Only servers in maintenance mode can be deleted.\n",
+			"[6]: Unknown command. Please enter one of the following commands only:"},
 	}
 	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
 	for _, row := range rows {
@@ -221,6 +231,19 @@ func TestFakeDialects(t *testing.T) {
 			}
 			if got := workerLine(t, ws, "add server be-a/s1 10.0.0.1:80 check init-state up")[0]; got != row.initState {
 				t.Errorf("init-state: %q, want %q", got, row.initState)
+			}
+			f.With(func(m *FakeModel) {
+				m.Backends["be-a"].Servers = append(m.Backends["be-a"].Servers,
+					&FakeServer{Name: "on", Address: "10.0.0.9", Port: 80, Weight: 1, State: "ready", Enabled: true})
+			})
+			if got := workerLine(t, ws, "set server be-a/on addr 10.0.0.9 port 80")[0]; got != row.sameAddr {
+				t.Errorf("set server addr unchanged: %q, want %q", got, row.sameAddr)
+			}
+			if raw, _ := socketExchange(t, ws, "set severity-output number;del server be-a/on\n", 5*time.Second); raw != row.delServer {
+				t.Errorf("del server: %q, want %q", raw, row.delServer)
+			}
+			if got := first(workerLine(t, ws, "show map m.map;")[1]); got != row.emptyCommand {
+				t.Errorf("empty command: %q, want %q", got, row.emptyCommand)
 			}
 			proc, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
 			if strings.Contains(proc, "\n# programs\n") != row.programs {
@@ -316,20 +339,11 @@ func framingRows(d fakeDialect) []framingRow {
 	}
 	var out []framingRow
 	for _, r := range rows {
-		if r.dialects == nil || containsDialect(r.dialects, d) {
+		if r.dialects == nil || slices.Contains(r.dialects, d) {
 			out = append(out, r)
 		}
 	}
 	return out
-}
-
-func containsDialect(ds []fakeDialect, d fakeDialect) bool {
-	for _, x := range ds {
-		if x == d {
-			return true
-		}
-	}
-	return false
 }
 
 // runFramingRows sends every row to sock and checks the replies and the
@@ -353,7 +367,7 @@ func runFramingRows(t *testing.T, sock string, d fakeDialect) {
 			}
 			rows := mapRows(t, sock, "maps/host.map")
 			for _, p := range row.present {
-				if !containsString(rows, p) {
+				if !slices.Contains(rows, p) {
 					t.Errorf("row %.40q missing from the map", p)
 				}
 			}
@@ -366,15 +380,6 @@ func runFramingRows(t *testing.T, sock string, d fakeDialect) {
 			}
 		})
 	}
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // firstLineIfUnknown keeps only the first line of an unknown-command
@@ -584,6 +589,57 @@ func TestFakeReloadOn26TakesEffectAfterTheDelay(t *testing.T) {
 	}
 	if f.Worker().WorkerPID != before.WorkerPID+1 {
 		t.Fatalf("no new worker after the delay: %v", f.Worker())
+	}
+}
+
+// TestFakeShowInfoPrintsTheStartTimeAsHAProxyDoes: six decimals with the
+// trailing zeros trimmed, as HAProxy prints floats.
+func TestFakeShowInfoPrintsTheStartTimeAsHAProxyDoes(t *testing.T) {
+	rows := []struct {
+		micros       int64
+		float, plain string
+	}{
+		{1796197563683351, "1796197563.683351", "1796197563"},
+		{1796197563360000, "1796197563.36", "1796197563"},
+		{1700000000000000, "1700000000", "1700000000"},
+	}
+	f := startTestFake(t, "")
+	for _, row := range rows {
+		f.With(func(m *FakeModel) { m.StartTimeUnixMicros = row.micros })
+		for arg, want := range map[string]string{"show info float": row.float, "show info": row.plain} {
+			got := workerLine(t, f.WorkerSocket(), arg)[0]
+			if !strings.Contains(got, "\nStart_time_sec: "+want) || !strings.Contains(got, "\nPid: 1000\n") {
+				t.Errorf("%s at %d µs: %q", arg, row.micros, got)
+			}
+		}
+	}
+}
+
+// TestFakeNumbersCRTListEntries: seeded entries from 1, each added entry
+// one more than the last number assigned, deletes renumber nothing.
+func TestFakeNumbersCRTListEntries(t *testing.T) {
+	f := startTestFake(t, "")
+	f.With(func(m *FakeModel) {
+		m.Certs["a.pem"], m.Certs["b.pem"] = "A", "B"
+		m.CRTLists["l.txt"] = []string{"a.pem", "b.pem [alpn h2] b.example.com"}
+	})
+	ws := f.WorkerSocket()
+	got := workerLine(t, ws, "add ssl crt-list l.txt <<HAPTIC\nb.pem  [alpn  h2]  c.example.com\nHAPTIC")
+	if got[0] != "Inserting certificate 'b.pem' in crt-list 'l.txt'.\nSuccess!" {
+		t.Fatalf("add: %q", got)
+	}
+	steps := []struct{ cmd, want string }{
+		{"del ssl crt-list l.txt b.pem", "[3]: Can't delete the entry: found the certificate 'b.pem' in several entries, please specify a line number preceded by colons (2, 3)!"},
+		{"del ssl crt-list l.txt b.pem:2", "[5]: Entry 'b.pem' deleted in crtlist 'l.txt'!"},
+		{"del ssl crt-list l.txt a.pem", "[5]: Entry 'a.pem' deleted in crtlist 'l.txt'!"},
+		{"add ssl crt-list l.txt a.pem", "Inserting certificate 'a.pem' in crt-list 'l.txt'.\nSuccess!"},
+		{"show ssl crt-list -n l.txt", "# l.txt\nb.pem:3 [alpn h2] c.example.com\na.pem:4"},
+		{"show ssl crt-list l.txt", "# l.txt\nb.pem [alpn h2] c.example.com\na.pem"},
+	}
+	for _, step := range steps {
+		if got := workerLine(t, ws, step.cmd)[0]; got != step.want {
+			t.Errorf("%s: %q, want %q", step.cmd, got, step.want)
+		}
 	}
 }
 
@@ -910,7 +966,7 @@ func normaliseShowStat(r string) string {
 		}
 	}
 	sort.Strings(frontends) // a set: HAProxy lists them in configuration order
-	return fmt.Sprintf("show stat: conn_tot=%v frontends=%s", containsString(header, "conn_tot"), strings.Join(frontends, ","))
+	return fmt.Sprintf("show stat: conn_tot=%v frontends=%s", slices.Contains(header, "conn_tot"), strings.Join(frontends, ","))
 }
 
 // normaliseServersState keeps be_name, srv_name, srv_addr, srv_admin_state
