@@ -1,0 +1,278 @@
+// agent_metrics.go owns the agent's metrics (agent.md §13): the counters and
+// the gauge every part of the agent updates, and their Prometheus text
+// exposition (format 0.0.4), written by hand. Each agent owns one
+// agentMetrics; there is no package-level state.
+//
+// The metrics lock is a leaf (agent.md §16): it is held only to read or bump
+// a number, never across I/O, and no other lock is taken under it, so any
+// part of the agent may count while holding its own locks. Nothing here
+// panics, whatever the caller passes.
+package haptic
+
+import (
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// metricsContentType is the Content-Type of GET /metrics.
+const metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
+
+// maxSeriesPerFamily caps the series one counter family holds. The label
+// values the agent passes come from closed sets or from validated op kinds,
+// so the cap is never reached in practice; it exists so that a bug feeding
+// free-form text into a label cannot grow the scrape without bound. An
+// increment that would create a series beyond the cap is dropped.
+const maxSeriesPerFamily = 256
+
+// rejectedStageFencing is the apply_rejected_total stage of an apply refused
+// by fencing. It has no Stage* constant because fencing answers 409 with a
+// Conflict, not an ApplyError.
+const rejectedStageFencing = "fencing"
+
+// agentMetrics holds every metric family of agent.md §13.
+type agentMetrics struct {
+	applyTotal          *counterVec // label mode
+	applyRejected       *counterVec // label stage
+	invariantViolations *counterVec // label name
+	reloads             *counterVec // label result
+	rollbacks           *counterVec // no label
+	deferredDeletes     *counterVec // labels kind, outcome
+	opErrors            *counterVec // label kind
+	mapDivergence       *counterVec // no label
+	generation          *gauge
+
+	// families is the exposition order: the order of the agent.md §13 table.
+	families []metricFamily
+}
+
+// metricFamily is one family of the exposition: its HELP and TYPE lines
+// followed by its series.
+type metricFamily interface {
+	appendText(b []byte) []byte
+}
+
+// newAgentMetrics builds the families with every series of a closed label
+// set already present at 0, so a dashboard sees a flat line rather than
+// missing data before the first event (agent.md §13 SHOULD).
+func newAgentMetrics() *agentMetrics {
+	m := &agentMetrics{
+		applyTotal: newCounterVec("haptic_agent_apply_total",
+			"Applies finished and reloads fired by the pacer, by result mode.",
+			[]string{"mode"},
+			[]string{ResultRuntime, ResultFileOnly, ResultReload, ResultScheduled, ResultNoop, ResultRejected}),
+		applyRejected: newCounterVec("haptic_agent_apply_rejected_total",
+			"Applies and scheduled reloads that failed, by the stage that refused or aborted them.",
+			[]string{"stage"},
+			[]string{rejectedStageFencing, StageParts, StageBackup, StageWrite, StageReload,
+				StageRevert, StageRevertReload, StageScheduledReload}),
+		invariantViolations: newCounterVec("haptic_agent_invariant_violations_total",
+			"Internal invariants found false, by invariant name. Any non-zero value is a bug worth reporting.",
+			[]string{"name"},
+			[]string{"generation_monotonic", "disk_is_the_desired_set", "runtime_mode_does_not_reload",
+				"reload_mode_reloads", "noop_runs_no_ops", "journal_only_while_diverged",
+				"mount_probe_found_every_mount", "ops_executable", "recovery_reload"}),
+		reloads: newCounterVec("haptic_agent_reloads_total",
+			"HAProxy master reload attempts, by result.",
+			[]string{"result"},
+			[]string{"ok", "failed"}),
+		rollbacks: newCounterVec("haptic_agent_rollbacks_total",
+			"Aborted applies rolled back and reverts to the last-known-good file set.",
+			nil),
+		deferredDeletes: newCounterVec("haptic_agent_deferred_deletes_total",
+			"Deferred server and backend deletes, by kind and queue outcome.",
+			[]string{"kind", "outcome"},
+			[]string{"server", "backend"},
+			[]string{"done", "deferred", "abandoned", "superseded"}),
+		opErrors: newCounterVec("haptic_agent_op_errors_total",
+			"Runtime batches HAProxy rejected, by the kind of the first failed op (unknown when none is known).",
+			[]string{"kind"}),
+		mapDivergence: newCounterVec("haptic_agent_map_divergence_total",
+			"Read-backs that found the running worker diverging from the files on disk.",
+			nil),
+		generation: newGauge("haptic_agent_generation",
+			"The apply generation of the state the agent serves."),
+	}
+	m.families = []metricFamily{
+		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
+		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
+	}
+	return m
+}
+
+// writeText writes the whole exposition, families in agent.md §13 order.
+// The text is rendered first and written in one call, so the metrics lock
+// is never held while a slow scraper reads.
+func (m *agentMetrics) writeText(w io.Writer) error {
+	var b []byte
+	for _, f := range m.families {
+		b = f.appendText(b)
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// counterVec is a counter family with a fixed list of label names. A family
+// without labels holds exactly one series.
+type counterVec struct {
+	name, help string
+	labels     []string
+
+	mu     sync.Mutex
+	series map[string]*counterSeries // by seriesKey of the label values
+}
+
+type counterSeries struct {
+	labelValues []string // never modified once stored
+	value       uint64
+}
+
+// newCounterVec builds a family. closed, when given, holds one closed value
+// set per label name; every combination of them is created at 0. A family
+// without labels always has its single series at 0.
+func newCounterVec(name, help string, labels []string, closed ...[]string) *counterVec {
+	c := &counterVec{name: name, help: help, labels: labels, series: map[string]*counterSeries{}}
+	if len(closed) != len(labels) {
+		return c // an open label set: series appear when first incremented
+	}
+	combos := [][]string{{}}
+	for _, values := range closed {
+		var next [][]string
+		for _, prefix := range combos {
+			for _, v := range values {
+				next = append(next, append(cloneSlice(prefix), v))
+			}
+		}
+		combos = next
+	}
+	for _, values := range combos {
+		c.lookup(values)
+	}
+	return c
+}
+
+// inc adds one to the series with these label values, creating it at need.
+// A call with the wrong number of label values is a programming error; it is
+// dropped rather than allowed to panic the agent or corrupt the exposition.
+func (c *counterVec) inc(labelValues ...string) {
+	if len(labelValues) != len(c.labels) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.lookup(labelValues); s != nil {
+		s.value++
+	}
+}
+
+// value reads the series with these label values; 0 when it does not exist.
+func (c *counterVec) value(labelValues ...string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.series[seriesKey(labelValues)]; ok {
+		return s.value
+	}
+	return 0
+}
+
+// lookup finds or creates a series; nil when the family is full. The caller
+// holds c.mu (or owns c exclusively, in newCounterVec).
+func (c *counterVec) lookup(labelValues []string) *counterSeries {
+	key := seriesKey(labelValues)
+	if s, ok := c.series[key]; ok {
+		return s
+	}
+	if len(c.series) >= maxSeriesPerFamily {
+		return nil
+	}
+	s := &counterSeries{labelValues: cloneSlice(labelValues)}
+	c.series[key] = s
+	return s
+}
+
+// seriesKey encodes label values without ambiguity: each value is prefixed
+// by its length, so no value can masquerade as a separator.
+func seriesKey(labelValues []string) string {
+	var b strings.Builder
+	for _, v := range labelValues {
+		b.WriteString(strconv.Itoa(len(v)))
+		b.WriteByte(':')
+		b.WriteString(v)
+	}
+	return b.String()
+}
+
+func (c *counterVec) appendText(b []byte) []byte {
+	c.mu.Lock()
+	snapshot := make([]counterSeries, 0, len(c.series))
+	for _, s := range c.series {
+		snapshot = append(snapshot, *s)
+	}
+	c.mu.Unlock()
+
+	slices.SortFunc(snapshot, func(x, y counterSeries) int {
+		return slices.Compare(x.labelValues, y.labelValues)
+	})
+	b = appendFamilyHeader(b, c.name, c.help, "counter")
+	for _, s := range snapshot {
+		b = append(b, c.name...)
+		if len(c.labels) > 0 {
+			b = append(b, '{')
+			for i, label := range c.labels {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, label...)
+				b = append(b, `="`...)
+				b = append(b, labelValueEscaper.Replace(s.labelValues[i])...)
+				b = append(b, '"')
+			}
+			b = append(b, '}')
+		}
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, s.value, 10)
+		b = append(b, '\n')
+	}
+	return b
+}
+
+// gauge is an unlabelled gauge. It needs no lock: one atomic word.
+type gauge struct {
+	name, help string
+	v          atomic.Uint64
+}
+
+func newGauge(name, help string) *gauge { return &gauge{name: name, help: help} }
+
+func (g *gauge) set(v uint64)  { g.v.Store(v) }
+func (g *gauge) value() uint64 { return g.v.Load() }
+func (g *gauge) appendText(b []byte) []byte {
+	b = appendFamilyHeader(b, g.name, g.help, "gauge")
+	b = append(b, g.name...)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, g.value(), 10)
+	return append(b, '\n')
+}
+
+// The text format 0.0.4 escapes backslash and newline in HELP text, and
+// additionally the double quote in label values; anything else would end
+// the line or the quoted value early and corrupt every series after it.
+var (
+	helpEscaper       = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
+	labelValueEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+)
+
+func appendFamilyHeader(b []byte, name, help, kind string) []byte {
+	b = append(b, "# HELP "...)
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = append(b, helpEscaper.Replace(help)...)
+	b = append(b, "\n# TYPE "...)
+	b = append(b, name...)
+	b = append(b, ' ')
+	b = append(b, kind...)
+	return append(b, '\n')
+}

@@ -1,0 +1,1861 @@
+// This file owns Diff: the controller's decision for one pod — runtime,
+// file_only or reload — with the typed ops in their safe order, the in-place
+// ops for a worker that keeps serving while a reload waits, the split of ops
+// into applies, and the two functions that connect a decision to the wire
+// (BaselineFromState and NewManifest).
+//
+// Everything here is a pure function of its arguments. It must never do I/O,
+// read a clock, draw randomness, keep package-level mutable state, or write
+// to a plan or baseline it was given: the same inputs give deeply equal
+// Decisions, concurrent calls on shared inputs are safe, and a Decision owns
+// its memory. When Diff cannot show that a runtime change reproduces what a
+// reload of the new files would give, it reloads.
+package haptic
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Verdicts (Decision.Verdict).
+const (
+	VerdictRuntime  = "runtime"   // no reload cause and at least one op
+	VerdictFileOnly = "file_only" // no reload cause and no op: the files are written
+	VerdictReload   = "reload"    // at least one reload cause; every op is discarded
+)
+
+const (
+	// maxReasons caps Decision.Reasons. A later fail still sets the reload
+	// flag; only its text is dropped.
+	maxReasons = 32
+	// removableTimeoutMs is the wait of wait_srv_removable and
+	// wait_be_removable: long enough for a disabled server's last requests
+	// to finish, short enough that the agent's deferred-delete queue moves.
+	removableTimeoutMs = 2000
+)
+
+// Baseline is everything the controller knows about one pod, from its ACK
+// or from GET /v1/state. A nil *Baseline is the zero Baseline: reload, "no
+// baseline".
+type Baseline struct {
+	Applied               *Plan     // plan whose files the pod holds; nil = unknown -> reload
+	Running               *Plan     // plan the running worker loaded; not read by Diff
+	WorkerOps             *Plan     // what the worker holds after in-place ops; base for in-place composition
+	Inventory             Inventory // what the running worker has loaded (maps, certs, ca_files, crl_files, crt_lists)
+	Caps                  Caps
+	PendingServerDeletes  int  // deferred server deletes already queued on the pod
+	PendingBackendDeletes int  // deferred backend deletes already queued on the pod
+	ReloadPending         bool // the pod has a reload scheduled but not done
+}
+
+// Caps says what the pod's HAProxy and agent can do at runtime.
+type Caps struct {
+	DynamicServers  bool            // add server / del server          (HAProxy >= 3.0)
+	DynamicBackends bool            // add/del backend, publish/unpublish (HAProxy >= 3.4)
+	ServerInitState bool            // add server ... init-state up      (HAProxy >= 3.1)
+	AgentOps        map[string]bool // op kinds the agent executes; nil = every kind
+}
+
+// CapsFor reads the capabilities from an HAProxy version string and the op
+// kinds an agent advertises. Only major.minor is read ("v3.4.3-1ppa" is
+// 3.4); a version with no leading number has no capability at all, so
+// every dynamic add or delete reloads.
+func CapsFor(haproxyVersion string, agentOps []string) Caps {
+	var c Caps
+	if len(agentOps) > 0 {
+		c.AgentOps = make(map[string]bool, len(agentOps))
+		for _, kind := range agentOps {
+			c.AgentOps[kind] = true
+		}
+	}
+	fields := strings.SplitN(strings.TrimPrefix(strings.TrimSpace(haproxyVersion), "v"), ".", 3)
+	major, ok := leadingNumber(fields[0])
+	if !ok {
+		return c
+	}
+	minor := 0
+	if len(fields) > 1 {
+		minor, _ = leadingNumber(fields[1])
+	}
+	atLeast := func(wantMajor, wantMinor int) bool {
+		return major > wantMajor || major == wantMajor && minor >= wantMinor
+	}
+	c.DynamicServers = atLeast(3, 0)
+	c.ServerInitState = atLeast(3, 1)
+	c.DynamicBackends = atLeast(3, 4)
+	return c
+}
+
+// leadingNumber reads the decimal digits at the start of s. It saturates
+// instead of overflowing, so an absurdly long number still compares as
+// large.
+func leadingNumber(s string) (int, bool) {
+	n, digits := 0, 0
+	for ; digits < len(s) && s[digits] >= '0' && s[digits] <= '9'; digits++ {
+		if n < 1<<30 {
+			n = n*10 + int(s[digits]-'0')
+		}
+	}
+	return n, digits > 0
+}
+
+// executes reports whether the agent runs ops of this kind.
+func (c Caps) executes(kind string) bool {
+	return c.AgentOps == nil || c.AgentOps[kind]
+}
+
+// Decision is Diff's answer for one pod.
+type Decision struct {
+	Verdict    string         `json:"verdict"`
+	Ops        []Op           `json:"ops,omitempty"`
+	InPlace    []Op           `json:"in_place_ops,omitempty"`
+	WorkerPlan *Plan          `json:"-"`
+	Chunks     int            `json:"chunks,omitempty"`
+	Reasons    []string       `json:"reasons,omitempty"`
+	Files      []ManifestFile `json:"files"`
+	Mode       string         `json:"mode"`
+}
+
+// ComposedOps returns every op kind Diff can emit, in Ops or InPlace, as a
+// new slice. shutdown_sessions is absent on purpose: the agent issues it
+// itself from its deferred-delete queue.
+func ComposedOps() []string {
+	return []string{
+		OpBackendAdd, OpBackendPublish, OpBackendUnpublish, OpBackendDel, OpBackendWaitRemovable,
+		OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight, OpServerSetState,
+		OpServerWaitRemovable, OpServerDel,
+		OpMapAdd, OpMapSet, OpMapDel, OpMapReplace,
+		OpCertSet, OpCertNew, OpCASet, OpCANew, OpCRTListAdd, OpCRTListDel,
+	}
+}
+
+// ManifestFiles projects a plan onto the manifest's file list: one entry per
+// plan file, in plan order, with the content digest as the proof. It
+// returns nil only for a nil plan.
+func ManifestFiles(p *Plan) []ManifestFile {
+	if p == nil {
+		return nil
+	}
+	files := make([]ManifestFile, len(p.Files))
+	for i, f := range p.Files {
+		files[i] = ManifestFile{
+			Path:           f.Path,
+			Digest:         f.Digest,
+			Proof:          f.Digest,
+			Size:           f.Size,
+			Kind:           f.Kind,
+			ReloadOnChange: f.ReloadOnChange,
+		}
+	}
+	return files
+}
+
+// InventoryOf returns what a worker that reloaded p would report as loaded,
+// for offline comparisons. A live diff uses the inventory the pod reports.
+func InventoryOf(p *Plan) Inventory {
+	var inv Inventory
+	if p == nil {
+		return inv
+	}
+	for _, f := range p.Files {
+		switch f.Kind {
+		case FileKindMap:
+			inv.Maps = append(inv.Maps, f.Path)
+		case FileKindCert:
+			inv.Certs = append(inv.Certs, f.Path)
+		case FileKindCA:
+			inv.CAFiles = append(inv.CAFiles, f.Path)
+		case FileKindCRTList:
+			inv.CRTLists = append(inv.CRTLists, f.Path)
+		}
+	}
+	for _, list := range []*[]string{&inv.Maps, &inv.Certs, &inv.CAFiles, &inv.CRTLists} {
+		slices.Sort(*list)
+		*list = slices.Compact(*list)
+	}
+	return inv
+}
+
+// Chunk splits Ops into the applies actually sent. The first apply also
+// carries InPlace and the 1000-op cap holds for their sum, so the first
+// slice may be empty; it is still element 0. The slices share Ops' memory
+// (with their capacity cut, so an append never writes into the next one).
+func (d *Decision) Chunk() [][]Op {
+	if d == nil || len(d.Ops) == 0 {
+		return nil
+	}
+	first := min(max(MaxOpsPerApply-len(d.InPlace), 0), len(d.Ops))
+	chunks := make([][]Op, 0, chunkCount(len(d.Ops), len(d.InPlace)))
+	chunks = append(chunks, d.Ops[:first:first])
+	for rest := d.Ops[first:]; len(rest) > 0; {
+		n := min(len(rest), MaxOpsPerApply)
+		chunks = append(chunks, rest[:n:n])
+		rest = rest[n:]
+	}
+	return chunks
+}
+
+// chunkCount is the number of applies n ops need when the first apply also
+// carries k in-place ops.
+func chunkCount(n, k int) int {
+	if n == 0 {
+		return 0
+	}
+	first := min(max(MaxOpsPerApply-k, 0), n)
+	return 1 + (n-first+MaxOpsPerApply-1)/MaxOpsPerApply
+}
+
+// ---------------------------------------------------------------------------
+// Diff.
+
+// Diff decides how the pod described by base reaches next: over the runtime
+// API (runtime), by writing files only (file_only), or by a reload. The
+// rules run in a fixed order — certificates, backends and servers,
+// sections, maps, files — and every change not applied at runtime leaves a
+// reason. One reload cause discards every op: the file set always carries
+// the whole desired state, so a reload applies everything.
+//
+// Where deployplan.md is silent, Diff fails closed, reusing the nearest
+// reason of the contract:
+//   - a word a rule would send without checking it (a kept backend's or an
+//     updated server's name, a backend's mode, a server's guid, an address
+//     with an unsafe IPv6 zone) is checked with SafeToken too, so no op
+//     carries a word the agent would refuse;
+//   - a repeated (kind, name) section — which the producer rules forbid
+//     and HAProxy refuses — fails as "added" (core or profile) or as an
+//     unexplained text change (backend);
+//   - a server name repeated within a backend is refused as "the name is not
+//     a safe runtime token": a runtime command could not name one of them;
+//   - a crt-list naming one certificate on two lines cannot be edited per
+//     entry (del ssl crt-list would pick one of them), so any change to it
+//     fails as an entry-order change;
+//   - "loaded" for crt and ca-file counts only files this diff creates of
+//     the same kind (a certificate for crt, a CA file for ca-file), and no
+//     created file counts for crl-file: HAProxy looks each up in its own
+//     store.
+func Diff(next *Plan, base *Baseline) Decision {
+	if next == nil {
+		return Decision{Verdict: VerdictReload, Mode: ModeReload, Reasons: []string{"no render"}}
+	}
+	if base == nil {
+		base = &Baseline{}
+	}
+	d := Decision{Files: ManifestFiles(next), Verdict: VerdictReload, Mode: ModeReload}
+	switch {
+	case base.Applied == nil:
+		d.Reasons = []string{"no baseline"}
+		return d
+	case base.Applied.SchemaVersion != next.SchemaVersion:
+		d.Reasons = []string{fmt.Sprintf("baseline plan schema %d, render schema %d", base.Applied.SchemaVersion, next.SchemaVersion)}
+		return d
+	}
+
+	nx := indexPlan(next)
+	r, ops := decide(next, nx, base, indexPlan(base.Applied))
+
+	worker := base.WorkerOps
+	if worker != nil && worker.SchemaVersion == next.SchemaVersion && (base.ReloadPending || r.failed) {
+		d.InPlace, d.WorkerPlan = composeInPlace(r, base)
+	}
+	if chunkCount(len(ops), len(d.InPlace)) > MaxOpBatches {
+		r.fail("op cap: %d ops need more than %d applies", len(ops), MaxOpBatches)
+	}
+
+	d.Reasons = r.reasons
+	switch {
+	case r.failed:
+	case len(ops) > 0:
+		d.Verdict, d.Mode = VerdictRuntime, ModeAuto
+		d.Ops, d.Chunks = ops, chunkCount(len(ops), len(d.InPlace))
+	default:
+		d.Verdict, d.Mode = VerdictFileOnly, ModeAuto
+	}
+	return d
+}
+
+// decide runs every rule of a usable baseline and the agent-op check
+// (deployplan.md §3, steps 4 to 5.2). The nested diff of in-place
+// composition calls it again with the worker as the applied plan, reusing
+// the render's index.
+func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun, []Op) {
+	r := &diffRun{
+		next:            next,
+		prev:            base.Applied,
+		nx:              nx,
+		px:              px,
+		caps:            base.Caps,
+		inv:             inventorySetsOf(base.Inventory),
+		createdCerts:    map[string]bool{},
+		createdCAs:      map[string]bool{},
+		certDir:         certDirOf(next),
+		pendingServers:  base.PendingServerDeletes,
+		pendingBackends: base.PendingBackendDeletes,
+		deleted:         map[string]bool{},
+	}
+	r.certificates()
+	r.backends()
+	r.sections()
+	r.maps()
+	r.files()
+
+	ops := r.ops()
+	if r.caps.AgentOps != nil {
+		for i := range ops {
+			if !r.caps.executes(ops[i].Kind) {
+				r.fail("the agent does not execute %s", ops[i].Kind)
+				break
+			}
+		}
+	}
+	return r, ops
+}
+
+// Op groups, in emission order: everything the new state needs exists and
+// is published before anything old goes away, and certificates come first
+// because add server ... crt and add ssl crt-list need them loaded.
+const (
+	groupCertificates = iota
+	groupBackendAdd
+	groupServerUpdate
+	groupBackendPublish
+	groupMapUpsert
+	groupCRTLists
+	groupMapDelete
+	groupBackendUnpublish
+	groupServerDelete
+	groupBackendDelete
+	opGroups
+)
+
+// diffRun is the state of one Diff call. It lives for that call only.
+type diffRun struct {
+	next, prev *Plan
+	nx, px     *planIndex
+	caps       Caps
+	inv        inventorySets
+
+	createdCerts    map[string]bool // certificates this diff creates (cert_new)
+	createdCAs      map[string]bool // CA files this diff creates (ca_new)
+	certDir         string          // where a relative crt argument is also looked for
+	pendingServers  int             // deferred server deletes: the pod's plus this diff's
+	pendingBackends int             // deferred backend deletes: the pod's plus this diff's
+	deleted         map[string]bool // backends this diff deletes
+	sectionChange   bool            // a section rule saw a change; it explains a new haproxy.cfg
+
+	failed  bool
+	reasons []string
+	groups  [opGroups][]Op
+}
+
+// fail records a reload cause.
+func (r *diffRun) fail(format string, args ...any) {
+	r.failed = true
+	r.note(format, args...)
+}
+
+// note records a change that is written to disk but not applied at runtime.
+func (r *diffRun) note(format string, args ...any) {
+	if len(r.reasons) < maxReasons {
+		r.reasons = append(r.reasons, fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *diffRun) emit(group int, ops ...Op) {
+	r.groups[group] = append(r.groups[group], ops...)
+}
+
+// ops concatenates the groups in order into one new slice.
+func (r *diffRun) ops() []Op {
+	n := 0
+	for _, g := range r.groups {
+		n += len(g)
+	}
+	if n == 0 {
+		return nil
+	}
+	ops := make([]Op, 0, n)
+	for _, g := range r.groups {
+		ops = append(ops, g...)
+	}
+	return ops
+}
+
+// planIndex is one call's lookup tables over a plan, so that no rule scans
+// a list inside a loop. It is never kept across calls: a plan changed and
+// re-identified would meet a stale index.
+type planIndex struct {
+	files           map[string]int     // path -> index in Files (first)
+	sections        map[sectionKey]int // non-backend sections, kind normalised -> index (first)
+	backendSections map[string]int     // backend name -> index of its first backend section
+}
+
+type sectionKey struct{ kind, name string }
+
+func indexPlan(p *Plan) *planIndex {
+	x := &planIndex{
+		files:           make(map[string]int, len(p.Files)),
+		sections:        map[sectionKey]int{},
+		backendSections: make(map[string]int, len(p.Backends)),
+	}
+	for i := range p.Files {
+		if _, dup := x.files[p.Files[i].Path]; !dup {
+			x.files[p.Files[i].Path] = i
+		}
+	}
+	for i := range p.Sections {
+		s := &p.Sections[i]
+		if kind := sectionKindOf(s.Kind); kind == SectionKindBackend {
+			if _, dup := x.backendSections[s.Name]; !dup {
+				x.backendSections[s.Name] = i
+			}
+		} else if _, dup := x.sections[sectionKey{kind, s.Name}]; !dup {
+			x.sections[sectionKey{kind, s.Name}] = i
+		}
+	}
+	return x
+}
+
+// file returns the plan's file at path, or nil.
+func (x *planIndex) file(p *Plan, filePath string) *PlanFile {
+	if i, ok := x.files[filePath]; ok {
+		return &p.Files[i]
+	}
+	return nil
+}
+
+// sectionKindOf maps any kind other than profile and backend to core.
+func sectionKindOf(kind string) string {
+	if kind == SectionKindProfile || kind == SectionKindBackend {
+		return kind
+	}
+	return SectionKindCore
+}
+
+// inventorySets is the pod's inventory as sets. Generation is not read.
+type inventorySets struct {
+	maps, certs, caFiles, crlFiles, crtLists map[string]bool
+}
+
+func inventorySetsOf(inv Inventory) inventorySets {
+	set := func(list []string) map[string]bool {
+		s := make(map[string]bool, len(list))
+		for _, v := range list {
+			s[v] = true
+		}
+		return s
+	}
+	return inventorySets{
+		maps:     set(inv.Maps),
+		certs:    set(inv.Certs),
+		caFiles:  set(inv.CAFiles),
+		crlFiles: set(inv.CRLFiles),
+		crtLists: set(inv.CRTLists),
+	}
+}
+
+// certDirOf is the directory of the render's first certificate not at the
+// top level: HAProxy resolves a relative crt argument under crt-base, and
+// the render keeps its certificates there.
+func certDirOf(p *Plan) string {
+	for i := range p.Files {
+		if p.Files[i].Kind != FileKindCert {
+			continue
+		}
+		if dir := path.Dir(p.Files[i].Path); dir != "." {
+			return dir
+		}
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// Comparing content: exact bytes when both sides have them, digests
+// otherwise, so that a baseline rebuilt from a plan blob (digests only)
+// still recognises an identical render.
+
+func sameFileContent(a, b *PlanFile) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	if a.ContentKnown && b.ContentKnown {
+		return a.Content == b.Content
+	}
+	return a.Digest != "" && a.Digest == b.Digest
+}
+
+func sameSectionText(a, b *Section) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	if a.TextKnown && b.TextKnown {
+		return a.Text == b.Text
+	}
+	return a.TextDigest != "" && a.TextDigest == b.TextDigest
+}
+
+// sameBackendBody counts two empty digests as changed: an unknown body is
+// never proven equal.
+func sameBackendBody(a, b *Backend) bool {
+	if a.ContentKnown && b.ContentKnown {
+		return equalStrings(a.Body, b.Body)
+	}
+	return a.BodyDigest != "" && a.BodyDigest == b.BodyDigest
+}
+
+// sameBackendComments counts two empty digests as equal: comments change
+// no behaviour, so a backend without any is not a change.
+func sameBackendComments(a, b *Backend) bool {
+	if a.ContentKnown && b.ContentKnown {
+		return equalStrings(a.Comments, b.Comments)
+	}
+	return a.CommentsDigest == b.CommentsDigest
+}
+
+func sameBackendRecord(a, b *Backend) bool {
+	if a.ContentKnown && b.ContentKnown {
+		return a.EqualRecord(b)
+	}
+	return a.RecordDigest != "" && a.RecordDigest == b.RecordDigest
+}
+
+// ---------------------------------------------------------------------------
+// 5.1 Certificates, CA files and crt-lists (first, so that a server keyword
+// can name a certificate this diff creates).
+
+func (r *diffRun) certificates() {
+	for i := range r.next.Files {
+		f := &r.next.Files[i]
+		old := r.px.file(r.prev, f.Path)
+		if old != nil && sameFileContent(old, f) {
+			continue
+		}
+		switch f.Kind {
+		case FileKindCert:
+			r.certificateFile(f.Path, OpCertSet, OpCertNew, r.inv.certs, r.createdCerts)
+		case FileKindCA:
+			r.certificateFile(f.Path, OpCASet, OpCANew, r.inv.caFiles, r.createdCAs)
+		case FileKindCRTList:
+			if old == nil {
+				r.fail("crt-list %s added, which only a reload puts into the config", f.Path)
+				continue
+			}
+			r.crtList(f.Path)
+		}
+	}
+	for i := range r.prev.Files {
+		f := &r.prev.Files[i]
+		if f.Kind == FileKindCRTList && r.nx.file(r.next, f.Path) == nil {
+			r.fail("crt-list %s removed, which only a reload takes out of the config", f.Path)
+		}
+	}
+}
+
+// certificateFile updates a loaded certificate (or CA file) in place, or
+// creates it; a created path counts as loaded for the rest of this diff.
+func (r *diffRun) certificateFile(filePath, setKind, newKind string, loaded, created map[string]bool) {
+	if !SafeToken(filePath) {
+		r.fail("file %s is not a safe runtime token", filePath)
+		return
+	}
+	if loaded[filePath] || created[filePath] {
+		r.emit(groupCertificates, Op{Kind: setKind, Path: filePath})
+		return
+	}
+	r.emit(groupCertificates, Op{Kind: newKind, Path: filePath})
+	created[filePath] = true
+}
+
+func (r *diffRun) crtList(listPath string) {
+	prev, okPrev := r.prev.CRTLists[listPath]
+	next, okNext := r.next.CRTLists[listPath]
+	switch {
+	case !okPrev || !okNext:
+		r.fail("crt-list %s changed, but crt-list entries are not declared by the render yet", listPath)
+		return
+	case !r.inv.crtLists[listPath]:
+		r.note("crt-list %s is not loaded at runtime, its file is written only", listPath)
+		return
+	case !SafeToken(listPath):
+		r.fail("file %s is not a safe runtime token", listPath)
+		return
+	}
+	ops, refusal := crtListOps(listPath, prev.Entries, next.Entries)
+	if refusal != "" {
+		r.fail("crt-list %s: %s", listPath, refusal)
+		return
+	}
+	r.emit(groupCRTLists, ops...)
+}
+
+// crtListOps edits a loaded crt-list entry by entry. add ssl crt-list only
+// appends and the first entry is the default certificate when no SNI
+// matches, so only appends, removals and changes to the last entry stay at
+// runtime; anything else is refused with the reason.
+func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
+	for _, e := range next {
+		if !SafeToken(e.Cert) {
+			return nil, fmt.Sprintf("certificate %s is not a safe runtime token", e.Cert)
+		}
+		for _, o := range e.Options {
+			if !SafeToken(o.Name) || !allSafeTokens(o.Args) {
+				return nil, fmt.Sprintf("option %s is not a safe runtime token", o.Name)
+			}
+		}
+		for _, sni := range e.SNIFilters {
+			if !SafeToken(sni) {
+				return nil, fmt.Sprintf("SNI filter %s is not a safe runtime token", sni)
+			}
+		}
+	}
+	const orderChanged = "the entry order changed, which only a reload applies"
+	prevByCert := make(map[string]int, len(prev))
+	for i, e := range prev {
+		if _, dup := prevByCert[e.Cert]; dup {
+			return nil, orderChanged
+		}
+		prevByCert[e.Cert] = i
+	}
+	nextByCert := make(map[string]int, len(next))
+	for i, e := range next {
+		if _, dup := nextByCert[e.Cert]; dup {
+			return nil, orderChanged
+		}
+		nextByCert[e.Cert] = i
+	}
+
+	var ops []Op
+	// The running order after the ops: the certificates kept unchanged, in
+	// prev order, then every changed or new one in next order (each
+	// crtlist_add appends).
+	running := make([]string, 0, len(prev)+len(next))
+	for _, e := range prev {
+		ni, kept := nextByCert[e.Cert]
+		if !kept {
+			if !SafeToken(e.Cert) {
+				return nil, fmt.Sprintf("certificate %s is not a safe runtime token", e.Cert)
+			}
+			ops = append(ops, Op{Kind: OpCRTListDel, Path: listPath, Cert: e.Cert})
+			continue
+		}
+		if sameCRTListEntry(&e, &next[ni]) {
+			running = append(running, e.Cert)
+		}
+	}
+	for i := range next {
+		e := &next[i]
+		pi, had := prevByCert[e.Cert]
+		if had && sameCRTListEntry(&prev[pi], e) {
+			continue
+		}
+		if had {
+			ops = append(ops, Op{Kind: OpCRTListDel, Path: listPath, Cert: e.Cert})
+		}
+		ops = append(ops, Op{
+			Kind:       OpCRTListAdd,
+			Path:       listPath,
+			Cert:       e.Cert,
+			Options:    freshKeywords(e.Options),
+			SNIFilters: freshStrings(e.SNIFilters),
+		})
+		running = append(running, e.Cert)
+	}
+	for i := range next {
+		if running[i] != next[i].Cert {
+			return nil, orderChanged
+		}
+	}
+	return ops, ""
+}
+
+func sameCRTListEntry(a, b *CRTListEntry) bool {
+	return EqualKeywordArgs(a.Options, b.Options) && equalStrings(a.SNIFilters, b.SNIFilters)
+}
+
+// ---------------------------------------------------------------------------
+// 5.2 Backends (before sections, so that a profile removal sees which
+// backends this diff deletes).
+
+func (r *diffRun) backends() {
+	for i := range r.next.Sections {
+		s := &r.next.Sections[i]
+		if sectionKindOf(s.Kind) != SectionKindBackend {
+			continue
+		}
+		name := s.Name
+		if r.nx.backendSections[name] != i {
+			r.fail("backend %s: unexplained text change", name)
+			r.sectionChange = true
+			continue
+		}
+		next, ok := r.next.Backends[name]
+		if !ok {
+			r.fail("backend %s: section without a record", name)
+			r.sectionChange = true
+			continue
+		}
+		pi, inPrev := r.px.backendSections[name]
+		prev, described := r.prev.Backends[name]
+		if !inPrev || !described {
+			r.sectionChange = true
+			r.addBackend(name, &next)
+			continue
+		}
+		r.keptBackend(name, &r.prev.Sections[pi], s, &prev, &next)
+	}
+	for i := range r.prev.Sections {
+		s := &r.prev.Sections[i]
+		if sectionKindOf(s.Kind) != SectionKindBackend || r.px.backendSections[s.Name] != i {
+			continue
+		}
+		if _, inNext := r.nx.backendSections[s.Name]; inNext {
+			continue
+		}
+		prev, described := r.prev.Backends[s.Name]
+		if !described {
+			continue
+		}
+		r.sectionChange = true
+		r.removeBackend(s.Name, &prev)
+	}
+}
+
+// addBackend creates a dynamic backend from its profile, adds its servers
+// and publishes it; structural backends and unsafe words reload.
+func (r *diffRun) addBackend(name string, b *Backend) {
+	switch {
+	case b.Shape != ShapeDynamic && b.ShapeReason != "":
+		r.fail("backend %s added: structural shape, %s", name, b.ShapeReason)
+		return
+	case b.Shape != ShapeDynamic:
+		r.fail("backend %s added: structural shape", name)
+		return
+	case !r.caps.DynamicBackends:
+		r.fail("backend %s added: this HAProxy has no add backend", name)
+		return
+	case !SafeToken(name) || !SafeToken(b.Profile) ||
+		b.GUID != "" && !SafeToken(b.GUID) || b.Mode != "" && !SafeToken(b.Mode):
+		r.fail("backend %s added: the name, profile or guid is not a safe runtime token", name)
+		return
+	}
+	if _, ok := r.prev.Profiles[b.Profile]; !ok {
+		r.fail("backend %s added: profile %q is not in the running config", name, b.Profile)
+		return
+	}
+	ops := []Op{{Kind: OpBackendAdd, Backend: name, Profile: b.Profile, Mode: b.Mode, GUID: b.GUID}}
+	names := make(map[string]bool, len(b.Servers))
+	for i := range b.Servers {
+		s := &b.Servers[i]
+		var serverOps []Op
+		refusal := refuseRepeatedName(names, s.Name)
+		if refusal == "" {
+			serverOps, refusal = r.addServer(name, b, s)
+		}
+		if refusal != "" {
+			r.fail("backend %s added: %s", name, refusal)
+			return
+		}
+		ops = append(ops, serverOps...)
+	}
+	r.emit(groupBackendAdd, ops...)
+	r.emit(groupBackendPublish, Op{Kind: OpBackendPublish, Backend: name})
+}
+
+// removeBackend unpublishes a dynamic backend, removes its servers and
+// deletes it once it is removable: all deferred, all counted against the
+// pod's delete queue. A refusal composes none of it.
+func (r *diffRun) removeBackend(name string, b *Backend) {
+	switch {
+	case b.Shape != ShapeDynamic && b.ShapeReason != "":
+		r.fail("backend %s removed: structural shape, %s", name, b.ShapeReason)
+		return
+	case b.Shape != ShapeDynamic:
+		r.fail("backend %s removed: structural shape", name)
+		return
+	case !r.caps.DynamicBackends:
+		r.fail("backend %s removed: this HAProxy has no del backend", name)
+		return
+	case r.pendingBackends >= MaxPendingBackendDeletes:
+		r.fail("backend %s removed: %d backend deletes already pending", name, r.pendingBackends)
+		return
+	case !SafeToken(name):
+		r.fail("backend %s removed: the name is not a safe runtime token", name)
+		return
+	}
+	pendingBefore := r.pendingServers
+	var serverOps []Op
+	for i := range b.Servers {
+		ops, refusal := r.removeServer(name, &b.Servers[i])
+		if refusal != "" {
+			r.pendingServers = pendingBefore
+			r.fail("backend %s removed: %s", name, refusal)
+			return
+		}
+		serverOps = append(serverOps, ops...)
+	}
+	r.emit(groupBackendUnpublish, Op{Kind: OpBackendUnpublish, Backend: name})
+	r.emit(groupServerDelete, serverOps...)
+	r.emit(groupBackendDelete,
+		Op{Kind: OpBackendWaitRemovable, Backend: name, TimeoutMs: removableTimeoutMs},
+		Op{Kind: OpBackendDel, Backend: name})
+	r.deleted[name] = true
+	r.pendingBackends++
+}
+
+// keptBackend decides a backend present in both plans: a text change must be
+// explained by the record or the comments, the body and the backend's own
+// attributes cannot change at runtime, and the servers are diffed one by
+// one.
+func (r *diffRun) keptBackend(name string, prevSection, nextSection *Section, prev, next *Backend) {
+	textChanged := !sameSectionText(prevSection, nextSection)
+	if textChanged {
+		r.sectionChange = true
+	}
+	if !sameBackendBody(prev, next) {
+		r.fail("backend %s: body changed", name)
+		return
+	}
+	sameRecord := sameBackendRecord(prev, next)
+	switch {
+	case textChanged && sameRecord && sameBackendComments(prev, next):
+		r.fail("backend %s: unexplained text change", name)
+	case sameRecord:
+	default:
+		if attribute := changedBackendAttribute(prev, next); attribute != "" {
+			r.fail("backend %s: %s changed, which HAProxy cannot alter at runtime", name, attribute)
+			return
+		}
+		r.servers(name, prev, next)
+	}
+}
+
+// changedBackendAttribute names the first backend attribute that differs,
+// in the contract's order, or returns "".
+func changedBackendAttribute(prev, next *Backend) string {
+	switch {
+	case prev.Profile != next.Profile:
+		return "profile"
+	case prev.Mode != next.Mode:
+		return "mode"
+	case prev.GUID != next.GUID:
+		return "guid"
+	case prev.Balance != next.Balance:
+		return "balance"
+	case prev.HashType != next.HashType:
+		return "hash-type"
+	case prev.Shape != next.Shape:
+		return "shape"
+	case !EqualKeywordArgs(prev.DefaultServer, next.DefaultServer):
+		return "default-server"
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// 5.3 Servers.
+
+// servers diffs the servers of a kept backend by name: updates and adds in
+// next's order, then removals in prev's order. Each refusal records its own
+// reason; the other servers are still diffed.
+func (r *diffRun) servers(name string, prev, next *Backend) {
+	prevByName := make(map[string]int, len(prev.Servers))
+	for i := range prev.Servers {
+		if _, dup := prevByName[prev.Servers[i].Name]; !dup {
+			prevByName[prev.Servers[i].Name] = i
+		}
+	}
+	nextNames := make(map[string]bool, len(next.Servers))
+	for i := range next.Servers {
+		s := &next.Servers[i]
+		var ops []Op
+		refusal := refuseRepeatedName(nextNames, s.Name)
+		if refusal == "" {
+			if pi, ok := prevByName[s.Name]; ok {
+				ops, refusal = r.updateServer(name, next, &prev.Servers[pi], s)
+			} else {
+				ops, refusal = r.addServer(name, next, s)
+			}
+		}
+		if refusal != "" {
+			r.fail("backend %s/server %s: %s", name, s.Name, refusal)
+			continue
+		}
+		r.emit(groupServerUpdate, ops...)
+	}
+	for i := range prev.Servers {
+		s := &prev.Servers[i]
+		if nextNames[s.Name] || prevByName[s.Name] != i {
+			continue
+		}
+		ops, refusal := r.removeServer(name, s)
+		if refusal != "" {
+			r.fail("backend %s/server %s: %s", name, s.Name, refusal)
+			continue
+		}
+		r.emit(groupServerDelete, ops...)
+	}
+}
+
+// refuseRepeatedName records name in seen and refuses it when it is
+// already there: a runtime command could not tell the two servers apart.
+func refuseRepeatedName(seen map[string]bool, name string) string {
+	if seen[name] {
+		return "the name is not a safe runtime token"
+	}
+	seen[name] = true
+	return ""
+}
+
+// addServer composes add server for s in backend be (whose balance,
+// hash-type and default-server apply), or returns the refusal. A server
+// that is not disabled is then enabled, with its health check when it has
+// one; a disabled server stays in MAINT.
+func (r *diffRun) addServer(backend string, be *Backend, s *Server) ([]Op, string) {
+	if !r.caps.DynamicServers {
+		return nil, "this HAProxy has no add server"
+	}
+	if !balanceTakesDynamicServers(be.Balance, be.HashType) {
+		return nil, fmt.Sprintf("balance %q takes no dynamic server", be.Balance)
+	}
+	if !SafeToken(s.Name) || !SafeToken(backend) {
+		return nil, "the name is not a safe runtime token"
+	}
+	if refusal := endpointRefusal(s.Address, s.Port); refusal != "" {
+		return nil, refusal
+	}
+	keywords := mergeKeywords(be.DefaultServer, s.Extra)
+	for _, kw := range keywords {
+		if !r.dynamicServerKeyword(kw) {
+			return nil, fmt.Sprintf("keyword %s cannot be set on a dynamic server", kw.Name)
+		}
+	}
+	if s.Weight != nil && !hasKeyword(keywords, "weight") {
+		keywords = append(keywords, KeywordArg{Name: "weight", Args: []string{strconv.Itoa(*s.Weight)}})
+	}
+	if s.GUID != "" && !hasKeyword(keywords, "guid") {
+		if !SafeToken(s.GUID) {
+			return nil, "keyword guid cannot be set on a dynamic server"
+		}
+		keywords = append(keywords, KeywordArg{Name: "guid", Args: []string{s.GUID}})
+	}
+	check := hasKeyword(keywords, "check")
+	if r.caps.ServerInitState && check && !hasKeyword(keywords, "init-state") {
+		keywords = append(keywords, KeywordArg{Name: "init-state", Args: []string{"up"}})
+	}
+	ops := []Op{{Kind: OpServerAdd, Backend: backend, Server: s.Name, Address: s.Address, Port: s.Port, Keywords: keywords}}
+	if !s.Disabled {
+		ops = append(ops, Op{Kind: OpServerEnable, Backend: backend, Server: s.Name, Health: check})
+	}
+	return ops, ""
+}
+
+// updateServer composes the set server commands that turn prev into next,
+// in the order address, weight, state, or returns the refusal. be is the
+// backend record whose default-server merges into the server's keywords.
+func (r *diffRun) updateServer(backend string, be *Backend, prev, next *Server) ([]Op, string) {
+	if prev.GUID != next.GUID || !EqualKeywordArgs(prev.Extra, next.Extra) {
+		return nil, "keywords changed, which set server cannot express"
+	}
+	var ops []Op
+	if prev.Address != next.Address || prev.Port != next.Port {
+		if refusal := endpointRefusal(next.Address, next.Port); refusal != "" {
+			return nil, refusal
+		}
+		ops = append(ops, Op{Kind: OpServerSetAddr, Backend: backend, Server: next.Name, Address: next.Address, Port: next.Port})
+	}
+	if (prev.Weight == nil) != (next.Weight == nil) || prev.Weight != nil && *prev.Weight != *next.Weight {
+		if next.Weight == nil {
+			return nil, "the weight keyword was dropped, which set server cannot express"
+		}
+		weight := *next.Weight
+		ops = append(ops, Op{Kind: OpServerSetWeight, Backend: backend, Server: next.Name, Weight: &weight})
+	}
+	switch {
+	case !prev.Disabled && next.Disabled:
+		ops = append(ops, Op{Kind: OpServerSetState, Backend: backend, Server: next.Name, State: ServerStateMaint})
+	case prev.Disabled && !next.Disabled:
+		// Leaving MAINT is server_enable: "set server ... state ready"
+		// would leave the health check off.
+		check := hasKeyword(be.DefaultServer, "check") || hasKeyword(next.Extra, "check")
+		ops = append(ops, Op{Kind: OpServerEnable, Backend: backend, Server: next.Name, Health: check})
+	}
+	if len(ops) > 0 && (!SafeToken(backend) || !SafeToken(next.Name)) {
+		return nil, "the name is not a safe runtime token"
+	}
+	return ops, ""
+}
+
+// removeServer composes a deferred delete: disable now, delete once
+// removable. It counts against the pod's server delete queue.
+func (r *diffRun) removeServer(backend string, s *Server) ([]Op, string) {
+	if !r.caps.DynamicServers {
+		return nil, "this HAProxy has no del server"
+	}
+	if r.pendingServers >= MaxPendingServerDeletes {
+		return nil, fmt.Sprintf("%d server deletes already pending", r.pendingServers)
+	}
+	if !SafeToken(s.Name) || !SafeToken(backend) {
+		return nil, "the name is not a safe runtime token"
+	}
+	r.pendingServers++
+	return []Op{
+		{Kind: OpServerDisable, Backend: backend, Server: s.Name},
+		{Kind: OpServerWaitRemovable, Backend: backend, Server: s.Name, TimeoutMs: removableTimeoutMs},
+		{Kind: OpServerDel, Backend: backend, Server: s.Name},
+	}, ""
+}
+
+// balanceTakesDynamicServers reports whether HAProxy lets add server into a
+// backend with this algorithm: the map-based algorithms always do, except
+// static-rr; a hashing algorithm only with consistent hashing.
+func balanceTakesDynamicServers(balance, hashType string) bool {
+	algorithm := firstWord(balance)
+	if i := strings.IndexByte(algorithm, '('); i >= 0 {
+		algorithm = algorithm[:i]
+	}
+	switch algorithm {
+	case "", "roundrobin", "leastconn", "random", "first":
+		return true
+	case "static-rr":
+		return false
+	}
+	return firstWord(hashType) == "consistent"
+}
+
+func firstWord(s string) string {
+	s = strings.TrimLeft(s, " \t")
+	if i := strings.IndexAny(s, " \t"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// endpointRefusal checks what set server addr and add server accept: a
+// literal IP (the runtime API resolves no names) and a port in 1-65535.
+func endpointRefusal(address string, port int) string {
+	if _, err := netip.ParseAddr(address); err != nil || !SafeToken(address) {
+		return fmt.Sprintf("address %s is not an IP, which the runtime API requires", address)
+	}
+	if port < 1 || port > 65535 {
+		return "the port is outside 1-65535"
+	}
+	return ""
+}
+
+// mergeKeywords is what the server line means: the default-server keywords
+// first, a server keyword replacing the default of the same name in place,
+// every other server keyword appended in order. The result owns its memory.
+func mergeKeywords(defaults, extra []KeywordArg) []KeywordArg {
+	merged := make([]KeywordArg, 0, len(defaults)+len(extra))
+	for _, kw := range defaults {
+		merged = append(merged, KeywordArg{Name: kw.Name, Args: freshStrings(kw.Args)})
+	}
+	replaced := make([]bool, len(defaults))
+	for _, kw := range extra {
+		kw = KeywordArg{Name: kw.Name, Args: freshStrings(kw.Args)}
+		i := slices.IndexFunc(defaults, func(d KeywordArg) bool { return d.Name == kw.Name })
+		if i >= 0 && !replaced[i] {
+			merged[i], replaced[i] = kw, true
+			continue
+		}
+		merged = append(merged, kw)
+	}
+	return merged
+}
+
+func hasKeyword(keywords []KeywordArg, name string) bool {
+	return slices.ContainsFunc(keywords, func(kw KeywordArg) bool { return kw.Name == name })
+}
+
+// dynamicServerKeyword reports whether add server accepts kw on this pod:
+// a keyword of the add-server set, init-state only from 3.1, every word
+// safe, and file keywords naming one file HAProxy has loaded (or this diff
+// creates).
+func (r *diffRun) dynamicServerKeyword(kw KeywordArg) bool {
+	if !addServerKeyword(kw.Name) || !SafeToken(kw.Name) || !allSafeTokens(kw.Args) {
+		return false
+	}
+	switch kw.Name {
+	case "init-state":
+		return r.caps.ServerInitState
+	case "crt":
+		if len(kw.Args) != 1 {
+			return false
+		}
+		file := kw.Args[0]
+		if r.inv.certs[file] || r.createdCerts[file] {
+			return true
+		}
+		// A relative crt is resolved under crt-base: try the render's
+		// certificate directory. The keyword is still sent as written.
+		if r.certDir == "" || strings.HasPrefix(file, "/") {
+			return false
+		}
+		under := r.certDir + "/" + file
+		return r.inv.certs[under] || r.createdCerts[under]
+	case "ca-file":
+		return len(kw.Args) == 1 && (r.inv.caFiles[kw.Args[0]] || r.createdCAs[kw.Args[0]])
+	case "crl-file":
+		return len(kw.Args) == 1 && r.inv.crlFiles[kw.Args[0]]
+	}
+	return true
+}
+
+// addServerKeyword is the set of keywords HAProxy's add server accepts
+// (deployplan.md §10). Anything else makes the server, and a backend that
+// holds it, a reload.
+func addServerKeyword(name string) bool {
+	switch name {
+	case "check", "inter", "fastinter", "downinter", "rise", "fall", "port", "addr", "weight",
+		"maxconn", "maxqueue", "minconn", "backup", "cookie", "guid", "ssl", "sni", "verify",
+		"verifyhost", "ca-file", "crt", "crl-file", "alpn", "ciphers", "ciphersuites",
+		"ssl-min-ver", "ssl-max-ver", "proto", "send-proxy", "send-proxy-v2", "slowstart",
+		"agent-check", "agent-port", "agent-inter", "agent-send", "on-marked-down", "observe",
+		"disabled", "init-state":
+		return true
+	}
+	return false
+}
+
+func allSafeTokens(words []string) bool {
+	for _, w := range words {
+		if !SafeToken(w) {
+			return false
+		}
+	}
+	return true
+}
+
+// freshStrings copies a list for an op; an empty list becomes nil.
+func freshStrings(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return slices.Clone(s)
+}
+
+// freshKeywords deep-copies keywords for an op; an empty list becomes nil.
+func freshKeywords(kws []KeywordArg) []KeywordArg {
+	if len(kws) == 0 {
+		return nil
+	}
+	return cloneKeywordArgs(kws)
+}
+
+// ---------------------------------------------------------------------------
+// 5.4 Sections and profiles: the section guard.
+
+func (r *diffRun) sections() {
+	for i := range r.next.Sections {
+		s := &r.next.Sections[i]
+		kind := sectionKindOf(s.Kind)
+		if kind == SectionKindBackend {
+			continue
+		}
+		var old *Section
+		if r.nx.sections[sectionKey{kind, s.Name}] == i {
+			if pi, ok := r.px.sections[sectionKey{kind, s.Name}]; ok {
+				old = &r.prev.Sections[pi]
+			}
+		}
+		switch {
+		case old == nil && kind == SectionKindProfile:
+			r.fail("profile %s added", s.Name)
+		case old == nil:
+			r.fail("core section %s added", s.Name)
+		case sameSectionText(old, s):
+			continue
+		case kind == SectionKindProfile:
+			r.fail("profile %s changed", s.Name)
+		default:
+			r.fail("core section %s changed", s.Name)
+		}
+		r.sectionChange = true
+	}
+	for i := range r.prev.Sections {
+		s := &r.prev.Sections[i]
+		kind := sectionKindOf(s.Kind)
+		if kind == SectionKindBackend || r.px.sections[sectionKey{kind, s.Name}] != i {
+			continue
+		}
+		if _, kept := r.nx.sections[sectionKey{kind, s.Name}]; kept {
+			continue
+		}
+		r.sectionChange = true
+		if kind == SectionKindCore {
+			r.fail("core section %s removed", s.Name)
+			continue
+		}
+		r.profileRemoved(s.Name)
+	}
+}
+
+// profileRemoved allows a profile to go only when no backend of the render
+// uses it and every backend that used it is deleted by this diff: HAProxy
+// cannot drop a defaults section a live backend inherits from.
+func (r *diffRun) profileRemoved(profile string) {
+	if user := firstProfileUser(r.next, r.nx, profile, nil); user != "" {
+		r.fail("profile %s removed but backend %s still uses it", profile, user)
+		return
+	}
+	if user := firstProfileUser(r.prev, r.px, profile, r.deleted); user != "" {
+		r.fail("profile %s removed but backend %s is not deleted at runtime", profile, user)
+	}
+}
+
+// firstProfileUser returns the first backend described in p (document
+// order) that inherits profile and is not in skip.
+func firstProfileUser(p *Plan, x *planIndex, profile string, skip map[string]bool) string {
+	for i := range p.Sections {
+		s := &p.Sections[i]
+		if sectionKindOf(s.Kind) != SectionKindBackend || x.backendSections[s.Name] != i || skip[s.Name] {
+			continue
+		}
+		if b, ok := p.Backends[s.Name]; ok && b.Profile == profile {
+			return s.Name
+		}
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// 5.5 Maps.
+
+func (r *diffRun) maps() {
+	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
+		m := r.next.Maps[name]
+		old, had := r.prev.Maps[name]
+		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
+			continue
+		}
+		mapPath := runtimeMapPath(name, &m)
+		if !r.inv.maps[mapPath] {
+			r.note("map %s is not loaded at runtime, its file is written only", name)
+			continue
+		}
+		if !SafeToken(mapPath) {
+			r.fail("map %s: the path is not a safe runtime token", name)
+			continue
+		}
+		upserts, deletes := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
+		r.emit(groupMapUpsert, upserts...)
+		r.emit(groupMapDelete, deletes...)
+	}
+}
+
+// runtimeMapPath is the name HAProxy knows the map by.
+func runtimeMapPath(name string, m *Map) string {
+	if m.Path != "" {
+		return m.Path
+	}
+	return name
+}
+
+// mapDelta returns the ops that turn a loaded map's prev entries into next:
+// upserts (map_add, map_set) and deletes (map_del), or a single map_replace
+// in upserts when the change is not expressible entry by entry. A value
+// set map cannot carry is never a map_del then map_add, which would leave
+// the key absent between the two commands (README decision 5).
+func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, deletes []Op) {
+	if ordered {
+		return orderedMapDelta(mapPath, prev, next)
+	}
+	if prevWindow, nextWindow, ok := trimCommonEntries(prev, next); ok {
+		prev, next = prevWindow, nextWindow
+	}
+	return unorderedMapDelta(mapPath, prev, next)
+}
+
+// wholeMap is the one op of a map replaced atomically from its file.
+func wholeMap(mapPath string) ([]Op, []Op) {
+	return []Op{{Kind: OpMapReplace, Path: mapPath}}, nil
+}
+
+// keyedEntries groups a map's entries by key: keys in order of first
+// appearance, each with its values in file order (duplicates kept, since
+// HAProxy answers the first matching entry).
+type keyedEntries struct {
+	keys   []string
+	values map[string][]string
+}
+
+func groupEntries(entries []MapEntry) keyedEntries {
+	g := keyedEntries{values: make(map[string][]string, len(entries))}
+	for _, e := range entries {
+		values, seen := g.values[e.Key]
+		if !seen {
+			g.keys = append(g.keys, e.Key)
+		}
+		g.values[e.Key] = append(values, e.Value)
+	}
+	return g
+}
+
+// sendableMapKey reports whether a key and its values can travel in map
+// ops at all: the key as one word, the values in a payload.
+func sendableMapKey(key string, values []string) bool {
+	if !SafeToken(key) {
+		return false
+	}
+	for _, v := range values {
+		if !SafePayloadValue(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// unorderedMapDelta compares two entry lists of a map where order between
+// keys does not matter.
+func unorderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
+	p, n := groupEntries(prev), groupEntries(next)
+	for _, key := range n.keys {
+		values := n.values[key]
+		old, had := p.values[key]
+		switch {
+		case had && slices.Equal(old, values):
+		case !sendableMapKey(key, values):
+			return wholeMap(mapPath)
+		case !had:
+			for _, v := range values {
+				upserts = append(upserts, Op{Kind: OpMapAdd, Path: mapPath, Key: key, Value: v})
+			}
+		case len(old) == 1 && len(values) == 1 && SafeToken(values[0]):
+			upserts = append(upserts, Op{Kind: OpMapSet, Path: mapPath, Key: key, Value: values[0]})
+		default:
+			return wholeMap(mapPath)
+		}
+	}
+	for _, key := range p.keys {
+		if _, kept := n.values[key]; kept {
+			continue
+		}
+		if !SafeToken(key) {
+			return wholeMap(mapPath)
+		}
+		deletes = append(deletes, Op{Kind: OpMapDel, Path: mapPath, Key: key})
+	}
+	return upserts, deletes
+}
+
+// trimCommonEntries cuts the common prefix and suffix of two entry lists
+// and returns the windows that remain, so that a one-line change to a large
+// map costs one scan instead of two groupings. It refuses (ok false) when a
+// key of either window also occurs in the trimmed part: that key's value
+// list spans both, and only the full compare sees it. When it succeeds, the
+// unordered delta of the windows equals the delta of the whole lists.
+func trimCommonEntries(prev, next []MapEntry) (prevWindow, nextWindow []MapEntry, ok bool) {
+	prefix := 0
+	for prefix < len(prev) && prefix < len(next) && prev[prefix] == next[prefix] {
+		prefix++
+	}
+	suffix := 0
+	for suffix < len(prev)-prefix && suffix < len(next)-prefix &&
+		prev[len(prev)-1-suffix] == next[len(next)-1-suffix] {
+		suffix++
+	}
+	prevWindow, nextWindow = prev[prefix:len(prev)-suffix], next[prefix:len(next)-suffix]
+	if prefix == 0 && suffix == 0 {
+		return prevWindow, nextWindow, true
+	}
+	windowKeys := make(map[string]bool, len(prevWindow)+len(nextWindow))
+	for _, e := range prevWindow {
+		windowKeys[e.Key] = true
+	}
+	for _, e := range nextWindow {
+		windowKeys[e.Key] = true
+	}
+	// The trimmed part is the same in both lists, so prev's is enough.
+	for _, trimmed := range [][]MapEntry{prev[:prefix], prev[len(prev)-suffix:]} {
+		for _, e := range trimmed {
+			if windowKeys[e.Key] {
+				return nil, nil, false
+			}
+		}
+	}
+	return prevWindow, nextWindow, true
+}
+
+// orderedMapDelta compares two entry lists of a first-match-wins map. add
+// map appends, so a new key is added only after every key next keeps from
+// prev; a reordering, a middle insertion or a new first entry replaces the
+// map.
+func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
+	p, n := groupEntries(prev), groupEntries(next)
+	lastKept := -1
+	shared := 0 // position in p.keys of the next shared key expected
+	for i, key := range n.keys {
+		if _, had := p.values[key]; !had {
+			continue
+		}
+		for shared < len(p.keys) {
+			if _, kept := n.values[p.keys[shared]]; kept {
+				break
+			}
+			shared++
+		}
+		if shared >= len(p.keys) || p.keys[shared] != key {
+			return wholeMap(mapPath)
+		}
+		shared++
+		lastKept = i
+	}
+	for i, key := range n.keys {
+		values := n.values[key]
+		old, had := p.values[key]
+		switch {
+		case had && slices.Equal(old, values):
+		case !sendableMapKey(key, values):
+			return wholeMap(mapPath)
+		case !had && i > lastKept:
+			for _, v := range values {
+				upserts = append(upserts, Op{Kind: OpMapAdd, Path: mapPath, Key: key, Value: v})
+			}
+		case !had:
+			return wholeMap(mapPath)
+		case len(old) == 1 && len(values) == 1 && SafeToken(values[0]):
+			upserts = append(upserts, Op{Kind: OpMapSet, Path: mapPath, Key: key, Value: values[0]})
+		default:
+			return wholeMap(mapPath)
+		}
+	}
+	for _, key := range p.keys {
+		if _, kept := n.values[key]; kept {
+			continue
+		}
+		if !SafeToken(key) {
+			return wholeMap(mapPath)
+		}
+		deletes = append(deletes, Op{Kind: OpMapDel, Path: mapPath, Key: key})
+	}
+	return upserts, deletes
+}
+
+// ---------------------------------------------------------------------------
+// 5.6 Files and the config guard (last, so that the guard knows whether any
+// section changed).
+
+func (r *diffRun) files() {
+	for i := range r.next.Files {
+		f := &r.next.Files[i]
+		if old := r.px.file(r.prev, f.Path); old != nil && sameFileContent(old, f) {
+			continue
+		}
+		switch {
+		case f.Kind == FileKindConfig:
+			// A new haproxy.cfg is explained by the section rules, which
+			// decided already; the config's own ReloadOnChange is ignored.
+			if !r.sectionChange {
+				r.fail("config %s changed with no section explaining it", f.Path)
+			}
+		case f.ReloadOnChange:
+			r.fail("file %s changed and is declared reload-on-change", f.Path)
+		}
+	}
+	for i := range r.prev.Files {
+		f := &r.prev.Files[i]
+		if f.Kind == FileKindCRTList || r.nx.file(r.next, f.Path) != nil {
+			continue
+		}
+		if f.ReloadOnChange {
+			r.fail("file %s was removed and is declared reload-on-change", f.Path)
+		} else {
+			r.note("file %s was removed, which no runtime op undoes", f.Path)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// 8. In-place ops: what the worker that keeps serving while a reload waits
+// can already take, composed against base.WorkerOps.
+
+// composeInPlace returns the in-place ops and the worker's plan once they
+// ran, or nil, nil when there are none.
+func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
+	worker := base.WorkerOps
+	wx := indexPlan(worker)
+	// Creating ops never run in place, so nothing counts as created.
+	w := &diffRun{
+		next: r.next, prev: worker, nx: r.nx, px: wx,
+		caps: r.caps, inv: r.inv, certDir: r.certDir,
+	}
+
+	var serverOps []Op
+	for i := range r.next.Sections {
+		s := &r.next.Sections[i]
+		if sectionKindOf(s.Kind) != SectionKindBackend || r.nx.backendSections[s.Name] != i {
+			continue
+		}
+		next, ok := r.next.Backends[s.Name]
+		if !ok {
+			continue
+		}
+		wb, ok := worker.Backends[s.Name]
+		if _, hasSection := wx.backendSections[s.Name]; !ok || !hasSection || serversEqual(wb.Servers, next.Servers) {
+			continue
+		}
+		serverOps = append(serverOps, w.inPlaceServerOps(s.Name, &wb, &next)...)
+	}
+
+	var certOps []Op
+	for i := range r.next.Files {
+		f := &r.next.Files[i]
+		if f.Kind != FileKindCert {
+			continue
+		}
+		if old := wx.file(worker, f.Path); old != nil && !sameFileContent(old, f) && SafeToken(f.Path) && r.inv.certs[f.Path] {
+			certOps = append(certOps, Op{Kind: OpCertSet, Path: f.Path})
+		}
+	}
+
+	mapOps := w.inPlaceMapOps(base)
+	if len(serverOps)+len(certOps)+len(mapOps) > MaxOpsPerApply {
+		mapOps = nil // all or nothing: never cut short
+	}
+	for i := range mapOps {
+		if !r.caps.executes(mapOps[i].Kind) {
+			mapOps = nil
+			break
+		}
+	}
+
+	ops := make([]Op, 0, len(certOps)+len(serverOps)+len(mapOps))
+	type serverKey struct{ backend, server string }
+	droppedAdds := map[serverKey]bool{}
+	for _, op := range slices.Concat(certOps, serverOps) {
+		key := serverKey{op.Backend, op.Server}
+		switch {
+		case !inPlaceKind(op.Kind) || !r.caps.executes(op.Kind):
+			if op.Kind == OpServerAdd {
+				droppedAdds[key] = true
+			}
+		case op.Kind == OpServerEnable && droppedAdds[key]:
+		default:
+			ops = append(ops, op)
+		}
+	}
+	ops = append(ops, mapOps...)
+	if len(ops) > MaxOpsPerApply {
+		ops = ops[:MaxOpsPerApply:MaxOpsPerApply]
+	}
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	return ops, workerPlanAfter(worker, r.next, r.nx, ops)
+}
+
+// inPlaceKind is the set of server and certificate kinds that may run on
+// the current worker: nothing that creates or deletes an object.
+func inPlaceKind(kind string) bool {
+	switch kind {
+	case OpServerSetAddr, OpServerSetWeight, OpServerSetState, OpServerAdd, OpServerEnable, OpServerDisable, OpCertSet:
+		return true
+	}
+	return false
+}
+
+func serversEqual(a, b []Server) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !a[i].Equal(&b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// inPlaceServerOps diffs one backend's servers against the worker's record
+// (w.prev is the worker). A removed server is only disabled: deletes wait
+// for the reload. Refused servers contribute nothing.
+func (w *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
+	workerByName := make(map[string]int, len(worker.Servers))
+	for i := range worker.Servers {
+		if _, dup := workerByName[worker.Servers[i].Name]; !dup {
+			workerByName[worker.Servers[i].Name] = i
+		}
+	}
+	var ops []Op
+	nextNames := make(map[string]bool, len(next.Servers))
+	for i := range next.Servers {
+		s := &next.Servers[i]
+		if refuseRepeatedName(nextNames, s.Name) != "" {
+			continue
+		}
+		var serverOps []Op
+		var refusal string
+		if wi, ok := workerByName[s.Name]; ok {
+			serverOps, refusal = w.updateServer(name, worker, &worker.Servers[wi], s)
+		} else {
+			serverOps, refusal = w.addServer(name, worker, s)
+		}
+		if refusal == "" {
+			ops = append(ops, serverOps...)
+		}
+	}
+	for i := range worker.Servers {
+		s := &worker.Servers[i]
+		if nextNames[s.Name] || s.Disabled || workerByName[s.Name] != i || !SafeToken(name) || !SafeToken(s.Name) {
+			continue
+		}
+		ops = append(ops, Op{Kind: OpServerDisable, Backend: name, Server: s.Name})
+	}
+	return ops
+}
+
+// inPlaceMapOps returns every map's map_set ops then every map's map_del
+// ops against the worker's entries, or nil when any map cannot move in
+// place: map values route traffic and enforce access across maps, so the
+// worker takes either every map change of the render or none (README
+// decision 6).
+func (w *diffRun) inPlaceMapOps(base *Baseline) []Op {
+	var sets, deletes []Op
+	for _, name := range slices.Sorted(maps.Keys(w.next.Maps)) {
+		m := w.next.Maps[name]
+		old, had := w.prev.Maps[name]
+		if had && sameFileContent(w.px.file(w.prev, name), w.nx.file(w.next, name)) {
+			continue
+		}
+		mapPath := runtimeMapPath(name, &m)
+		if !w.inv.maps[mapPath] || !SafeToken(mapPath) {
+			return nil
+		}
+		upserts, dels := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
+		for _, op := range upserts {
+			if op.Kind != OpMapSet { // a map_add or a whole replacement
+				return nil
+			}
+		}
+		sets = append(sets, upserts...)
+		deletes = append(deletes, dels...)
+	}
+	if len(sets)+len(deletes) == 0 {
+		return nil
+	}
+	// A map value may route to a backend the worker lacks, directly or
+	// through another map.
+	for i := range w.next.Sections {
+		s := &w.next.Sections[i]
+		if sectionKindOf(s.Kind) != SectionKindBackend {
+			continue
+		}
+		if _, described := w.next.Backends[s.Name]; !described {
+			continue
+		}
+		_, hasSection := w.px.backendSections[s.Name]
+		if _, hasRecord := w.prev.Backends[s.Name]; !hasSection || !hasRecord {
+			return nil
+		}
+	}
+	// The new values may only be enforced by config the reload brings (a
+	// new frontend, a changed rule): the render must be reachable from the
+	// worker at runtime.
+	asIfApplied := *base
+	asIfApplied.Applied, asIfApplied.Running = w.prev, w.prev
+	asIfApplied.WorkerOps, asIfApplied.ReloadPending = nil, false
+	nested, nestedOps := decide(w.next, w.nx, &asIfApplied, w.px)
+	if nested.failed || chunkCount(len(nestedOps), 0) > MaxOpBatches {
+		return nil
+	}
+	return append(sets, deletes...)
+}
+
+// workerPlanAfter is a deep copy of the worker's plan with the in-place ops
+// applied, and its derived id: a digest of the worker's id, the render's id
+// and the ops, deterministic and distinct from both.
+func workerPlanAfter(worker, next *Plan, nx *planIndex, ops []Op) *Plan {
+	wp := worker.Clone()
+	servers := map[string]map[string]int{} // backend -> server name -> index, built on first use
+	serverOf := func(backend, server string) (*Backend, int) {
+		b, ok := wp.Backends[backend]
+		if !ok {
+			return nil, -1
+		}
+		byName, ok := servers[backend]
+		if !ok {
+			byName = make(map[string]int, len(b.Servers))
+			for i := range b.Servers {
+				if _, dup := byName[b.Servers[i].Name]; !dup {
+					byName[b.Servers[i].Name] = i
+				}
+			}
+			servers[backend] = byName
+		}
+		i, ok := byName[server]
+		if !ok {
+			return &b, -1
+		}
+		return &b, i
+	}
+	mapNames := make(map[string]string, len(next.Maps)) // runtime path -> map name, first by name
+	for _, name := range slices.Sorted(maps.Keys(next.Maps)) {
+		m := next.Maps[name]
+		if p := runtimeMapPath(name, &m); mapNames[p] == "" {
+			mapNames[p] = name
+		}
+	}
+
+	for _, op := range ops {
+		switch op.Kind {
+		case OpServerAdd:
+			b, i := serverOf(op.Backend, op.Server)
+			nb := next.Backends[op.Backend]
+			j := slices.IndexFunc(nb.Servers, func(s Server) bool { return s.Name == op.Server })
+			if b == nil || i >= 0 || j < 0 {
+				continue
+			}
+			added := nb.Servers[j].clone()
+			added.Disabled = true // an added server starts in MAINT
+			b.Servers = append(b.Servers, added)
+			wp.Backends[op.Backend] = *b
+			servers[op.Backend][op.Server] = len(b.Servers) - 1
+		case OpServerEnable, OpServerDisable, OpServerSetState, OpServerSetAddr, OpServerSetWeight:
+			b, i := serverOf(op.Backend, op.Server)
+			if i < 0 {
+				continue
+			}
+			s := &b.Servers[i]
+			switch op.Kind {
+			case OpServerEnable:
+				s.Disabled = false
+			case OpServerDisable:
+				s.Disabled = true
+			case OpServerSetState:
+				s.Disabled = op.State == ServerStateMaint
+			case OpServerSetAddr:
+				s.Address, s.Port = op.Address, op.Port
+			case OpServerSetWeight:
+				weight := *op.Weight
+				s.Weight = &weight
+			}
+		case OpMapSet, OpMapDel:
+			name, ok := mapNames[op.Path]
+			m, onWorker := wp.Maps[name]
+			if !ok || !onWorker {
+				continue
+			}
+			if op.Kind == OpMapSet {
+				for i := range m.Entries {
+					if m.Entries[i].Key == op.Key {
+						m.Entries[i].Value = op.Value
+					}
+				}
+			} else {
+				m.Entries = slices.DeleteFunc(m.Entries, func(e MapEntry) bool { return e.Key == op.Key })
+				if len(m.Entries) == 0 {
+					m.Entries = nil
+				}
+			}
+			wp.Maps[name] = m
+		case OpCertSet:
+			f := nx.file(next, op.Path)
+			i := slices.IndexFunc(wp.Files, func(wf PlanFile) bool { return wf.Path == op.Path })
+			if f == nil || i < 0 {
+				continue
+			}
+			wf := &wp.Files[i]
+			wf.Digest, wf.Size, wf.Content, wf.ContentKnown = f.Digest, f.Size, f.Content, f.ContentKnown
+		}
+	}
+	// Marshalling a []Op cannot fail: every field is a string, a number, a
+	// bool or a slice of them.
+	b, _ := json.Marshal(ops)
+	wp.ID = DigestString(worker.ID + "\x00" + next.ID + "\x00" + string(b))
+	return wp
+}
+
+// ---------------------------------------------------------------------------
+// The wire: from a state answer to a baseline, from a decision to a
+// manifest.
+
+// BaselineFromState builds a Baseline from a GET /v1/state answer read with
+// the plan blob. A blob that does not describe the files on disk (its id is
+// not applied_plan_id, or it has no id) leaves every plan nil, so Diff
+// reloads rather than compose ops against something the pod does not hold.
+// The inventory's lists are copied, so the baseline does not alias state.
+func BaselineFromState(state *State) (*Baseline, error) {
+	if state == nil {
+		return nil, errors.New("haptic: no state to build a baseline from")
+	}
+	b := &Baseline{
+		Inventory: Inventory{
+			Generation: state.Inventory.Generation,
+			Maps:       cloneSlice(state.Inventory.Maps),
+			Certs:      cloneSlice(state.Inventory.Certs),
+			CAFiles:    cloneSlice(state.Inventory.CAFiles),
+			CRLFiles:   cloneSlice(state.Inventory.CRLFiles),
+			CRTLists:   cloneSlice(state.Inventory.CRTLists),
+		},
+		Caps:                  CapsFor(state.HAProxy.Version, state.AgentOps),
+		PendingServerDeletes:  len(state.PendingDeletes.Servers),
+		PendingBackendDeletes: len(state.PendingDeletes.Backends),
+		ReloadPending:         state.ReloadPendingAt != "",
+	}
+	if len(state.AppliedPlan) == 0 {
+		return b, nil
+	}
+	p, err := DecodePlanBlob(state.AppliedPlan)
+	if err != nil {
+		return nil, fmt.Errorf("haptic: decoding the applied plan: %w", err)
+	}
+	if p.ID == "" || p.ID != state.AppliedPlanID {
+		return b, nil
+	}
+	b.Applied = p
+	if state.RunningPlanID == p.ID {
+		b.Running = p
+	}
+	if state.WorkerOpsPlanID == p.ID {
+		b.WorkerOps = p
+	}
+	return b, nil
+}
+
+// NewManifest turns a decision into the apply's manifest. d must come from
+// Diff(next, base) where base describes this same state; the agent's fence
+// compares the ids copied from state. Ops travel only in auto mode, and
+// only when the pod proved both its applied and its worker baseline;
+// in-place ops only with an exact worker baseline. A nil state is the zero
+// State.
+func NewManifest(next *Plan, d Decision, state *State, token Token) *Manifest {
+	if next == nil {
+		return nil
+	}
+	if state == nil {
+		state = &State{}
+	}
+	m := &Manifest{
+		IdentityVersion:            ExactIdentityVersion,
+		PlanID:                     next.ID,
+		PlanSchemaVersion:          next.SchemaVersion,
+		Token:                      token,
+		ExpectedPrevPlanID:         state.AppliedPlanID,
+		ExpectedPrevPlanProof:      state.AppliedPlanProof,
+		ExpectedPrevToken:          state.AppliedToken,
+		ExpectedWorkerOpsPlanID:    state.WorkerOpsPlanID,
+		ExpectedWorkerOpsPlanProof: state.WorkerOpsPlanProof,
+		Files:                      d.Files,
+		Mode:                       ModeReload,
+	}
+	if d.Mode == ModeAuto && state.AppliedPlanProof != "" && state.WorkerOpsPlanProof != "" {
+		m.Mode = ModeAuto
+		if chunks := d.Chunk(); chunks != nil {
+			m.Ops = chunks[0]
+			if len(chunks) > 1 {
+				m.OpBatches = chunks[1:]
+			}
+		}
+	}
+	if len(d.InPlace) > 0 && d.WorkerPlan != nil && state.WorkerOpsPlanID != "" && state.WorkerOpsPlanProof != "" {
+		m.InPlaceOps = d.InPlace
+		m.WorkerOpsPlanID = d.WorkerPlan.ID
+	}
+	return m
+}
