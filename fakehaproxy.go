@@ -964,8 +964,11 @@ func fakeParseVersion(arg string) (uint64, bool) {
 
 func (f *FakeHAProxy) showMap(args []string, _ *string) fakeOut {
 	m := &f.model
+	var ver uint64
+	versioned := false
 	if len(args) > 0 && strings.HasPrefix(args[0], "@") {
-		args = args[1:] // a version selector: the fake shows the live entries
+		ver, versioned = fakeParseVersion(args[0])
+		args = args[1:]
 	}
 	if len(args) == 0 {
 		var b strings.Builder
@@ -984,6 +987,9 @@ func (f *FakeHAProxy) showMap(args []string, _ *string) fakeOut {
 	entries, ok := m.Maps[args[0]]
 	if !ok {
 		return fakeErr(fakeUnknownMap)
+	}
+	if v := m.versions(args[0]); versioned && ver != v.curr {
+		entries = v.pending[ver] // a prepared version, or nothing
 	}
 	rows := make([]string, 0, len(entries))
 	for i, e := range entries {
@@ -1538,7 +1544,9 @@ func (f *FakeHAProxy) addCRTList(args []string, payload *string) fakeOut {
 	return fakeList("Inserting certificate '" + cert + "' in crt-list '" + list + "'.\nSuccess!")
 }
 
-// delCRTList deletes "<cert>" or "<cert>:<line>" from a list.
+// delCRTList deletes "<cert>" or "<cert>:<line>" from a list. The fake
+// knows no bind lines, so unlike HAProxy it never refuses to delete a
+// bind line's default certificate.
 func (f *FakeHAProxy) delCRTList(args []string, _ *string) fakeOut {
 	m := &f.model
 	if len(args) < 2 {
@@ -1683,9 +1691,16 @@ var fakeServerKeywords = map[string]int{
 	"init-state": 1, // 3.1 and later only
 }
 
+// fakeVerifyRefusal is HAProxy's refusal of an ssl server with the default
+// "verify required" and no CA file.
+const fakeVerifyRefusal = "verify is enabled by default but no CA file specified. If you're running on a LAN where you're certain to trust the server's certificate, please set an explicit 'verify none' statement on the 'server' line, or use 'ssl-server-verify none' in the global section to disable server-side verifications by default."
+
 // addServer is "add server <ref> <addr>[:<port>] [<kw>...]". The server
 // starts in maintenance (disabled), with its health checks off, as a
-// dynamic server does.
+// dynamic server does. As in HAProxy, "ca-file" and (with "ssl") "crt"
+// take their file from the worker's store only: a file never loaded, or a
+// store created by new ssl cert / new ssl ca-file and never committed, is
+// refused; and an ssl server verifying by default needs a CA file.
 func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	m := &f.model
 	ref := fakeFirstArg(args)
@@ -1706,6 +1721,7 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	}
 	s := &FakeServer{Name: sname, Address: address, Port: port, Weight: 1, State: "maint",
 		Keywords: cloneSlice(args[2:])}
+	ssl, verifyNone, caFile, crt := false, false, "", ""
 	for i := 2; i < len(args); i++ {
 		kw := args[i]
 		arity, known := fakeServerKeywords[kw]
@@ -1716,6 +1732,16 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 			return fakeErr("'" + kw + "' expects an argument.")
 		}
 		switch kw {
+		case "ssl", "no-ssl":
+			ssl = kw == "ssl"
+		case "verify":
+			verifyNone = args[i+1] == "none"
+		case "crt":
+			crt = args[i+1]
+		case "ca-file":
+			if caFile = args[i+1]; m.CAFiles[caFile] == "" {
+				return fakeErr("'ca-file' : unable to load " + caFile + ".")
+			}
 		case "check":
 			s.Check = true
 		case "weight":
@@ -1726,6 +1752,16 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 			s.Weight = w
 		}
 		i += arity
+	}
+	var initErrors []string // HAProxy reports every failure of the server's TLS setup
+	if ssl && crt != "" && m.Certs[crt] == "" {
+		initErrors = append(initErrors, "unable to stat SSL certificate '"+crt+"'.")
+	}
+	if ssl && !verifyNone && caFile == "" {
+		initErrors = append(initErrors, fakeVerifyRefusal)
+	}
+	if len(initErrors) > 0 {
+		return fakeErr(strings.Join(initErrors, "\n"))
 	}
 	if m.server(bname, sname) != nil {
 		return fakeErr("Already exists a server with the same name in backend.")
