@@ -1084,6 +1084,7 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 		"new ssl ca-file certs/ca2.pem",
 		payload("set ssl ca-file certs/ca2.pem", "hello\n"),
 		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
 		"show ssl ca-file",
 		payload("set ssl ca-file certs/ca.pem", h.fixture.caPEM),
 		"commit ssl ca-file certs/ca.pem",
@@ -1166,6 +1167,22 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 	return lines
 }
 
+// awaitRealServerAddr polls show servers state for up to 2 s until the
+// real server shows the address and port the fake holds: HAProxy 3.0
+// applies set server addr asynchronously, so a command on the next
+// connection can still see the old address.
+func awaitRealServerAddr(t testing.TB, h *realHAProxy, backend, server, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp := workerLine(t, h.WorkerSocket(), "show servers state "+backend)
+		for _, row := range strings.Split(resp[0], "\n") {
+			if f := strings.Fields(row); len(f) > 18 && f[3] == server && f[4]+" "+f[18] == want {
+				return
+			}
+		}
+	}
+}
+
 // TestFakeMatchesRealHAProxy sends the same lines to the real binary and
 // to a fake of the same version and fixture, and compares the normalised
 // replies (runtime.md §9.2).
@@ -1186,6 +1203,10 @@ func TestFakeMatchesRealHAProxy(t *testing.T) {
 	}
 	for _, line := range parityScript(t, h) {
 		worker(framingPrefix + line + "\n")
+		if strings.HasPrefix(line, "set server be-a/s1 addr ") {
+			want, _ := f.Server("be-a", "s1")
+			awaitRealServerAddr(t, h, "be-a", "s1", fmt.Sprintf("%s %d", want.Address, want.Port))
+		}
 	}
 	for _, row := range framingRows(h.dialect()) {
 		worker(row.send)
