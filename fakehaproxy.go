@@ -398,7 +398,9 @@ func (f *FakeHAProxy) ServerNames(backend string) []string {
 	}
 	names := make([]string, 0, len(be.Servers))
 	for _, s := range be.Servers {
-		names = append(names, s.Name)
+		if s != nil {
+			names = append(names, s.Name)
+		}
 	}
 	return names
 }
@@ -864,6 +866,7 @@ var fakeCommands = []fakeCommand{
 
 // dispatch finds the command and runs it; the lock is held.
 func (f *FakeHAProxy) dispatch(s *fakeSession, args []string, payload *string) fakeOut {
+	f.model.repair()
 	for _, c := range fakeCommands {
 		if c.from > f.dialect || len(args) < len(c.words) || !fakeHasPrefix(args, c.words) {
 			continue
@@ -1591,13 +1594,52 @@ func (f *FakeHAProxy) delCRTList(args []string, _ *string) fakeOut {
 
 // --- servers
 
+// repair makes a model seeded through With safe to serve: nil
+// collections become empty and nil backends or servers are dropped, so a
+// careless seed gets HAProxy's refusals instead of a panic.
+func (m *FakeModel) repair() {
+	if m.Backends == nil {
+		m.Backends = map[string]*FakeBackend{}
+	}
+	for name, be := range m.Backends {
+		if be == nil {
+			delete(m.Backends, name)
+			continue
+		}
+		servers := be.Servers[:0]
+		for _, s := range be.Servers {
+			if s != nil {
+				servers = append(servers, s)
+			}
+		}
+		be.Servers = servers
+	}
+	for _, p := range []*map[string]string{&m.Certs, &m.CAFiles, &m.CRLFiles} {
+		if *p == nil {
+			*p = map[string]string{}
+		}
+	}
+	if m.Maps == nil {
+		m.Maps = map[string][]MapEntry{}
+	}
+	if m.CRTLists == nil {
+		m.CRTLists = map[string][]string{}
+	}
+	if m.Frontends == nil {
+		m.Frontends = map[string]uint64{}
+	}
+	if m.BlockedServers == nil {
+		m.BlockedServers = map[string]bool{}
+	}
+}
+
 func (m *FakeModel) server(backend, name string) *FakeServer {
 	be := m.Backends[backend]
 	if be == nil {
 		return nil
 	}
 	for _, s := range be.Servers {
-		if s.Name == name {
+		if s != nil && s.Name == name {
 			return s
 		}
 	}

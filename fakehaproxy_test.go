@@ -452,6 +452,22 @@ func TestFakeRecordsCommands(t *testing.T) {
 	}
 }
 
+// TestFakeSurvivesACarelessSeed: nil collections and nil entries seeded
+// through With get HAProxy's refusals, not a panic.
+func TestFakeSurvivesACarelessSeed(t *testing.T) {
+	f := startTestFake(t, "")
+	f.With(func(m *FakeModel) {
+		m.Maps, m.Certs, m.CAFiles, m.CRTLists, m.Frontends, m.BlockedServers = nil, nil, nil, nil, nil, nil
+		m.Backends = map[string]*FakeBackend{"nil": nil, "be-a": {Servers: []*FakeServer{nil, {Name: "s1", Address: "10.0.0.1"}}}}
+	})
+	got := workerLine(t, f.WorkerSocket(), "new ssl cert c.pem;show servers state;show stat;enable server nil/s1;del server be-a/s1")
+	want := []string{"[5]: New empty certificate store 'c.pem'!", "1\n" + fakeServersStateHeader + "\n1 be-a 1 s1 10.0.0.1 0 1 0 0 0 1 0 0 0 0 0 0 - 0 - 0 0 - - 0",
+		"# pxname,svname,status,conn_tot,", "[3]: No such backend.", "[6]: Server deleted."}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("replies %q\nwant %q", got, want)
+	}
+}
+
 func TestFakeHooks(t *testing.T) {
 	seed := func(m *FakeModel) {
 		m.Maps["m.map"] = []MapEntry{{"k", "v"}}
@@ -526,7 +542,10 @@ func TestFakeHooks(t *testing.T) {
 		}},
 		{"CutReply keeps the first bytes and closes; the command ran", func(t *testing.T, f *FakeHAProxy) {
 			f.With(func(m *FakeModel) {
-				m.CutReply = func(line string) (int, bool) { return 2, strings.Contains(line, "add server") }
+				m.CutReply = func(line string) (int, bool) {
+					// Without the lock held, the hook may use the fake.
+					return 2, strings.Contains(line, "add server") && len(f.Sent()) > 0
+				}
 			})
 			raw, closed := socketExchange(t, f.WorkerSocket(), "set severity-output number;experimental-mode on;add server be-a/s2 10.0.0.2:80\n", 5*time.Second)
 			if raw != "\n\n" || !closed {
