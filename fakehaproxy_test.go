@@ -748,6 +748,9 @@ func startRealHAProxy(t testing.TB) *realHAProxy {
 	h := &realHAProxy{Dir: dir, bin: bin, version: words[2], output: &lockedBuffer{}, exited: make(chan struct{})}
 	t.Cleanup(func() {
 		h.Stop()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", bin, h.Output())
+		}
 		os.RemoveAll(dir)
 	})
 	h.fixture = writeRealFixture(t, dir)
