@@ -2,9 +2,10 @@
 // output, its canonical encoding, plan ids, the one digest of the contract
 // (XXH64), deep copy and equality, map-file parsing and plan blobs.
 //
-// A plan is pure data. Nothing here does I/O, reads a clock or parses
-// HAProxy configuration; the generator that wrote the files produces the
-// plan. The field order of every type below is part of the canonical
+// A plan is pure data. Nothing here reads a clock or parses HAProxy
+// configuration; the generator that wrote the files produces the plan. The
+// one piece of I/O is PlanFromDir, at the end, which describes a directory
+// of already rendered files by a fixed convention. The field order of every type below is part of the canonical
 // encoding, so it is part of the contract: never add, remove, rename,
 // reorder or retag a field without a new PlanSchemaVersion.
 package haptic
@@ -13,14 +14,21 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"math/bits"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
-	"unicode"
+	"sync"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/klauspost/compress/zstd"
@@ -308,25 +316,381 @@ func (h *digestHasher) Sum(b []byte) []byte {
 
 // ---------------------------------------------------------------------------
 // Canonical encoding and plan ids.
+//
+// The canonical encoding is, by contract, exactly what encoding/json's
+// json.Marshal writes for the types above (HTML escaping on) with the id
+// blanked. Reflection-based marshalling of a 3,000-backend plan costs about
+// the whole ComputeID budget, so the encoding is written by hand: it
+// appends into one buffer in field declaration order, sorts map keys by
+// their raw bytes, and escapes strings as encoding/json does.
+// TestCanonicalMatchesEncodingJSON and FuzzCanonical hold it to json.Marshal
+// byte for byte; any change to a type above must change the writer too.
 
 // Canonical returns the canonical encoding of the plan: exactly the bytes
 // json.Marshal produces for a copy of the plan whose ID is "". It never
 // writes to p, so concurrent calls on a shared plan are race-free, and it
 // caches nothing: every call encodes what the plan holds at that moment.
+// The result is a new slice the caller owns. A nil plan panics.
 func (p *Plan) Canonical() []byte {
-	c := *p
-	c.ID = ""
-	b, err := json.Marshal(&c)
-	if err != nil {
-		panic("haptic: encoding the plan failed: " + err.Error())
-	}
-	return b
+	w := getPlanWriter()
+	defer w.release()
+	w.writePlan(p, "")
+	return bytes.Clone(w.buf)
 }
 
 // ComputeID sets p.ID to the digest of the canonical encoding. It writes
 // p.ID, so it needs exclusive access to the plan.
 func (p *Plan) ComputeID() {
-	p.ID = Digest(p.Canonical())
+	w := getPlanWriter()
+	defer w.release()
+	w.writePlan(p, "")
+	p.ID = Digest(w.buf)
+}
+
+// errNilPlan is the one way encoding a plan can fail: the types above have
+// no value json.Marshal refuses.
+var errNilPlan = errors.New("nil plan")
+
+// planWriter is the scratch state of one encoding. It is pooled so that a
+// controller computing ids on every render does not regrow a
+// megabyte-sized buffer each time; it holds no result between calls (buf
+// is emptied and keys cleared on release).
+type planWriter struct {
+	buf  []byte
+	keys []string // one map's keys while they are written
+}
+
+// maxPooledPlanBuffer bounds the buffer a pooled writer keeps, so that one
+// huge plan (up to MaxPlanJSONBytes in a blob) does not pin its memory in
+// the pool.
+const maxPooledPlanBuffer = 16 << 20
+
+var planWriterPool = sync.Pool{New: func() any { return new(planWriter) }}
+
+func getPlanWriter() *planWriter {
+	return planWriterPool.Get().(*planWriter)
+}
+
+func (w *planWriter) release() {
+	w.buf = w.buf[:0]
+	if cap(w.buf) > maxPooledPlanBuffer {
+		w.buf = nil
+	}
+	clear(w.keys[:cap(w.keys)])
+	w.keys = w.keys[:0]
+	planWriterPool.Put(w)
+}
+
+// writePlan appends the JSON of p with id in place of p.ID: "" for the
+// canonical encoding, p.ID for a blob.
+func (w *planWriter) writePlan(p *Plan, id string) {
+	if p == nil {
+		panic(fmt.Sprintf("haptic: encoding the plan failed: %v", errNilPlan))
+	}
+	if need := planSizeHint(p); cap(w.buf) < need {
+		w.buf = make([]byte, 0, need)
+	}
+	b := w.buf[:0]
+	b = append(b, `{"schemaVersion":`...)
+	b = strconv.AppendInt(b, int64(p.SchemaVersion), 10)
+	b = append(b, `,"id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"sections":`...)
+	b = appendJSONArray(b, p.Sections, appendSection)
+	b = append(b, `,"backends":`...)
+	b = appendJSONObject(b, &w.keys, p.Backends, appendBackend)
+	b = append(b, `,"profiles":`...)
+	b = appendJSONObject(b, &w.keys, p.Profiles, appendProfile)
+	b = append(b, `,"maps":`...)
+	b = appendJSONObject(b, &w.keys, p.Maps, appendMap)
+	if len(p.CRTLists) > 0 {
+		b = append(b, `,"crtLists":`...)
+		b = appendJSONObject(b, &w.keys, p.CRTLists, appendCRTList)
+	}
+	b = append(b, `,"files":`...)
+	b = appendJSONArray(b, p.Files, appendPlanFile)
+	w.buf = append(b, '}')
+}
+
+// planSizeHint estimates the encoded size of p from its collection sizes
+// (typical record sizes, not a measurement), so that the buffer is sized
+// once instead of regrown while a large plan is written.
+func planSizeHint(p *Plan) int {
+	n := 128 + 96*len(p.Sections) + 400*len(p.Backends) + 96*len(p.Profiles) +
+		96*len(p.CRTLists) + 120*len(p.Files)
+	for _, m := range p.Maps {
+		n += 64 + len(m.Path) + 48*len(m.Entries)
+	}
+	return n
+}
+
+// appendJSONArray writes a slice field without omitempty: null when nil,
+// [] when empty.
+func appendJSONArray[T any](b []byte, items []T, appendItem func([]byte, *T) []byte) []byte {
+	if items == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '[')
+	for i := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendItem(b, &items[i])
+	}
+	return append(b, ']')
+}
+
+// appendJSONObject writes a map field without omitempty: null when nil, {}
+// when empty, members sorted by the raw bytes of their keys (as
+// encoding/json sorts them; keys are sorted before they are escaped, so two
+// invalid-UTF-8 keys may be written alike, both in raw order).
+func appendJSONObject[V any](b []byte, scratch *[]string, m map[string]V, appendValue func([]byte, V) []byte) []byte {
+	if m == nil {
+		return append(b, "null"...)
+	}
+	keys := (*scratch)[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b = append(b, '{')
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, k)
+		b = append(b, ':')
+		b = appendValue(b, m[k]) // by value: a pointer to a copy would escape
+	}
+	clear(keys)
+	*scratch = keys[:0]
+	return append(b, '}')
+}
+
+// appendOptionalString writes `,"name":value` unless value is "" (omitempty).
+func appendOptionalString(b []byte, member, value string) []byte {
+	if value == "" {
+		return b
+	}
+	b = append(b, member...)
+	return appendJSONString(b, value)
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, "true"...)
+	}
+	return append(b, "false"...)
+}
+
+func appendSection(b []byte, s *Section) []byte {
+	b = append(b, `{"kind":`...)
+	b = appendJSONString(b, s.Kind)
+	b = append(b, `,"name":`...)
+	b = appendJSONString(b, s.Name)
+	b = append(b, `,"textDigest":`...)
+	b = appendJSONString(b, s.TextDigest)
+	b = append(b, `,"length":`...)
+	b = strconv.AppendInt(b, int64(s.Length), 10)
+	return append(b, '}')
+}
+
+func appendBackend(b []byte, be Backend) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, be.Name)
+	b = appendOptionalString(b, `,"profile":`, be.Profile)
+	b = appendOptionalString(b, `,"mode":`, be.Mode)
+	b = appendOptionalString(b, `,"guid":`, be.GUID)
+	b = appendOptionalString(b, `,"balance":`, be.Balance)
+	b = appendOptionalString(b, `,"hashType":`, be.HashType)
+	b = append(b, `,"shape":`...)
+	b = appendJSONString(b, be.Shape)
+	b = appendOptionalString(b, `,"shapeReason":`, be.ShapeReason)
+	if len(be.Servers) > 0 {
+		b = append(b, `,"servers":`...)
+		b = appendJSONArray(b, be.Servers, appendServer)
+	}
+	if len(be.DefaultServer) > 0 {
+		b = append(b, `,"defaultServer":`...)
+		b = appendJSONArray(b, be.DefaultServer, appendKeywordArg)
+	}
+	b = append(b, `,"bodyDigest":`...)
+	b = appendJSONString(b, be.BodyDigest)
+	b = append(b, `,"commentsDigest":`...)
+	b = appendJSONString(b, be.CommentsDigest)
+	b = append(b, `,"recordDigest":`...)
+	b = appendJSONString(b, be.RecordDigest)
+	b = append(b, `,"textDigest":`...)
+	b = appendJSONString(b, be.TextDigest)
+	return append(b, '}')
+}
+
+func appendServer(b []byte, s *Server) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, s.Name)
+	b = append(b, `,"address":`...)
+	b = appendJSONString(b, s.Address)
+	b = append(b, `,"port":`...)
+	b = strconv.AppendInt(b, int64(s.Port), 10)
+	if s.Weight != nil {
+		b = append(b, `,"weight":`...)
+		b = strconv.AppendInt(b, int64(*s.Weight), 10)
+	}
+	if s.Disabled {
+		b = append(b, `,"disabled":true`...)
+	}
+	b = appendOptionalString(b, `,"guid":`, s.GUID)
+	b = appendOptionalString(b, `,"comment":`, s.Comment)
+	if len(s.Extra) > 0 {
+		b = append(b, `,"extra":`...)
+		b = appendJSONArray(b, s.Extra, appendKeywordArg)
+	}
+	return append(b, '}')
+}
+
+func appendKeywordArg(b []byte, kw *KeywordArg) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, kw.Name)
+	if len(kw.Args) > 0 {
+		b = append(b, `,"args":`...)
+		b = appendJSONArray(b, kw.Args, appendJSONStringAt)
+	}
+	return append(b, '}')
+}
+
+func appendProfile(b []byte, pr Profile) []byte {
+	b = append(b, `{"name":`...)
+	b = appendJSONString(b, pr.Name)
+	b = append(b, `,"bodyDigest":`...)
+	b = appendJSONString(b, pr.BodyDigest)
+	if pr.HasRules {
+		b = append(b, `,"hasRules":true`...)
+	}
+	return append(b, '}')
+}
+
+func appendMap(b []byte, m Map) []byte {
+	b = append(b, `{"path":`...)
+	b = appendJSONString(b, m.Path)
+	b = append(b, `,"ordered":`...)
+	b = appendBool(b, m.Ordered)
+	if len(m.Entries) > 0 {
+		b = append(b, `,"entries":`...)
+		b = appendJSONArray(b, m.Entries, appendMapEntry)
+	}
+	return append(b, '}')
+}
+
+func appendMapEntry(b []byte, e *MapEntry) []byte {
+	b = append(b, `{"key":`...)
+	b = appendJSONString(b, e.Key)
+	b = append(b, `,"value":`...)
+	b = appendJSONString(b, e.Value)
+	return append(b, '}')
+}
+
+func appendCRTList(b []byte, l CRTList) []byte {
+	b = append(b, `{"path":`...)
+	b = appendJSONString(b, l.Path)
+	if len(l.Entries) > 0 {
+		b = append(b, `,"entries":`...)
+		b = appendJSONArray(b, l.Entries, appendCRTListEntry)
+	}
+	return append(b, '}')
+}
+
+func appendCRTListEntry(b []byte, e *CRTListEntry) []byte {
+	b = append(b, `{"cert":`...)
+	b = appendJSONString(b, e.Cert)
+	if len(e.Options) > 0 {
+		b = append(b, `,"options":`...)
+		b = appendJSONArray(b, e.Options, appendKeywordArg)
+	}
+	if len(e.SNIFilters) > 0 {
+		b = append(b, `,"sniFilters":`...)
+		b = appendJSONArray(b, e.SNIFilters, appendJSONStringAt)
+	}
+	return append(b, '}')
+}
+
+func appendPlanFile(b []byte, f *PlanFile) []byte {
+	b = append(b, `{"path":`...)
+	b = appendJSONString(b, f.Path)
+	b = append(b, `,"kind":`...)
+	b = appendJSONString(b, f.Kind)
+	b = append(b, `,"reloadOnChange":`...)
+	b = appendBool(b, f.ReloadOnChange)
+	b = append(b, `,"digest":`...)
+	b = appendJSONString(b, f.Digest)
+	b = append(b, `,"size":`...)
+	b = strconv.AppendInt(b, f.Size, 10)
+	return append(b, '}')
+}
+
+func appendJSONStringAt(b []byte, s *string) []byte { return appendJSONString(b, *s) }
+
+// jsonRawASCII marks the ASCII bytes encoding/json writes unchanged with
+// HTML escaping on: every printable byte and DEL, except '"', '\\', and
+// the HTML characters '<', '>' and '&'.
+var jsonRawASCII = func() (raw [utf8.RuneSelf]bool) {
+	for c := ' '; c < utf8.RuneSelf; c++ {
+		raw[c] = !strings.ContainsRune("\"\\<>&", c)
+	}
+	return raw
+}()
+
+const lowerHex = "0123456789abcdef"
+
+// appendJSONString writes s as a JSON string exactly as encoding/json does
+// with HTML escaping on (renderplan.md §4.4). Runs of plain ASCII are
+// copied in one append; only escapes and non-ASCII bytes leave the fast
+// path.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	copied := 0 // s[:copied] has been written
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if jsonRawASCII[c] {
+				i++
+				continue
+			}
+			b = append(b, s[copied:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default: // other control bytes and the HTML characters
+				b = append(b, '\\', 'u', '0', '0', lowerHex[c>>4], lowerHex[c&0xf])
+			}
+			i++
+			copied = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1: // invalid UTF-8, one byte at a time
+			b = append(b, s[copied:i]...)
+			b = append(b, `\ufffd`...)
+			copied = i + 1
+		case r == '\u2028' || r == '\u2029': // JavaScript line terminators
+			b = append(b, s[copied:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', lowerHex[r&0xf])
+			copied = i + size
+		}
+		i += size
+	}
+	b = append(b, s[copied:]...)
+	return append(b, '"')
 }
 
 // ---------------------------------------------------------------------------
@@ -606,30 +970,34 @@ func parseMapLine(line string) (key, value string, ok bool) {
 	if i < 0 {
 		return line, "", true
 	}
-	return line[:i], strings.TrimFunc(line[i+1:], unicode.IsSpace), true
+	return line[:i], strings.TrimSpace(line[i+1:]), true
 }
 
 // ---------------------------------------------------------------------------
 // Plan blobs.
 
-// EncodePlanBlob returns the plan's JSON (with its id) compressed as one
-// zstd frame. It neither computes nor changes the id: call ComputeID first.
+// EncodePlanBlob returns the plan's JSON (json.Marshal(p), id included)
+// compressed as one zstd frame at the default level. It neither computes
+// nor changes the id: call ComputeID first. A blob it returns is always one
+// DecodePlanBlob accepts when p.SchemaVersion is PlanSchemaVersion.
 func EncodePlanBlob(p *Plan) ([]byte, error) {
 	if p == nil {
 		return nil, errors.New("haptic: plan blob: nil plan")
 	}
-	js, err := json.Marshal(p)
-	if err != nil {
-		return nil, fmt.Errorf("haptic: plan blob: encode: %w", err)
+	w := getPlanWriter()
+	defer w.release()
+	w.writePlan(p, p.ID)
+	if len(w.buf) > MaxPlanJSONBytes {
+		return nil, fmt.Errorf("haptic: plan blob: plan JSON of %d bytes exceeds the %d-byte limit", len(w.buf), MaxPlanJSONBytes)
 	}
-	if len(js) > MaxPlanJSONBytes {
-		return nil, fmt.Errorf("haptic: plan blob: plan JSON of %d bytes exceeds the %d-byte limit", len(js), MaxPlanJSONBytes)
-	}
-	enc, err := zstd.NewWriter(nil)
+	// One encoder per call: EncodeAll needs no goroutines, and a shared
+	// encoder would keep its window buffers alive in a process (the agent)
+	// that may never encode again.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		return nil, fmt.Errorf("haptic: plan blob: compress: %w", err)
 	}
-	blob := enc.EncodeAll(js, nil)
+	blob := enc.EncodeAll(w.buf, nil)
 	enc.Close()
 	if len(blob) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("haptic: plan blob: %d compressed bytes exceed the %d-byte limit", len(blob), MaxPlanBlobBytes)
@@ -638,10 +1006,11 @@ func EncodePlanBlob(p *Plan) ([]byte, error) {
 }
 
 // DecodePlanBlob decompresses and decodes a plan blob, bounded at every
-// step: the compressed size, the decompressed size while it streams, the
-// schema version before anything else, then a strict decode. It never
-// returns a partial plan. The decoded plan carries the blob's id as is and
-// no local content.
+// step: the compressed size before anything is decompressed, the
+// decompressed size while it streams, the schema version before anything
+// else is decoded, then a strict decode (unknown fields and trailing data
+// refused). It never returns a partial plan. The decoded plan carries the
+// blob's id as is, keeps nil versus empty, and has no local content.
 func DecodePlanBlob(blob []byte) (*Plan, error) {
 	if len(blob) == 0 {
 		return nil, errors.New("haptic: plan blob: empty")
@@ -649,35 +1018,26 @@ func DecodePlanBlob(blob []byte) (*Plan, error) {
 	if len(blob) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("haptic: plan blob: %d compressed bytes exceed the %d-byte limit", len(blob), MaxPlanBlobBytes)
 	}
-	dec, err := zstd.NewReader(bytes.NewReader(blob),
-		zstd.WithDecoderConcurrency(1),
-		zstd.WithDecoderMaxWindow(MaxPlanJSONBytes),
-		zstd.WithDecoderMaxMemory(MaxPlanJSONBytes+1))
+	js, err := inflatePlanJSON(blob)
 	if err != nil {
-		return nil, fmt.Errorf("haptic: plan blob: decompress: %w", err)
+		return nil, err
 	}
-	defer dec.Close()
-	var js bytes.Buffer
-	n, err := io.Copy(&js, io.LimitReader(dec, MaxPlanJSONBytes+1))
-	if n > MaxPlanJSONBytes {
-		return nil, fmt.Errorf("haptic: plan blob: decompressed plan exceeds the %d-byte limit", MaxPlanJSONBytes)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("haptic: plan blob: decompress: %w", err)
-	}
+	// The schema version first, alone: a newer schema must be reported as
+	// such even when it carries fields this version does not know.
 	var head struct {
 		SchemaVersion int `json:"schemaVersion"`
 	}
-	if err := json.Unmarshal(js.Bytes(), &head); err != nil {
+	if err := json.Unmarshal(js, &head); err != nil {
 		return nil, fmt.Errorf("haptic: plan blob: decode: %w", err)
 	}
-	if bytes.HasPrefix(bytes.TrimLeft(js.Bytes(), " \t\r\n"), []byte("null")) {
-		return nil, errors.New("haptic: plan blob: decode: the plan is null")
+	// json.Unmarshal accepts null into a struct; a plan is an object.
+	if i := bytes.IndexFunc(js, func(r rune) bool { return !strings.ContainsRune(" \t\r\n", r) }); i < 0 || js[i] != '{' {
+		return nil, errors.New("haptic: plan blob: decode: the plan JSON is not an object")
 	}
 	if head.SchemaVersion != PlanSchemaVersion {
 		return nil, fmt.Errorf("haptic: plan blob: schema version %d is not supported (want %d)", head.SchemaVersion, PlanSchemaVersion)
 	}
-	d := json.NewDecoder(bytes.NewReader(js.Bytes()))
+	d := json.NewDecoder(bytes.NewReader(js))
 	d.DisallowUnknownFields()
 	var p Plan
 	if err := d.Decode(&p); err != nil {
@@ -687,4 +1047,350 @@ func DecodePlanBlob(blob []byte) (*Plan, error) {
 		return nil, errors.New("haptic: plan blob: decode: data after the plan object")
 	}
 	return &p, nil
+}
+
+// errPlanJSONTooLarge is the decompressed-size refusal of DecodePlanBlob.
+var errPlanJSONTooLarge = fmt.Errorf("haptic: plan blob: decompressed plan exceeds the %d-byte limit", MaxPlanJSONBytes)
+
+// maxEmptyReads bounds consecutive reads that return no bytes and no error,
+// so a misbehaving reader cannot spin the decompression loop.
+const maxEmptyReads = 100
+
+// maxInflateChunk is the largest single allocation while a blob of unknown
+// size inflates.
+const maxInflateChunk = 4 << 20
+
+// inflatePlanJSON decompresses a blob into at most MaxPlanJSONBytes. A
+// hostile frame can inflate without end and need not declare its size, so
+// the output is read into chunks that grow from a small start up to
+// maxInflateChunk, never past the limit, and a read past a full chunk
+// decides whether more follows: a bomb costs about the limit in
+// allocations, never its own size, and the oversized output is never
+// allocated. An honest frame (EncodePlanBlob writes one) declares its
+// size and is read into one buffer of exactly that size.
+func inflatePlanJSON(blob []byte) ([]byte, error) {
+	first := min(max(4*len(blob), 64<<10), MaxPlanJSONBytes)
+	var header zstd.Header
+	if header.Decode(blob) == nil && header.HasFCS {
+		if header.FrameContentSize > MaxPlanJSONBytes {
+			return nil, errPlanJSONTooLarge
+		}
+		first = max(int(header.FrameContentSize), 1)
+	}
+	dec, err := zstd.NewReader(bytes.NewReader(blob),
+		zstd.WithDecoderConcurrency(1), // synchronous: no goroutine outlives the call
+		zstd.WithDecoderMaxWindow(MaxPlanJSONBytes),
+		zstd.WithDecoderMaxMemory(MaxPlanJSONBytes))
+	if err != nil {
+		return nil, inflateError(err)
+	}
+	defer dec.Close()
+	var full [][]byte // filled chunks, in order
+	size := 0         // bytes in full
+	chunk := make([]byte, 0, first)
+	// Every pass reads at least one byte or returns, and size is refused
+	// once it reaches MaxPlanJSONBytes: the loop is bounded by the limit.
+	for {
+		if len(chunk) == cap(chunk) {
+			var probe [1]byte
+			n, err := readSome(dec, probe[:])
+			if n == 0 {
+				if err == io.EOF {
+					return joinChunks(full, size, chunk), nil
+				}
+				return nil, inflateError(err)
+			}
+			if size += len(chunk); size >= MaxPlanJSONBytes {
+				return nil, errPlanJSONTooLarge
+			}
+			full = append(full, chunk)
+			chunk = make([]byte, 1, min(2*cap(chunk), maxInflateChunk, MaxPlanJSONBytes-size))
+			chunk[0] = probe[0]
+		}
+		n, err := readSome(dec, chunk[len(chunk):cap(chunk)])
+		chunk = chunk[:len(chunk)+n]
+		if err == io.EOF {
+			return joinChunks(full, size, chunk), nil
+		}
+		if err != nil {
+			return nil, inflateError(err)
+		}
+	}
+}
+
+// readSome reads into p, retrying reads that return nothing at most
+// maxEmptyReads times.
+func readSome(r io.Reader, p []byte) (int, error) {
+	for range maxEmptyReads {
+		if n, err := r.Read(p); n > 0 || err != nil {
+			return n, err
+		}
+	}
+	return 0, io.ErrNoProgress
+}
+
+// joinChunks returns the filled chunks (size bytes) followed by last as
+// one slice, without a copy when there is only last.
+func joinChunks(full [][]byte, size int, last []byte) []byte {
+	if len(full) == 0 {
+		return last
+	}
+	out := make([]byte, 0, size+len(last))
+	for _, c := range full {
+		out = append(out, c...)
+	}
+	return append(out, last...)
+}
+
+// inflateError names a decompression failure. The library's own size
+// refusal (a frame whose declared size or window exceeds the limit) is the
+// same refusal as ours.
+func inflateError(err error) error {
+	if errors.Is(err, zstd.ErrDecoderSizeExceeded) {
+		return errPlanJSONTooLarge
+	}
+	return fmt.Errorf("haptic: plan blob: decompress: %w", err)
+}
+
+// ---------------------------------------------------------------------------
+// Plans from a directory.
+
+// PlanFromDir builds a plan from a directory of rendered files by
+// convention, for pushes that have no template generator behind them:
+//
+//   - haproxy.cfg at the root is the config file (kind config). It is cut
+//     into one core section per top-level section, each named by its header
+//     line with runs of blanks folded ("global", "defaults web",
+//     "frontend http-in", "backend web"), so a reason names the section that
+//     changed. Lines before the first header belong to the first section;
+//     a repeated header gets "#2", "#3", ... so that names stay unique. No
+//     section is a backend record: every change to haproxy.cfg reloads.
+//   - *.map files are maps (kind map), their entries parsed with
+//     ParseMapEntries. They are declared Ordered, the fail-closed choice: a
+//     directory does not say whether a map is matched by prefix or regex, so
+//     per-entry ops are composed only when they reproduce the file's order,
+//     and anything else swaps the whole map atomically (map_replace).
+//   - *.crt-list files are crt-lists (kind crtlist) with their entries
+//     parsed: the certificate, the options inside one bracket pair, then the
+//     SNI filters. In the options, allow-0rtt, no-alpn and no-ca-names take
+//     no argument and every other keyword takes exactly one.
+//   - Any other file holding PEM blocks is a certificate (kind cert) when a
+//     block is a private key, and a CA file (kind ca) when every block is a
+//     certificate.
+//   - Every other regular file is general (kind general) and declared
+//     ReloadOnChange: HAProxy reads error pages, Lua scripts and ACL files
+//     only when it starts, so a change to one must reload.
+//
+// Names with a component starting with a dot and anything that is not a
+// regular file (directories are walked, symlinks are not followed) are
+// skipped. Files are sorted by path, contents are kept (ContentKnown, and
+// TextKnown for the sections) so that Diff compares exact bytes, and the id
+// is computed. Collections the directory does not use are nil.
+func PlanFromDir(dir string) (*Plan, error) {
+	p := &Plan{SchemaVersion: PlanSchemaVersion}
+	err := filepath.WalkDir(dir, func(abs string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if abs == dir {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		if len(p.Files) >= MaxFiles {
+			return fmt.Errorf("more than %d files", MaxFiles)
+		}
+		rel, err := filepath.Rel(dir, abs)
+		if err != nil {
+			return err
+		}
+		content, err := os.ReadFile(abs)
+		if err != nil {
+			return err
+		}
+		p.addDirFile(filepath.ToSlash(rel), string(content))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("haptic: plan from %s: %w", dir, err)
+	}
+	var config *PlanFile
+	for i := range p.Files {
+		if p.Files[i].Kind == FileKindConfig {
+			config = &p.Files[i]
+		}
+	}
+	if config == nil {
+		return nil, fmt.Errorf("haptic: plan from %s: no %s", dir, ConfigFilePath)
+	}
+	p.Sections = configSections(config.Content)
+	if len(p.Sections) > MaxSections {
+		return nil, fmt.Errorf("haptic: plan from %s: %d sections exceed the %d-section limit", dir, len(p.Sections), MaxSections)
+	}
+	// WalkDir visits in lexical order of each directory's entries, which is
+	// not the order of the joined paths ("a-b" sorts before "a/b" as a path
+	// but after it as a walk).
+	slices.SortFunc(p.Files, func(a, b PlanFile) int { return strings.Compare(a.Path, b.Path) })
+	p.ComputeID()
+	return p, nil
+}
+
+// addDirFile records one file of PlanFromDir by the convention above.
+func (p *Plan) addDirFile(rel, content string) {
+	f := PlanFile{Path: rel, Kind: FileKindGeneral, ReloadOnChange: true,
+		Digest: DigestString(content), Size: int64(len(content)), Content: content, ContentKnown: true}
+	switch {
+	case rel == ConfigFilePath:
+		f.Kind = FileKindConfig
+	case strings.HasSuffix(rel, ".map"):
+		f.Kind, f.ReloadOnChange = FileKindMap, false
+		if p.Maps == nil {
+			p.Maps = map[string]Map{}
+		}
+		p.Maps[rel] = Map{Path: rel, Ordered: true, Entries: ParseMapEntries(content)}
+	case strings.HasSuffix(rel, ".crt-list"):
+		f.Kind, f.ReloadOnChange = FileKindCRTList, false
+		if p.CRTLists == nil {
+			p.CRTLists = map[string]CRTList{}
+		}
+		p.CRTLists[rel] = CRTList{Path: rel, Entries: parseCRTList(content)}
+	default:
+		if kind := pemKind(content); kind != "" {
+			f.Kind, f.ReloadOnChange = kind, false
+		}
+	}
+	p.Files = append(p.Files, f)
+}
+
+// configSections cuts haproxy.cfg into core sections at every line that
+// starts a top-level section: a line that does not begin with white space
+// or '#'. The texts join back into the file byte for byte.
+func configSections(config string) []Section {
+	var sections []Section
+	seen := map[string]int{}
+	start, name := 0, ""
+	flush := func(end int) {
+		if end == start && name == "" {
+			return
+		}
+		if name == "" {
+			name = ConfigFilePath // a config with no section header at all
+		}
+		seen[name]++
+		if n := seen[name]; n > 1 {
+			name = fmt.Sprintf("%s#%d", name, n)
+		}
+		text := config[start:end]
+		sections = append(sections, Section{Kind: SectionKindCore, Name: name,
+			TextDigest: DigestString(text), Length: len(text), Text: text, TextKnown: true})
+	}
+	for pos := 0; pos < len(config); {
+		end := strings.IndexByte(config[pos:], '\n')
+		if end < 0 {
+			end = len(config)
+		} else {
+			end += pos + 1
+		}
+		if header := sectionHeader(config[pos:end]); header != "" {
+			if name != "" {
+				flush(pos)
+				start = pos
+			}
+			name = header
+		}
+		pos = end
+	}
+	flush(len(config))
+	return sections
+}
+
+// sectionHeader returns the folded header of a line that opens a top-level
+// section, or "" for any other line.
+func sectionHeader(line string) string {
+	if line == "" || line[0] == ' ' || line[0] == '\t' || line[0] == '#' || line[0] == '\n' || line[0] == '\r' {
+		return ""
+	}
+	if i := strings.IndexByte(line, '#'); i >= 0 {
+		line = line[:i]
+	}
+	return strings.Join(strings.Fields(line), " ")
+}
+
+// crtListNoArgOptions are the crt-list ssl options that take no argument.
+var crtListNoArgOptions = map[string]bool{"allow-0rtt": true, "no-alpn": true, "no-ca-names": true}
+
+// parseCRTList reads the entries of a crt-list file: per line, the
+// certificate, the options inside "[...]", then the SNI filters. Blank and
+// '#' lines are skipped.
+func parseCRTList(content string) []CRTListEntry {
+	var entries []CRTListEntry
+	for rest := content; rest != ""; {
+		var line string
+		line, rest = nextMapLine(rest)
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		var e CRTListEntry
+		e.Cert, line, _ = strings.Cut(line, " ")
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			opts, after, _ := strings.Cut(line[1:], "]")
+			words := strings.Fields(opts)
+			for i := 0; i < len(words); i++ {
+				kw := KeywordArg{Name: words[i]}
+				if !crtListNoArgOptions[kw.Name] && i+1 < len(words) {
+					i++
+					kw.Args = []string{words[i]}
+				}
+				e.Options = append(e.Options, kw)
+			}
+			line = after
+		}
+		if sni := strings.Fields(line); len(sni) > 0 {
+			e.SNIFilters = sni
+		}
+		entries = append(entries, e)
+	}
+	return entries
+}
+
+// maxPEMBlocks bounds the blocks pemKind reads from one file; a real
+// certificate chain has a handful.
+const maxPEMBlocks = 1024
+
+// pemKind classifies PEM content: cert when a block is a private key, ca
+// when every block is a certificate, "" otherwise (not PEM, or other
+// blocks such as a CRL).
+func pemKind(content string) string {
+	rest := []byte(content)
+	blocks, certs, keys := 0, 0, 0
+	for n := 0; n < maxPEMBlocks; n++ {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		blocks++
+		switch {
+		case strings.HasSuffix(b.Type, "PRIVATE KEY"):
+			keys++
+		case b.Type == "CERTIFICATE":
+			certs++
+		}
+	}
+	switch {
+	case keys > 0:
+		return FileKindCert
+	case blocks > 0 && certs == blocks:
+		return FileKindCA
+	}
+	return ""
 }

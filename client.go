@@ -1,0 +1,755 @@
+// This file owns the controller's end of the wire (wire.md §9–§10): one
+// pooled HTTP/1.1 client per agent, the state read, the streamed multipart
+// apply, the plan upload, the health probe, the error types a deployer acts
+// on, and Deploy, the whole state → diff → apply loop for one pod.
+//
+// It must never send a request it has not validated, never replay a body
+// whose readers already yielded bytes, never follow a redirect, never send
+// credentials over a unix socket, and never read a caller's reader after the
+// call that was given it has returned.
+package haptic
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net"
+	"net/http"
+	"net/url"
+	"path"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Client-only values (wire.md §4).
+const (
+	defaultTimeout      = 10 * time.Second // State and Health calls
+	defaultApplyTimeout = 2 * time.Minute  // Apply and PutPlan calls
+	dialTimeout         = 5 * time.Second  // TCP and unix dial
+	idleConnTimeout     = 90 * time.Second // idle pooled connections
+	maxErrorBodyBytes   = 4 << 10          // truncation of HTTPError.Body
+)
+
+// ClientConfig configures one Client. NewClient copies it: changing it
+// afterwards has no effect on the client.
+type ClientConfig struct {
+	// BaseURL is http://host:port or https://host:port, optionally with a
+	// path prefix. Required.
+	BaseURL string
+	// Username and Password are the HTTP Basic credentials, sent when either
+	// is non-empty, never over a unix socket.
+	Username string
+	Password string
+	// TLS holds the client TLS settings (roots, client certificate or
+	// GetClientCertificate for rotation, server name). It requires an https
+	// BaseURL. nil means Go's defaults for https.
+	TLS *tls.Config
+	// UnixSocket is the path of a unix socket to dial instead of TCP (the
+	// agent's admin socket). It requires an http BaseURL such as
+	// http://localhost, whose host only fills the Host header.
+	UnixSocket string
+	// Timeout is the deadline of State and Health calls; 10 s when zero or
+	// negative.
+	Timeout time.Duration
+	// PerPodApplyTimeout is the deadline of Apply and PutPlan calls; 2 min
+	// when zero or negative.
+	PerPodApplyTimeout time.Duration
+	// ConnectRetries is the number of retries after a refused or reset
+	// connection; ConnectRetries (3) when zero or negative.
+	ConnectRetries int
+	// ConnectRetryBackoff is the fixed wait before each retry; 100 ms when
+	// zero or negative.
+	ConnectRetryBackoff time.Duration
+}
+
+// Client talks to one agent over one pooled keep-alive HTTP/1.1 client. It
+// is safe for concurrent use by several goroutines.
+type Client struct {
+	cfg       ClientConfig // the caller's config, copied, defaults applied, TLS cloned
+	baseURL   string       // cfg.BaseURL without one trailing slash
+	transport *http.Transport
+	http      *http.Client
+
+	// noPlanEndpoint is set once PUT /v1/plan answered 404 or 405: every
+	// later Deploy through this client carries the blob as the plan part.
+	noPlanEndpoint atomic.Bool
+}
+
+// NewClient checks cfg and builds a client with its own transport. The
+// checks run in the order of wire.md §9.2 and the first failure is returned.
+func NewClient(cfg *ClientConfig) (*Client, error) {
+	if cfg == nil {
+		return nil, errors.New("agent client: ClientConfig is required")
+	}
+	if cfg.BaseURL == "" {
+		return nil, errors.New("agent client: BaseURL is required")
+	}
+	u, err := url.Parse(cfg.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("agent client: BaseURL %q: %v", cfg.BaseURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("agent client: BaseURL %q must be http or https", cfg.BaseURL)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("agent client: BaseURL %q has no host", cfg.BaseURL)
+	}
+	if cfg.UnixSocket != "" && cfg.TLS != nil {
+		return nil, errors.New("agent client: UnixSocket and TLS cannot be combined")
+	}
+	if cfg.TLS != nil && u.Scheme == "http" {
+		return nil, fmt.Errorf("agent client: BaseURL %q must be https when TLS is set", cfg.BaseURL)
+	}
+	if cfg.UnixSocket != "" && u.Scheme == "https" {
+		return nil, fmt.Errorf("agent client: BaseURL %q must be http when UnixSocket is set", cfg.BaseURL)
+	}
+
+	c := &Client{cfg: *cfg, baseURL: strings.TrimSuffix(cfg.BaseURL, "/")}
+	if c.cfg.Timeout <= 0 {
+		c.cfg.Timeout = defaultTimeout
+	}
+	if c.cfg.PerPodApplyTimeout <= 0 {
+		c.cfg.PerPodApplyTimeout = defaultApplyTimeout
+	}
+	if c.cfg.ConnectRetries <= 0 {
+		c.cfg.ConnectRetries = ConnectRetries
+	}
+	if c.cfg.ConnectRetryBackoff <= 0 {
+		c.cfg.ConnectRetryBackoff = ConnectRetryBackoffMs * time.Millisecond
+	}
+	if cfg.TLS != nil {
+		c.cfg.TLS = cfg.TLS.Clone()
+	}
+	c.transport = newAgentTransport(c.cfg.TLS, c.cfg.UnixSocket)
+	c.http = &http.Client{
+		Transport: c.transport,
+		// A redirect is never followed: an agent never sends one, so a 3xx
+		// is a misrouted request, and following it would carry the
+		// credentials and the body to a host nobody configured.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return c, nil
+}
+
+// newAgentTransport builds the transport of one client (wire.md §9.2). It
+// never uses a proxy: an inherited HTTPS_PROXY must not divert pod-IP
+// traffic. It speaks HTTP/1.1 only: the agent serves nothing else, and the
+// streamed apply body relies on one request per connection.
+func newAgentTransport(tlsConfig *tls.Config, unixSocket string) *http.Transport {
+	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		MaxIdleConns:          4,
+		MaxIdleConnsPerHost:   2,
+		IdleConnTimeout:       idleConnTimeout,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: 1 * time.Second,
+		ForceAttemptHTTP2:     false,
+		TLSClientConfig:       tlsConfig,
+	}
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetHTTP1(true)
+	if tlsConfig != nil {
+		// Offer only HTTP/1.1 in ALPN, so that a caller's NextProtos
+		// listing h2 cannot make the server pick a protocol this
+		// transport does not speak. The config is already our own clone.
+		tlsConfig.NextProtos = []string{"http/1.1"}
+	}
+	if unixSocket != "" {
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", unixSocket)
+		}
+	}
+	return t
+}
+
+// Close closes the idle pooled connections and returns nil. The client
+// stays usable: a later call opens new connections.
+func (c *Client) Close() error {
+	c.transport.CloseIdleConnections()
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// Errors.
+
+// ErrPlanMoved is PutPlan's answer when the pod's applied plan is no longer
+// the one the blob was meant for: the pod moved on and the blob was dropped.
+var ErrPlanMoved = errors.New("agent client: the pod's applied plan has moved on")
+
+// ErrNoPlanEndpoint is PutPlan's answer when the agent has no PUT /v1/plan
+// (404 or 405): the blob must then ride the next apply as its plan part.
+var ErrNoPlanEndpoint = errors.New("agent client: the agent has no plan endpoint")
+
+// ConflictError is a 409 whose body is a Conflict: fencing refused the
+// manifest and nothing was written. It reports the agent's actual baseline
+// so the caller can re-diff.
+type ConflictError struct{ Conflict }
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("agent rejected the apply (%s): its applied plan is %q at epoch %d/seq %d",
+		e.Reason, e.AppliedPlanID, e.AppliedToken.LeaderEpoch, e.AppliedToken.RenderSeq)
+}
+
+// MissingError is a 409 whose body is a Missing: the agent needs these file
+// parts and wrote nothing.
+type MissingError struct{ Missing }
+
+func (e *MissingError) Error() string {
+	return fmt.Sprintf("agent is missing %d file part(s): %s", len(e.Missing.Missing), strings.Join(e.Missing.Missing, ", "))
+}
+
+// HTTPError is any other answer than 200 that is not a Conflict or a
+// Missing: a 3xx, a 4xx, a 5xx, or a 409 whose body is not a JSON object.
+type HTTPError struct {
+	Status int    // HTTP status code
+	Body   string // response text, surrounding white space trimmed, cut to 4096 bytes plus "…" when cut
+}
+
+func (e *HTTPError) Error() string {
+	if e.Body == "" {
+		return fmt.Sprintf("agent returned HTTP %d", e.Status)
+	}
+	return fmt.Sprintf("agent returned HTTP %d: %s", e.Status, e.Body)
+}
+
+func newHTTPError(status int, body []byte) *HTTPError {
+	text := strings.TrimSpace(string(body))
+	if len(text) > maxErrorBodyBytes {
+		text = text[:maxErrorBodyBytes] + "…"
+	}
+	return &HTTPError{Status: status, Body: text}
+}
+
+// classifyAnswer turns a non-200 answer into its error (wire.md §9.7). A
+// 409 is a MissingError when its body is a JSON object with the key
+// "missing" and a ConflictError when it is any other JSON object; the key
+// alone decides, because a Conflict never carries it.
+func classifyAnswer(status int, body []byte) error {
+	if status == http.StatusConflict {
+		var object map[string]json.RawMessage
+		if json.Unmarshal(body, &object) == nil && object != nil {
+			if _, ok := object["missing"]; ok {
+				var m Missing
+				if json.Unmarshal(body, &m) == nil {
+					return &MissingError{m}
+				}
+			} else {
+				var cf Conflict
+				if json.Unmarshal(body, &cf) == nil {
+					return &ConflictError{cf}
+				}
+			}
+		}
+	}
+	return newHTTPError(status, body)
+}
+
+// ---------------------------------------------------------------------------
+// Requests, retries and answers.
+
+// attemptFunc runs one attempt of a call and returns the answer's status
+// and body, already read.
+type attemptFunc func(ctx context.Context) (status int, body []byte, err error)
+
+// exchange runs the retry rules of wire.md §9.5 around attempt: at most
+// ConnectRetries+1 attempts, a retry only after a refused or reset
+// connection and only while replayable says the body can be sent again,
+// with ConnectRetryBackoff before each retry. Every HTTP status returns at
+// once: a 5xx is the agent's answer, not a transport fault.
+func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable func() bool) (int, []byte, error) {
+	attempts := c.cfg.ConnectRetries + 1
+	var lastErr error
+	for i := range attempts {
+		if i > 0 {
+			wait := time.NewTimer(c.cfg.ConnectRetryBackoff)
+			select {
+			case <-ctx.Done():
+				wait.Stop()
+				return 0, nil, ctx.Err()
+			case <-wait.C:
+			}
+		}
+		status, body, err := attempt(ctx)
+		if err == nil {
+			return status, body, nil
+		}
+		if ctx.Err() != nil || !isConnectError(err) || !replayable() {
+			return 0, nil, err
+		}
+		lastErr = err
+	}
+	return 0, nil, fmt.Errorf("agent client: %d connect attempts failed: %w", attempts, lastErr)
+}
+
+// isConnectError reports whether err is a refused or reset connection: the
+// only faults after which the agent cannot have acted on the request.
+func isConnectError(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET)
+}
+
+func alwaysReplayable() bool { return true }
+
+// newRequest builds one attempt's request for BaseURL + target.
+func (c *Client) newRequest(ctx context.Context, method, target string, body io.Reader, auth bool) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+target, body)
+	if err != nil {
+		return nil, fmt.Errorf("agent client: %v", err)
+	}
+	if auth && c.cfg.UnixSocket == "" && (c.cfg.Username != "" || c.cfg.Password != "") {
+		req.SetBasicAuth(c.cfg.Username, c.cfg.Password)
+	}
+	return req, nil
+}
+
+// roundTrip sends req and reads its answer.
+func (c *Client) roundTrip(req *http.Request) (int, []byte, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	return readAnswer(resp)
+}
+
+// readAnswer reads at most MaxApplyBodyBytes+1 bytes of a response: a
+// state answer carries the plan blob, and nothing larger is legitimate.
+func readAnswer(resp *http.Response) (int, []byte, error) {
+	if resp.ContentLength > MaxApplyBodyBytes {
+		return 0, nil, fmt.Errorf("agent client: response exceeds %d bytes", MaxApplyBodyBytes)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxApplyBodyBytes+1))
+	if err != nil {
+		return 0, nil, fmt.Errorf("agent client: read response: %v", err)
+	}
+	if len(body) > MaxApplyBodyBytes {
+		return 0, nil, fmt.Errorf("agent client: response exceeds %d bytes", MaxApplyBodyBytes)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// get sends a body-less GET for target and returns the 200 body, or the
+// classified answer.
+func (c *Client) get(ctx context.Context, target string, auth bool) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+		req, err := c.newRequest(ctx, http.MethodGet, target, http.NoBody, auth)
+		if err != nil {
+			return 0, nil, err
+		}
+		return c.roundTrip(req)
+	}, alwaysReplayable)
+	if err != nil {
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, classifyAnswer(status, body)
+	}
+	return body, nil
+}
+
+// State reads GET /v1/state with the query of read.
+func (c *Client) State(ctx context.Context, read StateRead) (*State, error) {
+	body, err := c.get(ctx, PathState+read.Query(), true)
+	if err != nil {
+		return nil, err
+	}
+	var s State
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, fmt.Errorf("agent client: decode state: %v", err)
+	}
+	return &s, nil
+}
+
+// Health reads GET /healthz without credentials (the route needs none) and
+// returns nil on 200 whatever the body says.
+func (c *Client) Health(ctx context.Context) error {
+	_, err := c.get(ctx, PathHealthz, false)
+	return err
+}
+
+// PutPlan stores blob for the pod's applied plan (planID, proof) with
+// PUT /v1/plan. A 409 (the pod moved on) is ErrPlanMoved; a 404 or 405 (an
+// agent without the endpoint) is ErrNoPlanEndpoint.
+func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte) error {
+	if planID == "" || proof == "" {
+		return errors.New("agent client: plan id and proof are required")
+	}
+	if len(blob) == 0 || len(blob) > MaxPlanBlobBytes {
+		return fmt.Errorf("agent client: plan blob of %d bytes is outside 1..%d", len(blob), MaxPlanBlobBytes)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.PerPodApplyTimeout)
+	defer cancel()
+	target := PathPlan + "?" + url.Values{"plan_id": {planID}, "proof": {proof}}.Encode()
+	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+		req, err := c.newRequest(ctx, http.MethodPut, target, bytes.NewReader(blob), true)
+		if err != nil {
+			return 0, nil, err
+		}
+		req.ContentLength = int64(len(blob))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		return c.roundTrip(req)
+	}, alwaysReplayable)
+	if err != nil {
+		return err
+	}
+	if status == http.StatusOK {
+		return nil
+	}
+	err = classifyAnswer(status, body)
+	var ce *ConflictError
+	var he *HTTPError
+	switch {
+	case errors.As(err, &ce):
+		return ErrPlanMoved
+	case errors.As(err, &he) && he.Status == http.StatusConflict:
+		return ErrPlanMoved
+	case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusMethodNotAllowed):
+		return ErrNoPlanEndpoint
+	}
+	return err
+}
+
+// ---------------------------------------------------------------------------
+// Apply.
+
+// applyPart is one file part of an apply, in manifest order.
+type applyPart struct {
+	path     string
+	expected int64 // size, or size − base_size + length for a patched file
+	r        io.Reader
+}
+
+// Apply posts m, then the optional plan blob, then one part per entry of
+// parts, in manifest order, as one streamed multipart body (wire.md
+// §9.10–§9.12). parts maps a manifest path to the reader of that file's
+// part; a nil reader counts as absent. Nothing is sent unless the manifest
+// and the parts pass the checks of wire.md §9.11.
+//
+// A 200 is returned as the ApplyResult whether it is an ACK or a NACK
+// (OK false is not an error). Apply returns only once it has stopped
+// reading parts and plan, so a reader must not block forever.
+func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Reader, plan io.Reader) (*ApplyResult, error) {
+	if m == nil {
+		return nil, errors.New("agent client: manifest is required")
+	}
+	manifestJSON, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("agent client: encode manifest: %v", err)
+	}
+	ordered, err := validateApply(m, manifestJSON, parts)
+	if err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.PerPodApplyTimeout)
+	defer cancel()
+
+	// Every reader is wrapped once for the whole call: the first read that
+	// yields bytes marks the call consumed, and from then on a refused or
+	// reset connection is not retried, because the bytes cannot be read
+	// again.
+	var consumed atomic.Bool
+	body := &applyBody{manifest: manifestJSON, parts: ordered}
+	if plan != nil {
+		body.plan = &firstReadMark{r: plan, consumed: &consumed}
+	}
+	for i := range body.parts {
+		body.parts[i].r = &firstReadMark{r: body.parts[i].r, consumed: &consumed}
+	}
+
+	status, answer, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+		return c.applyAttempt(ctx, body)
+	}, func() bool { return !consumed.Load() })
+	if err != nil {
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, classifyAnswer(status, answer)
+	}
+	var result ApplyResult
+	if err := json.Unmarshal(answer, &result); err != nil {
+		return nil, fmt.Errorf("agent client: decode apply result: %v", err)
+	}
+	return &result, nil
+}
+
+// validateApply runs the client-side checks of wire.md §9.11, in order, and
+// returns the parts in manifest order.
+func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader) ([]applyPart, error) {
+	if m.PlanID == "" {
+		return nil, errors.New("agent client: manifest has no plan_id")
+	}
+	switch m.Mode {
+	case ModeAuto, ModeReload, ModeRevertLKG:
+	default:
+		return nil, fmt.Errorf("agent client: unknown apply mode %q", m.Mode)
+	}
+	if len(m.Files) > MaxFiles {
+		return nil, fmt.Errorf("agent client: %d files exceeds the limit of %d", len(m.Files), MaxFiles)
+	}
+	if err := m.ValidateOpBatches(); err != nil {
+		return nil, fmt.Errorf("agent client: %v", err)
+	}
+	declared := make(map[string]*ManifestFile, len(m.Files))
+	for i := range m.Files {
+		f := &m.Files[i]
+		if err := checkManifestPath(f.Path); err != nil {
+			return nil, err
+		}
+		if _, dup := declared[f.Path]; dup {
+			return nil, fmt.Errorf("agent client: file %q is declared twice", f.Path)
+		}
+		declared[f.Path] = f
+		if f.Size < 0 {
+			return nil, fmt.Errorf("agent client: file %q has a negative size", f.Path)
+		}
+		if f.Digest == "" {
+			return nil, fmt.Errorf("agent client: file %q has no digest", f.Path)
+		}
+	}
+
+	estimate := int64(len(manifestJSON))
+	keys := make([]string, 0, len(parts))
+	for p, r := range parts {
+		if r != nil {
+			keys = append(keys, p)
+		}
+	}
+	sort.Strings(keys)
+	for _, p := range keys {
+		f, ok := declared[p]
+		if !ok {
+			return nil, fmt.Errorf("agent client: part %q is not a file of this manifest", p)
+		}
+		estimate += expectedPartBytes(f)
+	}
+
+	for i := range m.Files {
+		f := &m.Files[i]
+		if f.Patch == nil {
+			continue
+		}
+		if parts[f.Path] == nil {
+			return nil, fmt.Errorf("agent client: file %q declares a patch without a part", f.Path)
+		}
+		p := f.Patch
+		if p.Offset < 0 || p.Length < 0 || p.BaseSize < 0 || p.Offset+p.Length > p.BaseSize || f.Size-p.BaseSize+p.Length < 0 {
+			return nil, fmt.Errorf("agent client: file %q declares a patch that does not fit its base", f.Path)
+		}
+	}
+	if estimate > MaxApplyBodyBytes {
+		return nil, fmt.Errorf("agent client: apply body of %d bytes exceeds the limit of %d", estimate, MaxApplyBodyBytes)
+	}
+	if len(manifestJSON) > MaxPlanBlobBytes {
+		return nil, fmt.Errorf("agent client: manifest of %d bytes exceeds the %d-byte limit", len(manifestJSON), MaxPlanBlobBytes)
+	}
+
+	ordered := make([]applyPart, 0, len(keys))
+	for i := range m.Files {
+		f := &m.Files[i]
+		if r := parts[f.Path]; r != nil {
+			ordered = append(ordered, applyPart{path: f.Path, expected: expectedPartBytes(f), r: r})
+		}
+	}
+	return ordered, nil
+}
+
+// checkManifestPath checks one manifest path in the order of wire.md §9.11.
+// Dot-name components other than ".." are left to the agent.
+func checkManifestPath(p string) error {
+	switch {
+	case p == "":
+		return errors.New("agent client: manifest has an empty file path")
+	case len(p) > MaxPathBytes:
+		return fmt.Errorf("agent client: file path %q exceeds %d bytes", p, MaxPathBytes)
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("agent client: file path %q must be relative to the base dir", p)
+	case strings.IndexByte(p, 0) >= 0:
+		return fmt.Errorf("agent client: file path %q contains a NUL byte", p)
+	case path.Clean(p) != p:
+		return fmt.Errorf("agent client: file path %q is not in cleaned form", p)
+	case p == ".." || strings.HasPrefix(p, "../"):
+		return fmt.Errorf("agent client: file path %q escapes the base dir", p)
+	}
+	return nil
+}
+
+// expectedPartBytes is the length of a file's part: the whole file, or the
+// replacement bytes of a patch.
+func expectedPartBytes(f *ManifestFile) int64 {
+	if f.Patch != nil {
+		return f.Size - f.Patch.BaseSize + f.Patch.Length
+	}
+	return f.Size
+}
+
+// applyBody is what one apply streams: the manifest bytes, the optional
+// plan reader and the parts, shared by every attempt of the call.
+type applyBody struct {
+	manifest []byte
+	plan     io.Reader
+	parts    []applyPart
+}
+
+// errAttemptOver closes an attempt's pipe once the attempt has its answer
+// or its error, so that a writer still blocked on the pipe stops.
+var errAttemptOver = errors.New("agent client: apply attempt is over")
+
+// applyAttempt sends the body once through a new pipe. It waits for the
+// writer goroutine before returning, so that the next attempt's writer
+// never reads a reader this one still reads, and so that no reader is read
+// after Apply returns.
+func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte, error) {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(&countingWriter{w: pw, limit: MaxApplyBodyBytes})
+	var writeErr error
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		err := body.writeTo(mw)
+		if err == nil {
+			err = mw.Close()
+		}
+		if err != nil {
+			writeErr = err
+			pw.CloseWithError(err)
+			return
+		}
+		pw.Close()
+	}()
+	stopWriter := func() {
+		pr.CloseWithError(errAttemptOver)
+		<-written
+	}
+
+	req, err := c.newRequest(ctx, http.MethodPost, PathApply, pr, true)
+	if err != nil {
+		stopWriter()
+		return 0, nil, err
+	}
+	// Unknown length, sent chunked, and no GetBody: the transport must
+	// never replay a part reader on its own.
+	req.ContentLength = -1
+	req.GetBody = nil
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+
+	resp, err := c.http.Do(req)
+	if err != nil {
+		stopWriter()
+		if writeErr != nil && !errors.Is(writeErr, io.ErrClosedPipe) && !errors.Is(writeErr, errAttemptOver) {
+			return 0, nil, writeErr
+		}
+		return 0, nil, err
+	}
+	// A response wins, even when the agent answered before it read the
+	// whole body (a Conflict is decided on the manifest alone).
+	status, answer, err := readAnswer(resp)
+	resp.Body.Close()
+	stopWriter()
+	return status, answer, err
+}
+
+// writeTo writes the multipart stream: manifest, plan, then the parts in
+// manifest order (wire.md §9.12).
+func (b *applyBody) writeTo(mw *multipart.Writer) error {
+	w, err := mw.CreateFormField(PartManifest)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b.manifest); err != nil {
+		return err
+	}
+	if b.plan != nil {
+		w, err := mw.CreateFormFile(PartPlan, PartPlan)
+		if err != nil {
+			return err
+		}
+		src := &readErrorMark{r: io.LimitReader(b.plan, MaxPlanBlobBytes+1)}
+		n, err := io.Copy(w, src)
+		if src.err != nil {
+			return fmt.Errorf("agent client: plan blob: %w", src.err)
+		}
+		if err != nil {
+			return err
+		}
+		if n > MaxPlanBlobBytes {
+			return fmt.Errorf("agent client: plan blob exceeds %d bytes", MaxPlanBlobBytes)
+		}
+	}
+	for _, p := range b.parts {
+		w, err := mw.CreateFormFile(p.path, p.path)
+		if err != nil {
+			return err
+		}
+		src := &readErrorMark{r: io.LimitReader(p.r, p.expected+1)}
+		n, err := io.Copy(w, src)
+		if src.err != nil {
+			return fmt.Errorf("agent client: part %q: %w", p.path, src.err)
+		}
+		if err != nil {
+			return err
+		}
+		if n != p.expected {
+			return fmt.Errorf("agent client: part %q: manifest declares %d bytes, content yielded %d", p.path, p.expected, n)
+		}
+	}
+	return nil
+}
+
+// countingWriter fails once more than limit bytes were written through it,
+// so that a reader yielding more than its manifest declared cannot produce
+// an oversized request.
+type countingWriter struct {
+	w     io.Writer
+	n     int64
+	limit int64
+}
+
+func (cw *countingWriter) Write(p []byte) (int, error) {
+	if cw.n+int64(len(p)) > cw.limit {
+		return 0, fmt.Errorf("agent client: apply body exceeds %d bytes", cw.limit)
+	}
+	n, err := cw.w.Write(p)
+	cw.n += int64(n)
+	return n, err
+}
+
+// firstReadMark marks consumed once its reader yielded any bytes.
+type firstReadMark struct {
+	r        io.Reader
+	consumed *atomic.Bool
+}
+
+func (f *firstReadMark) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 {
+		f.consumed.Store(true)
+	}
+	return n, err
+}
+
+// readErrorMark remembers its reader's error, so that a failing caller's
+// reader is reported as such and a failing pipe is not mistaken for it.
+type readErrorMark struct {
+	r   io.Reader
+	err error
+}
+
+func (m *readErrorMark) Read(p []byte) (int, error) {
+	n, err := m.r.Read(p)
+	if err != nil && err != io.EOF {
+		m.err = err
+	}
+	return n, err
+}

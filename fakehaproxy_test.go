@@ -1,0 +1,824 @@
+// This file owns the fake HAProxy's tests and the two harnesses every
+// runtime and agent test shares: startTestFake (the fake on a short
+// temporary directory) and startRealHAProxy (a real HAProxy binary named
+// by HAPTIC_HAPROXY, runtime.md §9.1), plus the parity test that holds the
+// fake to the real binary. It must never define a second harness or talk
+// to a real HAProxy that HAPTIC_HAPROXY did not name.
+package haptic
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startTestFake starts a fake HAProxy on a fresh short directory
+// (os.MkdirTemp, not t.TempDir, whose path can exceed the 107-byte socket
+// limit) and closes it and removes the directory at cleanup. version ""
+// is the 3.4 dialect.
+func startTestFake(t testing.TB, version string) *FakeHAProxy {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := StartFakeHAProxy(dir, version)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			t.Errorf("closing the fake: %v", err)
+		}
+		os.RemoveAll(dir)
+	})
+	return f
+}
+
+// socketExchange writes data on a fresh connection to sock and reads until
+// the peer closes or the timeout passes. A reset after the reply counts as
+// closed: HAProxy closes with unread lines in its buffer, which the kernel
+// reports as ECONNRESET once the reply has been read.
+func socketExchange(t testing.TB, sock, data string, timeout time.Duration) (reply string, closed bool) {
+	t.Helper()
+	conn, err := net.DialTimeout("unix", sock, timeout)
+	if err != nil {
+		t.Fatalf("dial %s: %v", sock, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := conn.Write([]byte(data)); err != nil && !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("write %s: %v", sock, err)
+	}
+	var out bytes.Buffer
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := conn.Read(buf)
+		out.Write(buf[:n])
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return out.String(), false
+		}
+		return out.String(), true // EOF or reset
+	}
+}
+
+// workerLine sends one line with the severity prefix to a worker socket and
+// returns the responses of the commands after the prefix.
+func workerLine(t testing.TB, sock, cmds string) []string {
+	t.Helper()
+	raw, _ := socketExchange(t, sock, "set severity-output number;"+cmds+"\n", 5*time.Second)
+	resp, tail := splitResponses(raw)
+	if tail != "" || len(resp) == 0 {
+		t.Fatalf("%q: unreadable reply %q", cmds, raw)
+	}
+	return resp[1:]
+}
+
+// splitResponses cuts a raw reply into responses as runtime.md §2.3 counts
+// them: "" for a silent command, the text without its blank line
+// otherwise; tail holds a partial response (such as the single-'\n' "too
+// big" refusal).
+func splitResponses(raw string) (responses []string, tail string) {
+	for pos := 0; pos < len(raw); {
+		if raw[pos] == '\n' {
+			responses = append(responses, "")
+			pos++
+			continue
+		}
+		i := strings.Index(raw[pos:], "\n\n")
+		if i < 0 {
+			return responses, raw[pos:]
+		}
+		responses = append(responses, raw[pos:pos+i])
+		pos += i + 2
+	}
+	return responses, ""
+}
+
+// mapRows returns the rows of show map <path> without their addresses.
+func mapRows(t testing.TB, sock, path string) []string {
+	t.Helper()
+	resp := workerLine(t, sock, "show map "+path)
+	if len(resp) != 1 {
+		t.Fatalf("show map %s: %q", path, resp)
+	}
+	var rows []string
+	for _, row := range strings.Split(resp[0], "\n") {
+		if row == "" {
+			continue
+		}
+		_, rest, _ := strings.Cut(row, " ")
+		rows = append(rows, rest)
+	}
+	return rows
+}
+
+func TestStartFakeHAProxyRefusesALongSocketPath(t *testing.T) {
+	base := os.TempDir()
+	long := filepath.Join(base, strings.Repeat("d", 120-len(base)-1))
+	if len(long) != 120 {
+		t.Fatalf("test setup: dir of %d bytes", len(long))
+	}
+	_, err := StartFakeHAProxy(long, "")
+	want := fmt.Sprintf("fake haproxy: socket path %q is longer than 107 bytes", filepath.Join(long, "haproxy-worker.sock"))
+	if err == nil || err.Error() != want {
+		t.Fatalf("long dir: err = %v, want %s", err, want)
+	}
+
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if _, err := StartFakeHAProxy(dir, "unknown"); err == nil || err.Error() != `fake haproxy: unreadable version "unknown"` {
+		t.Fatalf("unknown version: err = %v", err)
+	}
+
+	f := startTestFake(t, "")
+	if f.Version() != "3.4.3-1deb11u1" {
+		t.Fatalf("default version %q", f.Version())
+	}
+	if got := workerLine(t, f.WorkerSocket(), "experimental-mode on;add backend be-x from web"); got[1] != "[6]: New backend registered." {
+		t.Fatalf("default version is not the 3.4 dialect: %q", got)
+	}
+}
+
+// TestFakeDialects checks every behaviour of runtime.md §8.2 per dialect.
+func TestFakeDialects(t *testing.T) {
+	const unknown34 = "[6]: Unknown command: 'add', but maybe one of the following ones is a better match:"
+	const unknown26 = "[6]: Unknown command, but maybe one of the following ones is a better match:"
+	rows := []struct {
+		version        string
+		dupsLeft       int    // "dup" entries left after one del map
+		addBackend     string // first line of the add backend answer
+		clearedVersion bool   // clear map @<v> emptied the prepared version
+		beRemovable    string // first line of wait be-removable
+		wait           string // first line of a plain wait
+		initState      string
+		reloadReply    string // first line of the reload reply
+		programs       bool
+	}{
+		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false},
+		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true},
+		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true},
+		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true},
+	}
+	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
+	for _, row := range rows {
+		t.Run(row.version, func(t *testing.T) {
+			f := startTestFake(t, row.version)
+			f.With(func(m *FakeModel) {
+				m.Maps["m.map"] = []MapEntry{{"dup", "1"}, {"keep", "k"}, {"dup", "2"}}
+				m.Maps["v.map"] = []MapEntry{{"old", "o"}}
+				m.Backends["be-a"] = &FakeBackend{Mode: "http", Published: true}
+				m.Backends["be-empty"] = &FakeBackend{Mode: "http"}
+			})
+			ws := f.WorkerSocket()
+			workerLine(t, ws, "del map m.map dup")
+			dups := 0
+			for _, e := range f.MapEntries("m.map") {
+				if e.Key == "dup" {
+					dups++
+				}
+			}
+			if dups != row.dupsLeft || len(f.MapEntries("m.map")) != row.dupsLeft+1 {
+				t.Errorf("del map left %v", f.MapEntries("m.map"))
+			}
+			if got := first(workerLine(t, ws, "experimental-mode on;add backend be-b from web mode http")[1]); got != row.addBackend {
+				t.Errorf("add backend: %q, want %q", got, row.addBackend)
+			}
+			got := workerLine(t, ws, "prepare map v.map")
+			if got[0] != "[6]: New version created: 1" {
+				t.Fatalf("prepare map: %q", got)
+			}
+			workerLine(t, ws, "add map @1 v.map new n")
+			workerLine(t, ws, "clear map @1 v.map")
+			workerLine(t, ws, "commit map @1 v.map")
+			if cleared := len(f.MapEntries("v.map")) == 0; cleared != row.clearedVersion {
+				t.Errorf("clear map @1 then commit: %v", f.MapEntries("v.map"))
+			}
+			if got := first(workerLine(t, ws, "wait 10 be-removable be-empty")[0]); got != row.beRemovable {
+				t.Errorf("wait be-removable: %q, want %q", got, row.beRemovable)
+			}
+			if got := first(workerLine(t, ws, "wait 10")[0]); got != row.wait {
+				t.Errorf("wait: %q, want %q", got, row.wait)
+			}
+			if got := workerLine(t, ws, "add server be-a/s1 10.0.0.1:80 check init-state up")[0]; got != row.initState {
+				t.Errorf("init-state: %q, want %q", got, row.initState)
+			}
+			proc, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
+			if strings.Contains(proc, "\n# programs\n") != row.programs {
+				t.Errorf("show proc programs line: %q", proc)
+			}
+			reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
+			if first(reply) != row.reloadReply {
+				t.Errorf("reload reply %q, want first line %q", reply, row.reloadReply)
+			}
+		})
+	}
+}
+
+// framingRow is one row of the framing-limit table that runs on the fake
+// (TestFakeFramingLimits) and on a real binary (TestRealHAProxyFramingLimits,
+// TestFakeMatchesRealHAProxy). Keys are unique per row so rows share one map.
+type framingRow struct {
+	name     string
+	dialects []fakeDialect // nil = every dialect
+	send     string        // raw bytes, severity prefix included
+	want     []string      // responses (splitResponses)
+	tail     string        // partial last response
+	present  []string      // show map rows ("key value") that must exist afterwards
+	absent   []string      // keys that must not exist afterwards
+}
+
+const framingPrefix = "set severity-output number;"
+
+// framingRows builds the table of runtime.md §11 TestFakeFramingLimits for
+// one dialect. Every command is padded to an exact size.
+func framingRows(d fakeDialect) []framingRow {
+	padded := func(key string, size int) string { // an add map command of exactly size bytes
+		cmd := "add map maps/host.map " + key + " "
+		return cmd + strings.Repeat("v", size-len(cmd))
+	}
+	tooBig := []string{"", ""}
+	tooBigTail := "[3]: " + fakeTooBig + "\n"
+	if d == fakeDialect26 {
+		tooBigTail = ""
+	}
+	// A payload over the limit: 300 lines of 58 bytes, framed > 17000 bytes
+	// (never exactly 16384, which wedges a real 2.6, runtime.md §10).
+	var big strings.Builder
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&big, "fr3-%03d %s\n", i, strings.Repeat("x", 50))
+	}
+	bigPayload := "add map maps/host.map <<HAPTIC\n" + big.String() + "HAPTIC\n"
+	if d == fakeDialect26 {
+		bigPayload = "add map maps/host.map <<\n" + big.String() + "\n"
+	}
+	var many []string
+	for i := 0; i < 1400; i++ {
+		many = append(many, fmt.Sprintf("add map maps/host.map fr4-%d v", i))
+	}
+	silent := func(n int) []string { return make([]string, n) }
+	x3 := []fakeDialect{fakeDialect30, fakeDialect34}
+	unknownFirst := "[6]: Unknown command, but maybe one of the following ones is a better match:"
+	rows := []framingRow{
+		{name: "a 16383-byte command applies",
+			send: framingPrefix + padded("fr1", fakeCommandLimit-1) + "\n", want: silent(2),
+			present: []string{"fr1 " + strings.Repeat("v", fakeCommandLimit-1-len("add map maps/host.map fr1 "))}},
+		{name: "a 16384-byte command is refused, earlier commands stand, later ones do not run",
+			send: framingPrefix + "add map maps/host.map fr2-before v;" + padded("fr2-big", fakeCommandLimit) + ";add map maps/host.map fr2-after v\n",
+			want: tooBig, tail: tooBigTail, present: []string{"fr2-before v"}, absent: []string{"fr2-big", "fr2-after"}},
+		{name: "a payload command over the limit applies zero entries",
+			send: framingPrefix + bigPayload, want: silent(1), tail: tooBigTail, absent: []string{"fr3-000", "fr3-299"}},
+		{name: "a 40 KiB line of small commands applies all",
+			send: framingPrefix + strings.Join(many, ";") + "\n", want: silent(1401),
+			present: []string{"fr4-0 v", "fr4-1399 v"}},
+		{name: "the default terminator is an empty line",
+			send: framingPrefix + "add map maps/host.map <<\nfr5a v\nfr5b w x\n\n", want: silent(2),
+			present: []string{"fr5a v", "fr5b w x"}},
+		{name: "a custom terminator of 7 characters", dialects: x3,
+			send: framingPrefix + "add map maps/host.map <<ABCDEFG\nfr6 v\n\nABCDEFG\n", want: silent(2),
+			present: []string{"fr6 v"}},
+		{name: "an 8-character pattern is not a payload; one further line runs", dialects: x3,
+			send:    framingPrefix + "add map maps/host.map <<ABCDEFGH\nadd map maps/host.map fr7a v\nadd map maps/host.map fr7b v\n",
+			want:    []string{"", "[3]: 'add map' expects three parameters (map identifier, key and value) or one parameter (map identifier) and a payload", ""},
+			present: []string{"fr7a v"}, absent: []string{"fr7b"}},
+		{name: "the terminator must match exactly", dialects: x3,
+			send: framingPrefix + "add map maps/host.map <<HAPTIC\nfr8 v\nHAPTIC \n HAPTIC\nHAPTIC\n", want: silent(2),
+			present: []string{"fr8 v", "HAPTIC ", " HAPTIC"}},
+		{name: "a second line on a non-interactive connection is not answered", dialects: x3,
+			send: framingPrefix + "add map maps/host.map fr9a v\nadd map maps/host.map fr9b v\n", want: silent(2),
+			present: []string{"fr9a v"}, absent: []string{"fr9b"}},
+		{name: "2.6 runs the payload lines of <<HAPTIC as commands", dialects: []fakeDialect{fakeDialect26},
+			send:    framingPrefix + "add map maps/host.map <<HAPTIC\nadd map maps/host.map fr10 v\nHAPTIC\n",
+			want:    []string{"", "[3]: 'add map' expects three parameters (map identifier, key and value) or one parameter (map identifier) and a payload", "", unknownFirst},
+			present: []string{"fr10 v"}},
+		{name: "2.6 answers every buffered line", dialects: []fakeDialect{fakeDialect26},
+			send: framingPrefix + "add map maps/host.map fr11a v\nadd map maps/host.map fr11b v\nshow map maps/host.map\n",
+			want: []string{"", "", "", "SHOW MAP"}, present: []string{"fr11a v", "fr11b v"}},
+	}
+	var out []framingRow
+	for _, r := range rows {
+		if r.dialects == nil || containsDialect(r.dialects, d) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func containsDialect(ds []fakeDialect, d fakeDialect) bool {
+	for _, x := range ds {
+		if x == d {
+			return true
+		}
+	}
+	return false
+}
+
+// runFramingRows sends every row to sock and checks the replies and the
+// map afterwards.
+func runFramingRows(t *testing.T, sock string, d fakeDialect) {
+	for _, row := range framingRows(d) {
+		t.Run(row.name, func(t *testing.T) {
+			raw, closed := socketExchange(t, sock, row.send, 5*time.Second)
+			if !closed {
+				t.Errorf("connection still open after %q", raw)
+			}
+			resp, tail := splitResponses(raw)
+			for i := range resp {
+				resp[i] = firstLineIfUnknown(resp[i])
+				if i < len(row.want) && row.want[i] == "SHOW MAP" && strings.HasPrefix(resp[i], "0x") {
+					resp[i] = "SHOW MAP"
+				}
+			}
+			if strings.Join(resp, "\x00") != strings.Join(row.want, "\x00") || tail != row.tail {
+				t.Errorf("reply:\n got %q tail %q\nwant %q tail %q", resp, tail, row.want, row.tail)
+			}
+			rows := mapRows(t, sock, "maps/host.map")
+			for _, p := range row.present {
+				if !containsString(rows, p) {
+					t.Errorf("row %.40q missing from the map", p)
+				}
+			}
+			for _, key := range row.absent {
+				for _, r := range rows {
+					if strings.HasPrefix(r, key+" ") {
+						t.Errorf("key %q present in the map", key)
+					}
+				}
+			}
+		})
+	}
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// firstLineIfUnknown keeps only the first line of an unknown-command
+// answer: its help lines vary with the release and the verb.
+func firstLineIfUnknown(resp string) string {
+	if first, _, _ := strings.Cut(resp, "\n"); strings.Contains(first, "Unknown command") {
+		return first
+	}
+	return resp
+}
+
+func TestFakeFramingLimits(t *testing.T) {
+	for _, v := range []string{"3.4.3", "3.0.11-1+deb13u4", "2.6.12-1+deb12u4"} {
+		t.Run(v, func(t *testing.T) {
+			f := startTestFake(t, v)
+			f.With(func(m *FakeModel) { m.Maps["maps/host.map"] = []MapEntry{{"example.com", "be-a"}} })
+			runFramingRows(t, f.WorkerSocket(), f.dialect)
+		})
+	}
+}
+
+func TestFakeMapPayloadParsing(t *testing.T) {
+	rows := []struct {
+		name    string
+		payload string
+		want    []MapEntry
+		refusal string
+	}{
+		{"a # line is an entry", "#x y\nk v\n", []MapEntry{{"#x", "y"}, {"k", "v"}}, ""},
+		{"a line without a value glues onto the next", "k1\nk2 v2\n", []MapEntry{{"k1\nk2", "v2"}}, ""},
+		{"a trailing space is an empty value", "k3 \nk4 v4\n", []MapEntry{{"k3", ""}, {"k4", "v4"}}, ""},
+		{"separators after the first are skipped, inner spaces kept", "k\t  a  b\n", []MapEntry{{"k", "a  b"}}, ""},
+		{"a leading space makes an empty key", " v\n", []MapEntry{{"", "v"}}, ""},
+		{"a trailing key without value is refused, earlier entries kept", "a 1\nb 2\nlast\n", []MapEntry{{"a", "1"}, {"b", "2"}}, "[3]: Missing value for key 'last'."},
+	}
+	f := startTestFake(t, "")
+	for i, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			path := fmt.Sprintf("m%d.map", i)
+			f.With(func(m *FakeModel) { m.Maps[path] = nil })
+			got := workerLine(t, f.WorkerSocket(), "add map "+path+" <<HAPTIC\n"+row.payload+"HAPTIC")
+			if got[0] != row.refusal {
+				t.Errorf("reply %q, want %q", got[0], row.refusal)
+			}
+			if entries := f.MapEntries(path); fmt.Sprint(entries) != fmt.Sprint(row.want) {
+				t.Errorf("entries %q, want %q", entries, row.want)
+			}
+		})
+	}
+}
+
+func TestFakeRecordsCommands(t *testing.T) {
+	f := startTestFake(t, "")
+	f.With(func(m *FakeModel) { m.Maps["m.map"] = nil })
+	ws := f.WorkerSocket()
+	socketExchange(t, ws, "set severity-output number;experimental-mode on;show map;add map m.map <<HAPTIC\nk v\nHAPTIC\n", 5*time.Second)
+	socketExchange(t, ws, "prompt;set severity-output none;set map m.map k w;quit\n", 5*time.Second)
+	socketExchange(t, ws, "experimental-mode off;;bogus verb\n", 5*time.Second)
+	want := []string{"show map", "add map m.map", "set map m.map k w", "bogus verb"}
+	if got := f.Sent(); strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("Sent() = %q, want %q", got, want)
+	}
+	if e := f.MapEntries("m.map"); len(e) != 1 || e[0].Value != "w" {
+		t.Fatalf("the recorded commands did not run: %v", e)
+	}
+	// Master commands are not recorded.
+	socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
+	if len(f.Sent()) != len(want) {
+		t.Fatalf("master command recorded: %q", f.Sent())
+	}
+}
+
+func TestFakeHooks(t *testing.T) {
+	seed := func(m *FakeModel) {
+		m.Maps["m.map"] = []MapEntry{{"k", "v"}}
+		m.Backends["be-a"] = &FakeBackend{Mode: "http", Published: true, Servers: []*FakeServer{
+			{Name: "s1", Address: "10.0.0.1", Port: 80, Weight: 1, State: "maint"},
+		}}
+	}
+	rows := []struct {
+		name string
+		run  func(t *testing.T, f *FakeHAProxy)
+	}{
+		{"Reject refuses with [3]: <message>", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) {
+				m.Reject = func(cmd string) (string, bool) { return "no way", strings.HasPrefix(cmd, "set map") }
+			})
+			got := workerLine(t, f.WorkerSocket(), "set map m.map k w;show map m.map")
+			if got[0] != "[3]: no way" || !strings.HasSuffix(got[1], " k v") {
+				t.Fatalf("reply %q", got)
+			}
+		}},
+		{"Reject is called without the lock held", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) {
+				m.Reject = func(string) (string, bool) { return "", f.HasBackend("none") }
+			})
+			if got := workerLine(t, f.WorkerSocket(), "set map m.map k w"); got[0] != "" {
+				t.Fatalf("reply %q", got)
+			}
+		}},
+		{"BlockedServers: wait expires and del refuses until shutdown sessions", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) { m.BlockedServers["be-a/s1"] = true })
+			ws := f.WorkerSocket()
+			got := workerLine(t, ws, "wait 100 srv-removable be-a/s1;del server be-a/s1;shutdown sessions server be-a/s1;wait 100 srv-removable be-a/s1;del server be-a/s1")
+			want := []string{"[3]: Wait delay expired.", "[3]: Server still has connections attached to it, cannot remove it.", "", "[6]: Done.", "[6]: Server deleted."}
+			if strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Fatalf("reply %q, want %q", got, want)
+			}
+		}},
+		{"OnReload state is visible after a reload", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) {
+				m.OnReload = func(m *FakeModel) { m.Maps["loaded.map"] = []MapEntry{{"a", "b"}} }
+			})
+			before := f.Worker()
+			reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
+			if !strings.HasPrefix(reply, "Success=1\n--\n") {
+				t.Fatalf("reload reply %q", reply)
+			}
+			if got := f.MapEntries("loaded.map"); len(got) != 1 {
+				t.Fatalf("OnReload map %v", got)
+			}
+			if after := f.Worker(); after.SameWorker(before) || after.WorkerPID != before.WorkerPID+1 {
+				t.Fatalf("worker %v after reload from %v", after, before)
+			}
+		}},
+		{"ReloadFails answers Success=0 with ReloadLog", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, "[ALERT] bad config" })
+			reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
+			if reply != "Success=0\n--\n[ALERT] bad config\n\n" {
+				t.Fatalf("reload reply %q", reply)
+			}
+			proc, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
+			if !strings.Contains(proc, "1 [failed: 1]") {
+				t.Fatalf("show proc %q", proc)
+			}
+		}},
+		{"ReloadHangs never answers", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) { m.ReloadHangs = true })
+			before := f.Worker()
+			reply, closed := socketExchange(t, f.MasterSocket(), "reload;quit\n", 200*time.Millisecond)
+			if reply != "" || closed || !f.Worker().SameWorker(before) {
+				t.Fatalf("reload reply %q closed %v", reply, closed)
+			}
+		}},
+		{"CutReply keeps the first bytes and closes; the command ran", func(t *testing.T, f *FakeHAProxy) {
+			f.With(func(m *FakeModel) {
+				m.CutReply = func(line string) (int, bool) { return 2, strings.Contains(line, "add server") }
+			})
+			raw, closed := socketExchange(t, f.WorkerSocket(), "set severity-output number;experimental-mode on;add server be-a/s2 10.0.0.2:80\n", 5*time.Second)
+			if raw != "\n\n" || !closed {
+				t.Fatalf("reply %q closed %v", raw, closed)
+			}
+			if _, ok := f.Server("be-a", "s2"); !ok {
+				t.Fatal("the cut command did not run")
+			}
+		}},
+		{"changing StartTimeUnixMicros alone drops old connections", func(t *testing.T, f *FakeHAProxy) {
+			conn, err := net.Dial("unix", f.WorkerSocket())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 1024)
+			conn.Write([]byte("prompt\n"))
+			if n, err := conn.Read(buf); err != nil || string(buf[:n]) != "\n> " {
+				t.Fatalf("prompt reply %q %v", buf[:n], err)
+			}
+			f.With(func(m *FakeModel) { m.StartTimeUnixMicros++ })
+			conn.Write([]byte("show map m.map\n"))
+			if n, err := conn.Read(buf); err == nil {
+				t.Fatalf("old connection answered %q", buf[:n])
+			}
+		}},
+		{"StopMaster fails the master at transport", func(t *testing.T, f *FakeHAProxy) {
+			f.StopMaster()
+			if _, err := net.Dial("unix", f.MasterSocket()); err == nil {
+				t.Fatal("master socket still answers")
+			}
+			if got := workerLine(t, f.WorkerSocket(), "show map m.map"); !strings.HasSuffix(got[0], " k v") {
+				t.Fatalf("worker after StopMaster: %q", got)
+			}
+		}},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			f := startTestFake(t, "")
+			f.With(seed)
+			row.run(t, f)
+		})
+	}
+}
+
+// TestFakeReloadOn26TakesEffectAfterTheDelay covers the 2.6 dialect's
+// empty reload reply and delayed effect, which callers must poll for.
+func TestFakeReloadOn26TakesEffectAfterTheDelay(t *testing.T) {
+	f := startTestFake(t, "2.6.12-1+deb12u4")
+	f.With(func(m *FakeModel) { m.ReloadDelay = 20 * time.Millisecond })
+	before := f.Worker()
+	reply, closed := socketExchange(t, f.MasterSocket(), "reload\n", 5*time.Second)
+	if reply != "" || !closed {
+		t.Fatalf("2.6 reload reply %q closed %v", reply, closed)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for f.Worker().SameWorker(before) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if f.Worker().WorkerPID != before.WorkerPID+1 {
+		t.Fatalf("no new worker after the delay: %v", f.Worker())
+	}
+}
+
+// TestFakeShowProcColumns pins the show proc layout of runtime.md §6.1.
+func TestFakeShowProcColumns(t *testing.T) {
+	f := startTestFake(t, "3.0.11-1+deb13u4")
+	got, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
+	want := "#<PID>          <type>          <reloads>       <uptime>        <version>      \n" +
+		"999             master          0 [failed: 0]   0d00h00m01s     3.0.11-1+deb13u4\n" +
+		"# workers\n" +
+		"1000            worker          0               0d00h00m01s     3.0.11-1+deb13u4\n" +
+		"# programs\n\n"
+	if got != want {
+		t.Fatalf("show proc:\n%q\nwant\n%q", got, want)
+	}
+	// Without quit the master keeps the connection open.
+	if _, closed := socketExchange(t, f.MasterSocket(), "show proc\n", 100*time.Millisecond); closed {
+		t.Fatal("master closed a connection without quit")
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The real HAProxy harness (runtime.md §9.1).
+
+// realHAProxy is a real HAProxy master and worker started in a short
+// temporary directory on the fixture of runtime.md §9.1.
+type realHAProxy struct {
+	Dir     string
+	bin     string
+	version string
+	fixture realFixture
+	cmd     *exec.Cmd
+	output  *lockedBuffer
+	stop    sync.Once
+	exited  chan struct{}
+}
+
+// realFixture is the files the real HAProxy loads; seedFake gives the fake
+// the same state.
+type realFixture struct {
+	certPEM, caPEM string // certs/a.pem (certificate and key), certs/ca.pem
+	ca             *testCA
+}
+
+const realFixtureMap = "example.com be-a\nb.example.com be-b\n"
+const realFixtureCRTList = "certs/a.pem [alpn h2] a.example.com\n"
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startRealHAProxy starts the binary named by HAPTIC_HAPROXY, or skips the
+// test when the variable is unset. Cleanup stops it and removes the
+// directory.
+func startRealHAProxy(t testing.TB) *realHAProxy {
+	t.Helper()
+	bin := os.Getenv("HAPTIC_HAPROXY")
+	if bin == "" {
+		t.Skip("HAPTIC_HAPROXY is not set; real-HAProxy tests skipped")
+	}
+	out, err := exec.Command(bin, "-v").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s -v: %v\n%s", bin, err, out)
+	}
+	firstLine, _, _ := strings.Cut(string(out), "\n")
+	words := strings.Fields(firstLine)
+	if len(words) < 3 {
+		t.Fatalf("%s -v: unreadable first line %q", bin, firstLine)
+	}
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &realHAProxy{Dir: dir, bin: bin, version: words[2], output: &lockedBuffer{}, exited: make(chan struct{})}
+	t.Cleanup(func() {
+		h.Stop()
+		os.RemoveAll(dir)
+	})
+	h.fixture = writeRealFixture(t, dir)
+	h.cmd = exec.Command(bin, "-W", "-db", "-S", filepath.Join(dir, "haproxy-master.sock")+",level,admin", "--", filepath.Join(dir, "haproxy.cfg"))
+	h.cmd.Stdout, h.cmd.Stderr = h.output, h.output
+	if err := h.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", bin, err)
+	}
+	go func() {
+		h.cmd.Wait()
+		close(h.exited)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !h.ready() {
+		select {
+		case <-h.exited:
+			t.Fatalf("%s exited at start:\n%s", bin, h.output.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready within 10s:\n%s", bin, h.output.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return h
+}
+
+// ready reports whether show proc lists a worker and the worker answers
+// show info.
+func (h *realHAProxy) ready() bool {
+	exchange := func(sock, line string) string {
+		conn, err := net.DialTimeout("unix", sock, time.Second)
+		if err != nil {
+			return ""
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(2 * time.Second))
+		conn.Write([]byte(line))
+		var b bytes.Buffer
+		b.ReadFrom(conn)
+		return b.String()
+	}
+	proc := exchange(h.MasterSocket(), "show proc;quit\n")
+	_, workers, ok := strings.Cut(proc, "# workers\n")
+	if !ok || !regexp.MustCompile(`^\d+\s+worker`).MatchString(workers) {
+		return false
+	}
+	return strings.Contains(exchange(h.WorkerSocket(), "show info\n"), "Pid: ")
+}
+
+// writeRealFixture writes the files of runtime.md §9.1; the certificates
+// are made here, with no network and no openssl.
+func writeRealFixture(t testing.TB, dir string) realFixture {
+	t.Helper()
+	ca := newTestCA(t, "haptic test CA")
+	cert, key := ca.issue(t, testCertOptions{CommonName: "a.example.com", DNSNames: []string{"a.example.com"}})
+	fx := realFixture{certPEM: string(cert) + string(key), caPEM: string(ca.CertPEM), ca: ca}
+	cfg, err := os.ReadFile(filepath.Join("testdata", "haproxy", "runtime.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"maps/host.map":  realFixtureMap,
+		"certs/a.pem":    fx.certPEM,
+		"certs/ca.pem":   fx.caPEM,
+		"certs/list.txt": realFixtureCRTList,
+		"haproxy.cfg":    strings.ReplaceAll(string(cfg), "<dir>", dir),
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fx
+}
+
+// WorkerSocket is the worker's stats socket.
+func (h *realHAProxy) WorkerSocket() string { return filepath.Join(h.Dir, "haproxy-worker.sock") }
+
+// MasterSocket is the master CLI socket.
+func (h *realHAProxy) MasterSocket() string { return filepath.Join(h.Dir, "haproxy-master.sock") }
+
+// Version is word 3 of the first line of `<bin> -v`.
+func (h *realHAProxy) Version() string { return h.version }
+
+// Output is what HAProxy printed so far.
+func (h *realHAProxy) Output() string { return h.output.String() }
+
+// Stop sends SIGTERM to the master, waits up to 5 s, then kills it. It is
+// idempotent.
+func (h *realHAProxy) Stop() {
+	h.stop.Do(func() {
+		if h.cmd == nil || h.cmd.Process == nil {
+			return
+		}
+		h.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-h.exited:
+		case <-time.After(5 * time.Second):
+			h.cmd.Process.Kill()
+			<-h.exited
+		}
+	})
+}
+
+// seedFake gives a fake model the real fixture's state (runtime.md §9.1
+// last bullet): the map, the certificate, the CA file, the crt-list, be-a
+// with srv1 enabled and srv-check with check, and the three frontends.
+func (fx realFixture) seedFake(m *FakeModel) {
+	m.Maps = map[string][]MapEntry{"maps/host.map": ParseMapEntries(realFixtureMap)}
+	m.Certs = map[string]string{"certs/a.pem": fx.certPEM}
+	m.CAFiles = map[string]string{"certs/ca.pem": fx.caPEM}
+	m.CRLFiles = map[string]string{}
+	m.CRTLists = map[string][]string{"certs/list.txt": {strings.TrimSuffix(realFixtureCRTList, "\n")}}
+	m.Frontends = map[string]uint64{"status": 0, "http-tcp": 0, "tls": 0}
+	m.Backends = map[string]*FakeBackend{"be-a": {Profile: "web", Mode: "http", Published: true, Servers: []*FakeServer{
+		{Name: "srv1", Address: "127.0.0.1", Port: 9, Weight: 1, State: "ready", Enabled: true},
+		{Name: "srv-check", Address: "127.0.0.1", Port: 9, Keywords: []string{"check", "inter", "60s"},
+			Weight: 1, State: "ready", Enabled: true, Check: true, Health: true},
+	}}}
+	m.BlockedServers = map[string]bool{}
+}
+
+// startMatchingFake starts a fake with the real binary's version, seeded
+// with its fixture; a reload resets it to the fixture, as the real worker
+// reloads the files.
+func (h *realHAProxy) startMatchingFake(t testing.TB) *FakeHAProxy {
+	t.Helper()
+	f := startTestFake(t, h.version)
+	f.With(func(m *FakeModel) {
+		h.fixture.seedFake(m)
+		m.OnReload = h.fixture.seedFake
+	})
+	return f
+}
+
+// dialect is the fake dialect of the real binary's version.
+func (h *realHAProxy) dialect() fakeDialect {
+	major, minor, _ := fakeVersionParts(h.version)
+	return fakeDialectOf(major, minor)
+}
+
+func TestRealHAProxyFramingLimits(t *testing.T) {
+	h := startRealHAProxy(t)
+	runFramingRows(t, h.WorkerSocket(), h.dialect())
+}
