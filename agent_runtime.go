@@ -193,41 +193,15 @@ func opKinds() []string {
 
 // terminatorFor chooses the payload terminator for a worker version.
 // HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
-// argument and then run every payload line as a command. So the custom
-// terminator is used from 3.0 on (CapsFor's version rule), HAProxy's default
-// empty line otherwise, including for an unreadable version.
+// argument and then run every payload line as a command. Custom terminators
+// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
+// (deployplan.md §2.4) decides; an older or unreadable version gets
+// HAProxy's default empty-line terminator.
 func terminatorFor(version string) string {
-	if major, _, ok := haproxyMajorMinor(version); ok && major >= 3 {
+	if CapsFor(version, nil).DynamicServers {
 		return payloadTerminator
 	}
 	return ""
-}
-
-// haproxyMajorMinor reads a version the way CapsFor does (deployplan.md
-// §2.4): trim, drop one leading "v", the leading digits of the first two
-// dot-separated fields; ok is false without a major.
-func haproxyMajorMinor(version string) (major, minor int, ok bool) {
-	fields := strings.SplitN(strings.TrimPrefix(strings.TrimSpace(version), "v"), ".", 3)
-	major, ok = leadingInt(fields[0])
-	if !ok {
-		return 0, 0, false
-	}
-	if len(fields) > 1 {
-		minor, _ = leadingInt(fields[1])
-	}
-	return major, minor, true
-}
-
-func leadingInt(s string) (int, bool) {
-	n := 0
-	for n < len(s) && n < 9 && s[n] >= '0' && s[n] <= '9' {
-		n++
-	}
-	if n == 0 {
-		return 0, false
-	}
-	v, err := strconv.Atoi(s[:n])
-	return v, err == nil
 }
 
 // terminator is the payload terminator for the worker the last info read.
@@ -370,6 +344,8 @@ func compileMapReplace(path string, content func(string) ([]byte, error)) ([]com
 		return nil, err
 	}
 	var body strings.Builder
+	// At most the file plus one space per line ("key \n" for an empty value).
+	body.Grow(len(data) + bytes.Count(data, []byte{'\n'}) + 1)
 	for _, e := range ParseMapEntries(string(data)) {
 		if !SafePayloadValue(e.Key) || !SafePayloadValue(e.Value) {
 			return nil, fmt.Errorf("%w: map entry %q", errUnsafeToken, e.Key)
@@ -606,7 +582,7 @@ func checkCommand(c command, term string) error {
 	if c.Payload == "" {
 		return nil
 	}
-	if n := len(frameCommand(c.Text, c.Payload, term)); n > maxFramedPayloadCommand {
+	if n := framedLen(c.Text, c.Payload, term); n > maxFramedPayloadCommand {
 		return fmt.Errorf("payload command of %d bytes exceeds the %d-byte framed limit", n, maxFramedPayloadCommand)
 	}
 	if strings.IndexByte(c.Payload, 0) >= 0 {
@@ -628,7 +604,12 @@ func checkCommand(c command, term string) error {
 // with HAProxy's default empty-line terminator when term is "".
 func frameCommand(text, payload, term string) string {
 	var b strings.Builder
-	b.Grow(len(text) + len(payload) + 2*len(term) + 8)
+	b.Grow(framedLen(text, payload, term))
+	writeFramed(&b, text, payload, term)
+	return b.String()
+}
+
+func writeFramed(b *strings.Builder, text, payload, term string) {
 	b.WriteString(text)
 	b.WriteString(" <<")
 	b.WriteString(term)
@@ -639,7 +620,15 @@ func frameCommand(text, payload, term string) string {
 	}
 	b.WriteString(term)
 	b.WriteByte('\n')
-	return b.String()
+}
+
+// framedLen is len(frameCommand(text, payload, term)) without building it.
+func framedLen(text, payload, term string) int {
+	n := len(text) + len(" <<") + 2*(len(term)+1) + len(payload)
+	if !strings.HasSuffix(payload, "\n") {
+		n++
+	}
+	return n
 }
 
 // ---------------------------------------------------------------------------
@@ -693,21 +682,26 @@ func waitMsOf(text string) int {
 	if !ok {
 		return 0
 	}
-	ms, _ := leadingInt(rest)
+	ms, _ := leadingNumber(rest)
 	return ms
 }
 
 // renderLine renders one line with the apply-path prefix; a payload
 // command, always last, is framed with its program's terminator.
 func renderLine(line []lineCommand, term string) string {
+	size := len(linePrefix) + 1
+	for _, c := range line {
+		size += framedLen(c.Text, c.Payload, term)
+	}
 	var b strings.Builder
+	b.Grow(size)
 	b.WriteString(linePrefix)
 	for i, c := range line {
 		if i > 0 {
 			b.WriteByte(';')
 		}
 		if c.Payload != "" {
-			b.WriteString(frameCommand(c.Text, c.Payload, term))
+			writeFramed(&b, c.Text, c.Payload, term)
 			return b.String()
 		}
 		b.WriteString(c.Text)
