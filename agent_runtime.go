@@ -838,17 +838,21 @@ func lastResponse(raw []byte, k int) (string, error) {
 	for pos := 0; pos < len(raw); n++ {
 		end, complete := nextResponse(raw, pos)
 		if !complete {
-			break
+			return "", incompleteReply(n, k)
 		}
 		start, pos = pos, end
 	}
-	if got, partial := countResponses(raw); got != k || partial {
-		return "", &runtimeError{
-			msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", got, k),
-			kind: []error{errUnreadableResponse},
-		}
+	if n != k {
+		return "", incompleteReply(n, k)
 	}
 	return trimReply(string(raw[start:])), nil
+}
+
+func incompleteReply(n, k int) error {
+	return &runtimeError{
+		msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k),
+		kind: []error{errUnreadableResponse},
+	}
 }
 
 // ---------------------------------------------------------------------------
@@ -878,14 +882,19 @@ var rejectionPhrases = []string{
 	"through configuration file",
 }
 
+// severityTag reads the "[N]:" tag that "set severity-output number" puts
+// before a message: the level and the text after it, or -1 when untagged.
+func severityTag(segment string) (level int, rest string) {
+	if len(segment) >= 4 && segment[0] == '[' && segment[1] >= '0' && segment[1] <= '7' && segment[2] == ']' && segment[3] == ':' {
+		return int(segment[1] - '0'), segment[4:]
+	}
+	return -1, segment
+}
+
 // classify judges one response segment.
 func classify(segment string) error {
-	level := -1
-	if len(segment) >= 4 && segment[0] == '[' && segment[1] >= '0' && segment[1] <= '7' && segment[2] == ']' && segment[3] == ':' {
-		level = int(segment[1] - '0')
-		segment = segment[4:]
-	}
-	text := strings.ToLower(segment)
+	level, rest := severityTag(segment)
+	text := strings.ToLower(rest)
 	switch {
 	case strings.Contains(text, "already used by other proxy"):
 		return errNameCollision
@@ -1054,7 +1063,13 @@ func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpR
 	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1}
 	err := run.all()
 	if err != nil && run.failedProg >= 0 {
-		run.abort(programs[run.failedProg])
+		failed := programs[run.failedProg]
+		if failed.Kind == OpMapReplace {
+			// No abort exists (compileMapReplace): the prepared version stays
+			// behind, uncommitted and harmless.
+			r.logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
+		}
+		run.abort(failed)
 	}
 	return results, err
 }
@@ -1180,9 +1195,6 @@ func (e *execution) repeat(prog int, c command) error {
 // when another object's transaction is open the abort is refused too, and
 // the fallback reload that follows ends it.
 func (e *execution) abort(p program) {
-	if p.Kind == OpMapReplace {
-		e.r.logger.Warn("map replace failed; an uncommitted map version is left behind", "kind", p.Kind)
-	}
 	for _, c := range p.Abort {
 		raw, err := e.r.exchange(e.ctx, linePrefix+c.Text+"\n", 0)
 		if err == nil {
@@ -1206,11 +1218,12 @@ func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, 
 	if err != nil {
 		return "", err
 	}
+	// The reply holds one response per prefix command, then the read's own.
 	text, err := lastResponse(raw, strings.Count(prefix, ";")+1)
 	if err != nil {
 		return "", err
 	}
-	if len(text) >= 4 && text[0] == '[' && text[1] >= '0' && text[1] <= '3' && text[2] == ']' && text[3] == ':' {
+	if level, _ := severityTag(text); level >= 0 && level <= 3 {
 		first, _, _ := strings.Cut(text, "\n")
 		return "", fmt.Errorf("%w: %s", errRejected, first)
 	}
@@ -1337,8 +1350,8 @@ func parseShowProc(text string) (procList, error) {
 			continue
 		}
 		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
+		if len(fields) == 0 || section != "" && section != "workers" && section != "old workers" {
+			continue // programs, whose rows are not ours to read
 		}
 		if len(fields) < 3 {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
@@ -1348,6 +1361,7 @@ func parseShowProc(text string) (procList, error) {
 		if err1 != nil || err2 != nil {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
+		row := procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)}
 		switch {
 		case section == "" && fields[1] == "master":
 			failed, ok := failedCount(line)
@@ -1356,9 +1370,9 @@ func parseShowProc(text string) (procList, error) {
 			}
 			list.MasterPID, list.Reloads, list.FailedReloads, haveMaster = pid, reloads, failed, true
 		case section == "workers":
-			list.Workers = append(list.Workers, procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)})
+			list.Workers = append(list.Workers, row)
 		case section == "old workers":
-			list.OldWorkers = append(list.OldWorkers, procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)})
+			list.OldWorkers = append(list.OldWorkers, row)
 		}
 	}
 	if !haveMaster {

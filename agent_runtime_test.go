@@ -825,7 +825,7 @@ func TestParseShowProc(t *testing.T) {
 			OldWorkers: []procRow{{PID: 17546, Reloads: 1, Version: "3.0.11-1+deb13u4"}}}, ""},
 		{"2.6", showProc26, procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
 			Workers: []procRow{{PID: 18157, Reloads: 0, Version: "2.6.12-1+deb12u4"}}}, ""},
-		{"with programs", strings.Replace(showProc26, "# programs\n", "# programs\n19000           dataplane       0               0d00h00m02s     -\n# old programs\n", 1),
+		{"with programs", strings.Replace(showProc26, "# programs\n", "# programs\n19000           dataplane       0               0d00h00m02s     -\nodd program row\n# old programs\n", 1),
 			procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
 				Workers: []procRow{{PID: 18157, Reloads: 0, Version: "2.6.12-1+deb12u4"}}}, ""},
 		{"without programs (3.4)", strings.TrimSuffix(showProc26, "# programs\n"), procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
