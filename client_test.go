@@ -2179,3 +2179,23 @@ func BenchmarkApplyRuntimeMapEntry(b *testing.B) {
 		state.AppliedToken = res.AppliedToken
 	}
 }
+
+func TestDeployOverTheAdminSocketIsRefused(t *testing.T) {
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fake := startTestFake(t, "")
+	sock := filepath.Join(dir, "admin.sock")
+	startTestAgent(t, fake, func(cfg *AgentConfig) { cfg.AdminSocket = sock })
+	c := newTestClient(t, "http://localhost", func(cfg *ClientConfig) { cfg.UnixSocket = sock })
+	if err := c.Health(context.Background()); err != nil {
+		t.Fatalf("Health over the admin socket: %v", err)
+	}
+	_, err = Deploy(context.Background(), c, examplePlan(hostMapV1), DeployOptions{LeaderEpoch: 1})
+	var he *HTTPError
+	if !errors.As(err, &he) || he.Status != http.StatusNotFound {
+		t.Fatalf("Deploy over the admin socket: %v, want *HTTPError 404", err)
+	}
+}
