@@ -89,6 +89,8 @@ func run(ctx context.Context, args []string, s stdio) int {
 		return runDiff(ctx, rest, s)
 	case "push":
 		return runPush(ctx, rest, s)
+	case "demo":
+		return runDemo(ctx, rest, s)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(s.out, usageText)
 		return exitOK
