@@ -181,16 +181,7 @@ func waitReadyz(t *testing.T, url string) {
 }
 
 func TestAgentCommandRunsAndStopsCleanly(t *testing.T) {
-	base, err := os.MkdirTemp("", "hc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(base)
-	fake, err := haptic.StartFakeHAProxy(base, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fake.Close()
+	base := startCLIFake(t).base
 
 	ctx, cancel := context.WithCancel(context.Background())
 	logs, logWriter := io.Pipe()
@@ -237,16 +228,7 @@ func TestAgentCommandRunsAndStopsCleanly(t *testing.T) {
 func TestAgentCommandStopsOnSIGTERMAndSIGINT(t *testing.T) {
 	for _, sig := range []os.Signal{syscall.SIGTERM, os.Interrupt} {
 		t.Run(sig.String(), func(t *testing.T) {
-			base, err := os.MkdirTemp("", "hc")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(base)
-			fake, err := haptic.StartFakeHAProxy(base, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fake.Close()
+			base := startCLIFake(t).base
 
 			// The test binary runs main itself (see TestMain), so the signal
 			// reaches the real signal handling of the command.

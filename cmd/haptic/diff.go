@@ -161,9 +161,14 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 	case base.Applied == nil && state.AppliedPlanID != "":
 		notes = append(notes, fmt.Sprintf("the agent holds no plan for its applied plan %s, so its baseline is unknown", state.AppliedPlanID))
 	}
-	if state.APIVersion != haptic.APIVersion {
+	major, missingOps := haptic.CheckSkew(state)
+	switch {
+	case major:
 		notes = append(notes, fmt.Sprintf("the agent speaks API %d, not %d: the whole file set is sent with a reload", state.APIVersion, haptic.APIVersion))
 		base = nil
+	case len(missingOps) > 0:
+		// Not a refusal: Diff reloads where it would need one of them.
+		notes = append(notes, fmt.Sprintf("the agent cannot run %s: a change that needs them reloads", strings.Join(missingOps, ", ")))
 	}
 	decision := haptic.Diff(next, base)
 	if !slices.Contains(state.Features, haptic.FeatureRuntimeBatches) && len(decision.Chunk()) > 1 {

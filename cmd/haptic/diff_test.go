@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -181,7 +182,7 @@ func TestLiveDecisionExplainsAnUnknownBaseline(t *testing.T) {
 	}
 	held := haptic.State{APIVersion: haptic.APIVersion, AppliedPlanID: prev.ID, RunningPlanID: prev.ID,
 		WorkerOpsPlanID: prev.ID, AppliedPlan: blob, HAProxy: haptic.HAProxyInfo{Version: "3.0.11"},
-		Inventory: haptic.InventoryOf(prev), Features: []string{haptic.FeatureRuntimeBatches}}
+		Inventory: haptic.InventoryOf(prev), Features: []string{haptic.FeatureRuntimeBatches}, AgentOps: haptic.ComposableOps()}
 	for _, c := range []struct {
 		name    string
 		mutate  func(*haptic.State)
@@ -192,6 +193,10 @@ func TestLiveDecisionExplainsAnUnknownBaseline(t *testing.T) {
 		{"no blob", func(s *haptic.State) { s.AppliedPlan = nil }, haptic.VerdictReload, "holds no plan for its applied plan " + prev.ID},
 		{"corrupt blob", func(s *haptic.State) { s.AppliedPlan = []byte("junk") }, haptic.VerdictReload, "stored plan is unreadable"},
 		{"other major", func(s *haptic.State) { s.APIVersion = 2 }, haptic.VerdictReload, "speaks API 2, not 1"},
+		{"older agent without map_add", func(s *haptic.State) {
+			s.AgentOps = slices.DeleteFunc(haptic.ComposableOps(), func(k string) bool { return k == haptic.OpMapAdd })
+		},
+			haptic.VerdictReload, "the agent cannot run map_add"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			state := held

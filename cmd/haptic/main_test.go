@@ -71,11 +71,14 @@ type testAgent struct {
 // URL is the agent's API base URL.
 func (a *testAgent) URL() string { return "http://" + a.Addr() }
 
-// startCLIAgent starts a fake HAProxy and an agent on one base directory,
-// with the admin socket on, and waits until the agent is ready. The fake
-// reads no configuration, so its reload "loads" every map file of the
-// testdata renders from the base directory, as a real worker would.
-func startCLIAgent(t testing.TB, mutate func(*haptic.AgentConfig)) *testAgent {
+// cliFake is a fake HAProxy serving the agent's default socket names in a
+// short base directory (unix socket paths are limited to 107 bytes).
+type cliFake struct {
+	fake *haptic.FakeHAProxy
+	base string
+}
+
+func startCLIFake(t testing.TB) cliFake {
 	t.Helper()
 	base, err := os.MkdirTemp("", "hc")
 	if err != nil {
@@ -87,6 +90,17 @@ func startCLIAgent(t testing.TB, mutate func(*haptic.AgentConfig)) *testAgent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { fake.Close() })
+	return cliFake{fake: fake, base: base}
+}
+
+// startCLIAgent starts a fake HAProxy and an agent on one base directory,
+// with the admin socket on, and waits until the agent is ready. The fake
+// reads no configuration, so its reload "loads" every map file of the
+// testdata renders from the base directory, as a real worker would.
+func startCLIAgent(t testing.TB, mutate func(*haptic.AgentConfig)) *testAgent {
+	t.Helper()
+	hap := startCLIFake(t)
+	base, fake := hap.base, hap.fake
 	fake.With(func(m *haptic.FakeModel) {
 		m.OnReload = func(m *haptic.FakeModel) {
 			content, err := os.ReadFile(filepath.Join(base, "maps", "host.map"))
