@@ -136,16 +136,17 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 		}
 		defer fake.Close()
 	} else {
-		h, err := startDemoHAProxy(haproxyBin, base)
-		if err != nil {
+		var h *demoHAProxy
+		if h, err = startDemoHAProxy(haproxyBin, base); err != nil {
 			return err
 		}
 		defer h.stop()
 		exited = h.exited
 		// HAProxy's own words are what explain a failed demo on a real
-		// binary; they are printed only then.
+		// binary; they are printed only then (not when the operator
+		// interrupted it).
 		defer func() {
-			if err != nil {
+			if err != nil && !errors.Is(err, context.Canceled) {
 				err = fmt.Errorf("%w\nHAProxy output:\n%s", err, h.output.String())
 			}
 		}()
@@ -166,8 +167,14 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 		return err
 	}
 	runCtx, stopAgent := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- agent.Run(runCtx) }()
+	// stopped is closed once Run has returned, with its error in runErr, so
+	// that the readiness wait and the cleanup can both observe it.
+	stopped := make(chan struct{})
+	var runErr error
+	go func() {
+		runErr = agent.Run(runCtx)
+		close(stopped)
+	}()
 	defer func() {
 		stopAgent()
 		select {
@@ -175,7 +182,7 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 		case <-time.After(demoAgentStopWait):
 		}
 	}()
-	if err = waitDemoReady(ctx, agent, stopped, exited); err != nil {
+	if err = waitDemoReady(ctx, agent, stopped, func() error { return runErr }, exited); err != nil {
 		return err
 	}
 
@@ -293,7 +300,7 @@ func (b *syncBuffer) String() string {
 
 // waitDemoReady waits until the agent has found HAProxy and adopted its
 // worker, and fails early when the agent or HAProxy stops first.
-func waitDemoReady(ctx context.Context, agent *haptic.Agent, stopped <-chan error, exited <-chan struct{}) error {
+func waitDemoReady(ctx context.Context, agent *haptic.Agent, stopped <-chan struct{}, runErr func() error, exited <-chan struct{}) error {
 	deadline := time.NewTimer(demoReadyTimeout)
 	defer deadline.Stop()
 	tick := time.NewTicker(demoReadyPoll)
@@ -302,8 +309,11 @@ func waitDemoReady(ctx context.Context, agent *haptic.Agent, stopped <-chan erro
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case err := <-stopped:
-			return fmt.Errorf("the agent stopped before it was ready: %v", err)
+		case <-stopped:
+			if ctx.Err() != nil {
+				return ctx.Err() // Run ends cleanly when it is cancelled
+			}
+			return fmt.Errorf("the agent stopped before it was ready: %v", runErr())
 		case <-exited:
 			return errors.New("HAProxy exited before the agent was ready")
 		case <-deadline.C:

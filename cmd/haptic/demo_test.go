@@ -84,6 +84,23 @@ func TestDemoCommand(t *testing.T) {
 	}
 }
 
+func TestDemoReportsHAProxyOutputWhenItFails(t *testing.T) {
+	before := demoLeftovers(t)
+	bin := filepath.Join(t.TempDir(), "haproxy")
+	script := "#!/bin/sh\necho \"[ALERT] (1) : config : parsing [haproxy.cfg:2] : unknown keyword 'statz'\" >&2\nexit 1\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, nil, "demo", "--haproxy", bin)
+	want := "haptic demo: HAProxy exited before the agent was ready\nHAProxy output:\n[ALERT] (1) : config : parsing [haproxy.cfg:2] : unknown keyword 'statz'\n"
+	if r.code != exitFailure || !strings.HasPrefix(r.err, want) || r.out != "" {
+		t.Errorf("code %d stdout %q stderr %q; want 1 and %q", r.code, r.out, r.err, want)
+	}
+	if after := demoLeftovers(t); len(after) > len(before) {
+		t.Errorf("a failed demo left %q behind", after)
+	}
+}
+
 func TestDemoStopsWhenCancelled(t *testing.T) {
 	before := demoLeftovers(t)
 	ctx, cancel := context.WithCancel(context.Background())
