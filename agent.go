@@ -1,0 +1,894 @@
+// This file owns the agent's process shape (agent.md §2–§4, §8, §12, §13):
+// its configuration and the validation NewAgent runs, the listeners, Run and
+// its error group, startup and readiness, and the HTTP handlers except the
+// apply pipeline (agent_apply.go). Authentication is in agent_auth.go, the
+// persistent state in agent_state.go, the file store in agent_files.go.
+//
+// It must never make an HAProxy decision (the controller does, through Diff)
+// and never panic: a broken invariant is counted, logged and reported.
+package haptic
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// AgentConfig configures one agent. Empty names get the flag defaults of
+// agent.md §2.2; AdminSocket, DrainSocket, MetricsListen and TLSDir stay off
+// when empty.
+type AgentConfig struct {
+	BaseDir              string        // --base-dir
+	ConfigFile           string        // --config; manifest path of the HAProxy config
+	MasterSocket         string        // --master-socket
+	WorkerSocket         string        // --worker-socket
+	StateFile            string        // --state-file
+	Listen               string        // --listen
+	MetricsListen        string        // --metrics-listen; "" serves no metrics
+	TLSDir               string        // --tls-dir; "" means no TLS
+	TLSClientName        string        // --tls-client-name
+	Username, Password   string        // DATAPLANE_USERNAME, DATAPLANE_PASSWORD
+	InsecureNoAuth       bool          // --insecure-no-auth
+	ReloadIntervalMin    time.Duration // --reload-interval-min
+	ReloadTimeout        time.Duration // --reload-timeout; 0 means 60s
+	AdminSocket          string        // --admin-socket; "" means none
+	DrainSocket          string        // --drain-socket; "" means none
+	DrainQuietPeriod     time.Duration // --drain-quiet-period; 0 means 2s
+	DrainMaxWait         time.Duration // --drain-max-wait; 0 means 10s
+	DrainIgnoreFrontends []string      // --drain-ignore-frontend
+	AgentVersion         string        // reported as agent_version; "" means "dev"
+	Logger               *slog.Logger  // nil means slog.Default()
+}
+
+// Flag defaults and fixed values of the agent's process shape.
+const (
+	defaultConfigFile    = ConfigFilePath
+	defaultMasterSocket  = "haproxy-master.sock"
+	defaultWorkerSocket  = "haproxy-worker.sock"
+	defaultStateFile     = ".haptic-agent.json"
+	defaultListen        = ":5555"
+	defaultAgentVersion  = "dev"
+	defaultDrainQuiet    = 2 * time.Second
+	defaultDrainMaxWait  = 10 * time.Second
+	maxDrainMaxWait      = 5 * time.Minute
+	maxUnixSocketPath    = 107
+	probeInterval        = 200 * time.Millisecond
+	serverGrace          = 15 * time.Second
+	adminSocketMode      = 0o600
+	drainSocketMode      = 0o666
+	textContentType      = "text/plain; charset=utf-8"
+	jsonContentType      = "application/json"
+	msgAgentInitialising = "agent is initialising"
+)
+
+// agentPaths are the resolved local paths of one agent.
+type agentPaths struct {
+	config, state, master, worker, admin, drain, planBlob string
+}
+
+// Agent is one running HAPTIC agent. Build it with NewAgent and run it once
+// with Run.
+type Agent struct {
+	cfg     AgentConfig
+	logger  *slog.Logger
+	paths   agentPaths
+	files   *fileStore
+	rt      *haproxyRuntime
+	queue   *deleteQueue
+	metrics *agentMetrics
+	tls     *tlsMaterial // nil without --tls-dir
+
+	drainIgnore map[string]bool // frontends the drain's counter leaves out
+
+	apiLn, metricsLn, adminLn, drainLn net.Listener
+
+	ran         atomic.Bool
+	initialized chan struct{}
+	pacerWake   chan struct{}
+	drainStop   chan struct{}
+	baseCtx     context.Context // the group context of Run; set before any goroutine starts
+
+	// clockOffset moves the agent's clock in tests (the known-bad cache's
+	// 60 seconds); production never sets it.
+	clockOffset atomic.Int64
+	hooks       agentHooks
+
+	// Background read-backs: counted, and refused once the agent stops.
+	bgMu      sync.Mutex
+	stopping  bool
+	readbacks sync.WaitGroup
+
+	// The three locks of agent.md §16, always taken in this order.
+	applyMu  sync.Mutex // serialises applies, the pacer's reload and read-backs
+	workerMu sync.Mutex // from observing the worker to adopting it
+	mu       sync.Mutex // the state below; never held across HAProxy I/O or hashing
+
+	st                agentState
+	tree              map[string]FileAt
+	treeVersion       uint64
+	inventory         Inventory
+	inventoryReported uint64
+	blob              []byte
+	invalidations     uint64
+	lastReload        time.Time
+	lastInvariant     string
+}
+
+// agentHooks let internal tests observe or steer the agent at points the
+// fake HAProxy cannot reach. Production leaves them nil.
+type agentHooks struct {
+	beforeReload func() // called before every master reload
+}
+
+func (a *Agent) now() time.Time {
+	return time.Now().Add(time.Duration(a.clockOffset.Load()))
+}
+
+// ---------------------------------------------------------------------------
+// Construction.
+
+// NewAgent validates cfg in the order of agent.md §2.3, builds the file
+// store, loads the state file and the plan blob, and binds the listeners. It
+// does not contact HAProxy: the agent must start before HAProxy answers.
+func NewAgent(cfg AgentConfig) (*Agent, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	fillAgentDefaults(&cfg)
+	if err := validateAgentConfig(&cfg); err != nil {
+		return nil, err
+	}
+	a := &Agent{
+		cfg:         cfg,
+		logger:      cfg.Logger,
+		initialized: make(chan struct{}),
+		pacerWake:   make(chan struct{}, 1),
+		drainStop:   make(chan struct{}),
+		metrics:     newAgentMetrics(),
+		baseCtx:     context.Background(),
+		drainIgnore: drainIgnoreSet(cfg.DrainIgnoreFrontends),
+	}
+	if cfg.TLSDir != "" {
+		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-dir: %w", err)
+		}
+		a.tls = m
+	}
+	a.warnAboutAuth()
+	paths, err := resolveAgentPaths(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.paths = paths
+	files, err := newFileStore(fileStoreConfig{
+		Base:     cfg.BaseDir,
+		Config:   cfg.ConfigFile,
+		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state},
+		Logger:   cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--base-dir: %w", err)
+	}
+	a.files = files
+	if a.st, err = loadState(paths.state); err != nil {
+		return nil, err
+	}
+	a.loadPlanBlob()
+	a.rt = newHAProxyRuntime(runtimeConfig{
+		WorkerSocket:  paths.worker,
+		MasterSocket:  paths.master,
+		Logger:        cfg.Logger,
+		ReloadTimeout: cfg.ReloadTimeout,
+	})
+	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) {
+		a.metrics.deferredDeletes.inc(kind, outcome)
+	})
+	a.metrics.generation.set(a.st.Generation)
+	if err := a.bindListeners(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// fillAgentDefaults fills empty names and zero durations with the flag defaults.
+func fillAgentDefaults(cfg *AgentConfig) {
+	for _, f := range []struct {
+		field *string
+		def   string
+	}{
+		{&cfg.ConfigFile, defaultConfigFile},
+		{&cfg.MasterSocket, defaultMasterSocket},
+		{&cfg.WorkerSocket, defaultWorkerSocket},
+		{&cfg.StateFile, defaultStateFile},
+		{&cfg.Listen, defaultListen},
+		{&cfg.AgentVersion, defaultAgentVersion},
+	} {
+		if *f.field == "" {
+			*f.field = f.def
+		}
+	}
+	if cfg.ReloadTimeout == 0 {
+		cfg.ReloadTimeout = MaxReloadMs * time.Millisecond
+	}
+}
+
+// validateAgentConfig runs steps 2–7 of agent.md §2.3; nothing on disk is
+// touched.
+func validateAgentConfig(cfg *AgentConfig) error {
+	if cfg.BaseDir == "" {
+		return errors.New("--base-dir is required")
+	}
+	if err := validatePath(cfg.ConfigFile); err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	maxInterval := MaxReloadIntervalMs * time.Millisecond
+	if cfg.ReloadIntervalMin < 0 || cfg.ReloadIntervalMin > maxInterval {
+		return fmt.Errorf("--reload-interval-min %s is outside 0..60s", cfg.ReloadIntervalMin)
+	}
+	if maxTimeout := MaxReloadMs * time.Millisecond; cfg.ReloadTimeout < 0 || cfg.ReloadTimeout > maxTimeout {
+		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
+	}
+	quiet, maxWait, err := validateDrain(cfg.DrainQuietPeriod, cfg.DrainMaxWait)
+	if err != nil {
+		return err
+	}
+	cfg.DrainQuietPeriod, cfg.DrainMaxWait = quiet, maxWait
+	switch {
+	case cfg.TLSDir != "" && cfg.TLSClientName == "":
+		return errors.New("--tls-client-name is required with --tls-dir")
+	case cfg.TLSDir != "":
+	case (cfg.Username == "") != (cfg.Password == ""):
+		return errors.New("DATAPLANE_USERNAME and DATAPLANE_PASSWORD must be set together")
+	case cfg.Username == "" && !cfg.InsecureNoAuth:
+		return errors.New("no authentication configured: use --tls-dir, or set DATAPLANE_USERNAME and DATAPLANE_PASSWORD, or pass --insecure-no-auth")
+	}
+	return nil
+}
+
+// validateDrain fills the drain window's defaults and checks it.
+func validateDrain(quiet, maxWait time.Duration) (time.Duration, time.Duration, error) {
+	if quiet == 0 {
+		quiet = defaultDrainQuiet
+	}
+	if maxWait == 0 {
+		maxWait = defaultDrainMaxWait
+	}
+	switch {
+	case quiet < 0:
+		return 0, 0, fmt.Errorf("--drain-quiet-period must not be negative, got %s", quiet)
+	case maxWait < 0:
+		return 0, 0, fmt.Errorf("--drain-max-wait must not be negative, got %s", maxWait)
+	case maxWait > maxDrainMaxWait:
+		return 0, 0, fmt.Errorf("--drain-max-wait must be at most %s, got %s", maxDrainMaxWait, maxWait)
+	case quiet > maxWait:
+		return 0, 0, fmt.Errorf("--drain-quiet-period %s exceeds --drain-max-wait %s", quiet, maxWait)
+	}
+	return quiet, maxWait, nil
+}
+
+// warnAboutAuth logs the configurations that work but are probably not
+// what the operator meant.
+func (a *Agent) warnAboutAuth() {
+	cfg := &a.cfg
+	basic := cfg.Username != "" || cfg.Password != ""
+	if cfg.TLSDir != "" && basic {
+		a.logger.Warn("DATAPLANE_USERNAME/DATAPLANE_PASSWORD are ignored: --tls-dir turns on mutual TLS")
+	}
+	switch {
+	case cfg.InsecureNoAuth && (cfg.TLSDir != "" || basic):
+		a.logger.Warn("--insecure-no-auth has no effect: authentication is configured")
+	case cfg.InsecureNoAuth:
+		a.logger.Warn("the API accepts every request: --insecure-no-auth is set and no authentication is configured")
+	}
+}
+
+// resolveAgentPaths runs steps 8–9 of agent.md §2.3: every local path is
+// made absolute against the base directory, and no two may coincide.
+func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
+	abs := func(p string) string {
+		if p == "" {
+			return ""
+		}
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cfg.BaseDir, p)
+		}
+		if a, err := filepath.Abs(p); err == nil {
+			p = a
+		}
+		return filepath.Clean(p)
+	}
+	p := agentPaths{
+		config: abs(filepath.FromSlash(cfg.ConfigFile)),
+		state:  abs(cfg.StateFile),
+		master: abs(cfg.MasterSocket),
+		worker: abs(cfg.WorkerSocket),
+		drain:  abs(cfg.DrainSocket),
+		admin:  abs(cfg.AdminSocket),
+	}
+	entries := []struct{ flag, path string }{
+		{"config", p.config}, {"state-file", p.state}, {"master-socket", p.master},
+		{"worker-socket", p.worker}, {"drain-socket", p.drain}, {"admin-socket", p.admin},
+	}
+	for i, b := range entries {
+		for _, e := range entries[:i] {
+			if b.path != "" && e.path == b.path {
+				return p, fmt.Errorf("--%s and --%s share %s; choose distinct file and socket paths", e.flag, b.flag, b.path)
+			}
+		}
+	}
+	for _, s := range []struct{ flag, path string }{{"admin-socket", p.admin}, {"drain-socket", p.drain}} {
+		if len(s.path) > maxUnixSocketPath {
+			return p, fmt.Errorf("--%s: %s exceeds the %d-byte unix socket path limit", s.flag, s.path, maxUnixSocketPath)
+		}
+	}
+	p.planBlob = filepath.Join(filepath.Dir(p.state), planBlobFile)
+	return p, nil
+}
+
+// bindListeners binds, in order, the API, metrics, admin and drain
+// listeners, closing every one already bound if a later one fails.
+func (a *Agent) bindListeners() (err error) {
+	defer func() {
+		if err != nil {
+			a.closeListeners()
+		}
+	}()
+	if a.apiLn, err = net.Listen("tcp", a.cfg.Listen); err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	if a.cfg.MetricsListen != "" {
+		if a.metricsLn, err = net.Listen("tcp", a.cfg.MetricsListen); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	if a.paths.admin != "" {
+		if a.adminLn, err = listenUnix("admin-socket", a.paths.admin, adminSocketMode); err != nil {
+			return err
+		}
+	}
+	if a.paths.drain != "" {
+		if a.drainLn, err = listenUnix("drain-socket", a.paths.drain, drainSocketMode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Agent) closeListeners() {
+	for _, ln := range []net.Listener{a.apiLn, a.metricsLn, a.adminLn, a.drainLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// listenUnix binds a local agent socket, replacing a stale socket file but
+// never a file of another kind.
+func listenUnix(flag, path string, mode os.FileMode) (net.Listener, error) {
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	case fi.Mode()&os.ModeSocket == 0:
+		return nil, fmt.Errorf("local agent socket %s is occupied by a non-socket file; choose another path", path)
+	default:
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("--%s: %w", flag, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("--%s: %w", flag, err)
+	}
+	return ln, nil
+}
+
+// Addr returns the TCP address the API listener is bound to.
+func (a *Agent) Addr() string { return a.apiLn.Addr().String() }
+
+// Ready reports whether initialisation has finished. Once true it stays true.
+func (a *Agent) Ready() bool {
+	select {
+	case <-a.initialized:
+		return true
+	default:
+		return false
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Run.
+
+// errGroup runs goroutines that share one cancellable context; the first
+// error cancels it and is what Wait returns.
+type errGroup struct {
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+	cancel context.CancelFunc
+}
+
+func (g *errGroup) Go(f func() error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(); err != nil {
+			g.once.Do(func() {
+				g.err = err
+				g.cancel()
+			})
+		}
+	}()
+}
+
+func (g *errGroup) Wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
+
+// Run serves until ctx ends, then shuts every server down with its grace,
+// waits for background read-backs and returns. A cancelled Run returns nil;
+// an error from initialisation ends Run with that error.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.ran.CompareAndSwap(false, true) {
+		return errors.New("haptic: an Agent runs only once")
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	g := &errGroup{cancel: cancel}
+	a.baseCtx = gctx
+
+	servers := a.buildServers(gctx)
+	g.Go(func() error { a.queue.Start(gctx); return nil })
+	g.Go(func() error { a.runPacer(gctx); return nil })
+	g.Go(func() error { return a.initialise(gctx) })
+	for _, s := range servers {
+		g.Go(func() error {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("%s server: %w", s.name, err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		a.shutdownServers(servers)
+		return nil
+	})
+	err := g.Wait()
+
+	a.bgMu.Lock()
+	a.stopping = true
+	a.bgMu.Unlock()
+	a.readbacks.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// agentServer is one listener with its server and shutdown behaviour.
+type agentServer struct {
+	name  string
+	ln    net.Listener
+	srv   *http.Server
+	grace time.Duration
+	after func() // runs once the server has shut down
+}
+
+func (a *Agent) buildServers(gctx context.Context) []agentServer {
+	base := func(net.Listener) context.Context { return gctx }
+	var out []agentServer
+
+	api := &http.Server{
+		Handler:           a.apiMux(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       2 * time.Minute,
+		WriteTimeout:      3 * time.Minute,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       base,
+		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
+	}
+	disableHTTP2(api)
+	apiLn := a.apiLn
+	if a.tls != nil {
+		apiLn = tlsListener(apiLn, a.tls.serverConfig())
+	}
+	out = append(out, agentServer{name: "api", ln: apiLn, srv: api, grace: serverGrace})
+
+	if a.metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET /metrics", a.handleMetrics)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, BaseContext: base}
+		disableHTTP2(srv)
+		out = append(out, agentServer{name: "metrics", ln: a.metricsLn, srv: srv, grace: serverGrace})
+	}
+	if a.adminLn != nil {
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
+		mux.HandleFunc("GET "+PathState, a.handleState)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 15 * time.Second, BaseContext: base}
+		disableHTTP2(srv)
+		path := a.paths.admin
+		out = append(out, agentServer{name: "admin", ln: a.adminLn, srv: srv, grace: serverGrace,
+			after: func() { removeSocketFile(path) }})
+	}
+	if a.drainLn != nil {
+		d := newDrainer(a.countConnections, a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
+		mux := http.NewServeMux()
+		mux.HandleFunc("GET "+PathDrain, func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, d.drain(r.Context()))
+		})
+		grace := a.cfg.DrainMaxWait + serverGrace
+		// The drain's context is not the group's: an in-flight drain finishes
+		// within its grace instead of ending the moment the agent stops.
+		drainBase := context.WithoutCancel(gctx)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: grace,
+			BaseContext: func(net.Listener) context.Context { return drainBase }}
+		disableHTTP2(srv)
+		path := a.paths.drain
+		out = append(out, agentServer{name: "drain", ln: a.drainLn, srv: srv, grace: grace,
+			after: func() { close(a.drainStop); removeSocketFile(path) }})
+	}
+	return out
+}
+
+// shutdownServers shuts every server down with its own grace, in parallel,
+// then runs its after hook.
+func (a *Agent) shutdownServers(servers []agentServer) {
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), s.grace)
+			defer cancel()
+			if err := s.srv.Shutdown(ctx); err != nil {
+				a.logger.Warn("server did not stop within its grace", "server", s.name, "err", err)
+				s.srv.Close()
+			}
+			if s.after != nil {
+				s.after()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// disableHTTP2 keeps a server on HTTP/1.1: the agent's wire is HTTP/1.1
+// only, and an empty TLSNextProto map is how net/http is told so.
+func disableHTTP2(srv *http.Server) {
+	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
+}
+
+func removeSocketFile(path string) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		slog.Default().Warn("could not remove a local agent socket", "path", path, "err", err)
+	}
+}
+
+// countConnections is the drain's counter: accepted connections over the
+// worker's frontends, minus the ignored ones.
+func (a *Agent) countConnections(ctx context.Context) (uint64, error) {
+	return a.rt.frontendConnections(ctx, a.drainIgnore)
+}
+
+// ---------------------------------------------------------------------------
+// Startup (agent.md §4.2–§4.4).
+
+// initialise brings the agent to readiness: sweep, probe HAProxy until it
+// answers, adopt the disk, recover an interrupted apply.
+func (a *Agent) initialise(ctx context.Context) error {
+	a.mu.Lock()
+	journal := a.st.Journal.clone()
+	a.mu.Unlock()
+	if err := a.files.SweepTemp(journal); err != nil {
+		a.logger.Warn("sweeping temp and backup directories failed", "err", err)
+	}
+	info, inv, err := a.probeUntilReady(ctx)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.st.ExpectedWorker = info
+	a.inventory = inv
+	a.mu.Unlock()
+	a.queue.SetWorker(info)
+	if err := a.adoptDisk(); err != nil {
+		return err
+	}
+	if err := a.recoverFromCrash(ctx); err != nil {
+		return err
+	}
+	close(a.initialized)
+	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
+	return nil
+}
+
+// probeUntilReady asks HAProxy every 200 ms until the worker, the master and
+// the inventory all answer in one round. There is no deadline.
+func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, error) {
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	var lastErr string
+	for {
+		info, inv, err := a.rt.probe(ctx)
+		if err == nil && info.HasWorkerIdentity() {
+			return info, inv, nil
+		}
+		if err != nil && err.Error() != lastErr {
+			lastErr = err.Error()
+			a.logger.Info("waiting for HAProxy", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return HAProxyInfo{}, Inventory{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// adoptDisk hashes the ownership set and forgets what only this process
+// could attest (agent.md §4.3).
+func (a *Agent) adoptDisk() error {
+	a.mu.Lock()
+	paths := cloneSlice(a.st.ManifestPaths)
+	a.mu.Unlock()
+	tree, err := a.files.HashTree(paths)
+	if err != nil {
+		return err
+	}
+	digest := treeDigest(tree)
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := &a.st
+	if s.TreeDigest != "" && s.TreeDigest != digest {
+		a.logger.Warn("the tree changed while the agent was away; the applied plan is unknown",
+			"state_digest", s.TreeDigest, "disk_digest", digest)
+		s.AppliedPlanID, s.RunningPlanID, s.WorkerOpsPlanID = "", "", ""
+	}
+	s.AppliedPlanProof, s.RunningPlanProof, s.WorkerOpsPlanProof, s.LKGPlanProof = "", "", "", ""
+	s.PendingReloadPlanID, s.PendingReloadPlanProof = "", ""
+	s.ReloadPendingAt = time.Time{}
+	s.PlanBlobPlanProof = ""
+	s.Nack = nil
+	a.setTreeLocked(tree)
+	s.TreeDigest = digest
+	return a.saveLocked()
+}
+
+// recoverFromCrash finishes an apply the previous process left in flight:
+// the tree goes back to the last-known-good set (if writes may have begun)
+// and whatever is on disk is reloaded (agent.md §4.4).
+func (a *Agent) recoverFromCrash(ctx context.Context) error {
+	a.mu.Lock()
+	phase := a.st.Phase
+	a.mu.Unlock()
+	if phase == phaseIdle || phase == phaseCommitted {
+		return nil
+	}
+	a.logger.Warn("an apply was interrupted; recovering", "phase", phase)
+	a.invalidateBaseline()
+	if phaseMayHaveWritten(phase) {
+		if err := a.restoreJournal(); err != nil {
+			a.logger.Error("restoring the journal during recovery failed", "err", err)
+		}
+	}
+	if _, err := a.performReload(ctx, planRef{}); err != nil {
+		a.logger.Error("the recovery reload failed", "err", err)
+		a.mu.Lock()
+		a.invariantLocked(false, invRecoveryReload)
+		a.st.setRunning(planRef{})
+		a.mu.Unlock()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.st.Phase, a.st.InFlightPlanID = phaseIdle, ""
+	return a.saveLocked()
+}
+
+// ---------------------------------------------------------------------------
+// Handlers (agent.md §3, §8).
+
+func (a *Agent) apiMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
+	mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
+	mux.HandleFunc("GET "+PathState, a.authenticated(a.handleState))
+	mux.HandleFunc("POST "+PathApply, a.authenticated(a.handleApply))
+	mux.HandleFunc("PUT "+PathPlan, a.authenticated(a.handlePutPlan))
+	return mux
+}
+
+// writeText answers a text body with one trailing newline.
+func writeText(w http.ResponseWriter, code int, s string) {
+	w.Header().Set("Content-Type", textContentType)
+	w.WriteHeader(code)
+	io.WriteString(w, s+"\n")
+}
+
+// writeJSON answers a JSON body with one trailing newline.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeText(w, http.StatusInternalServerError, "the agent could not encode its answer")
+		return
+	}
+	w.Header().Set("Content-Type", jsonContentType)
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, code int, stage, message string) {
+	writeJSON(w, code, ApplyError{Stage: stage, Message: message})
+}
+
+func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	if a.Ready() {
+		writeText(w, http.StatusOK, "ready")
+		return
+	}
+	writeText(w, http.StatusServiceUnavailable, "initialising")
+}
+
+func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", metricsContentType)
+	if err := a.metrics.writeText(w); err != nil {
+		a.logger.Warn("writing metrics failed", "err", err)
+	}
+}
+
+// handleState answers GET /v1/state: after initialisation, optionally after
+// re-hashing the tree and re-checking the worker (verify=1).
+func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-a.initialized:
+	case <-r.Context().Done():
+		return
+	}
+	q := r.URL.Query()
+	if q.Get("verify") == "1" {
+		if err := a.refreshTree(); err != nil {
+			writeError(w, http.StatusInternalServerError, StageState, err.Error())
+			return
+		}
+		if _, err := a.checkWorker(r.Context()); err != nil {
+			a.logger.Warn("verified state read: worker check", "err", err)
+		}
+	}
+	a.mu.Lock()
+	st := a.stateLocked(q.Get("plan") != "0")
+	a.mu.Unlock()
+	writeJSON(w, http.StatusOK, st)
+}
+
+// maxTreeRefreshRetries bounds how often a verified read re-hashes because
+// an apply changed the tree while it was hashing.
+const maxTreeRefreshRetries = 3
+
+// refreshTree re-hashes the ownership set and adopts the observation,
+// keeping the proof of every entry whose digest and size did not change.
+// An observation an apply overtook is never adopted.
+func (a *Agent) refreshTree() error {
+	for attempt := 0; attempt <= maxTreeRefreshRetries; attempt++ {
+		a.mu.Lock()
+		paths := a.ownershipLocked()
+		version := a.treeVersion
+		a.mu.Unlock()
+		fresh, err := a.hashPaths(paths)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		if a.treeVersion != version {
+			a.mu.Unlock()
+			continue
+		}
+		for p, at := range fresh {
+			if old, ok := a.tree[p]; ok && old.Digest == at.Digest && old.Size == at.Size {
+				at.Proof = old.Proof
+				fresh[p] = at
+			}
+		}
+		a.setTreeLocked(fresh)
+		a.st.TreeDigest = treeDigest(fresh)
+		a.saveLocked()
+		a.mu.Unlock()
+		return nil
+	}
+	a.logger.Info("verified state read: applies kept changing the tree; answering with the current tree")
+	return nil
+}
+
+// ownershipLocked is the set a verified read observes: the committed
+// ownership set plus the paths an apply in flight has already written, so
+// that an observation made between an apply's write and its commit never
+// drops the files that apply installed.
+func (a *Agent) ownershipLocked() []string {
+	paths := cloneSlice(a.st.ManifestPaths)
+	for p := range a.tree {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	return slices.Compact(paths)
+}
+
+// hashPaths hashes a set that may exceed MaxFiles (the committed set plus
+// an apply's new paths, at most twice MaxFiles) in chunks HashTree accepts.
+func (a *Agent) hashPaths(paths []string) (map[string]FileAt, error) {
+	tree := make(map[string]FileAt, len(paths))
+	for start := 0; start < len(paths); start += MaxFiles {
+		part, err := a.files.HashTree(paths[start:min(start+MaxFiles, len(paths))])
+		if err != nil {
+			return nil, err
+		}
+		for p, at := range part {
+			tree[p] = at
+		}
+	}
+	return tree, nil
+}
+
+// handlePutPlan stores the plan blob of the applied plan (agent.md §10.3).
+// It takes only the state mutex, never the apply lock.
+func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
+	if !a.Ready() {
+		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
+		return
+	}
+	q := r.URL.Query()
+	ref := planRef{ID: q.Get("plan_id"), Proof: q.Get("proof")}
+	if ref.ID == "" || ref.Proof == "" {
+		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
+		return
+	}
+	blob, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxPlanBlobBytes+1))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge) || len(blob) > MaxPlanBlobBytes:
+		writeError(w, http.StatusBadRequest, StagePlan, fmt.Sprintf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes))
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
+		return
+	case len(blob) == 0:
+		writeError(w, http.StatusBadRequest, StagePlan, "plan blob is empty")
+		return
+	}
+	a.mu.Lock()
+	err = a.storePlanBlobLocked(ref, blob)
+	moved := PlanMoved{AppliedPlanID: a.st.AppliedPlanID, AppliedPlanProof: a.st.AppliedPlanProof}
+	a.mu.Unlock()
+	switch {
+	case errors.Is(err, errPlanMoved):
+		writeJSON(w, http.StatusConflict, moved)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, StagePlan, err.Error())
+	default:
+		writeJSON(w, http.StatusOK, PlanStored{PlanID: ref.ID, Proof: ref.Proof})
+	}
+}

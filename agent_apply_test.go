@@ -1,0 +1,1411 @@
+// Tests of the apply pipeline (agent.md §9, "Authentication and handlers"
+// manifest and part rows, "Apply pipeline" table) and the bad-input table of
+// issue 5: malformed requests get their exact status and stage and change
+// nothing. All run against the fake HAProxy.
+package haptic
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// snapshot is what a refused request must leave untouched.
+type snapshot struct {
+	disk      fileSet
+	stateFile []byte
+	st        State
+}
+
+func (e *testEnv) snapshot(t testing.TB) snapshot {
+	t.Helper()
+	b, _ := os.ReadFile(filepath.Join(e.cfg.BaseDir, ".haptic-agent.json"))
+	return snapshot{disk: e.disk(t), stateFile: b, st: e.c.state("?plan=0")}
+}
+
+// unchanged fails the test if the tree, the state file or the baseline moved.
+func (e *testEnv) unchanged(t testing.TB, before snapshot) {
+	t.Helper()
+	after := e.snapshot(t)
+	if !sameSet(after.disk, before.disk) {
+		t.Errorf("the tree changed: %v → %v", before.disk, after.disk)
+	}
+	if !bytes.Equal(after.stateFile, before.stateFile) {
+		t.Errorf("the state file changed:\n%s\n%s", before.stateFile, after.stateFile)
+	}
+	b, a := before.st, after.st
+	if a.Generation != b.Generation || a.AppliedPlanID != b.AppliedPlanID || a.AppliedPlanProof != b.AppliedPlanProof ||
+		a.LKGPlanID != b.LKGPlanID || a.AppliedToken != b.AppliedToken || a.WorkerOpsPlanProof != b.WorkerOpsPlanProof {
+		t.Errorf("the baseline changed: %+v → %+v", b, a)
+	}
+	if left := tempLeftovers(t, e.a); len(left) != 0 {
+		t.Errorf("temp files left: %v", left)
+	}
+}
+
+// tempLeftovers lists what is left in the agent's .haptic-tmp directories.
+func tempLeftovers(t testing.TB, a *Agent) []string {
+	t.Helper()
+	var left []string
+	for _, m := range a.files.mounts {
+		entries, _ := os.ReadDir(filepath.Join(m, storeTempDir))
+		for _, e := range entries {
+			left = append(left, e.Name())
+		}
+	}
+	return left
+}
+
+func fileHeader(name, filename string) textproto.MIMEHeader {
+	h := textproto.MIMEHeader{}
+	if filename == "" {
+		h.Set("Content-Disposition", fmt.Sprintf(`form-data; name=%q`, name))
+	} else {
+		h.Set("Content-Disposition", fmt.Sprintf(`form-data; name=%q; filename=%q`, name, filename))
+	}
+	return h
+}
+
+// ---------------------------------------------------------------------------
+// Manifest and parts.
+
+func TestApplyManifestSizeBoundary(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	m := e.c.manifest("plan-2", fs)
+	b, _ := json.Marshal(m)
+	exact := append(b, bytes.Repeat([]byte(" "), MaxPlanBlobBytes-len(b))...)
+	code, body := e.c.post(applyRequest{manifest: m, rawManifest: exact, files: fs})
+	if code != http.StatusOK || !strings.Contains(string(body), `"ok":true`) {
+		t.Fatalf("a manifest of exactly %d bytes: %d %s", len(exact), code, body)
+	}
+	before := e.snapshot(t)
+	m = e.c.manifest("plan-3", fs)
+	b, _ = json.Marshal(m)
+	over := append(b, bytes.Repeat([]byte(" "), MaxPlanBlobBytes+1-len(b))...)
+	code, body = e.c.post(applyRequest{manifest: m, rawManifest: over, files: fs})
+	if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != "manifest exceeds the 8388608-byte limit" {
+		t.Errorf("one byte over: %d %+v", code, ae)
+	}
+	e.unchanged(t, before)
+}
+
+func TestManifestValidationMessages(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	mapOp := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}
+	ops := func(n int) []Op { return slices.Repeat([]Op{mapOp}, n) }
+	tests := []struct {
+		name   string
+		mutate func(m *Manifest)
+		raw    string // a raw manifest body instead
+		want   string
+	}{
+		{"bad JSON", nil, `{"plan_id":`, "invalid manifest: unexpected end of JSON input"},
+		{"wrong type", nil, `{"plan_id":7}`, "invalid manifest: json: cannot unmarshal number into Go struct field Manifest.plan_id of type string"},
+		{"op limit", func(m *Manifest) { m.Ops = ops(1001) }, "", "1001 ops exceed the 1000-op limit"},
+		{"op limit with in-place", func(m *Manifest) { m.Ops = ops(600); m.InPlaceOps = ops(401) }, "", "1001 ops exceed the 1000-op limit"},
+		{"batch limit", func(m *Manifest) { m.OpBatches = slices.Repeat([][]Op{ops(1)}, 8) }, "", "9 operation batches exceed the 8-batch limit"},
+		{"empty batch", func(m *Manifest) { m.OpBatches = [][]Op{{}} }, "", "operation batch 2 must contain 1 to 1000 ops; got 0"},
+		{"oversized batch", func(m *Manifest) { m.OpBatches = [][]Op{ops(1), ops(1001)} }, "", "operation batch 3 must contain 1 to 1000 ops; got 1001"},
+		{"empty plan id", func(m *Manifest) { m.PlanID = "" }, "", "plan_id is empty"},
+		{"too many files", func(m *Manifest) {
+			for i := range MaxFiles {
+				m.Files = append(m.Files, ManifestFile{Path: fmt.Sprintf("f/%d", i), Digest: DigestString("")})
+			}
+		}, "", "4098 files exceed the 4096-file limit"},
+		{"in-place without ids", func(m *Manifest) { m.InPlaceOps = ops(1); m.WorkerOpsPlanID = "" }, "",
+			"in-place ops need expected_worker_ops_plan_id and worker_ops_plan_id"},
+		{"in-place without proof", func(m *Manifest) {
+			m.InPlaceOps = ops(1)
+			m.WorkerOpsPlanID = "w"
+			m.ExpectedWorkerOpsPlanProof = ""
+		}, "", "in-place ops need an exact expected worker plan proof"},
+		{"validated id alone", func(m *Manifest) { m.ValidatedPlanID = "plan-1" }, "", "validated plan id and proof must be set together"},
+		{"validated proof alone", func(m *Manifest) { m.ValidatedPlanProof = "a:1" }, "", "validated plan id and proof must be set together"},
+		{"revert without proof", func(m *Manifest) { m.Mode = ModeRevertLKG }, "", "a revert needs the refused plan proof"},
+		{"revert without exact identity", func(m *Manifest) { m.Mode = ModeRevertLKG; m.PlanProof = "a:1"; m.IdentityVersion = 2 }, "",
+			"a revert needs the refused plan proof"},
+		{"unknown mode", func(m *Manifest) { m.Mode = "yolo" }, "", `unknown mode "yolo"`},
+		{"path traversal", func(m *Manifest) { m.Files[0].Path = "../etc/passwd" }, "",
+			`invalid manifest path: "../etc/passwd" has a component starting with a dot`},
+		{"absolute path", func(m *Manifest) { m.Files[0].Path = "/etc/passwd" }, "", `invalid manifest path: "/etc/passwd" is absolute`},
+		{"dot component", func(m *Manifest) { m.Files[0].Path = "maps/.hidden" }, "",
+			`invalid manifest path: "maps/.hidden" has a component starting with a dot`},
+		{"duplicate path", func(m *Manifest) { m.Files = append(m.Files, m.Files[0]) }, "",
+			`path "haproxy.cfg" appears twice in the manifest`},
+		{"no digest", func(m *Manifest) { m.Files[1].Digest = "" }, "", `file "maps/host.map" has no digest`},
+		{"no config", func(m *Manifest) { m.Files = m.Files[1:] }, "", `the manifest does not list the config file "haproxy.cfg"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.snapshot(t)
+			m := e.c.manifest("plan-2", fs)
+			m.WorkerOpsPlanID = "w"
+			if tc.mutate != nil {
+				tc.mutate(m)
+			}
+			req := applyRequest{manifest: m, files: fs}
+			if tc.raw != "" {
+				req.rawManifest = []byte(tc.raw)
+			}
+			code, body := e.c.post(req)
+			if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != tc.want {
+				t.Errorf("got %d %+v\nwant 400 manifest %q", code, ae, tc.want)
+			}
+			e.unchanged(t, before)
+		})
+	}
+	t.Run("no manifest part", func(t *testing.T) {
+		code, body := e.c.post(applyRequest{noManifest: true})
+		if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != "no manifest part: EOF" {
+			t.Errorf("got %d %+v", code, ae)
+		}
+	})
+	t.Run("manifest not first", func(t *testing.T) {
+		code, body := e.c.post(applyRequest{noManifest: true, extra: []extraPart{{fileHeader("plan", "plan"), "x"}}})
+		if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != `first part is "plan", expected "manifest"` {
+			t.Errorf("got %d %+v", code, ae)
+		}
+	})
+}
+
+func TestAManifestOverTheOpLimitIsRefused(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	before := e.snapshot(t)
+	m := e.c.manifest("plan-2", fs, slices.Repeat([]Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}}, 1001)...)
+	code, body := e.c.post(applyRequest{manifest: m, files: fs})
+	if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || !strings.Contains(ae.Message, "op limit") {
+		t.Errorf("got %d %+v", code, ae)
+	}
+	e.unchanged(t, before)
+}
+
+func TestLegacyManifestIsForcedToReload(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	pid := e.fake.Worker().WorkerPID
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "b.example be-b\n"
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example", Value: "be-b"})
+	m.IdentityVersion = 0
+	res := e.c.apply(m, fs2)
+	if !res.OK || res.Mode != ResultReload || len(res.OpResults) != 0 || e.fake.Worker().WorkerPID == pid {
+		t.Errorf("legacy auto apply: %+v", res)
+	}
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "add map") {
+			t.Errorf("a legacy manifest ran an op: %q", cmd)
+		}
+	}
+	m = e.c.manifest("plan-2", fs2)
+	m.IdentityVersion, m.Mode, m.PlanProof = 0, ModeRevertLKG, res.AppliedPlanProof
+	code, body := e.c.post(applyRequest{manifest: m})
+	if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != "a revert needs the refused plan proof" {
+		t.Errorf("legacy revert: %d %+v", code, ae)
+	}
+}
+
+func TestPartErrors(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# changed\n"
+
+	many := fileSet{"haproxy.cfg": fs2["haproxy.cfg"]}
+	for i := range MaxFiles - 1 {
+		many[fmt.Sprintf("many/%04d.txt", i)] = fmt.Sprint(i)
+	}
+	tests := []struct {
+		name string
+		fs   fileSet
+		req  func(m *Manifest, fs fileSet) applyRequest
+		want string
+	}{
+		{"unknown part", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("x", "maps/other.map"), "x"}}}
+		}, `part "maps/other.map" is not in the manifest`},
+		{"duplicate part", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("haproxy.cfg", "haproxy.cfg"), fs["haproxy.cfg"]}}}
+		}, `part "haproxy.cfg" appears twice`},
+		{"duplicate plan part", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, plan: []byte("p1"), extra: []extraPart{{fileHeader("plan", ""), "p2"}}}
+		}, `part "plan" appears twice`},
+		{"part without filename", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("maps/host.map", ""), "x"}}}
+		}, "a file part carries no filename"},
+		{"unusable Content-Disposition", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			h := textproto.MIMEHeader{}
+			h.Set("Content-Disposition", `form-data; name="x"; filename="unterminated`)
+			return applyRequest{manifest: m, files: fs, extra: []extraPart{{h, "x"}}}
+		}, "part has no usable Content-Disposition: mime: invalid media parameter"},
+		{"oversized plan part", fs2, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, plan: bytes.Repeat([]byte("p"), MaxPlanBlobBytes+1)}
+		}, "plan blob exceeds the 8388608-byte limit"},
+		{"more than 4096 parts", many, func(m *Manifest, fs fileSet) applyRequest {
+			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("x", "many/0000.txt"), "0"}}}
+		}, "more than 4096 parts"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.snapshot(t)
+			rejected := metricValue(e.a, "apply_rejected_total", StageParts)
+			code, body := e.c.post(tc.req(e.c.manifest("plan-2", tc.fs), tc.fs))
+			if ae := applyErr(t, body); code != 400 || ae.Stage != StageParts || ae.Message != tc.want {
+				t.Errorf("got %d %+v\nwant 400 parts %q", code, ae, tc.want)
+			}
+			if got := metricValue(e.a, "apply_rejected_total", StageParts); got != rejected+1 {
+				t.Errorf("rejected{parts} %d → %d", rejected, got)
+			}
+			e.unchanged(t, before)
+		})
+	}
+}
+
+// TestMalformedRequestsChangeNothing is issue 5's bad-input table: each
+// malformed request gets its exact status and stage, and the tree, the
+// state file and the generation stay as they were.
+func TestMalformedRequestsChangeNothing(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] = "changed.example be-c\n"
+	tests := []struct {
+		name      string
+		send      func() (int, []byte)
+		wantCode  int
+		wantStage string
+		wantIn    string // a substring of the message
+	}{
+		{"not multipart", func() (int, []byte) {
+			code, _, b := e.c.do("POST", PathApply, strings.NewReader(`{"plan_id":"x"}`), "application/json")
+			return code, b
+		}, 400, StageRequest, "multipart/form-data"},
+		{"no manifest", func() (int, []byte) { return e.c.post(applyRequest{noManifest: true}) }, 400, StageManifest, "no manifest part"},
+		{"manifest not first", func() (int, []byte) {
+			return e.c.post(applyRequest{noManifest: true, extra: []extraPart{{fileHeader("haproxy.cfg", "haproxy.cfg"), "x"}}})
+		}, 400, StageManifest, `first part is "haproxy.cfg"`},
+		{"bad JSON", func() (int, []byte) {
+			return e.c.post(applyRequest{rawManifest: []byte("{{"), manifest: e.c.manifest("plan-2", fs2), files: fs2})
+		}, 400, StageManifest, "invalid manifest"},
+		{"path traversal", func() (int, []byte) {
+			m := e.c.manifest("plan-2", fs2)
+			m.Files = append(m.Files, ManifestFile{Path: "maps/../../x", Digest: DigestString("")})
+			return e.c.post(applyRequest{manifest: m, files: fs2})
+		}, 400, StageManifest, "is not canonical"},
+		{"absolute path", func() (int, []byte) {
+			m := e.c.manifest("plan-2", fs2)
+			m.Files = append(m.Files, ManifestFile{Path: "/tmp/x", Digest: DigestString("")})
+			return e.c.post(applyRequest{manifest: m, files: fs2})
+		}, 400, StageManifest, "is absolute"},
+		{"dot component", func() (int, []byte) {
+			m := e.c.manifest("plan-2", fs2)
+			m.Files = append(m.Files, ManifestFile{Path: ".haptic-agent.json", Digest: DigestString("")})
+			return e.c.post(applyRequest{manifest: m, files: fs2})
+		}, 400, StageManifest, "starting with a dot"},
+		{"duplicate paths", func() (int, []byte) {
+			m := e.c.manifest("plan-2", fs2)
+			m.Files = append(m.Files, m.Files[1])
+			return e.c.post(applyRequest{manifest: m, files: fs2})
+		}, 400, StageManifest, "appears twice in the manifest"},
+		{"duplicate parts", func() (int, []byte) {
+			return e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs2), files: fs2,
+				extra: []extraPart{{fileHeader("maps/host.map", "maps/host.map"), fs2["maps/host.map"]}}})
+		}, 400, StageParts, "appears twice"},
+		{"unknown part", func() (int, []byte) {
+			return e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs2), files: fs2,
+				extra: []extraPart{{fileHeader("x", "x.txt"), "x"}}})
+		}, 400, StageParts, "is not in the manifest"},
+		{"oversized manifest", func() (int, []byte) {
+			return e.c.post(applyRequest{rawManifest: bytes.Repeat([]byte(" "), MaxPlanBlobBytes+1)})
+		}, 400, StageManifest, "manifest exceeds the 8388608-byte limit"},
+		{"oversized body", func() (int, []byte) {
+			big := fs2.clone()
+			big["blob.bin"] = strings.Repeat("z", MaxApplyBodyBytes)
+			return e.c.post(applyRequest{manifest: e.c.manifest("plan-2", big), files: big})
+		}, 400, StageParts, "http: request body too large"},
+		{"wrong digest", func() (int, []byte) {
+			return e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs2), files: fs2,
+				override: map[string]string{"maps/host.map": "changed.example be-X\n"}})
+		}, 400, StageParts, "manifest digest"},
+		{"wrong size", func() (int, []byte) {
+			return e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs2), files: fs2,
+				override: map[string]string{"maps/host.map": "short\n"}})
+		}, 400, StageParts, "manifest digest"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := e.snapshot(t)
+			code, body := tc.send()
+			ae := applyErr(t, body)
+			if code != tc.wantCode || ae.Stage != tc.wantStage || !strings.Contains(ae.Message, tc.wantIn) {
+				t.Errorf("got %d %+v\nwant %d %s containing %q", code, ae, tc.wantCode, tc.wantStage, tc.wantIn)
+			}
+			e.unchanged(t, before)
+		})
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The apply pipeline.
+
+func TestFirstApplyWritesTheTreeAndReloads(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	pid := e.fake.Worker().WorkerPID
+	res := e.c.apply(e.c.manifest("plan-1", fs), fs)
+	if !res.OK || res.Mode != ResultReload || res.Reload == nil || !res.Reload.Performed || !res.Reload.OK ||
+		res.Reload.WorkerPID != e.fake.Worker().WorkerPID || e.fake.Worker().WorkerPID == pid {
+		t.Fatalf("first apply: %+v", res)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Errorf("disk: %v", e.disk(t))
+	}
+	st := e.c.state("")
+	if st.AppliedPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.LKGPlanID != "plan-1" || st.Generation != 1 ||
+		st.APIVersion != 1 || !slices.Contains(st.AgentOps, OpBackendAdd) || st.InvariantViolation != "" {
+		t.Errorf("state: %+v", st)
+	}
+	if !slices.Equal(st.Features, []string{"file_patch", "worker_fence", "runtime_batches"}) {
+		t.Errorf("features %v", st.Features)
+	}
+	for _, f := range fs.manifestFiles() {
+		if st.Files[f.Path] != (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}) {
+			t.Errorf("%s: %+v", f.Path, st.Files[f.Path])
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent.json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("state file mode: %v %v", fi, err)
+	}
+	if fi, _ := os.Stat(filepath.Join(e.cfg.BaseDir, "maps/host.map")); fi.Mode().Perm() != 0o644 {
+		t.Errorf("file mode %v", fi.Mode())
+	}
+}
+
+func TestRuntimeApplyRunsOpsWithoutReloading(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	pid := e.fake.Worker().WorkerPID
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "new.example be-new\n"
+	res := e.land(t, "plan-2", fs2,
+		Op{Kind: OpBackendAdd, Backend: "be-new", Profile: "defaults-http", Mode: "http"},
+		Op{Kind: OpServerAdd, Backend: "be-new", Server: "s1", Address: "10.0.0.1", Port: 8080},
+		Op{Kind: OpServerEnable, Backend: "be-new", Server: "s1"},
+		Op{Kind: OpBackendPublish, Backend: "be-new"},
+		Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "new.example", Value: "be-new"},
+	)
+	if res.Mode != ResultRuntime || res.Reload != nil || len(res.OpResults) != 5 {
+		t.Fatalf("runtime apply: %+v", res)
+	}
+	if e.fake.Worker().WorkerPID != pid || !e.fake.HasBackend("be-new") || !slices.Equal(e.fake.ServerNames("be-new"), []string{"s1"}) {
+		t.Errorf("worker: pid %d backends %v", e.fake.Worker().WorkerPID, e.fake.Backends())
+	}
+	st := e.c.state("")
+	if st.RunningPlanID != "plan-1" || st.AppliedPlanID != "plan-2" || st.Generation != 2 {
+		t.Errorf("state: %+v", st)
+	}
+	if metricValue(e.a, "apply_total", ResultRuntime) != 1 {
+		t.Errorf("apply_total{runtime} = %d", metricValue(e.a, "apply_total", ResultRuntime))
+	}
+}
+
+// landedEnv is an env with the seed's plan-1 landed by a reload.
+func landedEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) (*testEnv, fileSet) {
+	t.Helper()
+	e := newTestEnv(t, mutate, prepare)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	return e, fs
+}
+
+func TestFenceRules(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "x.example be-x\n"
+	base := e.c.state("")
+	tests := []struct {
+		rule   string
+		mutate func(m *Manifest)
+		reason string
+	}{
+		{"1 stale epoch", func(m *Manifest) { m.Token.LeaderEpoch = 0 }, ReasonStaleEpoch},
+		{"2 revert of the running plan", func(m *Manifest) {
+			m.Mode, m.PlanID, m.PlanProof = ModeRevertLKG, base.RunningPlanID, base.RunningPlanProof
+		}, ReasonRevertTargetMismatch},
+		{"3 other previous plan", func(m *Manifest) { m.ExpectedPrevPlanID = "plan-0" }, ReasonPrevMismatch},
+		{"4 other previous token", func(m *Manifest) { m.ExpectedPrevToken.RenderSeq++ }, ReasonPrevMismatch},
+		{"5 auto without the previous proof", func(m *Manifest) { m.ExpectedPrevPlanProof = "" }, ReasonPrevMismatch},
+		{"5 auto with another previous proof", func(m *Manifest) { m.ExpectedPrevPlanProof = "a:99" }, ReasonPrevMismatch},
+		{"6 reload with another previous proof", func(m *Manifest) { m.Mode = ModeReload; m.ExpectedPrevPlanProof = "a:99" }, ReasonPrevMismatch},
+		{"7 auto against another worker plan", func(m *Manifest) { m.ExpectedWorkerOpsPlanID = "plan-0" }, ReasonWorkerOpsMismatch},
+		{"7 auto against another worker proof", func(m *Manifest) { m.ExpectedWorkerOpsPlanProof = "a:99" }, ReasonWorkerOpsMismatch},
+	}
+	for _, tc := range tests {
+		t.Run(tc.rule, func(t *testing.T) {
+			before := e.snapshot(t)
+			fenced := metricValue(e.a, "apply_rejected_total", "fencing")
+			m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-x"})
+			tc.mutate(m)
+			code, body := e.c.post(applyRequest{manifest: m, files: fs2})
+			var c Conflict
+			json.Unmarshal(body, &c)
+			want := Conflict{AppliedPlanID: base.AppliedPlanID, AppliedPlanProof: base.AppliedPlanProof, AppliedToken: base.AppliedToken,
+				RunningPlanID: base.RunningPlanID, RunningPlanProof: base.RunningPlanProof,
+				WorkerOpsPlanID: base.WorkerOpsPlanID, WorkerOpsPlanProof: base.WorkerOpsPlanProof,
+				LKGPlanID: base.LKGPlanID, LKGPlanProof: base.LKGPlanProof, Reason: tc.reason}
+			if code != http.StatusConflict || c != want || strings.Contains(string(body), `"missing"`) {
+				t.Errorf("got %d %s\nwant %+v", code, body, want)
+			}
+			if got := metricValue(e.a, "apply_rejected_total", "fencing"); got != fenced+1 {
+				t.Errorf("rejected{fencing} %d → %d", fenced, got)
+			}
+			e.unchanged(t, before)
+		})
+	}
+	t.Run("passing", func(t *testing.T) {
+		res := e.c.apply(e.c.manifest("plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-x"}), fs2)
+		if !res.OK || res.Mode != ResultRuntime {
+			t.Errorf("%+v", res)
+		}
+	})
+}
+
+func TestFencingRefusesAndNeverWrites(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# v2\n"
+	for _, tc := range []struct {
+		name   string
+		mutate func(m *Manifest)
+		reason string
+	}{
+		{"wrong previous plan", func(m *Manifest) { m.ExpectedPrevPlanID = "plan-7" }, ReasonPrevMismatch},
+		{"wrong previous token", func(m *Manifest) { m.ExpectedPrevToken = Token{LeaderEpoch: 1, RenderSeq: 99} }, ReasonPrevMismatch},
+		{"lower epoch", func(m *Manifest) { m.Token = Token{LeaderEpoch: 0, RenderSeq: 99} }, ReasonStaleEpoch},
+	} {
+		before := e.snapshot(t)
+		m := e.c.manifest("plan-2", fs2)
+		tc.mutate(m)
+		code, body := e.c.post(applyRequest{manifest: m, files: fs2})
+		var c Conflict
+		json.Unmarshal(body, &c)
+		if code != 409 || c.Reason != tc.reason {
+			t.Errorf("%s: %d %s", tc.name, code, body)
+		}
+		e.unchanged(t, before)
+	}
+}
+
+func TestUnknownBaselineIsItsOwnConflictReason(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	m := e.c.manifest("plan-1", fs)
+	m.ExpectedPrevPlanID = "plan-0"
+	code, body := e.c.post(applyRequest{manifest: m, files: fs})
+	var c Conflict
+	json.Unmarshal(body, &c)
+	if code != 409 || c.Reason != ReasonUnknownBaseline || c.AppliedPlanID != "" {
+		t.Errorf("%d %s", code, body)
+	}
+}
+
+func TestAFencedApplyDoesNotPromoteTheLKG(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/new.txt"] = "new\n"
+	res := applyFileOnly(t, e.c, "plan-2", fs2)
+	journal := readStateFile(t, e.cfg.BaseDir).Journal
+	if len(journal.Entries) == 0 {
+		t.Fatal("the file_only apply left no journal")
+	}
+	before := e.snapshot(t)
+	m := e.c.manifest("plan-3", fs2)
+	m.Token.LeaderEpoch = 0
+	m.ValidatedPlanID, m.ValidatedPlanProof = "plan-2", res.AppliedPlanProof
+	code, _ := e.c.post(applyRequest{manifest: m, files: fs2})
+	if code != 409 {
+		t.Fatalf("status %d", code)
+	}
+	e.unchanged(t, before)
+	if st := e.c.state(""); st.LKGPlanID != "plan-1" {
+		t.Errorf("LKG %q", st.LKGPlanID)
+	}
+	if got := readStateFile(t, e.cfg.BaseDir).Journal; !slices.Equal(got.Entries, journal.Entries) {
+		t.Errorf("journal %v → %v", journal.Entries, got.Entries)
+	}
+}
+
+func TestMissingPartsAreNamed(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	fs["notes/a.txt"] = "a\n"
+	before := e.snapshot(t)
+	code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-1", fs), files: fs,
+		omit: map[string]bool{"notes/a.txt": true, "maps/host.map": true}})
+	var miss Missing
+	json.Unmarshal(body, &miss)
+	if code != 409 || !slices.Equal(miss.Missing, []string{"maps/host.map", "notes/a.txt"}) {
+		t.Errorf("%d %s", code, body)
+	}
+	e.unchanged(t, before)
+	if len(e.disk(t)) != 0 {
+		t.Errorf("files landed: %v", e.disk(t))
+	}
+}
+
+func TestUnchangedFilesNeedNoParts(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	all := map[string]bool{}
+	for p := range fs {
+		all[p] = true
+	}
+	code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-1b", fs), files: fs, omit: all})
+	var res ApplyResult
+	json.Unmarshal(body, &res)
+	if code != 200 || !res.OK || res.Mode != ResultNoop || res.AppliedPlanID != "plan-1b" || res.AppliedPlanProof != "a:2" {
+		t.Errorf("%d %s", code, body)
+	}
+	if st := e.c.state(""); st.Generation != 2 || st.InvariantViolation != "" {
+		t.Errorf("state %+v", st)
+	}
+}
+
+func TestAPartThatDoesNotMatchItsDigestIsRefused(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "evil.example be-x\n"
+	before := e.snapshot(t)
+	code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs2), files: fs2,
+		override: map[string]string{"maps/host.map": strings.ToUpper(fs2["maps/host.map"])}})
+	if ae := applyErr(t, body); code != 400 || ae.Stage != StageParts || !strings.Contains(ae.Message, "manifest digest") {
+		t.Errorf("%d %+v", code, ae)
+	}
+	e.unchanged(t, before)
+}
+
+func TestAbsenceDeletesAnOwnedPath(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	fs["notes/owned.txt"] = "owned\n"
+	e.land(t, "plan-1", fs)
+	os.WriteFile(filepath.Join(e.cfg.BaseDir, "unowned.txt"), []byte("mine\n"), 0o644)
+	fs2 := fs.clone()
+	delete(fs2, "notes/owned.txt")
+	res := e.land(t, "plan-2", fs2)
+	if res.Mode != ResultFileOnly {
+		t.Errorf("mode %s", res.Mode)
+	}
+	want := fs2.clone()
+	want["unowned.txt"] = "mine\n"
+	if !sameSet(e.disk(t), want) {
+		t.Errorf("disk %v", e.disk(t))
+	}
+	if _, err := os.Stat(filepath.Join(e.cfg.BaseDir, "notes")); err != nil {
+		t.Errorf("the directory was removed: %v", err)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); !slices.Equal(ps.ManifestPaths, fs2.paths()) {
+		t.Errorf("ownership %v", ps.ManifestPaths)
+	}
+}
+
+func TestUnknownOpFallsBackToAReload(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "u.example be-u\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "u.example", Value: "be-u"}, Op{Kind: "frobnicate"})
+	if res.Mode != ResultReload || res.RunningPlanID != "plan-2" || len(res.OpResults) != 0 {
+		t.Errorf("%+v", res)
+	}
+	if metricValue(e.a, "invariant_violations_total", invOpsExecutable) != 1 {
+		t.Error("ops_executable not counted")
+	}
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "add map") {
+			t.Errorf("an op ran before the batch compiled: %q", cmd)
+		}
+	}
+}
+
+func TestARejectedOpReloadsTheDesiredSet(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) { return "Backend is not found.", strings.HasPrefix(cmd, "add server") }
+	})
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "backend be-a\n  server s1 10.0.0.1:80\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpServerAdd, Backend: "be-a", Server: "s1", Address: "10.0.0.1", Port: 80})
+	if res.Mode != ResultReload || res.RunningPlanID != "plan-2" || !res.Reload.Performed || len(res.OpResults) != 1 || res.OpResults[0].OK {
+		t.Errorf("%+v", res)
+	}
+	if !sameSet(e.disk(t), fs2) {
+		t.Error("the desired set is not on disk")
+	}
+	if metricValue(e.a, "op_errors_total", OpServerAdd) != 1 {
+		t.Error("op_errors_total{server_add} not counted")
+	}
+	if st := e.c.state(""); st.WorkerOpsPlanID != "plan-2" || st.InvariantViolation != "" {
+		t.Errorf("state %+v", st)
+	}
+}
+
+const failedReloadLog = "[ALERT]    (999) : config : parsing [haproxy.cfg:3] : unknown keyword 'bogus'\n[WARNING]  (999) : Loading failure!"
+
+func TestAFailedReloadRestoresTheLastKnownGoodSet(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	fs2["notes/new.txt"] = "new\n"
+	res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	if res.OK || res.Mode != ResultRejected || res.Error == nil || res.Error.Stage != StageReload ||
+		!strings.Contains(res.Error.Message, "unknown keyword 'bogus'") || res.Rollback == nil || !res.Rollback.Performed ||
+		res.Rollback.Reloaded || res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.AppliedPlanID != "" {
+		t.Fatalf("%+v %+v %+v", res, res.Error, res.Rollback)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Errorf("disk %v", e.disk(t))
+	}
+	st := e.c.state("")
+	if st.AppliedPlanID != "" || st.LKGPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.Generation != 1 || st.InvariantViolation != "" {
+		t.Errorf("state %+v", st)
+	}
+	if metricValue(e.a, "rollbacks_total") != 1 || metricValue(e.a, "apply_rejected_total", StageReload) != 1 ||
+		metricValue(e.a, "reloads_total", "failed") != 1 {
+		t.Error("metrics")
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, fs.paths()) {
+		t.Errorf("state file %+v", ps)
+	}
+}
+
+// failingReloads makes the fake refuse the reloads whose 1-based number
+// (counted by the agent's reload hook) is in fail.
+func failingReloads(fail ...int) func(*Agent, *FakeHAProxy) {
+	var n atomic.Int32
+	return func(a *Agent, fake *FakeHAProxy) {
+		a.hooks.beforeReload = func() {
+			k := int(n.Add(1))
+			fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = slices.Contains(fail, k), failedReloadLog })
+		}
+	}
+}
+
+func TestAFailedReloadAfterOpsReloadsTheRestoredSet(t *testing.T) {
+	e, fs := landedEnv(t, nil, failingReloads(2))
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) { return "No such backend.", strings.HasPrefix(cmd, "add server") }
+	})
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	res := e.c.apply(e.c.manifest("plan-2", fs2, Op{Kind: OpServerAdd, Backend: "be-a", Server: "s1", Address: "10.0.0.1", Port: 80}), fs2)
+	if res.OK || res.Mode != ResultRejected || res.Rollback == nil || !res.Rollback.Performed || !res.Rollback.Reloaded {
+		t.Fatalf("%+v %+v", res, res.Rollback)
+	}
+	if res.Reload == nil || res.Reload.OK || !strings.Contains(res.Reload.Output, "unknown keyword 'bogus'") {
+		t.Errorf("reload %+v", res.Reload)
+	}
+	if res.RunningPlanID != "plan-1" || res.LKGPlanID != "plan-1" || res.AppliedPlanID != "" {
+		t.Errorf("baseline %+v", res)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Error("the tree is not the LKG set")
+	}
+	if st := e.c.state(""); st.InvariantViolation != "" {
+		t.Errorf("invariant %q", st.InvariantViolation)
+	}
+}
+
+// reloadManifest composes a reload of fs against the current state, as a
+// controller does for a change only a reload can carry.
+func reloadManifest(e *testEnv, planID string, fs fileSet) *Manifest {
+	m := e.c.manifest(planID, fs)
+	m.Mode = ModeReload
+	return m
+}
+
+// resend composes the same work with new fencing fields against the
+// current state.
+func resend(e *testEnv, m *Manifest, fs fileSet) *Manifest {
+	n := e.c.manifest(m.PlanID, fs, m.Ops...)
+	n.Mode = m.Mode
+	return n
+}
+
+func TestTheSameRejectedManifestDoesNoWorkInsideTheCooldown(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	m := reloadManifest(e, "plan-2", fs2)
+	first := e.c.apply(m, fs2)
+	if first.OK {
+		t.Fatalf("%+v", first)
+	}
+	reloads := e.fake.Worker()
+	var attempts int
+	e.fake.With(func(m *FakeModel) { attempts = m.Reloads })
+	again := resend(e, m, fs2)
+	if again.Token == m.Token || again.ExpectedPrevPlanID == m.ExpectedPrevPlanID {
+		t.Fatal("the resend does not differ in its fencing fields")
+	}
+	second := e.c.apply(again, fs2)
+	if second.OK || second.Error == nil || *second.Error != *first.Error || second.At != first.At {
+		t.Errorf("not answered from the cache: %+v", second)
+	}
+	e.fake.With(func(m *FakeModel) {
+		if m.Reloads != attempts {
+			t.Errorf("a new reload attempt: %d → %d", attempts, m.Reloads)
+		}
+	})
+	if metricValue(e.a, "reloads_total", "failed") != 1 || e.fake.Worker() != reloads {
+		t.Error("HAProxy was asked again")
+	}
+	if st := e.c.state(""); st.Generation != 1 || st.AppliedPlanID != "" {
+		t.Errorf("state %+v", st)
+	}
+}
+
+func TestKnownBadExpiresAfterSixtySeconds(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	m := reloadManifest(e, "plan-2", fs2)
+	e.c.apply(m, fs2)
+	e.a.clockOffset.Add(int64(61 * time.Second))
+	res := e.c.apply(resend(e, m, fs2), fs2)
+	if res.OK || metricValue(e.a, "reloads_total", "failed") != 2 {
+		t.Errorf("the expired NACK was answered from the cache: %+v", res)
+	}
+}
+
+func TestCachedNACKRequiresExactWorkDespiteDigestCollision(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	a := e.a
+	result := ApplyResult{PlanID: "plan-x", Mode: ResultRejected}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.st.Nack = &nackRecord{ManifestDigest: "k", Until: a.now().Add(time.Minute), Result: &result, work: []byte("work-A")}
+	if got, hit := a.lookupNackLocked("k", []byte("work-A")); !hit || got.PlanID != "plan-x" {
+		t.Error("the exact work missed")
+	}
+	if _, hit := a.lookupNackLocked("k", []byte("work-B")); hit {
+		t.Error("a colliding key with other work hit")
+	}
+	if _, hit := a.lookupNackLocked("k", nil); hit {
+		t.Error("nil work hit")
+	}
+	a.st.Nack.work = nil
+	if _, hit := a.lookupNackLocked("k", nil); hit {
+		t.Error("nil work hit a record without work")
+	}
+	if _, hit := a.lookupNackLocked("k", []byte("work-A")); hit {
+		t.Error("a record without work hit")
+	}
+}
+
+func TestATransportFailureIsNotRememberedAsKnownBad(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.StopMaster()
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# v2\n"
+	m := reloadManifest(e, "plan-2", fs2)
+	first := e.c.apply(m, fs2)
+	if first.OK || first.Error == nil || first.Error.Message == "" || first.Reload == nil || first.Reload.Performed {
+		t.Fatalf("%+v %+v", first, first.Reload)
+	}
+	second := e.c.apply(resend(e, m, fs2), fs2)
+	if metricValue(e.a, "reloads_total", "failed") != 2 {
+		t.Error("the second attempt did not reach the master")
+	}
+	if second.OK || second.Error == nil || second.Error.Message != first.Error.Message || second.At == "" {
+		t.Errorf("second %+v", second)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Nack != nil {
+		t.Errorf("a transport failure was remembered: %+v", ps.Nack)
+	}
+}
+
+func TestWorkIdentityIgnoresFencingFieldsAndPatches(t *testing.T) {
+	base := func() *Manifest {
+		return &Manifest{IdentityVersion: 1, PlanID: "p", PlanSchemaVersion: 1, Mode: ModeAuto,
+			Files: seedFiles().manifestFiles(),
+			Ops:   []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}}}
+	}
+	key := func(m *Manifest) string {
+		_, k, err := workIdentity(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	want := key(base())
+	for name, mutate := range map[string]func(*Manifest){
+		"token":         func(m *Manifest) { m.Token = Token{9, 9} },
+		"prev plan":     func(m *Manifest) { m.ExpectedPrevPlanID = "x" },
+		"prev token":    func(m *Manifest) { m.ExpectedPrevToken = Token{3, 4} },
+		"prev proof":    func(m *Manifest) { m.ExpectedPrevPlanProof = "a:3" },
+		"patch":         func(m *Manifest) { m.Files[0].Patch = &FilePatch{BaseDigest: "d", BaseSize: 3, Offset: 1, Length: 1} },
+		"worker proof":  func(m *Manifest) { m.WorkerOpsPlanProof = "a:7" },
+		"validated ref": func(m *Manifest) { m.ValidatedPlanID, m.ValidatedPlanProof = "v", "a:1" },
+	} {
+		if got := key(func() *Manifest { m := base(); mutate(m); return m }()); got != want {
+			t.Errorf("%s changed the work identity", name)
+		}
+	}
+	for name, mutate := range map[string]func(*Manifest){
+		"identity version":      func(m *Manifest) { m.IdentityVersion = 2 },
+		"plan id":               func(m *Manifest) { m.PlanID = "q" },
+		"plan proof":            func(m *Manifest) { m.PlanProof = "a:1" },
+		"schema":                func(m *Manifest) { m.PlanSchemaVersion = 2 },
+		"file digest":           func(m *Manifest) { m.Files[0].Digest = "0000000000000000" },
+		"file proof":            func(m *Manifest) { m.Files[0].Proof = "other" },
+		"ops":                   func(m *Manifest) { m.Ops[0].Value = "w" },
+		"op batches":            func(m *Manifest) { m.OpBatches = [][]Op{{{Kind: OpMapDel, Path: "m", Key: "k"}}} },
+		"in-place ops":          func(m *Manifest) { m.InPlaceOps = []Op{{Kind: OpMapDel, Path: "m", Key: "k"}} },
+		"expected worker id":    func(m *Manifest) { m.ExpectedWorkerOpsPlanID = "w" },
+		"expected worker proof": func(m *Manifest) { m.ExpectedWorkerOpsPlanProof = "a:2" },
+		"worker ops plan id":    func(m *Manifest) { m.WorkerOpsPlanID = "w" },
+		"mode":                  func(m *Manifest) { m.Mode = ModeReload },
+	} {
+		if got := key(func() *Manifest { m := base(); mutate(m); return m }()); got == want {
+			t.Errorf("%s did not change the work identity", name)
+		}
+	}
+	b, _, _ := workIdentity(base())
+	if !bytes.HasPrefix(b, []byte(`{"identity_version":1,"plan_id":"p","plan_proof":"","plan_schema_version":1,"files":[`)) ||
+		!bytes.HasSuffix(b, []byte(`"in_place_ops":null,"expected_worker_ops_plan_id":"","expected_worker_ops_plan_proof":"","worker_ops_plan_id":"","mode":"auto"}`)) {
+		t.Errorf("work encoding %s", b)
+	}
+}
+
+func TestRoleProofsAreSequential(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	if res := e.land(t, "plan-1", fs); res.AppliedPlanProof != "a:1" {
+		t.Fatalf("first proof %q", res.AppliedPlanProof)
+	}
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	m := e.c.manifest("plan-2", fs2)
+	m.Mode = ModeReload
+	if res := e.c.apply(m, fs2); res.Mode != ResultScheduled || res.AppliedPlanProof != "a:2" {
+		t.Fatalf("second: %+v", res)
+	}
+	fs3 := fs2.clone()
+	fs3["maps/host.map"] += "ip.example be-ip\n"
+	op := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "ip.example", Value: "be-ip"}
+	m = e.c.manifest("plan-3", fs3)
+	m.InPlaceOps, m.WorkerOpsPlanID = []Op{op}, "plan-3w"
+	res := e.c.apply(m, fs3)
+	if res.AppliedPlanProof != "a:3" || res.WorkerOpsPlanProof != "a:4" || res.WorkerOpsPlanID != "plan-3w" || res.Error != nil {
+		t.Fatalf("in-place apply: %+v %+v", res, res.Error)
+	}
+	e.restart(t)
+	fs4 := fs3.clone()
+	fs4["haproxy.cfg"] += "# 4\n"
+	if res := e.land(t, "plan-4", fs4); res.AppliedPlanProof != "a:5" {
+		t.Errorf("after restart: %q", res.AppliedPlanProof)
+	}
+}
+
+func TestLKGPromotionClearsTheJournal(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/n.txt"] = "n\n"
+	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
+	all := map[string]bool{}
+	for p := range fs2 {
+		all[p] = true
+	}
+	m := e.c.manifest("plan-3", fs2)
+	m.ValidatedPlanID, m.ValidatedPlanProof = "plan-2", res2.AppliedPlanProof
+	code, body := e.c.post(applyRequest{manifest: m, files: fs2, omit: all})
+	var res ApplyResult
+	json.Unmarshal(body, &res)
+	if code != 200 || !res.OK || res.LKGPlanID != "plan-2" || res.LKGPlanProof != res2.AppliedPlanProof {
+		t.Fatalf("%d %s", code, body)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal.Entries) != 0 {
+		t.Errorf("journal %v", ps.Journal.Entries)
+	}
+	entries, _ := os.ReadDir(filepath.Join(e.a.files.base, storeBackupDir))
+	if len(entries) != 0 {
+		t.Errorf("backups left: %v", entries)
+	}
+	if st := e.c.state(""); st.InvariantViolation != "" {
+		t.Errorf("invariant %q", st.InvariantViolation)
+	}
+}
+
+// revertManifest names the refused plan (id and proof) against the state.
+func (e *testEnv) revertManifest(planID, proof string) *Manifest {
+	m := e.c.manifest(planID, nil)
+	m.Mode, m.PlanProof, m.Files = ModeRevertLKG, proof, nil
+	return m
+}
+
+func TestRevertLKGRestoresAndReloads(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/created.txt"] = "created\n"
+	fs2["maps/host.map"] = "changed.example be-c\n"
+	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
+	pid := e.fake.Worker().WorkerPID
+	m := e.revertManifest("plan-2", res2.AppliedPlanProof)
+	res := e.c.apply(m, nil)
+	if !res.OK || res.Mode != ResultReload || res.Rollback == nil || !res.Rollback.Performed || !res.Rollback.Reloaded ||
+		e.fake.Worker().WorkerPID == pid {
+		t.Fatalf("%+v %+v", res, res.Rollback)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Errorf("disk %v", e.disk(t))
+	}
+	st := e.c.state("")
+	if st.AppliedPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.LKGPlanID != "plan-1" ||
+		st.AppliedPlanProof != st.LKGPlanProof || st.AppliedToken != m.Token || st.ReloadPendingAt != "" ||
+		st.InvariantViolation != "" || st.Generation != 3 {
+		t.Errorf("state %+v", st)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); !slices.Equal(ps.ManifestPaths, fs.paths()) || len(ps.Journal.Entries) != 0 {
+		t.Errorf("ownership %v journal %v", ps.ManifestPaths, ps.Journal.Entries)
+	}
+	if metricValue(e.a, "rollbacks_total") != 1 {
+		t.Error("rollbacks_total")
+	}
+}
+
+func TestARevertMustNameTheRefusedPlan(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/x.txt"] = "x\n"
+	applyFileOnly(t, e.c, "plan-2", fs2)
+	st := e.c.state("")
+	for name, ref := range map[string]planRef{
+		"the running pair": {st.RunningPlanID, st.RunningPlanProof},
+		"an unknown pair":  {"plan-2", "a:77"},
+		"no pair at all":   {"plan-9", "a:9"},
+	} {
+		before := e.snapshot(t)
+		code, body := e.c.post(applyRequest{manifest: e.revertManifest(ref.ID, ref.Proof)})
+		var c Conflict
+		json.Unmarshal(body, &c)
+		if code != 409 || c.Reason != ReasonRevertTargetMismatch {
+			t.Errorf("%s: %d %s", name, code, body)
+		}
+		e.unchanged(t, before)
+	}
+}
+
+func TestARevertConsumesTheScheduledReload(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	m := e.c.manifest("plan-2", fs2)
+	m.Mode = ModeReload
+	res2 := e.c.apply(m, fs2)
+	if res2.Mode != ResultScheduled {
+		t.Fatalf("%+v", res2)
+	}
+	res := e.c.apply(e.revertManifest("plan-2", res2.AppliedPlanProof), nil)
+	if !res.OK || res.Mode != ResultReload {
+		t.Fatalf("%+v", res)
+	}
+	st := e.c.state("")
+	if st.ReloadPendingAt != "" || st.RunningPlanID != "plan-1" || st.AppliedPlanID != "plan-1" {
+		t.Errorf("state %+v", st)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.PendingReloadPlanID != "" || !ps.ReloadPendingAt.IsZero() {
+		t.Errorf("pending survived: %+v", ps)
+	}
+}
+
+func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	code, _ := e.c.post(applyRequest{manifest: e.c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	if code != 200 {
+		t.Fatal(code)
+	}
+	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" || !st.HoldsAppliedPlan() {
+		t.Errorf("with plan: %+v", st)
+	}
+	if st := e.c.state("?plan=0"); !st.AppliedPlanStored || st.AppliedPlan != nil {
+		t.Errorf("plan=0: %+v", st)
+	}
+	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent-plan.bin")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("blob file %v %v", fi, err)
+	}
+	fs2 := fs.clone()
+	fs2["notes/x.txt"] = "x\n"
+	e.land(t, "plan-2", fs2)
+	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil {
+		t.Errorf("a new plan without a blob: %+v", st)
+	}
+	code, _ = e.c.post(applyRequest{manifest: e.c.manifest("plan-3", fs2), files: fs2, plan: []byte("blob-3")})
+	if code != 200 {
+		t.Fatal(code)
+	}
+	e.restart(t)
+	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil || st.AppliedPlanID != "plan-3" {
+		t.Errorf("after restart: %+v", st)
+	}
+	m := e.c.manifest("plan-3", fs2)
+	m.Mode = ModeReload
+	e.c.apply(m, fs2)
+	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" {
+		t.Errorf("after re-binding: %+v", st)
+	}
+}
+
+func TestPlanBlobIsReboundToTheNewProof(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.c.post(applyRequest{manifest: e.c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	res := e.land(t, "plan-1", fs)
+	if res.AppliedPlanProof != "a:2" {
+		t.Fatalf("%+v", res)
+	}
+	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
+		t.Errorf("%+v", st)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.PlanBlobPlanProof != "a:2" {
+		t.Errorf("blob proof %q", ps.PlanBlobPlanProof)
+	}
+}
+
+func TestPutPlanAnswers(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	st := e.c.state("")
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, e.fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	starting, _ := launchTestAgent(t, cfg, false)
+	applied := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
+	tests := []struct {
+		name     string
+		a        *Agent
+		query    string
+		body     []byte
+		wantCode int
+		wantBody string
+	}{
+		{"before ready", starting, applied, []byte("b"), 503, `{"stage":"startup","message":"agent is initialising"}`},
+		{"missing proof", e.a, "?plan_id=plan-1", []byte("b"), 400, `{"stage":"request","message":"plan_id and proof are required"}`},
+		{"empty plan id", e.a, "?plan_id=&proof=a:1", []byte("b"), 400, `{"stage":"request","message":"plan_id and proof are required"}`},
+		{"oversize", e.a, applied, bytes.Repeat([]byte("b"), MaxPlanBlobBytes+1), 400, `{"stage":"plan","message":"plan blob exceeds the 8388608-byte limit"}`},
+		{"empty", e.a, applied, nil, 400, `{"stage":"plan","message":"plan blob is empty"}`},
+		{"another pair", e.a, "?plan_id=plan-1&proof=a:9", []byte("b"), 409,
+			fmt.Sprintf(`{"applied_plan_id":%q,"applied_plan_proof":%q}`, st.AppliedPlanID, st.AppliedPlanProof)},
+		{"the applied pair", e.a, applied, []byte("stored-blob"), 200,
+			fmt.Sprintf(`{"plan_id":%q,"proof":%q}`, st.AppliedPlanID, st.AppliedPlanProof)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newAgentClient(t, tc.a)
+			code, h, b := c.do("PUT", PathPlan+tc.query, bytes.NewReader(tc.body), "application/octet-stream")
+			if code != tc.wantCode || string(b) != tc.wantBody+"\n" || h.Get("Content-Type") != "application/json" {
+				t.Errorf("got %d %s", code, b)
+			}
+		})
+	}
+	if st := e.c.state(""); string(st.AppliedPlan) != "stored-blob" {
+		t.Errorf("stored %q", st.AppliedPlan)
+	}
+}
+
+// testCertPEM is a certificate and its key, as HAProxy loads them.
+func testCertPEM(t testing.TB) string {
+	ca := newTestCA(t, "ca")
+	cert, key := ca.issue(t, testCertOptions{DNSNames: []string{"example.com"}})
+	return string(cert) + string(key)
+}
+
+func TestACreatedCertificateEntersTheInventory(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["ssl/tls.pem"] = testCertPEM(t)
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpCertNew, Path: "ssl/tls.pem"})
+	if res.Mode != ResultRuntime || res.Inventory == nil || !slices.Contains(res.Inventory.Certs, "ssl/tls.pem") {
+		t.Fatalf("%+v %+v", res, res.Inventory)
+	}
+	if _, ok := e.fake.Cert("ssl/tls.pem"); !ok {
+		t.Error("the worker has no certificate")
+	}
+	if st := e.c.state(""); !slices.Contains(st.Inventory.Certs, "ssl/tls.pem") || st.Inventory.Generation != res.Inventory.Generation {
+		t.Errorf("state inventory %+v", st.Inventory)
+	}
+	fs3 := fs2.clone()
+	fs3["notes/x.txt"] = "x\n"
+	if res := e.land(t, "plan-3", fs3); res.Inventory != nil {
+		t.Errorf("a second ACK carried the inventory: %+v", res.Inventory)
+	}
+}
+
+// holdOn makes the fake block the first command with the given prefix
+// until during has run, then lets it through.
+func holdOn(fake *FakeHAProxy, prefix string, during func()) {
+	var once sync.Once
+	fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if strings.HasPrefix(cmd, prefix) {
+				once.Do(during)
+			}
+			return "", false
+		}
+	})
+}
+
+// newWorker makes the fake's worker a different process.
+func newWorker(fake *FakeHAProxy, samePID bool) {
+	fake.With(func(m *FakeModel) {
+		if !samePID {
+			m.Pid++
+		}
+		m.StartTimeUnixMicros += 5_000_000
+	})
+}
+
+func TestAnInvalidationDuringAnApplyOutranksIt(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	holdOn(e.fake, "add map", func() {
+		newWorker(e.fake, false)
+		// The test's own verified read adopts the new worker.
+		c := newAgentClient(t, e.a)
+		if st := c.state("?verify=1"); st.HAProxy.WorkerPID != e.fake.Worker().WorkerPID || st.AppliedPlanID != "" {
+			t.Errorf("the verified read did not adopt the new worker: %+v", st)
+		}
+	})
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "i.example be-i\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})
+	if res.Mode != ResultReload || res.RunningPlanID != "plan-2" || res.AppliedPlanID != "" || res.AppliedPlanProof != "" {
+		t.Errorf("%+v", res)
+	}
+	if st := e.c.state(""); st.AppliedPlanID != "" || st.InvariantViolation != "" {
+		t.Errorf("state %+v", st)
+	}
+}
+
+func TestApplyCommitPreservesConcurrentWorkerInvalidation(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	prevToken := e.c.state("").AppliedToken
+	holdOn(e.fake, "add map", e.a.invalidateBaseline)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "i.example be-i\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})
+	if res.AppliedPlanID != "" || res.AppliedPlanProof != "" || res.WorkerOpsPlanID != "" || res.AppliedToken != prevToken {
+		t.Errorf("%+v", res)
+	}
+	if st := e.c.state(""); st.Generation != 2 || st.AppliedToken != prevToken {
+		t.Errorf("state %+v", st)
+	}
+}
+
+func TestAForeignWorkerFallsBackToAReload(t *testing.T) {
+	for _, samePID := range []bool{false, true} {
+		e, fs := landedEnv(t, nil, nil)
+		newWorker(e.fake, samePID)
+		fs2 := fs.clone()
+		fs2["maps/host.map"] += "f.example be-f\n"
+		res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "f.example", Value: "be-f"})
+		if res.Mode != ResultReload || len(res.OpResults) != 0 || res.RunningPlanID != "plan-2" {
+			t.Errorf("same pid %v: %+v", samePID, res)
+		}
+	}
+}
+
+func TestAForeignWorkerWithTheSamePIDIsDetected(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	before := e.c.state("")
+	newWorker(e.fake, true)
+	st := e.c.state("?verify=1")
+	if st.HAProxy.WorkerPID != before.HAProxy.WorkerPID || st.HAProxy.WorkerStartTimeUnixMicros == before.HAProxy.WorkerStartTimeUnixMicros ||
+		st.AppliedPlanID != "" || st.RunningPlanID != "" {
+		t.Errorf("%+v", st)
+	}
+}
+
+func TestStateVerifyObservesTheTree(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	os.WriteFile(filepath.Join(e.cfg.BaseDir, "maps/host.map"), []byte("edited be-e\n"), 0o644)
+	plain := e.c.state("")
+	if plain.Files["maps/host.map"].Digest != DigestString(fs["maps/host.map"]) {
+		t.Errorf("a plain read observed the edit: %+v", plain.Files)
+	}
+	v := e.c.state("?verify=1")
+	if got := v.Files["maps/host.map"]; got.Digest != DigestString("edited be-e\n") || got.Proof != "" || got.Size != 12 {
+		t.Errorf("verified: %+v", got)
+	}
+	if got := v.Files["haproxy.cfg"]; got.Proof != testProof(fs["haproxy.cfg"]) {
+		t.Errorf("an unchanged file lost its proof: %+v", got)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.TreeDigest != treeDigest(v.Files) {
+		t.Error("tree_digest not updated")
+	}
+}
+
+func TestStateVerifyObservesAForeignWorker(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	old := e.fake.Worker()
+	newWorker(e.fake, false)
+	if st := e.c.state(""); st.HAProxy != old || st.AppliedPlanID != "plan-1" {
+		t.Errorf("plain read: %+v", st.HAProxy)
+	}
+	st := e.c.state("?verify=1")
+	if st.HAProxy.WorkerPID != e.fake.Worker().WorkerPID || st.AppliedPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("verified read: %+v", st)
+	}
+}
+
+func TestOneBaseRelativePathEverywhere(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "p.example be-p\n"
+	fs2["ssl/tls.pem"] = testCertPEM(t)
+	e.land(t, "plan-2", fs2,
+		Op{Kind: OpCertNew, Path: "ssl/tls.pem"},
+		Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "p.example", Value: "be-p"})
+	var sawMap, sawCert bool
+	for _, cmd := range e.fake.Sent() {
+		if strings.Contains(cmd, e.cfg.BaseDir) || strings.Contains(cmd, e.a.files.base) {
+			t.Errorf("a command carries the base directory: %q", cmd)
+		}
+		sawMap = sawMap || strings.HasPrefix(cmd, "add map maps/host.map")
+		sawCert = sawCert || cmd == "new ssl cert ssl/tls.pem"
+	}
+	if !sawMap || !sawCert {
+		t.Errorf("commands %q", e.fake.Sent())
+	}
+	fs3 := fs2.clone()
+	fs3["haproxy.cfg"] += "# reload\n"
+	m := e.c.manifest("plan-3", fs3)
+	m.Mode = ModeReload
+	res := e.c.apply(m, fs3)
+	if res.Inventory == nil || !slices.Contains(res.Inventory.Maps, "maps/host.map") || !slices.Contains(res.Inventory.Certs, "ssl/tls.pem") {
+		t.Errorf("inventory %+v", res.Inventory)
+	}
+}
+
+func TestStateAndApplyRunConcurrently(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newAgentClient(t, e.a)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				st := c.state("?verify=1")
+				if st.APIVersion != 1 {
+					t.Errorf("state %+v", st)
+					return
+				}
+			}
+		}()
+	}
+	cur := fs
+	for i := range 12 {
+		next := cur.clone()
+		key := fmt.Sprintf("k%d.example", i)
+		next["maps/host.map"] += key + " be-k\n"
+		var ops []Op
+		if i%3 != 0 {
+			ops = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: key, Value: "be-k"}}
+		} else {
+			next["haproxy.cfg"] += fmt.Sprintf("# %d\n", i)
+		}
+		res := e.c.apply(e.c.manifest(fmt.Sprintf("plan-c%d", i), next, ops...), next)
+		if !res.OK {
+			t.Errorf("apply %d: %+v", i, res)
+		}
+		cur = next
+	}
+	close(stop)
+	wg.Wait()
+	st := e.c.state("?verify=1")
+	if st.Generation != 13 || !sameSet(e.disk(t), cur) || st.InvariantViolation != "" {
+		t.Errorf("after: %+v", st)
+	}
+	for _, f := range cur.manifestFiles() {
+		if got := st.Files[f.Path]; got.Digest != f.Digest || got.Size != f.Size {
+			t.Errorf("%s: %+v", f.Path, got)
+		}
+	}
+}
+
+func TestVerifiedStateSerializesWorkerObservation(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	var checked, held atomic.Bool
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if strings.HasPrefix(cmd, "show info") {
+				checked.Store(true)
+				if e.a.workerMu.TryLock() {
+					e.a.workerMu.Unlock()
+				} else {
+					held.Store(true)
+				}
+			}
+			return "", false
+		}
+	})
+	st := e.c.state("?verify=1")
+	if !checked.Load() || !held.Load() {
+		t.Errorf("show info sent %v, under the worker-observation lock %v", checked.Load(), held.Load())
+	}
+	if st.AppliedPlanID != "plan-1" {
+		t.Errorf("applied %q", st.AppliedPlanID)
+	}
+}
+
+func TestReloadSerializesWorkerObservation(t *testing.T) {
+	var reloads, held atomic.Int32
+	var a *Agent
+	e := newTestEnv(t, nil, func(ag *Agent, _ *FakeHAProxy) {
+		a = ag
+		ag.hooks.beforeReload = func() {
+			reloads.Add(1)
+			if a.workerMu.TryLock() {
+				a.workerMu.Unlock()
+			} else {
+				held.Add(1)
+			}
+		}
+	})
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	if reloads.Load() != 1 || held.Load() != 1 {
+		t.Errorf("reloads %d, under the lock %d", reloads.Load(), held.Load())
+	}
+	if st := e.c.state(""); st.RunningPlanID != "plan-1" {
+		t.Errorf("running %q", st.RunningPlanID)
+	}
+}
