@@ -2285,18 +2285,6 @@ func startQueue(t *testing.T, q *deleteQueue) (stop func()) {
 	return stop
 }
 
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 1000 {
-		if cond() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
-}
-
 // blockOn makes the fake hold every command with the prefix until the
 // returned release is called (also at cleanup); entered receives once per
 // held command.
