@@ -100,7 +100,7 @@ type FakeServer struct {
 type FakeHAProxy struct {
 	dir, version string
 	dialect      fakeDialect
-	release      int // major*100+minor: below 301 refuses init-state
+	initState    bool // add server accepts init-state (3.1 and later)
 	workerPath   string
 	masterPath   string
 
@@ -168,15 +168,17 @@ func StartFakeHAProxy(dir string, version string) (*FakeHAProxy, error) {
 	if version == "" {
 		version = fakeDefaultVersion
 	}
-	major, minor, ok := haproxyMajorMinor(version) // CapsFor's rule, deployplan.md §2.4
-	if !ok {
+	// The version is read by CapsFor's rule (deployplan.md §2.4): it must
+	// start with a major number.
+	if _, ok := leadingNumber(strings.TrimPrefix(strings.TrimSpace(version), "v")); !ok {
 		return nil, fmt.Errorf("fake haproxy: unreadable version %q", version)
 	}
+	caps := CapsFor(version, nil)
 	f := &FakeHAProxy{
 		dir:        dir,
 		version:    version,
-		dialect:    fakeDialectOf(major, minor),
-		release:    major*100 + minor,
+		dialect:    fakeDialectOf(caps),
+		initState:  caps.ServerInitState,
 		workerPath: filepath.Join(dir, "haproxy-worker.sock"),
 		masterPath: filepath.Join(dir, "haproxy-master.sock"),
 		conns:      make(map[net.Conn]bool),
@@ -230,11 +232,13 @@ func fakeListen(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-func fakeDialectOf(major, minor int) fakeDialect {
+// fakeDialectOf picks the dialect from the capabilities the version
+// gives: no dynamic servers is 2.6, dynamic backends is 3.4.
+func fakeDialectOf(caps Caps) fakeDialect {
 	switch {
-	case major < 3:
+	case !caps.DynamicServers:
 		return fakeDialect26
-	case major == 3 && minor < 4:
+	case !caps.DynamicBackends:
 		return fakeDialect30
 	default:
 		return fakeDialect34
@@ -1738,7 +1742,7 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	for i := 2; i < len(args); i++ {
 		kw := args[i]
 		arity, known := fakeServerKeywords[kw]
-		if !known || (kw == "init-state" && f.release < 301) {
+		if !known || (kw == "init-state" && !f.initState) {
 			return fakeErr("unknown keyword '" + kw + "'.")
 		}
 		if i+arity >= len(args) && arity > 0 {
