@@ -56,7 +56,8 @@ func runPlan(args []string, s stdio) int {
 // reloads, 2 when it could not tell.
 func runDiff(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("diff", "haptic diff [--haproxy-version V] OLD NEW | haptic diff --agent URL [flags] DIR\n"+
-		"OLD, NEW and DIR are each a directory of rendered files, a plan JSON file (haptic plan) or a plan blob.", s)
+		"OLD, NEW and DIR are each a directory of rendered files, a plan JSON file (haptic plan) or a plan blob.\n"+
+		"Environment, with --agent: HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS (HTTP Basic).", s)
 	version := fs.String("haproxy-version", defaultDiffHAProxyVersion,
 		"HAProxy version an offline diff assumes (what it can change at runtime); with --agent the agent's own version is used")
 	var agent agentClientFlags
