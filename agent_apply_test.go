@@ -1409,3 +1409,44 @@ func TestReloadSerializesWorkerObservation(t *testing.T) {
 		t.Errorf("running %q", st.RunningPlanID)
 	}
 }
+
+func TestRestoredOwnership(t *testing.T) {
+	j := backupJournal{Entries: []journalEntry{
+		{Path: "new.txt", Kind: journalCreated},
+		{Path: "changed.txt", Kind: journalModified, Backup: "/b/0"},
+		{Path: "changed-then-dropped.txt", Kind: journalModified, Backup: "/b/1"},
+		{Path: "dropped.txt", Kind: journalDeleted, Backup: "/b/2"},
+	}}
+	owned := []string{"changed.txt", "haproxy.cfg", "new.txt"}
+	want := []string{"changed-then-dropped.txt", "changed.txt", "dropped.txt", "haproxy.cfg"}
+	if got := restoredOwnership(owned, j); !slices.Equal(got, want) {
+		t.Errorf("restoredOwnership = %v, want %v", got, want)
+	}
+}
+
+func TestARollbackOwnsEveryFileItRestores(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	lkg := seedFiles()
+	lkg["notes/g1.txt"] = "v1\n"
+	e.land(t, "plan-1", lkg)
+	p2 := lkg.clone()
+	p2["notes/g1.txt"] = "v2\n"
+	applyFileOnly(t, e.c, "plan-2", p2)
+	p3 := p2.clone()
+	delete(p3, "notes/g1.txt")
+	applyFileOnly(t, e.c, "plan-3", p3)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	p4 := p3.clone()
+	p4["haproxy.cfg"] += "bogus\n"
+	if res := e.c.apply(reloadManifest(e, "plan-4", p4), p4); res.OK {
+		t.Fatalf("%+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	if !sameSet(e.disk(t), lkg) {
+		t.Fatalf("rollback: %v", e.disk(t))
+	}
+	e.c.apply(reloadManifest(e, "plan-5", p3), p3)
+	if got := e.disk(t); !sameSet(got, p3) {
+		t.Errorf("the restored file was not deleted by a later apply: %v", got.paths())
+	}
+}
