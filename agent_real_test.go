@@ -13,8 +13,7 @@ import (
 
 func TestRealHAProxyEndToEnd(t *testing.T) {
 	h := startRealHAProxy(t)
-	major, minor, _ := haproxyMajorMinor(h.Version())
-	atLeast30 := major > 3 || major == 3 && minor >= 0
+	atLeast30 := CapsFor(h.Version(), nil).DynamicServers // HAProxy 3.0 and later
 	a := startTestAgent(t, nil, func(c *AgentConfig) {
 		c.BaseDir = h.Dir
 		c.WorkerSocket, c.MasterSocket = h.WorkerSocket(), h.MasterSocket()

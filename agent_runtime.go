@@ -193,41 +193,15 @@ func opKinds() []string {
 
 // terminatorFor chooses the payload terminator for a worker version.
 // HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
-// argument and then run every payload line as a command. So the custom
-// terminator is used from 3.0 on (CapsFor's version rule), HAProxy's default
-// empty line otherwise, including for an unreadable version.
+// argument and then run every payload line as a command. Custom terminators
+// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
+// (deployplan.md §2.4) decides; an older or unreadable version gets
+// HAProxy's default empty-line terminator.
 func terminatorFor(version string) string {
-	if major, _, ok := haproxyMajorMinor(version); ok && major >= 3 {
+	if CapsFor(version, nil).DynamicServers {
 		return payloadTerminator
 	}
 	return ""
-}
-
-// haproxyMajorMinor reads a version the way CapsFor does (deployplan.md
-// §2.4): trim, drop one leading "v", the leading digits of the first two
-// dot-separated fields; ok is false without a major.
-func haproxyMajorMinor(version string) (major, minor int, ok bool) {
-	fields := strings.SplitN(strings.TrimPrefix(strings.TrimSpace(version), "v"), ".", 3)
-	major, ok = leadingInt(fields[0])
-	if !ok {
-		return 0, 0, false
-	}
-	if len(fields) > 1 {
-		minor, _ = leadingInt(fields[1])
-	}
-	return major, minor, true
-}
-
-func leadingInt(s string) (int, bool) {
-	n := 0
-	for n < len(s) && n < 9 && s[n] >= '0' && s[n] <= '9' {
-		n++
-	}
-	if n == 0 {
-		return 0, false
-	}
-	v, err := strconv.Atoi(s[:n])
-	return v, err == nil
 }
 
 // terminator is the payload terminator for the worker the last info read.
@@ -370,6 +344,8 @@ func compileMapReplace(path string, content func(string) ([]byte, error)) ([]com
 		return nil, err
 	}
 	var body strings.Builder
+	// At most the file plus one space per line ("key \n" for an empty value).
+	body.Grow(len(data) + bytes.Count(data, []byte{'\n'}) + 1)
 	for _, e := range ParseMapEntries(string(data)) {
 		if !SafePayloadValue(e.Key) || !SafePayloadValue(e.Value) {
 			return nil, fmt.Errorf("%w: map entry %q", errUnsafeToken, e.Key)
@@ -606,7 +582,7 @@ func checkCommand(c command, term string) error {
 	if c.Payload == "" {
 		return nil
 	}
-	if n := len(frameCommand(c.Text, c.Payload, term)); n > maxFramedPayloadCommand {
+	if n := framedLen(c.Text, c.Payload, term); n > maxFramedPayloadCommand {
 		return fmt.Errorf("payload command of %d bytes exceeds the %d-byte framed limit", n, maxFramedPayloadCommand)
 	}
 	if strings.IndexByte(c.Payload, 0) >= 0 {
@@ -628,7 +604,12 @@ func checkCommand(c command, term string) error {
 // with HAProxy's default empty-line terminator when term is "".
 func frameCommand(text, payload, term string) string {
 	var b strings.Builder
-	b.Grow(len(text) + len(payload) + 2*len(term) + 8)
+	b.Grow(framedLen(text, payload, term))
+	writeFramed(&b, text, payload, term)
+	return b.String()
+}
+
+func writeFramed(b *strings.Builder, text, payload, term string) {
 	b.WriteString(text)
 	b.WriteString(" <<")
 	b.WriteString(term)
@@ -639,7 +620,15 @@ func frameCommand(text, payload, term string) string {
 	}
 	b.WriteString(term)
 	b.WriteByte('\n')
-	return b.String()
+}
+
+// framedLen is len(frameCommand(text, payload, term)) without building it.
+func framedLen(text, payload, term string) int {
+	n := len(text) + len(" <<") + 2*(len(term)+1) + len(payload)
+	if !strings.HasSuffix(payload, "\n") {
+		n++
+	}
+	return n
 }
 
 // ---------------------------------------------------------------------------
@@ -693,21 +682,26 @@ func waitMsOf(text string) int {
 	if !ok {
 		return 0
 	}
-	ms, _ := leadingInt(rest)
+	ms, _ := leadingNumber(rest)
 	return ms
 }
 
 // renderLine renders one line with the apply-path prefix; a payload
 // command, always last, is framed with its program's terminator.
 func renderLine(line []lineCommand, term string) string {
+	size := len(linePrefix) + 1
+	for _, c := range line {
+		size += framedLen(c.Text, c.Payload, term)
+	}
 	var b strings.Builder
+	b.Grow(size)
 	b.WriteString(linePrefix)
 	for i, c := range line {
 		if i > 0 {
 			b.WriteByte(';')
 		}
 		if c.Payload != "" {
-			b.WriteString(frameCommand(c.Text, c.Payload, term))
+			writeFramed(&b, c.Text, c.Payload, term)
 			return b.String()
 		}
 		b.WriteString(c.Text)
@@ -844,17 +838,21 @@ func lastResponse(raw []byte, k int) (string, error) {
 	for pos := 0; pos < len(raw); n++ {
 		end, complete := nextResponse(raw, pos)
 		if !complete {
-			break
+			return "", incompleteReply(n, k)
 		}
 		start, pos = pos, end
 	}
-	if got, partial := countResponses(raw); got != k || partial {
-		return "", &runtimeError{
-			msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", got, k),
-			kind: []error{errUnreadableResponse},
-		}
+	if n != k {
+		return "", incompleteReply(n, k)
 	}
 	return trimReply(string(raw[start:])), nil
+}
+
+func incompleteReply(n, k int) error {
+	return &runtimeError{
+		msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k),
+		kind: []error{errUnreadableResponse},
+	}
 }
 
 // ---------------------------------------------------------------------------
@@ -884,14 +882,19 @@ var rejectionPhrases = []string{
 	"through configuration file",
 }
 
+// severityTag reads the "[N]:" tag that "set severity-output number" puts
+// before a message: the level and the text after it, or -1 when untagged.
+func severityTag(segment string) (level int, rest string) {
+	if len(segment) >= 4 && segment[0] == '[' && segment[1] >= '0' && segment[1] <= '7' && segment[2] == ']' && segment[3] == ':' {
+		return int(segment[1] - '0'), segment[4:]
+	}
+	return -1, segment
+}
+
 // classify judges one response segment.
 func classify(segment string) error {
-	level := -1
-	if len(segment) >= 4 && segment[0] == '[' && segment[1] >= '0' && segment[1] <= '7' && segment[2] == ']' && segment[3] == ':' {
-		level = int(segment[1] - '0')
-		segment = segment[4:]
-	}
-	text := strings.ToLower(segment)
+	level, rest := severityTag(segment)
+	text := strings.ToLower(rest)
 	switch {
 	case strings.Contains(text, "already used by other proxy"):
 		return errNameCollision
@@ -1060,7 +1063,13 @@ func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpR
 	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1}
 	err := run.all()
 	if err != nil && run.failedProg >= 0 {
-		run.abort(programs[run.failedProg])
+		failed := programs[run.failedProg]
+		if failed.Kind == OpMapReplace {
+			// No abort exists (compileMapReplace): the prepared version stays
+			// behind, uncommitted and harmless.
+			r.logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
+		}
+		run.abort(failed)
 	}
 	return results, err
 }
@@ -1186,9 +1195,6 @@ func (e *execution) repeat(prog int, c command) error {
 // when another object's transaction is open the abort is refused too, and
 // the fallback reload that follows ends it.
 func (e *execution) abort(p program) {
-	if p.Kind == OpMapReplace {
-		e.r.logger.Warn("map replace failed; an uncommitted map version is left behind", "kind", p.Kind)
-	}
 	for _, c := range p.Abort {
 		raw, err := e.r.exchange(e.ctx, linePrefix+c.Text+"\n", 0)
 		if err == nil {
@@ -1212,11 +1218,12 @@ func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, 
 	if err != nil {
 		return "", err
 	}
+	// The reply holds one response per prefix command, then the read's own.
 	text, err := lastResponse(raw, strings.Count(prefix, ";")+1)
 	if err != nil {
 		return "", err
 	}
-	if len(text) >= 4 && text[0] == '[' && text[1] >= '0' && text[1] <= '3' && text[2] == ']' && text[3] == ':' {
+	if level, _ := severityTag(text); level >= 0 && level <= 3 {
 		first, _, _ := strings.Cut(text, "\n")
 		return "", fmt.Errorf("%w: %s", errRejected, first)
 	}
@@ -1343,8 +1350,8 @@ func parseShowProc(text string) (procList, error) {
 			continue
 		}
 		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
+		if len(fields) == 0 || section != "" && section != "workers" && section != "old workers" {
+			continue // programs, whose rows are not ours to read
 		}
 		if len(fields) < 3 {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
@@ -1354,6 +1361,7 @@ func parseShowProc(text string) (procList, error) {
 		if err1 != nil || err2 != nil {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
+		row := procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)}
 		switch {
 		case section == "" && fields[1] == "master":
 			failed, ok := failedCount(line)
@@ -1362,9 +1370,9 @@ func parseShowProc(text string) (procList, error) {
 			}
 			list.MasterPID, list.Reloads, list.FailedReloads, haveMaster = pid, reloads, failed, true
 		case section == "workers":
-			list.Workers = append(list.Workers, procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)})
+			list.Workers = append(list.Workers, row)
 		case section == "old workers":
-			list.OldWorkers = append(list.OldWorkers, procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)})
+			list.OldWorkers = append(list.OldWorkers, row)
 		}
 	}
 	if !haveMaster {

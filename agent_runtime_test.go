@@ -5,13 +5,24 @@
 package haptic
 
 import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // ---------------------------------------------------------------------------
@@ -430,6 +441,13 @@ func TestPayloadFramingFollowsTheWorkerVersion(t *testing.T) {
 			t.Errorf("%q: PEM with a blank line: err = %v", tt.version, err)
 		}
 	}
+	for _, payload := range []string{"k v\n", "no final newline", "a\nb\n"} {
+		for _, term := range []string{payloadTerminator, ""} {
+			if got, want := framedLen("add map m", payload, term), len(frameCommand("add map m", payload, term)); got != want {
+				t.Errorf("framedLen(%q, %q) = %d, rendered %d", payload, term, got, want)
+			}
+		}
+	}
 	// The framed size is bounded too.
 	text := "add map " + strings.Repeat("p", 2000)
 	err := checkCommand(command{Text: text, Payload: strings.Repeat("k v\n", 3000)}, payloadTerminator)
@@ -807,7 +825,7 @@ func TestParseShowProc(t *testing.T) {
 			OldWorkers: []procRow{{PID: 17546, Reloads: 1, Version: "3.0.11-1+deb13u4"}}}, ""},
 		{"2.6", showProc26, procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
 			Workers: []procRow{{PID: 18157, Reloads: 0, Version: "2.6.12-1+deb12u4"}}}, ""},
-		{"with programs", strings.Replace(showProc26, "# programs\n", "# programs\n19000           dataplane       0               0d00h00m02s     -\n# old programs\n", 1),
+		{"with programs", strings.Replace(showProc26, "# programs\n", "# programs\n19000           dataplane       0               0d00h00m02s     -\nodd program row\n# old programs\n", 1),
 			procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
 				Workers: []procRow{{PID: 18157, Reloads: 0, Version: "2.6.12-1+deb12u4"}}}, ""},
 		{"without programs (3.4)", strings.TrimSuffix(showProc26, "# programs\n"), procList{MasterPID: 18020, Reloads: 1, FailedReloads: 2,
@@ -1000,5 +1018,1680 @@ func TestWorkerAdoptionDetectsTheSamePIDWithANewStartTime(t *testing.T) {
 	}
 	if err := q.Enqueue(reused, []serverRef{{Backend: "be-a", Server: "s2"}}, nil); err != nil {
 		t.Errorf("enqueue for the new worker: %v", err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Targets: the fake HAProxy in its dialects, and the real binary.
+
+// runtimeTarget is what a "both" test needs from an HAProxy: its sockets
+// and its version (runtime.md §9.3). *FakeHAProxy and *realHAProxy both
+// satisfy it; read-backs go through a raw socket (target.show), never
+// through the layer under test.
+type runtimeTarget interface {
+	WorkerSocket() string
+	MasterSocket() string
+	Version() string
+}
+
+// target is one HAProxy holding the fixture of runtime.md §9.1.
+type target struct {
+	runtimeTarget
+	fake *FakeHAProxy // nil on the real binary
+	real *realHAProxy // nil on the fake
+}
+
+// runtimeFakeVersions are the fake's dialects the "both" tests run on.
+var runtimeFakeVersions = []string{"3.4.3-1deb11u1", "3.0.11-1+deb13u4", "2.6.12-1+deb12u4"}
+
+// dialectOf names the dialect of a version: "3.4", "3.0" or "2.6"
+// (runtime.md §8.2), by CapsFor's version rule.
+func dialectOf(version string) string {
+	switch caps := CapsFor(version, nil); {
+	case caps.DynamicBackends:
+		return "3.4"
+	case caps.DynamicServers:
+		return "3.0"
+	}
+	return "2.6"
+}
+
+func (tg *target) dialect() string { return dialectOf(tg.Version()) }
+
+func (tg *target) requireDialect(t *testing.T, dialects ...string) {
+	t.Helper()
+	if !slices.Contains(dialects, tg.dialect()) {
+		t.Skipf("needs dialect %v; %s is %s", dialects, tg.Version(), tg.dialect())
+	}
+}
+
+// onFakes runs a "both" test body on each of the fake's dialects; the real
+// half runs under TestRuntimeAgainstRealHAProxy.
+func onFakes(t *testing.T, body func(t *testing.T, tg *target)) {
+	for _, v := range runtimeFakeVersions {
+		t.Run("fake-"+dialectOf(v), func(t *testing.T) { body(t, fakeTarget(t, v)) })
+	}
+}
+
+func fakeTarget(t *testing.T, version string) *target {
+	f := startTestFake(t, version)
+	seedRuntimeFixture(t, f)
+	return &target{runtimeTarget: f, fake: f}
+}
+
+// seedRuntimeFixture gives the fake what the real fixture's configuration
+// loads (runtime.md §9.1), through the harness's own seeding.
+func seedRuntimeFixture(t *testing.T, f *FakeHAProxy) {
+	ca := newTestCA(t, "haptic fixture CA")
+	cert, key := ca.issue(t, testCertOptions{CommonName: "a.example.com", DNSNames: []string{"a.example.com"}})
+	fx := realFixture{certPEM: string(cert) + string(key), caPEM: string(ca.CertPEM), ca: ca}
+	f.With(fx.seedFake)
+}
+
+// bothRuntimeTests are the runtime tests of runtime.md §11 marked "both":
+// each runs on the fake (TestX) and on the real binary
+// (TestRuntimeAgainstRealHAProxy/TestX).
+var bothRuntimeTests = []struct {
+	name string
+	run  func(t *testing.T, tg *target)
+}{
+	{"TestExecuteRunsTheOrderedCreateSequence", testExecuteRunsTheOrderedCreateSequence},
+	{"TestExecuteReportsANameCollision", testExecuteReportsANameCollision},
+	{"TestExecuteStopsAtTheFirstRejection", testExecuteStopsAtTheFirstRejection},
+	{"TestExecuteBatchesCommandsWithinTheLineLimit", testExecuteBatchesCommandsWithinTheLineLimit},
+	{"TestExecuteSwitchesAMapAtomically", testExecuteSwitchesAMapAtomically},
+	{"TestACertificateWithABlankLineArrivesWhole", testACertificateWithABlankLineArrivesWhole},
+	{"TestExecuteRepeatsMapDelUntilTheKeyIsGone", testExecuteRepeatsMapDelUntilTheKeyIsGone},
+	{"TestExecuteAbortsACertTransactionOnFailure", testExecuteAbortsACertTransactionOnFailure},
+	{"TestExecuteCommitsAValidCertificate", testExecuteCommitsAValidCertificate},
+	{"TestExecuteReadsSetServerAddrByItsWords", testExecuteReadsSetServerAddrByItsWords},
+	{"TestExecuteRefusesBackendOpsOn30", testExecuteRefusesBackendOpsOn30},
+	{"TestAgentLimitsStayUnderHAProxyLimits", testAgentLimitsStayUnderHAProxyLimits},
+	{"TestInfoReadsTheWorkerIdentity", testInfoReadsTheWorkerIdentity},
+	{"TestShowProcAnswersOnTheMasterSocket", testShowProcAnswersOnTheMasterSocket},
+	{"TestReloadReportsFailureWithHAProxysWords", testReloadReportsFailureWithHAProxysWords},
+	{"TestReloadWithoutASuccessLine", testReloadWithoutASuccessLine},
+	{"TestInventoryListsWhatTheWorkerLoaded", testInventoryListsWhatTheWorkerLoaded},
+	{"TestInventoryReadsTheCAListing", testInventoryReadsTheCAListing},
+	{"TestInventoryDeduplicatesTransactionRows", testInventoryDeduplicatesTransactionRows},
+	{"TestReadBackSeesWhatTheOpsWrote", testReadBackSeesWhatTheOpsWrote},
+}
+
+func TestRuntimeAgainstRealHAProxy(t *testing.T) {
+	for _, bt := range bothRuntimeTests {
+		t.Run(bt.name, func(t *testing.T) {
+			h := startRealHAProxy(t)
+			bt.run(t, &target{runtimeTarget: h, real: h})
+		})
+	}
+}
+
+// newRuntime builds the layer for a target and reads the worker's identity,
+// so payloads are framed for its version, as the agent does.
+func (tg *target) newRuntime(t *testing.T, mutate func(*runtimeConfig)) *haproxyRuntime {
+	t.Helper()
+	cfg := runtimeConfig{WorkerSocket: tg.WorkerSocket(), MasterSocket: tg.MasterSocket(),
+		IOTimeout: 10 * time.Second, ReloadTimeout: 20 * time.Second}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	r := newHAProxyRuntime(cfg)
+	if _, err := r.info(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// compileAll compiles ops for the runtime's worker, reading files from a map.
+func compileAll(t *testing.T, r *haproxyRuntime, ops []Op, files map[string]string) []program {
+	t.Helper()
+	programs := make([]program, len(ops))
+	for i := range ops {
+		p, err := compileOp(&ops[i], contentOf(files), r.terminator())
+		if err != nil {
+			t.Fatalf("compile %s: %v", ops[i].Kind, err)
+		}
+		programs[i] = p
+	}
+	return programs
+}
+
+// mustExecute runs ops and fails the test on any error.
+func mustExecute(t *testing.T, r *haproxyRuntime, ops []Op, files map[string]string) []OpResult {
+	t.Helper()
+	results, err := r.execute(t.Context(), compileAll(t, r, ops, files))
+	if err != nil {
+		t.Fatalf("execute: %v (results %+v)", err, results)
+	}
+	return results
+}
+
+// show sends one command on a raw connection of its own, outside the layer
+// under test, and returns the command's response without its framing.
+func (tg *target) show(t *testing.T, cmd string) string {
+	t.Helper()
+	conn, err := net.Dial("unix", tg.WorkerSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, linePrefix+cmd+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimRight(strings.TrimPrefix(string(raw), "\n\n"), "\n")
+}
+
+// mapRows reads a map's entries in order through a raw socket.
+func (tg *target) mapRows(t *testing.T, path string) []MapEntry {
+	t.Helper()
+	var rows []MapEntry
+	for row := range strings.SplitSeq(tg.show(t, "show map "+path), "\n") {
+		if row == "" {
+			continue
+		}
+		f := strings.SplitN(row, " ", 3)
+		if len(f) < 2 || !strings.HasPrefix(f[0], "0x") {
+			t.Fatalf("show map %s: unexpected row %q", path, row)
+		}
+		e := MapEntry{Key: f[1]}
+		if len(f) == 3 {
+			e.Value = f[2]
+		}
+		rows = append(rows, e)
+	}
+	return rows
+}
+
+// serverRows reads "show servers state <be>" rows as name → fields.
+func (tg *target) serverRows(t *testing.T, backend string) map[string][]string {
+	t.Helper()
+	rows := map[string][]string{}
+	for line := range strings.SplitSeq(tg.show(t, "show servers state "+backend), "\n") {
+		if f := strings.Fields(line); len(f) >= 8 && !strings.HasPrefix(line, "#") {
+			rows[f[3]] = f
+		}
+	}
+	return rows
+}
+
+// lineRecorder sees every write and dial the layer makes.
+type lineRecorder struct {
+	mu     sync.Mutex
+	dials  int
+	writes []string
+}
+
+type recordingConn struct {
+	net.Conn
+	rec *lineRecorder
+}
+
+func (c *recordingConn) Write(b []byte) (int, error) {
+	c.rec.mu.Lock()
+	c.rec.writes = append(c.rec.writes, string(b))
+	c.rec.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func recordLines(r *haproxyRuntime) *lineRecorder {
+	rec := &lineRecorder{}
+	dial := r.dial
+	r.dial = func(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
+		rec.mu.Lock()
+		rec.dials++
+		rec.mu.Unlock()
+		conn, err := dial(ctx, path, deadline)
+		if err != nil {
+			return nil, err
+		}
+		return &recordingConn{Conn: conn, rec: rec}, nil
+	}
+	return rec
+}
+
+func (rec *lineRecorder) lines() []string {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return slices.Clone(rec.writes)
+}
+
+func (rec *lineRecorder) dialCount() int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return rec.dials
+}
+
+// issuePEM returns a certificate with its key, PEM, and its serial as
+// HAProxy prints it (upper-case hex of the serial's bytes).
+func issuePEM(t *testing.T, cn string) (pemText string, serial string) {
+	ca := newTestCA(t, "haptic test CA")
+	cert, key := ca.issue(t, testCertOptions{CommonName: cn, DNSNames: []string{cn}})
+	block, _ := pem.Decode(cert)
+	c, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(cert) + string(key), strings.ToUpper(hex.EncodeToString(c.SerialNumber.Bytes()))
+}
+
+// ---------------------------------------------------------------------------
+// Execute.
+
+func TestExecuteRunsTheOrderedCreateSequence(t *testing.T) {
+	onFakes(t, testExecuteRunsTheOrderedCreateSequence)
+}
+
+func testExecuteRunsTheOrderedCreateSequence(t *testing.T, tg *target) {
+	tg.requireDialect(t, "3.4")
+	r := tg.newRuntime(t, nil)
+	mustExecute(t, r, []Op{
+		{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http", GUID: "be-b-guid"},
+		{Kind: OpServerAdd, Backend: "be-b", Server: "s1", Address: "10.0.0.1", Port: 8080, Keywords: []KeywordArg{{Name: "check"}}},
+		{Kind: OpServerEnable, Backend: "be-b", Server: "s1", Health: true},
+		{Kind: OpBackendPublish, Backend: "be-b"},
+		{Kind: OpMapAdd, Path: "maps/host.map", Key: "new.example.com", Value: "be-b"},
+	}, nil)
+	if rows := tg.serverRows(t, "be-b"); rows["s1"] == nil || rows["s1"][6] != "0" {
+		t.Errorf("be-b/s1 not enabled: %v", rows)
+	}
+	if rows := tg.mapRows(t, "maps/host.map"); !slices.Contains(rows, MapEntry{Key: "new.example.com", Value: "be-b"}) {
+		t.Errorf("map rows %v", rows)
+	}
+	if f := tg.fake; f != nil {
+		f.With(func(m *FakeModel) {
+			be := m.Backends["be-b"]
+			if be == nil || !be.Published || be.GUID != "be-b-guid" || be.Mode != "http" || len(be.Servers) != 1 ||
+				!be.Servers[0].Enabled || !be.Servers[0].Health {
+				t.Errorf("be-b = %+v", be)
+			}
+		})
+	}
+}
+
+func TestExecuteReportsANameCollision(t *testing.T) { onFakes(t, testExecuteReportsANameCollision) }
+
+func testExecuteReportsANameCollision(t *testing.T, tg *target) {
+	tg.requireDialect(t, "3.4")
+	r := tg.newRuntime(t, nil)
+	add := []Op{{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http"}}
+	mustExecute(t, r, add, nil)
+	results, err := r.execute(t.Context(), compileAll(t, r, add, nil))
+	if !errors.Is(err, errNameCollision) || results[0].OK || !strings.Contains(results[0].Output, "already used by other proxy") {
+		t.Fatalf("err = %v, results %+v", err, results)
+	}
+	if f := tg.fake; f != nil && !slices.Equal(f.Backends(), []string{"be-a", "be-b"}) {
+		t.Errorf("backends %v", f.Backends())
+	}
+}
+
+func TestExecuteStopsAtTheFirstRejection(t *testing.T) {
+	onFakes(t, testExecuteStopsAtTheFirstRejection)
+}
+
+func testExecuteStopsAtTheFirstRejection(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	ops := []Op{
+		{Kind: OpServerAdd, Backend: "be-a", Server: "t1", Address: "10.0.0.1", Port: 80},
+		{Kind: OpServerAdd, Backend: "be-a", Server: "srv1", Address: "10.0.0.1", Port: 80}, // exists
+		{Kind: OpServerAdd, Backend: "be-a", Server: "t2", Address: "10.0.0.1", Port: 80},
+		{Kind: OpMapAdd, Path: "maps/host.map", Key: "never.example.com", Value: "x"}, // a payload: a line of its own
+	}
+	results, err := r.execute(t.Context(), compileAll(t, r, ops, nil))
+	if !errors.Is(err, errRejected) {
+		t.Fatalf("err = %v", err)
+	}
+	if !results[0].OK || results[1].OK || results[2].OK {
+		t.Errorf("results %+v", results)
+	}
+	if !strings.Contains(results[1].Output, "Already exists a server") {
+		t.Errorf("output %q", results[1].Output)
+	}
+	if tg.serverRows(t, "be-a")["t1"] == nil {
+		t.Error("the op before the failure did not run")
+	}
+	if rows := tg.mapRows(t, "maps/host.map"); len(rows) != 2 {
+		t.Errorf("a line after the failure was sent: %v", rows)
+	}
+}
+
+func TestExecuteBatchesCommandsWithinTheLineLimit(t *testing.T) {
+	onFakes(t, testExecuteBatchesCommandsWithinTheLineLimit)
+}
+
+func testExecuteBatchesCommandsWithinTheLineLimit(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	rec := recordLines(r)
+	ops := make([]Op, 400)
+	for i := range ops {
+		ops[i] = Op{Kind: OpServerAdd, Backend: "be-a", Server: fmt.Sprintf("bulk-server-%03d", i), Address: "10.0.0.1", Port: 8080,
+			Keywords: []KeywordArg{{Name: "weight", Args: []string{"10"}}}}
+	}
+	mustExecute(t, r, ops, nil)
+	lines := rec.lines()
+	if len(lines) < 2 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for _, line := range lines {
+		if len(line) > MaxCommandLineBytes || !strings.HasPrefix(line, linePrefix) || strings.Count(line, "\n") != 1 {
+			t.Errorf("line of %d bytes", len(line))
+		}
+	}
+	rows := tg.serverRows(t, "be-a")
+	for _, op := range ops {
+		if rows[op.Server] == nil {
+			t.Fatalf("%s missing", op.Server)
+		}
+	}
+}
+
+func TestExecuteSwitchesAMapAtomically(t *testing.T) { onFakes(t, testExecuteSwitchesAMapAtomically) }
+
+func testExecuteSwitchesAMapAtomically(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	var file strings.Builder
+	var want []MapEntry
+	for i := range 1500 {
+		// Reverse order, so a sorted read-back would be caught.
+		e := MapEntry{Key: fmt.Sprintf("h%04d.example.com", 1500-i), Value: fmt.Sprintf("be-%d", i%7)}
+		want = append(want, e)
+		fmt.Fprintf(&file, "%s %s\n", e.Key, e.Value)
+	}
+	mustExecute(t, r, []Op{{Kind: OpMapReplace, Path: "maps/host.map"}}, map[string]string{"maps/host.map": "# generated\n" + file.String()})
+	if got := tg.mapRows(t, "maps/host.map"); !reflect.DeepEqual(got, want) {
+		t.Errorf("map has %d entries, want %d in order", len(got), len(want))
+	}
+}
+
+func TestACertificateWithABlankLineArrivesWhole(t *testing.T) {
+	onFakes(t, testACertificateWithABlankLineArrivesWhole)
+}
+
+func testACertificateWithABlankLineArrivesWhole(t *testing.T, tg *target) {
+	tg.requireDialect(t, "3.4", "3.0") // 2.6 frames with an empty line: compileOp refuses (TestPayloadFramingFollowsTheWorkerVersion)
+	r := tg.newRuntime(t, nil)
+	pemText, serial := issuePEM(t, "a.example.com")
+	cert, key, _ := strings.Cut(pemText, "-----END CERTIFICATE-----\n")
+	pemText = cert + "-----END CERTIFICATE-----\n\n" + key
+	mustExecute(t, r, []Op{{Kind: OpCertSet, Path: "certs/a.pem"}}, map[string]string{"certs/a.pem": pemText})
+	if f := tg.fake; f != nil {
+		if got, _ := f.Cert("certs/a.pem"); got != pemText {
+			t.Errorf("stored %q\nwant %q", got, pemText)
+		}
+		return
+	}
+	if out := tg.show(t, "show ssl cert certs/a.pem"); !strings.Contains(out, "Serial: "+serial) {
+		t.Errorf("show ssl cert: %s\nwant serial %s", out, serial)
+	}
+}
+
+func TestExecuteRepeatsMapDelUntilTheKeyIsGone(t *testing.T) {
+	onFakes(t, testExecuteRepeatsMapDelUntilTheKeyIsGone)
+}
+
+func testExecuteRepeatsMapDelUntilTheKeyIsGone(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	dup := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "dup.example.com", Value: "x"}
+	mustExecute(t, r, []Op{dup, dup, dup}, nil)
+	rec := recordLines(r)
+	mustExecute(t, r, []Op{{Kind: OpMapDel, Path: "maps/host.map", Key: "dup.example.com"}}, nil)
+	calls := 0
+	for _, line := range rec.lines() {
+		if line == linePrefix+"del map maps/host.map dup.example.com\n" {
+			calls++
+		}
+	}
+	want := 2
+	if tg.dialect() == "3.4" {
+		want = 4
+	}
+	if calls != want {
+		t.Errorf("%d del map calls, want %d", calls, want)
+	}
+	want2 := []MapEntry{{Key: "example.com", Value: "be-a"}, {Key: "b.example.com", Value: "be-b"}}
+	if got := tg.mapRows(t, "maps/host.map"); !reflect.DeepEqual(got, want2) {
+		t.Errorf("map %v", got)
+	}
+	// Deleting an absent key is the refusal.
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpMapDel, Path: "maps/host.map", Key: "dup.example.com"}}, nil))
+	if !errors.Is(err, errRejected) || results[0].OK || !strings.Contains(results[0].Output, "Key not found") {
+		t.Errorf("absent key: %v %+v", err, results)
+	}
+}
+
+func TestExecuteAbortsACertTransactionOnFailure(t *testing.T) {
+	onFakes(t, testExecuteAbortsACertTransactionOnFailure)
+}
+
+func testExecuteAbortsACertTransactionOnFailure(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	rec := recordLines(r)
+	pemText, _ := issuePEM(t, "a.example.com")
+	certOnly, _, _ := strings.Cut(pemText, "-----BEGIN EC PRIVATE KEY-----")
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpCertSet, Path: "certs/a.pem"}}, map[string]string{"certs/a.pem": certOnly}))
+	if !errors.Is(err, errRejected) || results[0].OK {
+		t.Fatalf("err = %v, results %+v", err, results)
+	}
+	lines := rec.lines()
+	if last := lines[len(lines)-1]; last != linePrefix+"abort ssl cert certs/a.pem\n" {
+		t.Errorf("last line %q", last)
+	}
+	// The transaction is closed: no '*' row remains.
+	if out := tg.show(t, "show ssl cert"); strings.Contains(out, "*certs/a.pem") {
+		t.Errorf("transaction still open:\n%s", out)
+	}
+}
+
+func TestExecuteCommitsAValidCertificate(t *testing.T) {
+	onFakes(t, testExecuteCommitsAValidCertificate)
+}
+
+func testExecuteCommitsAValidCertificate(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	pemText, serial := issuePEM(t, "n.example.com")
+	mustExecute(t, r, []Op{{Kind: OpCertNew, Path: "certs/n.pem"}}, map[string]string{"certs/n.pem": pemText})
+	if f := tg.fake; f != nil {
+		if got, ok := f.Cert("certs/n.pem"); !ok || got != pemText {
+			t.Errorf("stored %q", got)
+		}
+	}
+	if out := tg.show(t, "show ssl cert certs/n.pem"); !strings.Contains(out, "Serial: "+serial) && tg.fake == nil {
+		t.Errorf("show ssl cert: %s", out)
+	}
+	if out := tg.show(t, "show ssl cert"); !strings.Contains(out, "\ncerts/n.pem") {
+		t.Errorf("listing:\n%s", out)
+	}
+}
+
+func TestExecuteReadsSetServerAddrByItsWords(t *testing.T) {
+	onFakes(t, testExecuteReadsSetServerAddrByItsWords)
+}
+
+func testExecuteReadsSetServerAddrByItsWords(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	for _, op := range []Op{
+		{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.2"},
+		{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.2", Port: 81},
+		{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.2", Port: 81},
+	} {
+		mustExecute(t, r, []Op{op}, nil)
+	}
+	if f := tg.serverRows(t, "be-a")["srv1"]; f[4] != "10.0.0.2" || f[18] != "81" {
+		t.Errorf("srv1 row %v", f)
+	}
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "bogus"}}, nil))
+	if !errors.Is(err, errRejected) || !strings.Contains(results[0].Output, "Invalid addr") {
+		t.Errorf("invalid address: %v %+v", err, results)
+	}
+}
+
+func TestExecuteRefusesBackendOpsOn30(t *testing.T) { onFakes(t, testExecuteRefusesBackendOpsOn30) }
+
+func testExecuteRefusesBackendOpsOn30(t *testing.T, tg *target) {
+	tg.requireDialect(t, "3.0")
+	r := tg.newRuntime(t, nil)
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http"}}, nil))
+	if !errors.Is(err, errRejected) || results[0].OK || !strings.Contains(results[0].Output, "Unknown command") {
+		t.Fatalf("err = %v, results %+v", err, results)
+	}
+	if out := tg.show(t, "show servers state be-b"); !strings.Contains(out, "Can't find backend") {
+		t.Errorf("be-b exists: %s", out)
+	}
+}
+
+func TestExecuteRefusesMoreThanMaxOps(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	before := len(tg.fake.Sent())
+	programs := make([]program, MaxOpsPerApply+1)
+	for i := range programs {
+		programs[i] = program{Kind: OpServerDisable, Commands: []command{{Text: "disable server be-a/srv1"}}}
+	}
+	results, err := r.execute(t.Context(), programs)
+	if err == nil || err.Error() != "1001 ops exceed the 1000-op limit" || len(results) != len(programs) {
+		t.Fatalf("err = %v", err)
+	}
+	if sent := tg.fake.Sent()[before:]; len(sent) != 0 {
+		t.Errorf("sent %v", sent)
+	}
+}
+
+func TestExecuteTreatsACutReplyAsUnknown(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	tg.fake.With(func(m *FakeModel) {
+		m.CutReply = func(line string) (int, bool) { return 2, strings.Contains(line, "add server be-a/cut") }
+	})
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{
+		{Kind: OpServerAdd, Backend: "be-a", Server: "cut", Address: "10.0.0.1", Port: 80},
+		{Kind: OpServerDisable, Backend: "be-a", Server: "cut"},
+	}, nil))
+	if !errors.Is(err, errUnreadableResponse) || results[0].OK || results[1].OK {
+		t.Fatalf("err = %v, results %+v", err, results)
+	}
+	if _, ok := tg.fake.Server("be-a", "cut"); !ok {
+		t.Error("the command did not land in the model")
+	}
+}
+
+func TestExecuteRetriesOnlyAConnectFailure(t *testing.T) {
+	op := []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-z"}}
+	t.Run("a listener appears within the pause", func(t *testing.T) {
+		dir, err := os.MkdirTemp("", "hp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		r := newHAProxyRuntime(runtimeConfig{WorkerSocket: dir + "/haproxy-worker.sock", IOTimeout: 10 * time.Second})
+		rec := recordLines(r)
+		var fake *FakeHAProxy
+		dial := r.dial
+		r.dial = func(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
+			conn, err := dial(ctx, path, deadline)
+			if fake == nil {
+				if err == nil {
+					t.Error("the first dial found a listener")
+				}
+				var startErr error
+				if fake, startErr = StartFakeHAProxy(dir, ""); startErr != nil {
+					t.Fatal(startErr)
+				}
+				t.Cleanup(func() { fake.Close() })
+				seedRuntimeFixture(t, fake)
+			}
+			return conn, err
+		}
+		programs := compileAll(t, r, op, nil)
+		if _, err := r.execute(t.Context(), programs); err != nil {
+			t.Fatal(err)
+		}
+		if n := rec.dialCount(); n != 2 {
+			t.Errorf("%d dials, want 2", n)
+		}
+		if got := fake.MapEntries("maps/host.map"); got[0].Value != "be-z" {
+			t.Errorf("map %v", got)
+		}
+	})
+	t.Run("two dial failures", func(t *testing.T) {
+		dir, err := os.MkdirTemp("", "hp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		r := newHAProxyRuntime(runtimeConfig{WorkerSocket: dir + "/haproxy-worker.sock"})
+		rec := recordLines(r)
+		results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+		if err == nil || !strings.HasPrefix(err.Error(), "runtime socket: ") || results[0].OK {
+			t.Fatalf("err = %v, results %+v", err, results)
+		}
+		if n := rec.dialCount(); n != 2 {
+			t.Errorf("%d dials, want 2", n)
+		}
+	})
+	t.Run("a connection closed after the write is not retried", func(t *testing.T) {
+		tg := fakeTarget(t, "")
+		r := tg.newRuntime(t, nil)
+		rec := recordLines(r)
+		tg.fake.With(func(m *FakeModel) {
+			m.CutReply = func(line string) (int, bool) { return 0, strings.Contains(line, "set map") }
+		})
+		results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+		if !errors.Is(err, errUnreadableResponse) || results[0].OK {
+			t.Fatalf("err = %v, results %+v", err, results)
+		}
+		if n := rec.dialCount(); n != 1 {
+			t.Errorf("%d dials, want 1", n)
+		}
+		sent := 0
+		for _, c := range tg.fake.Sent() {
+			if strings.HasPrefix(c, "set map") {
+				sent++
+			}
+		}
+		if sent != 1 {
+			t.Errorf("set map sent %d times", sent)
+		}
+	})
+}
+
+func TestExecuteHonoursTheDeadline(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, func(c *runtimeConfig) { c.IOTimeout = 200 * time.Millisecond })
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	tg.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if strings.HasPrefix(cmd, "set map") {
+				<-release
+			}
+			return "", false
+		}
+	})
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "x"}}, nil))
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, errUnreadableResponse) || results[0].OK {
+		t.Fatalf("err = %v, results %+v", err, results)
+	}
+}
+
+func TestAgentLimitsStayUnderHAProxyLimits(t *testing.T) {
+	onFakes(t, testAgentLimitsStayUnderHAProxyLimits)
+}
+
+func testAgentLimitsStayUnderHAProxyLimits(t *testing.T, tg *target) {
+	// A map under a 255-byte path, loaded by the worker.
+	longPath := "maps/" + strings.Repeat("l", MaxPathBytes-len("maps/")-len(".map")) + ".map"
+	if tg.fake != nil {
+		tg.fake.With(func(m *FakeModel) { m.Maps[longPath] = nil })
+	} else {
+		loadRealMap(t, tg, longPath)
+	}
+	r := tg.newRuntime(t, nil)
+	rec := recordLines(r)
+
+	// One chunk of exactly MaxPayloadBytes.
+	var file strings.Builder
+	var want []MapEntry
+	for i := 0; file.Len() < MaxPayloadBytes-64; i++ {
+		e := MapEntry{Key: fmt.Sprintf("k%05d", i), Value: strings.Repeat("v", 40)}
+		want = append(want, e)
+		fmt.Fprintf(&file, "%s %s\n", e.Key, e.Value)
+	}
+	pad := MaxPayloadBytes - file.Len() - len("kpad \n")
+	want = append(want, MapEntry{Key: "kpad", Value: strings.Repeat("p", pad)})
+	fmt.Fprintf(&file, "kpad %s\n", strings.Repeat("p", pad))
+	if file.Len() != MaxPayloadBytes {
+		t.Fatalf("body of %d bytes", file.Len())
+	}
+	mustExecute(t, r, []Op{{Kind: OpMapReplace, Path: longPath}}, map[string]string{longPath: file.String()})
+	if got := tg.mapRows(t, longPath); !reflect.DeepEqual(got, want) {
+		t.Errorf("long-path map has %d entries, want %d", len(got), len(want))
+	}
+
+	// A line filled to the budget: map_set on every key.
+	var sets []Op
+	for i := range want {
+		sets = append(sets, Op{Kind: OpMapSet, Path: longPath, Key: want[i].Key, Value: fmt.Sprintf("set-%05d", i)})
+		want[i].Value = fmt.Sprintf("set-%05d", i)
+	}
+	before := len(rec.lines())
+	mustExecute(t, r, sets, nil)
+	longest := 0
+	for _, line := range rec.lines()[before:] {
+		longest = max(longest, len(line))
+	}
+	if longest > MaxCommandLineBytes || longest < MaxCommandLineBytes-len(longPath)-64 {
+		t.Errorf("longest line %d bytes, want close to %d", longest, MaxCommandLineBytes)
+	}
+	if got := tg.mapRows(t, longPath); !reflect.DeepEqual(got, want) {
+		t.Errorf("after map_set: %d entries differ", len(got))
+	}
+}
+
+// loadRealMap makes the real worker load a map file under path: the file is
+// written, a frontend that uses it is added and HAProxy reloaded.
+func loadRealMap(t *testing.T, tg *target, path string) {
+	t.Helper()
+	dir := tg.real.Dir
+	if err := os.WriteFile(filepath.Join(dir, path), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "haproxy.cfg")
+	f, err := os.OpenFile(cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "\nfrontend long-map\n    bind unix@%s/long.sock\n    http-request set-var(txn.x) req.hdr(host),map(%s)\n", dir, path)
+	f.Close()
+	r := tg.newRuntime(t, nil)
+	if log, err := r.reload(t.Context()); err != nil {
+		t.Fatalf("reload: %v\n%s", err, log)
+	}
+	awaitWorkerAnswer(t, r)
+}
+
+// awaitWorkerAnswer polls show info until the (new) worker answers.
+func awaitWorkerAnswer(t *testing.T, r *haproxyRuntime) HAProxyInfo {
+	t.Helper()
+	var err error
+	for range 100 {
+		var info HAProxyInfo
+		if info, err = r.info(t.Context()); err == nil {
+			return info
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the worker does not answer: %v", err)
+	return HAProxyInfo{}
+}
+
+// ---------------------------------------------------------------------------
+// Identity, master, reload.
+
+func TestInfoReadsTheWorkerIdentity(t *testing.T) { onFakes(t, testInfoReadsTheWorkerIdentity) }
+
+func testInfoReadsTheWorkerIdentity(t *testing.T, tg *target) {
+	r := newHAProxyRuntime(runtimeConfig{WorkerSocket: tg.WorkerSocket()})
+	rec := recordLines(r)
+	info, err := r.info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.HasWorkerIdentity() || info.Version != tg.Version() || info.FullVersion != tg.Version() {
+		t.Errorf("info %+v, version %q", info, tg.Version())
+	}
+	if f := tg.fake; f != nil && !f.Worker().SameWorker(info) {
+		t.Errorf("info %+v, fake worker %+v", info, f.Worker())
+	}
+	if lines := rec.lines(); !slices.Equal(lines, []string{"set severity-output number;show info float\n"}) {
+		t.Errorf("sent %q", lines)
+	}
+	if want := terminatorFor(tg.Version()); r.terminator() != want {
+		t.Errorf("terminator %q, want %q", r.terminator(), want)
+	}
+}
+
+func TestShowProcAnswersOnTheMasterSocket(t *testing.T) {
+	onFakes(t, testShowProcAnswersOnTheMasterSocket)
+}
+
+func testShowProcAnswersOnTheMasterSocket(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	info, err := r.info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := r.showProc(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if procs.MasterPID <= 0 || procs.FailedReloads != 0 || len(procs.Workers) != 1 || procs.Workers[0].PID != info.WorkerPID {
+		t.Errorf("show proc %+v, worker %d", procs, info.WorkerPID)
+	}
+}
+
+func TestMasterCommandsEndWithQuit(t *testing.T) {
+	tg := fakeTarget(t, "")
+	conn, err := net.Dial("unix", tg.MasterSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "show proc\n")
+	conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	got, err := io.ReadAll(conn)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.HasPrefix(string(got), "#<PID>") {
+		t.Fatalf("without quit: %q, %v (the master should keep the connection open)", got, err)
+	}
+	r := tg.newRuntime(t, func(c *runtimeConfig) { c.IOTimeout = 5 * time.Second })
+	procs, err := r.showProc(t.Context())
+	if err != nil || procs.MasterPID != 999 {
+		t.Fatalf("show proc: %+v, %v", procs, err)
+	}
+}
+
+func TestReloadReportsFailureWithHAProxysWords(t *testing.T) {
+	onFakes(t, testReloadReportsFailureWithHAProxysWords)
+}
+
+func testReloadReportsFailureWithHAProxysWords(t *testing.T, tg *target) {
+	tg.requireDialect(t, "3.4", "3.0")
+	r := tg.newRuntime(t, nil)
+	before, err := r.info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := breakConfig(t, tg)
+	log, err := r.reload(t.Context())
+	if !errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) || !strings.Contains(log, "Loading failure!") {
+		t.Fatalf("failed reload: %v\n%s", err, log)
+	}
+	restore()
+	log, err = r.reload(t.Context())
+	if err != nil || !strings.Contains(log, "Loading success.") || strings.HasPrefix(log, "Success=") {
+		t.Fatalf("reload: %v\n%s", err, log)
+	}
+	after := awaitWorkerAnswer(t, r)
+	if after.WorkerPID == before.WorkerPID {
+		t.Errorf("worker pid unchanged: %d", after.WorkerPID)
+	}
+}
+
+// breakConfig makes the next reload fail: ReloadFails on the fake, an
+// unknown keyword in the real configuration. restore undoes it.
+func breakConfig(t *testing.T, tg *target) (restore func()) {
+	if f := tg.fake; f != nil {
+		f.With(func(m *FakeModel) { m.ReloadFails = true })
+		return func() { f.With(func(m *FakeModel) { m.ReloadFails = false }) }
+	}
+	cfg := filepath.Join(tg.real.Dir, "haproxy.cfg")
+	orig, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, append(slices.Clone(orig), "\nbogus_keyword here\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := os.WriteFile(cfg, orig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestReloadReportsABusyMaster(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	tg.fake.With(func(m *FakeModel) {
+		m.ReloadFails = true
+		m.ReloadLog = "Another reload is still in progress."
+	})
+	log, err := r.reload(t.Context())
+	if !errors.Is(err, errReloadBusy) || errors.Is(err, errReloadRejected) || log != "Another reload is still in progress." {
+		t.Fatalf("err = %v, log %q", err, log)
+	}
+}
+
+func TestReloadWithoutASuccessLine(t *testing.T) { onFakes(t, testReloadWithoutASuccessLine) }
+
+func testReloadWithoutASuccessLine(t *testing.T, tg *target) {
+	tg.requireDialect(t, "2.6")
+	r := tg.newRuntime(t, func(c *runtimeConfig) { c.ReloadTimeout = 5 * time.Second })
+	before, err := r.info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log, err := r.reload(t.Context()); err != nil || log != "" {
+		t.Fatalf("reload: %v, log %q", err, log)
+	}
+	after := awaitWorkerAnswer(t, r)
+	if after.SameWorker(before) {
+		t.Errorf("no new worker: %+v", after)
+	}
+	restore := breakConfig(t, tg)
+	log, err := r.reload(t.Context())
+	if !errors.Is(err, errReloadRejected) || log != "reload failed: show proc failed count rose from 0 to 1" {
+		t.Fatalf("failed reload: %v, log %q", err, log)
+	}
+	restore()
+	f := tg.fake
+	if f == nil {
+		return
+	}
+	f.With(func(m *FakeModel) { m.ReloadHangs = true })
+	r = tg.newRuntime(t, func(c *runtimeConfig) { c.ReloadTimeout = 300 * time.Millisecond })
+	_, err = r.reload(t.Context())
+	if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || !strings.Contains(err.Error(), "no new worker within") {
+		t.Fatalf("hung reload: %v", err)
+	}
+}
+
+func TestReloadThatHangs(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, func(c *runtimeConfig) { c.ReloadTimeout = 300 * time.Millisecond })
+	before := tg.fake.Worker()
+	tg.fake.With(func(m *FakeModel) { m.ReloadHangs = true })
+	_, err := r.reload(t.Context())
+	if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || !strings.Contains(err.Error(), "no reply within") {
+		t.Fatalf("err = %v", err)
+	}
+	if after := tg.fake.Worker(); !after.SameWorker(before) {
+		t.Errorf("worker changed: %+v", after)
+	}
+}
+
+func TestStopMasterFailsAtTransport(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, func(c *runtimeConfig) { c.ConnectRetryPause = time.Millisecond })
+	tg.fake.StopMaster()
+	if _, err := r.showProc(t.Context()); err == nil || !strings.Contains(err.Error(), "runtime socket: ") {
+		t.Errorf("show proc: %v", err)
+	}
+	_, err := r.reload(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "runtime socket: ") || errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) {
+		t.Errorf("reload: %v", err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Read-backs and inventory.
+
+func TestInventoryListsWhatTheWorkerLoaded(t *testing.T) {
+	onFakes(t, testInventoryListsWhatTheWorkerLoaded)
+}
+
+func testInventoryListsWhatTheWorkerLoaded(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	pemText, _ := issuePEM(t, "n.example.com")
+	ca := newTestCA(t, "second CA")
+	mustExecute(t, r, []Op{{Kind: OpCertNew, Path: "certs/n.pem"}, {Kind: OpCANew, Path: "certs/ca2.pem"}},
+		map[string]string{"certs/n.pem": pemText, "certs/ca2.pem": string(ca.CertPEM)})
+	inv, err := r.inventory(t.Context(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Inventory{Generation: 7, Maps: []string{"maps/host.map"}, Certs: []string{"certs/a.pem", "certs/n.pem"},
+		CAFiles: []string{"certs/ca.pem", "certs/ca2.pem"}, CRLFiles: []string{}, CRTLists: []string{"certs/list.txt"}}
+	if !reflect.DeepEqual(inv, want) {
+		t.Errorf("inventory %#v\nwant %#v", inv, want)
+	}
+	if _, probed, err := r.probe(t.Context()); err != nil || probed.Generation != 1 || !slices.Equal(probed.Certs, want.Certs) {
+		t.Errorf("probe: %+v, %v", probed, err)
+	}
+}
+
+func TestInventoryReadsTheCAListing(t *testing.T) { onFakes(t, testInventoryReadsTheCAListing) }
+
+func testInventoryReadsTheCAListing(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	if out := tg.show(t, "show ssl ca-file"); !strings.Contains(out, "certs/ca.pem - 1 certificate(s)") {
+		t.Fatalf("listing:\n%s", out)
+	}
+	inv, err := r.inventory(t.Context(), 1)
+	if err != nil || !slices.Equal(inv.CAFiles, []string{"certs/ca.pem"}) {
+		t.Errorf("CA files %v, %v", inv.CAFiles, err)
+	}
+}
+
+func TestInventoryDeduplicatesTransactionRows(t *testing.T) {
+	onFakes(t, testInventoryDeduplicatesTransactionRows)
+}
+
+func testInventoryDeduplicatesTransactionRows(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	pemText, _ := issuePEM(t, "a.example.com")
+	open := program{Kind: OpCertSet, Terminator: r.terminator(),
+		Commands: []command{{Text: "set ssl cert certs/a.pem", Payload: pemText, Expect: "transaction"}}}
+	if _, err := r.execute(t.Context(), []program{open}); err != nil {
+		t.Fatal(err)
+	}
+	if out := tg.show(t, "show ssl cert"); !strings.Contains(out, "*certs/a.pem") {
+		t.Fatalf("no transaction row:\n%s", out)
+	}
+	inv, err := r.inventory(t.Context(), 1)
+	if err != nil || !slices.Equal(inv.Certs, []string{"certs/a.pem"}) {
+		t.Errorf("certs %v, %v", inv.Certs, err)
+	}
+}
+
+func TestReadBackSeesWhatTheOpsWrote(t *testing.T) { onFakes(t, testReadBackSeesWhatTheOpsWrote) }
+
+func testReadBackSeesWhatTheOpsWrote(t *testing.T, tg *target) {
+	r := tg.newRuntime(t, nil)
+	mustExecute(t, r, []Op{
+		{Kind: OpMapAdd, Path: "maps/host.map", Key: "dup.example.com", Value: "a  b"},
+		{Kind: OpMapAdd, Path: "maps/host.map", Key: "dup.example.com", Value: "c"},
+		{Kind: OpMapAdd, Path: "maps/host.map", Key: "empty.example.com"},
+		{Kind: OpServerAdd, Backend: "be-a", Server: "rb1", Address: "10.0.0.7", Port: 80},
+	}, nil)
+	entries, err := r.mapEntries(t.Context(), "maps/host.map")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{"example.com": {"be-a"}, "b.example.com": {"be-b"}, "dup.example.com": {"a  b", "c"}, "empty.example.com": {""}}
+	if !reflect.DeepEqual(entries, want) {
+		t.Errorf("entries %q\nwant %q", entries, want)
+	}
+	names, err := r.serverNames(t.Context(), "be-a")
+	if err != nil || !reflect.DeepEqual(names, map[string]struct{}{"srv1": {}, "srv-check": {}, "rb1": {}}) {
+		t.Errorf("servers %v, %v", names, err)
+	}
+	if _, err := r.serverNames(t.Context(), "be-nope"); !errors.Is(err, errRejected) || !strings.Contains(err.Error(), "Can't find backend.") {
+		t.Errorf("unknown backend: %v", err)
+	}
+	if _, err := r.mapEntries(t.Context(), "maps/nope.map"); !errors.Is(err, errRejected) || !strings.Contains(err.Error(), "Unknown map identifier") {
+		t.Errorf("unknown map: %v", err)
+	}
+	n, err := r.frontendConnections(t.Context(), map[string]bool{"status": true})
+	if err != nil {
+		t.Errorf("frontend connections: %d, %v", n, err)
+	}
+}
+
+func TestListingCaps(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	big := make([]MapEntry, MaxMapEntries+1)
+	for i := range big {
+		big[i] = MapEntry{Key: fmt.Sprintf("k%d", i), Value: "v"}
+	}
+	tg.fake.With(func(m *FakeModel) {
+		for i := range MaxInventoryEntries + 1 {
+			m.Certs[fmt.Sprintf("certs/c%05d.pem", i)] = "x"
+		}
+		m.Maps["maps/big.map"] = big
+	})
+	if _, err := r.inventory(t.Context(), 1); !errors.Is(err, errTooManyEntries) {
+		t.Errorf("4097 certificates: %v", err)
+	}
+	if _, err := r.mapEntries(t.Context(), "maps/big.map"); !errors.Is(err, errTooManyEntries) {
+		t.Errorf("a map over MaxMapEntries: %v", err)
+	}
+	tg.fake.With(func(m *FakeModel) { m.Maps["maps/big.map"] = big[:MaxMapEntries] })
+	if got, err := r.mapEntries(t.Context(), "maps/big.map"); err != nil || len(got) != MaxMapEntries {
+		t.Errorf("a map of exactly MaxMapEntries: %d, %v", len(got), err)
+	}
+}
+
+func TestReadsRequireACompleteReply(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	for keep := range 30 {
+		tg.fake.With(func(m *FakeModel) {
+			m.CutReply = func(line string) (int, bool) { return keep, strings.Contains(line, "show map maps/host.map") }
+		})
+		if got, err := r.mapEntries(t.Context(), "maps/host.map"); err == nil {
+			t.Fatalf("cut at %d: read %v", keep, got)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Interactive session.
+
+func TestWorkerSessionAcknowledgesEachSetupCommand(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	rec := recordLines(r)
+	s, err := r.openWorker(t.Context(), tg.fake.Worker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	want := []string{"prompt\n", "set severity-output number\n", "experimental-mode on\n", "show info float\n"}
+	if got := rec.lines(); !slices.Equal(got, want) {
+		t.Errorf("sent %q", got)
+	}
+	out, err := s.execute("show servers state be-a")
+	if err != nil || !strings.Contains(out, "srv-check") {
+		t.Errorf("command after setup: %q, %v", out, err)
+	}
+}
+
+// scriptedWorker is a prompt-mode worker socket whose replies a test
+// scripts: the setup commands and show info are answered as HAProxy does,
+// every other command by reply, which may close the connection after its
+// bytes.
+func scriptedWorker(t *testing.T, info HAProxyInfo, reply func(cmd string) (out string, closeAfter bool)) string {
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "w.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+		os.RemoveAll(dir)
+	})
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer conn.Close()
+				lines := bufio.NewScanner(conn)
+				for lines.Scan() {
+					out, closeAfter := "", false
+					switch cmd := lines.Text(); cmd {
+					case "prompt", "set severity-output number", "experimental-mode on":
+						out = "\n> "
+					case "show info float":
+						out = fmt.Sprintf("Name: HAProxy\nVersion: 3.4.3\nPid: %d\nStart_time_sec: %d.%06d\n\n> ",
+							info.WorkerPID, info.WorkerStartTimeUnixMicros/1e6, info.WorkerStartTimeUnixMicros%1e6)
+					default:
+						out, closeAfter = reply(cmd)
+					}
+					if _, err := io.WriteString(conn, out); err != nil || closeAfter {
+						return
+					}
+				}
+			})
+		}
+	})
+	return path
+}
+
+func TestWorkerSessionRequiresACompleteBoundedReply(t *testing.T) {
+	info := HAProxyInfo{WorkerPID: 42, WorkerStartTimeUnixMicros: 1_700_000_000_123_456}
+	tests := []struct {
+		name, reply string
+		close       bool
+		want, err   string
+	}{
+		{name: "silence", reply: "\n> ", want: ""},
+		{name: "server deleted", reply: "[6]: Server deleted.\n\n> ", want: "[6]: Server deleted."},
+		{name: "closed", close: true, err: "incomplete worker reply: EOF"},
+		{name: "truncated", reply: "[6]: Server del", close: true, err: "incomplete worker reply: EOF"},
+		{name: "different prompt", reply: "[6]: Done.\n\n123> ", err: "incomplete worker reply: "},
+		{name: "oversized", reply: strings.Repeat("x", maxSessionReplyBytes+10) + "\n> ", err: "worker reply exceeds 65536 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := scriptedWorker(t, info, func(string) (string, bool) { return tt.reply, tt.close })
+			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path, SessionTimeout: 300 * time.Millisecond})
+			s, err := r.openWorker(t.Context(), info)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			got, err := s.execute("del server be-a/s1")
+			if tt.err == "" {
+				if err != nil || got != tt.want {
+					t.Errorf("got %q, %v; want %q", got, err, tt.want)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tt.err) {
+				t.Errorf("got %q, %v; want error %q", got, err, tt.err)
+			}
+		})
+	}
+}
+
+func TestWorkerSessionRefusesAnotherWorker(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	w := tg.fake.Worker()
+	for _, expected := range []HAProxyInfo{
+		{WorkerPID: w.WorkerPID + 1, WorkerStartTimeUnixMicros: w.WorkerStartTimeUnixMicros},
+		{WorkerPID: w.WorkerPID, WorkerStartTimeUnixMicros: w.WorkerStartTimeUnixMicros + 1},
+	} {
+		if _, err := r.openWorker(t.Context(), expected); !errors.Is(err, errWorkerGone) {
+			t.Errorf("expected %+v: %v", expected, err)
+		}
+	}
+	if _, err := r.openWorker(t.Context(), HAProxyInfo{}); err == nil {
+		t.Error("a session without an identity to bind to was opened")
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	s, err := r.openWorker(ctx, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cancel()
+	if _, err := s.execute("show servers state be-a"); !errors.Is(err, context.Canceled) {
+		t.Errorf("after cancel: %v", err)
+	}
+}
+
+func TestOldWorkerConnectionsAreDropped(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	s, err := r.openWorker(t.Context(), tg.fake.Worker())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tg.fake.With(func(m *FakeModel) { m.Pid++ })
+	if _, err := s.execute("show servers state be-a"); err == nil || !strings.HasPrefix(err.Error(), "incomplete worker reply") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Deferred deletes on the fake.
+
+// queueOn builds a queue bound to the fake's worker, counting outcomes.
+func queueOn(t *testing.T, tg *target) (*deleteQueue, *outcomeCounter) {
+	r := tg.newRuntime(t, nil)
+	counts := &outcomeCounter{}
+	q := newDeleteQueue(r, nil, counts.add)
+	q.SetWorker(tg.fake.Worker())
+	return q, counts
+}
+
+type outcomeCounter struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (c *outcomeCounter) add(kind, outcome string) {
+	c.mu.Lock()
+	c.got = append(c.got, kind+":"+outcome)
+	c.mu.Unlock()
+}
+
+func (c *outcomeCounter) list() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.got)
+}
+
+// startQueue runs the queue's loop until the test ends and returns a stop
+// function that waits for it.
+func startQueue(t *testing.T, q *deleteQueue) (stop func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		q.Start(ctx)
+		close(done)
+	}()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// blockOn makes the fake hold every command with the prefix until the
+// returned release is called (also at cleanup); entered receives once per
+// held command.
+func blockOn(t *testing.T, f *FakeHAProxy, prefix string) (entered <-chan string, release func()) {
+	in := make(chan string, 16)
+	gate := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	f.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if strings.HasPrefix(cmd, prefix) {
+				in <- cmd
+				<-gate
+			}
+			return "", false
+		}
+	})
+	return in, release
+}
+
+func sentIndex(sent []string, cmd string) int { return slices.Index(sent, cmd) }
+
+func TestADeferredDeleteWaitsForTheInlineHalf(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, counts := queueOn(t, tg)
+	startQueue(t, q)
+	ops := []Op{
+		{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"},
+		{Kind: OpServerWaitRemovable, Backend: "be-a", Server: "srv1", TimeoutMs: 2000},
+		{Kind: OpServerDel, Backend: "be-a", Server: "srv1"},
+	}
+	inline, servers, backends := splitDeletes(ops)
+	if err := q.Check(servers, backends); err != nil {
+		t.Fatal(err)
+	}
+	mustExecute(t, q.rt, inline, nil)
+	if err := q.Enqueue(tg.fake.Worker(), servers, backends); err != nil {
+		t.Fatal(err)
+	}
+	q.Wake()
+	waitFor(t, "the deletion", func() bool { _, ok := tg.fake.Server("be-a", "srv1"); return !ok })
+	sent := tg.fake.Sent()
+	disable, wait := sentIndex(sent, "disable server be-a/srv1"), sentIndex(sent, "wait 2000 srv-removable be-a/srv1")
+	if disable < 0 || wait < disable || sentIndex(sent, "del server be-a/srv1") < wait {
+		t.Errorf("order: %q", sent)
+	}
+	waitFor(t, "the count", func() bool { return slices.Equal(counts.list(), []string{"server:done"}) })
+}
+
+func TestDeferralsShutDownSessionsWhenTheWaitExpires(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, counts := queueOn(t, tg)
+	tg.fake.With(func(m *FakeModel) { m.BlockedServers = map[string]bool{"be-a/srv1": true} })
+	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil)
+	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	q.drain(t.Context())
+	sent := tg.fake.Sent()
+	want := []string{"wait 2000 srv-removable be-a/srv1", "shutdown sessions server be-a/srv1", "wait 2000 srv-removable be-a/srv1", "del server be-a/srv1"}
+	if got := sent[len(sent)-4:]; !slices.Equal(got, want) {
+		t.Errorf("sent %q", sent)
+	}
+	if _, ok := tg.fake.Server("be-a", "srv1"); ok {
+		t.Error("srv1 still exists")
+	}
+	if !slices.Equal(counts.list(), []string{"server:done"}) {
+		t.Errorf("counted %v", counts.list())
+	}
+}
+
+func TestADeleteInFlightStaysOutstanding(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, _ := queueOn(t, tg)
+	entered, release := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
+	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil)
+	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	startQueue(t, q)
+	q.Wake()
+	<-entered
+	if p := q.Pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
+		t.Errorf("pending %+v", p)
+	}
+	more := make([]serverRef, MaxPendingServerDeletes)
+	for i := range more {
+		more[i] = serverRef{Backend: "be-b", Server: fmt.Sprintf("s%d", i)}
+	}
+	if err := q.Check(more, nil); !errors.Is(err, errDeferralOverflow) {
+		t.Errorf("in flight + 1000: %v", err)
+	}
+	if err := q.Check(more[1:], nil); err != nil {
+		t.Errorf("in flight + 999: %v", err)
+	}
+	release()
+	waitFor(t, "the deletion", func() bool { return len(q.Pending().Servers) == 0 })
+}
+
+func TestWorkerAdoptionRetiresOnlyOutgoingDeletes(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, counts := queueOn(t, tg)
+	old := tg.fake.Worker()
+	entered, release := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
+	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}, {Kind: OpServerDisable, Backend: "be-a", Server: "srv-check"}}, nil)
+	refs := []serverRef{{Backend: "be-a", Server: "srv1"}, {Backend: "be-a", Server: "srv-check"}}
+	if err := q.Enqueue(old, refs, nil); err != nil {
+		t.Fatal(err)
+	}
+	startQueue(t, q)
+	q.Wake()
+	<-entered // srv1 in flight, srv-check queued
+
+	q.SetWorker(old)
+	if p := q.Pending(); len(p.Servers) != 2 {
+		t.Fatalf("same-worker adoption changed the queue: %+v", p)
+	}
+	next := old
+	next.WorkerStartTimeUnixMicros += 1_000_000
+	q.SetWorker(next)
+	if p := q.Pending(); len(p.Servers) != 0 {
+		t.Errorf("pending after a new worker: %+v", p)
+	}
+	if err := q.Enqueue(old, refs, nil); !errors.Is(err, errWorkerGone) {
+		t.Errorf("enqueue for the old worker: %v", err)
+	}
+	release()
+	waitFor(t, "the in-flight item", func() bool { return len(counts.list()) == 2 })
+	if got := counts.list(); !slices.Equal(got, []string{"server:superseded", "server:superseded"}) {
+		t.Errorf("counted %v", got)
+	}
+	q.Wake()
+	if p := q.Pending(); len(p.Servers) != 0 {
+		t.Errorf("the old in-flight item was requeued: %+v", p)
+	}
+	if slices.Contains(tg.fake.Sent(), "del server be-a/srv1") {
+		t.Error("del server was sent for the outgoing worker")
+	}
+}
+
+func TestDeferredWorkerSessionRejectsIdentityMismatchAndCancels(t *testing.T) {
+	t.Run("identity mismatch", func(t *testing.T) {
+		tg := fakeTarget(t, "")
+		q, counts := queueOn(t, tg)
+		if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		tg.fake.With(func(m *FakeModel) { m.StartTimeUnixMicros += 5 }) // HAProxy restarted; the agent has not noticed yet
+		q.drain(t.Context())
+		if got := counts.list(); !slices.Equal(got, []string{"server:superseded"}) {
+			t.Errorf("counted %v", got)
+		}
+		if len(q.Pending().Servers) != 0 || slices.Contains(tg.fake.Sent(), "wait 2000 srv-removable be-a/srv1") {
+			t.Errorf("the item ran on another worker: %q", tg.fake.Sent())
+		}
+	})
+	t.Run("cancel", func(t *testing.T) {
+		tg := fakeTarget(t, "")
+		q, counts := queueOn(t, tg)
+		entered, _ := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
+		if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		stop := startQueue(t, q)
+		q.Wake()
+		<-entered
+		stop()
+		if got := counts.list(); slices.Contains(got, "server:done") {
+			t.Errorf("counted %v", got)
+		}
+		if slices.Contains(tg.fake.Sent(), "del server be-a/srv1") {
+			t.Error("del server sent after cancel")
+		}
+	})
+}
+
+func TestWorkerCancellationInterruptsAnIncompleteReply(t *testing.T) {
+	info := HAProxyInfo{WorkerPID: 42, WorkerStartTimeUnixMicros: 1_700_000_000_000_001}
+	answered := make(chan struct{}, 1)
+	path := scriptedWorker(t, info, func(string) (string, bool) {
+		answered <- struct{}{}
+		return "[6]: Do", false // a reply that never completes
+	})
+	r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
+	counts := &outcomeCounter{}
+	q := newDeleteQueue(r, nil, counts.add)
+	q.SetWorker(info)
+	if err := q.Enqueue(info, []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	stop := startQueue(t, q)
+	q.Wake()
+	<-answered
+	stop() // returns only once the blocked read was interrupted (the session timeout is 30 s)
+	if got := counts.list(); slices.Contains(got, "server:done") {
+		t.Errorf("counted %v", got)
+	}
+	if p := q.Pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
+		t.Errorf("pending %+v", p)
+	}
+}
+
+func TestDeferredBackendDeleteDoesNotCrossReload(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, counts := queueOn(t, tg)
+	tg.fake.With(func(m *FakeModel) { m.Backends["be-b"] = &FakeBackend{Profile: "web", Mode: "http"} })
+	entered, release := blockOn(t, tg.fake, "wait 2000 be-removable be-b")
+	if err := q.Enqueue(tg.fake.Worker(), nil, []string{"be-b"}); err != nil {
+		t.Fatal(err)
+	}
+	startQueue(t, q)
+	q.Wake()
+	<-entered
+	if _, err := q.rt.reload(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	q.SetWorker(awaitWorkerAnswer(t, q.rt))
+	release()
+	waitFor(t, "the in-flight item", func() bool { return len(counts.list()) == 1 })
+	if got := counts.list(); !slices.Equal(got, []string{"backend:superseded"}) {
+		t.Errorf("counted %v", got)
+	}
+	if slices.Contains(tg.fake.Sent(), "del backend be-b") || !tg.fake.HasBackend("be-b") {
+		t.Errorf("del backend reached a worker: %q", tg.fake.Sent())
+	}
+}
+
+func TestBackendDeletionRequiresConfirmedAbsence(t *testing.T) {
+	const gone = "[3]: Failed. No such backend.\n\n> "
+	tests := []struct {
+		name              string
+		wait, del, verify string
+		ok                bool
+		sentDel           bool
+	}{
+		{"deleted and confirmed", "[6]: Done.\n\n> ", "[6]: Backend deleted.\n\n> ", gone, true, true},
+		{"already gone", gone, "", "", true, false},
+		{"refused", "[6]: Done.\n\n> ", "[3]: This backend cannot be removed at runtime.\n\n> ", "", false, true},
+		{"empty delete reply, then absent", "[6]: Done.\n\n> ", "\n> ", gone, true, true},
+		{"deleted but still present", "[6]: Done.\n\n> ", "[6]: Backend deleted.\n\n> ", "[6]: Done.\n\n> ", false, true},
+		{"empty read-back", "[6]: Done.\n\n> ", "[6]: Backend deleted.\n\n> ", "\n> ", false, true},
+		{"another refusal on read-back", "[6]: Done.\n\n> ", "[6]: Backend deleted.\n\n> ", "[3]: Wait delay expired.\n\n> ", false, true},
+		{"extra text on read-back", "[6]: Done.\n\n> ", "[6]: Backend deleted.\n\n> ", "[3]: Failed. No such backend.\nmore\n\n> ", false, true},
+		{"wait expired", "[3]: Wait delay expired.\n\n> ", "", "", false, false},
+		{"wait refused otherwise", "[3]: Usage: wait {-h|<duration>} [condition [args...]]\n\n> ", "", "", false, false},
+	}
+	info := HAProxyInfo{WorkerPID: 42, WorkerStartTimeUnixMicros: 1_700_000_000_000_002}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var sent []string
+			path := scriptedWorker(t, info, func(cmd string) (string, bool) {
+				mu.Lock()
+				sent = append(sent, cmd)
+				mu.Unlock()
+				switch cmd {
+				case "wait 2000 be-removable be-b":
+					return tt.wait, false
+				case "del backend be-b":
+					return tt.del, false
+				case "wait 1 be-removable be-b":
+					return tt.verify, false
+				}
+				return "[3]: unexpected\n\n> ", false
+			})
+			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
+			counts := &outcomeCounter{}
+			q := newDeleteQueue(r, nil, counts.add)
+			q.SetWorker(info)
+			if err := q.Enqueue(info, nil, []string{"be-b"}); err != nil {
+				t.Fatal(err)
+			}
+			q.drain(t.Context())
+			want := "backend:deferred"
+			if tt.ok {
+				want = "backend:done"
+			}
+			if got := counts.list(); !slices.Equal(got, []string{want}) {
+				t.Errorf("counted %v, want %s", got, want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if slices.Contains(sent, "del backend be-b") != tt.sentDel {
+				t.Errorf("sent %q", sent)
+			}
+			if tt.name == "refused" && slices.Contains(sent, "wait 1 be-removable be-b") {
+				t.Errorf("an explicit refusal was read back: %q", sent)
+			}
+		})
+	}
+}
+
+func TestARequeuePastTheAttemptCapIsAbandoned(t *testing.T) {
+	tg := fakeTarget(t, "")
+	q, counts := queueOn(t, tg)
+	tg.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			return "Only servers in maintenance mode can be deleted.", cmd == "del server be-a/srv1"
+		}
+	})
+	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range MaxDeferredAttempts + 2 {
+		q.drain(t.Context())
+	}
+	want := []string{"server:deferred", "server:deferred", "server:deferred", "server:deferred", "server:abandoned"}
+	if got := counts.list(); !slices.Equal(got, want) {
+		t.Errorf("counted %v", got)
+	}
+	if p := q.Pending(); len(p.Servers) != 0 {
+		t.Errorf("pending %+v", p)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Benchmarks against a real HAProxy (HAPTIC_HAPROXY): the layer's overhead
+// over a bare socket exchange of the same bytes.
+
+// rawExchange writes one line on a connection of its own and reads to EOF.
+func rawExchange(b *testing.B, socket, line string) []byte {
+	conn, err := net.Dial("unix", socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, line); err != nil {
+		b.Fatal(err)
+	}
+	raw, err := io.ReadAll(conn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return raw
+}
+
+func benchRuntime(b *testing.B) (*realHAProxy, *haproxyRuntime) {
+	h := startRealHAProxy(b)
+	r := newHAProxyRuntime(runtimeConfig{WorkerSocket: h.WorkerSocket(), MasterSocket: h.MasterSocket()})
+	if _, err := r.info(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	return h, r
+}
+
+func BenchmarkMapAddRoundTrip(b *testing.B) {
+	_, r := benchRuntime(b)
+	op := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "bench.example.com", Value: "be-a"}
+	for b.Loop() {
+		p, err := compileOp(&op, nil, r.terminator())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.execute(b.Context(), []program{p}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMapAddRawSocket(b *testing.B) {
+	h, r := benchRuntime(b)
+	line := linePrefix + frameCommand("add map maps/host.map", "bench.example.com be-a\n", r.terminator())
+	for b.Loop() {
+		if raw := rawExchange(b, h.WorkerSocket(), line); string(raw) != "\n\n\n" {
+			b.Fatalf("reply %q", raw)
+		}
+	}
+}
+
+// benchMapFile is a 10k-entry map file.
+func benchMapFile() string {
+	var file strings.Builder
+	for i := range 10000 {
+		fmt.Fprintf(&file, "host-%05d.example.com backend-%d\n", i, i%50)
+	}
+	return file.String()
+}
+
+func BenchmarkMapReplace10k(b *testing.B) {
+	_, r := benchRuntime(b)
+	files := contentOf(map[string]string{"maps/host.map": benchMapFile()})
+	op := Op{Kind: OpMapReplace, Path: "maps/host.map"}
+	for b.Loop() {
+		p, err := compileOp(&op, files, r.terminator())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.execute(b.Context(), []program{p}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMapReplace10kRaw(b *testing.B) {
+	h, r := benchRuntime(b)
+	chunks, err := chunkLines(benchMapFile(), MaxPayloadBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	term := r.terminator()
+	for b.Loop() {
+		raw := string(rawExchange(b, h.WorkerSocket(), linePrefix+"prepare map maps/host.map\n"))
+		version := strings.TrimSpace(raw[strings.LastIndexByte(raw, ':')+1:])
+		for _, chunk := range chunks {
+			rawExchange(b, h.WorkerSocket(), linePrefix+frameCommand("add map @"+version+" maps/host.map", chunk, term))
+		}
+		rawExchange(b, h.WorkerSocket(), linePrefix+"commit map @"+version+" maps/host.map\n")
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -752,4 +753,230 @@ func (m *readErrorMark) Read(p []byte) (int, error) {
 		m.err = err
 	}
 	return n, err
+}
+
+// ---------------------------------------------------------------------------
+// Skew.
+
+// ComposableOps returns the op kinds Diff can emit, a fresh copy of
+// ComposedOps, so that the skew check cannot drift from the composer.
+func ComposableOps() []string { return ComposedOps() }
+
+// CheckSkew compares an agent's state with this package. majorMismatch is
+// true when the agent speaks another API major version (or state is nil);
+// missingOps lists, in ComposableOps order, the kinds Diff can emit that the
+// agent does not execute, nil when none is missing. Neither finding is a
+// refusal: a refusal correlated across the fleet would fence off the repair
+// path. A major mismatch makes Deploy send the full file set with mode
+// reload; a missing kind makes Diff reload instead of composing it.
+func CheckSkew(state *State) (majorMismatch bool, missingOps []string) {
+	if state == nil {
+		return true, nil
+	}
+	executed := make(map[string]bool, len(state.AgentOps))
+	for _, kind := range state.AgentOps {
+		executed[kind] = true
+	}
+	for _, kind := range ComposableOps() {
+		if !executed[kind] {
+			missingOps = append(missingOps, kind)
+		}
+	}
+	return state.APIVersion != APIVersion, missingOps
+}
+
+// ---------------------------------------------------------------------------
+// Deploy.
+
+// DeployOptions tunes one Deploy.
+type DeployOptions struct {
+	LeaderEpoch uint64 // the caller's leadership epoch; the token epoch of every apply
+	Applied     *Plan  // optional: the caller's own copy of the plan the pod last applied
+	PlanBlob    []byte // optional: EncodePlanBlob(next), computed once for a fleet; nil or empty = Deploy encodes it
+	Verify      bool   // read state with verify=1
+}
+
+// maxDeployRounds bounds Deploy: one round plus at most three re-diffs
+// after a baseline conflict or a second Missing answer. A pod that keeps
+// moving under the controller is reported, not chased.
+const maxDeployRounds = 4
+
+// Deploy brings one pod to next: it reads the pod's state, diffs next
+// against the pod's baseline, applies, resends the file parts the agent
+// asks for, re-diffs when the pod's baseline moved, and stores the plan
+// blob after an apply that did not carry it (wire.md §10). Run one Deploy
+// per pod, in parallel across pods, each with that pod's Client.
+//
+// A 200 answer is returned with a nil error whether it is an ACK or a NACK;
+// a NACK is not retried. A stale_epoch conflict (a newer leader exists),
+// any other conflict reason, and every transport or HTTP error are
+// returned as is, at once.
+func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
+	if c == nil {
+		return nil, errors.New("agent client: deploy: client is required")
+	}
+	if next == nil {
+		return nil, errors.New("agent client: deploy: plan is required")
+	}
+	if next.ID == "" {
+		return nil, errors.New("agent client: deploy: plan has no id")
+	}
+	blob := opts.PlanBlob
+	if len(blob) == 0 {
+		encoded, err := EncodePlanBlob(next)
+		if err != nil {
+			return nil, fmt.Errorf("agent client: deploy: encode plan blob: %w", err)
+		}
+		blob = encoded
+	}
+	if len(blob) > MaxPlanBlobBytes {
+		// Only a caller's blob can be this large; the agent would refuse
+		// it, so the deploy proceeds without one.
+		blob = nil
+	}
+
+	var err error
+	for range maxDeployRounds {
+		var result *ApplyResult
+		result, err = c.deployRound(ctx, next, opts, blob)
+		if err == nil {
+			return result, nil
+		}
+		if !needsRediff(err) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// needsRediff reports whether err means the pod's baseline moved under the
+// round, so that a new round (state, diff, apply) can succeed: a baseline
+// conflict, or a Missing answer to the resend.
+func needsRediff(err error) bool {
+	var ce *ConflictError
+	if errors.As(err, &ce) {
+		switch ce.Reason {
+		case ReasonPrevMismatch, ReasonUnknownBaseline, ReasonWorkerOpsMismatch:
+			return true
+		}
+		return false
+	}
+	var me *MissingError
+	return errors.As(err, &me)
+}
+
+// deployRound is one round of wire.md §10.2: read state, decide, apply,
+// resend the missing parts once, and store the blob after an ACK.
+func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, blob []byte) (*ApplyResult, error) {
+	state, err := c.deployState(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	base := deployBaseline(state, opts.Applied)
+
+	var d Decision
+	if major, _ := CheckSkew(state); major {
+		d = Diff(next, nil)
+	} else {
+		d = Diff(next, base)
+		if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
+			// An agent that ignores op_batches would run only the first
+			// batch and report success.
+			d = Diff(next, nil)
+		}
+	}
+	m := NewManifest(next, d, state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
+
+	sendBlob := blob != nil && (m.Mode == ModeReload || c.noPlanEndpoint.Load())
+	planPart := func() io.Reader {
+		if !sendBlob {
+			return nil
+		}
+		return bytes.NewReader(blob)
+	}
+
+	result, err := c.Apply(ctx, m, nil, planPart())
+	var me *MissingError
+	if errors.As(err, &me) {
+		parts, perr := missingParts(next, me.Missing.Missing)
+		if perr != nil {
+			return nil, perr
+		}
+		result, err = c.Apply(ctx, m, parts, planPart())
+	}
+	if err != nil {
+		return nil, err
+	}
+
+	alreadyStored := state.AppliedPlanID == next.ID && state.HoldsAppliedPlan()
+	if result.OK && !sendBlob && blob != nil && result.AppliedPlanID == next.ID && result.AppliedPlanProof != "" && !alreadyStored {
+		// The apply landed; a blob that fails to store only costs a
+		// reload for a leader that has no plan of its own.
+		if err := c.PutPlan(ctx, result.AppliedPlanID, result.AppliedPlanProof, blob); errors.Is(err, ErrNoPlanEndpoint) {
+			c.noPlanEndpoint.Store(true)
+		}
+	}
+	return result, nil
+}
+
+// deployState reads the pod's state for one round. With the caller's own
+// applied plan the blob is left out, unless the pod holds another applied
+// plan whose blob it can hand over.
+func (c *Client) deployState(ctx context.Context, opts DeployOptions) (*State, error) {
+	if opts.Applied == nil {
+		return c.State(ctx, StateRead{Verify: opts.Verify, Plan: true})
+	}
+	state, err := c.State(ctx, StateRead{Verify: opts.Verify})
+	if err != nil {
+		return nil, err
+	}
+	if state.AppliedPlanID != "" && state.AppliedPlanID != opts.Applied.ID && state.HoldsAppliedPlan() {
+		return c.State(ctx, StateRead{Verify: opts.Verify, Plan: true})
+	}
+	return state, nil
+}
+
+// deployBaseline builds the round's baseline (wire.md §10.2 step 2). A blob
+// that does not decode leaves the baseline unknown, and Diff reloads. The
+// caller's own plan replaces the decoded one only by id equality with the
+// pod's applied plan, and stands for the running and worker plans only
+// where their ids equal it too.
+func deployBaseline(state *State, applied *Plan) *Baseline {
+	base, err := BaselineFromState(state)
+	if err != nil {
+		return nil
+	}
+	if applied != nil && state.AppliedPlanID != "" && applied.ID == state.AppliedPlanID {
+		base.Applied = applied
+		base.Running = nil
+		if state.RunningPlanID == applied.ID {
+			base.Running = applied
+		}
+		base.WorkerOps = nil
+		if state.WorkerOpsPlanID == applied.ID {
+			base.WorkerOps = applied
+		}
+	}
+	return base
+}
+
+// missingParts builds the resend's parts: exactly the listed paths, each
+// with the content next holds for it.
+func missingParts(next *Plan, missing []string) (map[string]io.Reader, error) {
+	files := make(map[string]*PlanFile, len(next.Files))
+	for i := range next.Files {
+		files[next.Files[i].Path] = &next.Files[i]
+	}
+	parts := make(map[string]io.Reader, len(missing))
+	for _, p := range missing {
+		f, ok := files[p]
+		if !ok {
+			return nil, fmt.Errorf("agent client: deploy: the agent asks for %q, which is not a file of plan %s", p, next.ID)
+		}
+		if !f.ContentKnown {
+			return nil, fmt.Errorf("agent client: deploy: plan %s has no content for %q", next.ID, p)
+		}
+		parts[p] = strings.NewReader(f.Content)
+	}
+	return parts, nil
 }

@@ -1312,20 +1312,32 @@ func sendableMapKey(key string, values []string) bool {
 }
 
 // unorderedMapDelta compares two entry lists of a map where order between
-// keys does not matter.
+// keys does not matter: a new key may be added anywhere.
 func unorderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
-	p, n := groupEntries(prev), groupEntries(next)
-	for _, key := range n.keys {
+	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
+}
+
+// keyedMapDelta applies the per-key rules shared by both kinds of map. A
+// new key is added (one map_add per value, the payload form) when its
+// position among next's keys is at least appendFrom, and replaces the map
+// otherwise; a changed single value that set map can carry is a map_set;
+// anything else — a value set map would mangle, a change in a key's
+// number of values, a multi-valued key, a word no command can carry — is
+// one map_replace.
+func keyedMapDelta(mapPath string, p, n keyedEntries, appendFrom int) (upserts, deletes []Op) {
+	for i, key := range n.keys {
 		values := n.values[key]
 		old, had := p.values[key]
 		switch {
 		case had && slices.Equal(old, values):
 		case !sendableMapKey(key, values):
 			return wholeMap(mapPath)
-		case !had:
+		case !had && i >= appendFrom:
 			for _, v := range values {
 				upserts = append(upserts, Op{Kind: OpMapAdd, Path: mapPath, Key: key, Value: v})
 			}
+		case !had:
+			return wholeMap(mapPath)
 		case len(old) == 1 && len(values) == 1 && SafeToken(values[0]):
 			upserts = append(upserts, Op{Kind: OpMapSet, Path: mapPath, Key: key, Value: values[0]})
 		default:
@@ -1406,35 +1418,7 @@ func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []
 		shared++
 		lastKept = i
 	}
-	for i, key := range n.keys {
-		values := n.values[key]
-		old, had := p.values[key]
-		switch {
-		case had && slices.Equal(old, values):
-		case !sendableMapKey(key, values):
-			return wholeMap(mapPath)
-		case !had && i > lastKept:
-			for _, v := range values {
-				upserts = append(upserts, Op{Kind: OpMapAdd, Path: mapPath, Key: key, Value: v})
-			}
-		case !had:
-			return wholeMap(mapPath)
-		case len(old) == 1 && len(values) == 1 && SafeToken(values[0]):
-			upserts = append(upserts, Op{Kind: OpMapSet, Path: mapPath, Key: key, Value: values[0]})
-		default:
-			return wholeMap(mapPath)
-		}
-	}
-	for _, key := range p.keys {
-		if _, kept := n.values[key]; kept {
-			continue
-		}
-		if !SafeToken(key) {
-			return wholeMap(mapPath)
-		}
-		deletes = append(deletes, Op{Kind: OpMapDel, Path: mapPath, Key: key})
-	}
-	return upserts, deletes
+	return keyedMapDelta(mapPath, p, n, lastKept+1)
 }
 
 // ---------------------------------------------------------------------------

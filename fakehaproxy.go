@@ -100,15 +100,15 @@ type FakeServer struct {
 type FakeHAProxy struct {
 	dir, version string
 	dialect      fakeDialect
-	release      int // major*100+minor: below 301 refuses init-state
+	initState    bool // add server accepts init-state (3.1 and later)
 	workerPath   string
 	masterPath   string
 
-	mu     sync.Mutex
-	model  FakeModel
-	closed bool
+	mu    sync.Mutex // guards model
+	model FakeModel
 
-	connMu     sync.Mutex
+	connMu     sync.Mutex // guards the fields below
+	closed     bool
 	workerLn   net.Listener
 	masterLn   net.Listener
 	conns      map[net.Conn]bool // open connections → is a master connection
@@ -136,6 +136,9 @@ const (
 	// fakeMaxLineBytes bounds one worker or master line; a longer line
 	// closes the connection rather than growing memory without end.
 	fakeMaxLineBytes = 1 << 20
+	// fakeMaxLinesPerConnection bounds the lines one connection may send
+	// (a prompt-mode session or a master connection); then it is closed.
+	fakeMaxLinesPerConnection = 1 << 20
 	// fakeMaxArgs is HAProxy's MAX_CLI_ARGS: words after it are ignored.
 	fakeMaxArgs = 64
 	// fakeMaxPayloadPattern is the longest custom payload terminator.
@@ -165,15 +168,17 @@ func StartFakeHAProxy(dir string, version string) (*FakeHAProxy, error) {
 	if version == "" {
 		version = fakeDefaultVersion
 	}
-	major, minor, ok := fakeVersionParts(version)
-	if !ok {
+	// The version is read by CapsFor's rule (deployplan.md §2.4): it must
+	// start with a major number.
+	if _, ok := leadingNumber(strings.TrimPrefix(strings.TrimSpace(version), "v")); !ok {
 		return nil, fmt.Errorf("fake haproxy: unreadable version %q", version)
 	}
+	caps := CapsFor(version, nil)
 	f := &FakeHAProxy{
 		dir:        dir,
 		version:    version,
-		dialect:    fakeDialectOf(major, minor),
-		release:    major*100 + minor,
+		dialect:    fakeDialectOf(caps),
+		initState:  caps.ServerInitState,
 		workerPath: filepath.Join(dir, "haproxy-worker.sock"),
 		masterPath: filepath.Join(dir, "haproxy-master.sock"),
 		conns:      make(map[net.Conn]bool),
@@ -227,38 +232,13 @@ func fakeListen(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// fakeVersionParts reads major.minor the way CapsFor does (deployplan.md
-// §2.4): trim, drop one leading 'v', leading digits of the first two
-// dot-separated fields; the minor defaults to 0.
-func fakeVersionParts(v string) (major, minor int, ok bool) {
-	v = strings.TrimPrefix(strings.TrimSpace(v), "v")
-	fields := strings.SplitN(v, ".", 3)
-	digits := func(s string) (int, bool) {
-		n := 0
-		for n < len(s) && s[n] >= '0' && s[n] <= '9' {
-			n++
-		}
-		if n == 0 || n > 6 {
-			return 0, false
-		}
-		x, _ := strconv.Atoi(s[:n])
-		return x, true
-	}
-	major, ok = digits(fields[0])
-	if !ok {
-		return 0, 0, false
-	}
-	if len(fields) > 1 {
-		minor, _ = digits(fields[1])
-	}
-	return major, minor, true
-}
-
-func fakeDialectOf(major, minor int) fakeDialect {
+// fakeDialectOf picks the dialect from the capabilities the version
+// gives: no dynamic servers is 2.6, dynamic backends is 3.4.
+func fakeDialectOf(caps Caps) fakeDialect {
 	switch {
-	case major < 3:
+	case !caps.DynamicServers:
 		return fakeDialect26
-	case major == 3 && minor < 4:
+	case !caps.DynamicBackends:
 		return fakeDialect30
 	default:
 		return fakeDialect34
@@ -395,7 +375,9 @@ func (f *FakeHAProxy) ServerNames(backend string) []string {
 	}
 	names := make([]string, 0, len(be.Servers))
 	for _, s := range be.Servers {
-		names = append(names, s.Name)
+		if s != nil {
+			names = append(names, s.Name)
+		}
 	}
 	return names
 }
@@ -535,7 +517,7 @@ func (f *FakeHAProxy) serveWorker(conn net.Conn) {
 	f.mu.Unlock()
 	r := bufio.NewReaderSize(conn, 64<<10)
 	s := &fakeSession{}
-	for n := 0; ; n++ {
+	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		if n > 0 && !s.prompt {
 			// Non-interactive: 2.6 runs every line already received; 3.x
 			// answers one line and discards the rest, except one further
@@ -717,6 +699,7 @@ func fakeFields(cmd string) []string {
 type fakeOut struct {
 	level int // 0..7; fakeDump for a listing
 	text  string
+	short bool // ends with one '\n' instead of a blank line (2.6's server commands)
 }
 
 const fakeDump = -1
@@ -746,6 +729,8 @@ func (s *fakeSession) render(out *bytes.Buffer, o fakeOut) {
 		out.WriteString("\n")
 	case o.level == fakeDump:
 		out.WriteString(o.text + "\n\n")
+	case o.short:
+		out.WriteString(s.tag(o.level) + o.text + "\n")
 	default:
 		out.WriteString(s.tag(o.level) + o.text + "\n\n")
 	}
@@ -760,6 +745,12 @@ func (s *fakeSession) render(out *bytes.Buffer, o fakeOut) {
 func (f *FakeHAProxy) runCommand(out *bytes.Buffer, s *fakeSession, text string, payload *string) {
 	args := fakeFields(text)
 	if len(args) == 0 {
+		if f.dialect == fakeDialect26 {
+			// 2.6 answers an empty command, even an empty line, with its
+			// whole help; 3.x is silent.
+			s.render(out, fakeMsg(6, "Unknown command. Please enter one of the following commands only:\n"+fakeHelpTail))
+			return
+		}
 		s.render(out, fakeSilent())
 		return
 	}
@@ -821,37 +812,38 @@ var fakeCommands = []fakeCommand{
 	{words: []string{"commit", "map"}, handler: (*FakeHAProxy).commitMap},
 	{words: []string{"clear", "map"}, handler: (*FakeHAProxy).clearMap},
 	{words: []string{"show", "ssl", "cert"}, handler: (*FakeHAProxy).showCerts},
-	{words: []string{"new", "ssl", "cert"}, handler: (*FakeHAProxy).newCert},
-	{words: []string{"set", "ssl", "cert"}, handler: (*FakeHAProxy).setCert},
-	{words: []string{"commit", "ssl", "cert"}, handler: (*FakeHAProxy).commitCert},
-	{words: []string{"abort", "ssl", "cert"}, handler: (*FakeHAProxy).abortCert},
+	{words: []string{"new", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.create)},
+	{words: []string{"set", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.set)},
+	{words: []string{"commit", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.commit)},
+	{words: []string{"abort", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.abort)},
 	{words: []string{"show", "ssl", "ca-file"}, handler: (*FakeHAProxy).showCAFiles},
-	{words: []string{"new", "ssl", "ca-file"}, handler: (*FakeHAProxy).newCAFile},
-	{words: []string{"set", "ssl", "ca-file"}, handler: (*FakeHAProxy).setCAFile},
-	{words: []string{"commit", "ssl", "ca-file"}, handler: (*FakeHAProxy).commitCAFile},
-	{words: []string{"abort", "ssl", "ca-file"}, handler: (*FakeHAProxy).abortCAFile},
+	{words: []string{"new", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.create)},
+	{words: []string{"set", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.set)},
+	{words: []string{"commit", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.commit)},
+	{words: []string{"abort", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.abort)},
 	{words: []string{"show", "ssl", "crl-file"}, handler: (*FakeHAProxy).showCRLFiles},
 	{words: []string{"show", "ssl", "crt-list"}, handler: (*FakeHAProxy).showCRTList},
 	{words: []string{"add", "ssl", "crt-list"}, handler: (*FakeHAProxy).addCRTList},
 	{words: []string{"del", "ssl", "crt-list"}, handler: (*FakeHAProxy).delCRTList},
 	{words: []string{"show", "servers", "state"}, handler: (*FakeHAProxy).showServersState},
 	{words: []string{"add", "server"}, handler: (*FakeHAProxy).addServer},
-	{words: []string{"enable", "server"}, handler: (*FakeHAProxy).enableServer},
-	{words: []string{"disable", "server"}, handler: (*FakeHAProxy).disableServer},
-	{words: []string{"enable", "health"}, handler: (*FakeHAProxy).enableHealth},
-	{words: []string{"disable", "health"}, handler: (*FakeHAProxy).disableHealth},
-	{words: []string{"set", "server"}, handler: (*FakeHAProxy).setServer},
-	{words: []string{"shutdown", "sessions", "server"}, handler: (*FakeHAProxy).shutdownSessions},
+	{words: []string{"enable", "server"}, handler: fakeServerCommand(fakeEnableServer)},
+	{words: []string{"disable", "server"}, handler: fakeServerCommand(fakeDisableServer)},
+	{words: []string{"enable", "health"}, handler: fakeServerCommand(fakeEnableHealth)},
+	{words: []string{"disable", "health"}, handler: fakeServerCommand(fakeDisableHealth)},
+	{words: []string{"set", "server"}, handler: fakeServerCommand(fakeSetServer)},
+	{words: []string{"shutdown", "sessions", "server"}, handler: fakeServerCommand(fakeShutdownSessions)},
 	{words: []string{"del", "server"}, handler: (*FakeHAProxy).delServer},
 	{words: []string{"wait"}, from: fakeDialect30, handler: (*FakeHAProxy).wait},
 	{words: []string{"add", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).addBackend},
-	{words: []string{"publish", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).publishBackend},
-	{words: []string{"unpublish", "backend"}, from: fakeDialect34, handler: (*FakeHAProxy).unpublishBackend},
-	{words: []string{"del", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).delBackend},
+	{words: []string{"publish", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakePublishBackend)},
+	{words: []string{"unpublish", "backend"}, from: fakeDialect34, handler: fakeBackendCommand(fakeUnpublishBackend)},
+	{words: []string{"del", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakeDelBackend)},
 }
 
 // dispatch finds the command and runs it; the lock is held.
 func (f *FakeHAProxy) dispatch(s *fakeSession, args []string, payload *string) fakeOut {
+	f.model.repair()
 	for _, c := range fakeCommands {
 		if c.from > f.dialect || len(args) < len(c.words) || !fakeHasPrefix(args, c.words) {
 			continue
@@ -877,11 +869,13 @@ func fakeHasPrefix(args, words []string) bool {
 // dialect, then help lines (their choice varies with the verb; tests
 // compare the first line only).
 func (f *FakeHAProxy) unknownCommand(verb string) fakeOut {
-	return fakeMsg(6, f.unknownFirstLine(verb)+"\n"+
-		"  help [<command>]                        : list matching or all commands\n"+
-		"  prompt [timed]                          : toggle interactive mode with prompt\n"+
-		"  quit                                    : disconnect")
+	return fakeMsg(6, f.unknownFirstLine(verb)+"\n"+fakeHelpTail)
 }
+
+// fakeHelpTail is the end of every help listing.
+const fakeHelpTail = "  help [<command>]                        : list matching or all commands\n" +
+	"  prompt [timed]                          : toggle interactive mode with prompt\n" +
+	"  quit                                    : disconnect"
 
 func (f *FakeHAProxy) unknownFirstLine(verb string) string {
 	if f.dialect == fakeDialect26 {
@@ -896,7 +890,11 @@ func (f *FakeHAProxy) showInfo(args []string, _ *string) fakeOut {
 	m := &f.model
 	start := strconv.FormatInt(m.StartTimeUnixMicros/1_000_000, 10)
 	if len(args) > 0 && args[0] == "float" {
-		start += fmt.Sprintf(".%06d", m.StartTimeUnixMicros%1_000_000)
+		// HAProxy prints floats with six decimals, then trims trailing
+		// zeros and a bare decimal point.
+		if frac := strings.TrimRight(fmt.Sprintf("%06d", m.StartTimeUnixMicros%1_000_000), "0"); frac != "" {
+			start += "." + frac
+		}
 	}
 	return fakeList(fmt.Sprintf("Name: HAProxy\nVersion: %s\nPid: %d\nUptime_sec: 1\nStart_time_sec: %s",
 		f.version, m.Pid, start))
@@ -946,8 +944,11 @@ func fakeParseVersion(arg string) (uint64, bool) {
 
 func (f *FakeHAProxy) showMap(args []string, _ *string) fakeOut {
 	m := &f.model
+	var ver uint64
+	versioned := false
 	if len(args) > 0 && strings.HasPrefix(args[0], "@") {
-		args = args[1:] // a version selector: the fake shows the live entries
+		ver, versioned = fakeParseVersion(args[0])
+		args = args[1:]
 	}
 	if len(args) == 0 {
 		var b strings.Builder
@@ -966,6 +967,9 @@ func (f *FakeHAProxy) showMap(args []string, _ *string) fakeOut {
 	entries, ok := m.Maps[args[0]]
 	if !ok {
 		return fakeErr(fakeUnknownMap)
+	}
+	if v := m.versions(args[0]); versioned && ver != v.curr {
+		entries = v.pending[ver] // a prepared version, or nothing
 	}
 	rows := make([]string, 0, len(entries))
 	for i, e := range entries {
@@ -1184,10 +1188,15 @@ type fakeStore struct {
 	files         map[string]string
 	tx            **fakeTransaction
 	notReferenced string // "a certificate" or "a CA file"
+	exists        string // refusal of new, %s = name
+	newStore      string // success text of new, %s = name
 	created       string // success text of set, %s = name
 	updated       string
 	validate      func(name, payload string) string // refusal or ""
 	commitCheck   func(content string) string
+	// joinOpenTx is 2.6's certificate behaviour: a set while another
+	// certificate's transaction is open updates that transaction.
+	joinOpenTx bool
 }
 
 func (f *FakeHAProxy) certStore() fakeStore {
@@ -1195,14 +1204,20 @@ func (f *FakeHAProxy) certStore() fakeStore {
 		files:         f.model.Certs,
 		tx:            &f.model.certTx,
 		notReferenced: "a certificate",
+		exists:        "Certificate '%s' already exists!",
+		newStore:      "New empty certificate store '%s'!",
 		created:       "Transaction created for certificate %s!",
 		updated:       "Transaction updated for certificate %s!",
 		validate: func(name, payload string) string {
-			if !strings.Contains(payload, "-----BEGIN CERTIFICATE-----") {
-				return "unable to load certificate from file '" + name + "': no start line.\nCan't load the payload"
+			switch {
+			case strings.Contains(payload, "-----BEGIN CERTIFICATE-----"):
+				return ""
+			case f.dialect == fakeDialect26:
+				return "unable to load certificate from file '" + name + "'.\nCan't load the payload"
 			}
-			return ""
+			return "unable to load certificate from file '" + name + "': no start line.\nCan't load the payload"
 		},
+		joinOpenTx: f.dialect == fakeDialect26,
 		commitCheck: func(content string) string {
 			if !strings.Contains(content, "PRIVATE KEY-----") {
 				return "The transaction must contain at least a certificate and a private key!"
@@ -1217,6 +1232,8 @@ func (f *FakeHAProxy) caStore() fakeStore {
 		files:         f.model.CAFiles,
 		tx:            &f.model.caTx,
 		notReferenced: "a CA file",
+		exists:        "CA file '%s' already exists!",
+		newStore:      "New CA file created '%s'!",
 		created:       "transaction created for CA %s!",
 		updated:       "transaction updated for CA %s!",
 		validate: func(_, payload string) string {
@@ -1229,7 +1246,27 @@ func (f *FakeHAProxy) caStore() fakeStore {
 	}
 }
 
+// fakeStoreCommand adapts a store operation to the command table.
+func fakeStoreCommand(store func(*FakeHAProxy) fakeStore, op func(fakeStore, string, *string) fakeOut) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, payload *string) fakeOut {
+		return op(store(f), fakeFirstArg(args), payload)
+	}
+}
+
+// create is new ssl cert / new ssl ca-file: an empty store, "" until a
+// transaction is committed into it.
+func (st fakeStore) create(name string, _ *string) fakeOut {
+	if _, ok := st.files[name]; ok {
+		return fakeErr(fmt.Sprintf(st.exists, name))
+	}
+	st.files[name] = ""
+	return fakeMsg(5, fmt.Sprintf(st.newStore, name))
+}
+
 func (st fakeStore) set(name string, payload *string) fakeOut {
+	if tx := *st.tx; tx != nil && tx.path != name && st.joinOpenTx {
+		name = tx.path
+	}
 	if tx := *st.tx; tx != nil && tx.path != name {
 		return fakeErr("The ongoing transaction is about '" + tx.path + "' but you are trying to set '" + name + "'\nCan't update " + name + "!")
 	}
@@ -1253,7 +1290,7 @@ func (st fakeStore) set(name string, payload *string) fakeOut {
 
 // commit prints no dots: real HAProxy prints one per certificate instance
 // it rebuilt, which the fake does not model.
-func (st fakeStore) commit(name string) fakeOut {
+func (st fakeStore) commit(name string, _ *string) fakeOut {
 	tx := *st.tx
 	switch {
 	case tx == nil:
@@ -1269,7 +1306,7 @@ func (st fakeStore) commit(name string) fakeOut {
 	return fakeList("Committing " + name + "\nSuccess!")
 }
 
-func (st fakeStore) abort(name string) fakeOut {
+func (st fakeStore) abort(name string, _ *string) fakeOut {
 	tx := *st.tx
 	switch {
 	case tx == nil:
@@ -1303,27 +1340,6 @@ func (f *FakeHAProxy) showCerts(args []string, _ *string) fakeOut {
 	return fakeList(b.String())
 }
 
-func (f *FakeHAProxy) newCert(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	if _, ok := f.model.Certs[name]; ok {
-		return fakeErr("Certificate '" + name + "' already exists!")
-	}
-	f.model.Certs[name] = ""
-	return fakeMsg(5, "New empty certificate store '"+name+"'!")
-}
-
-func (f *FakeHAProxy) setCert(args []string, payload *string) fakeOut {
-	return f.certStore().set(fakeFirstArg(args), payload)
-}
-
-func (f *FakeHAProxy) commitCert(args []string, _ *string) fakeOut {
-	return f.certStore().commit(fakeFirstArg(args))
-}
-
-func (f *FakeHAProxy) abortCert(args []string, _ *string) fakeOut {
-	return f.certStore().abort(fakeFirstArg(args))
-}
-
 func fakeCertCount(pem string) int {
 	return strings.Count(pem, "-----BEGIN CERTIFICATE-----")
 }
@@ -1345,27 +1361,6 @@ func (f *FakeHAProxy) showCAFiles(args []string, _ *string) fakeOut {
 		fmt.Fprintf(&b, "\n%s - %d certificate(s)", name, rows[name])
 	}
 	return fakeList(b.String())
-}
-
-func (f *FakeHAProxy) newCAFile(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	if _, ok := f.model.CAFiles[name]; ok {
-		return fakeErr("CA file '" + name + "' already exists!")
-	}
-	f.model.CAFiles[name] = ""
-	return fakeMsg(5, "New CA file created '"+name+"'!")
-}
-
-func (f *FakeHAProxy) setCAFile(args []string, payload *string) fakeOut {
-	return f.caStore().set(fakeFirstArg(args), payload)
-}
-
-func (f *FakeHAProxy) commitCAFile(args []string, _ *string) fakeOut {
-	return f.caStore().commit(fakeFirstArg(args))
-}
-
-func (f *FakeHAProxy) abortCAFile(args []string, _ *string) fakeOut {
-	return f.caStore().abort(fakeFirstArg(args))
 }
 
 func (f *FakeHAProxy) showCRLFiles(_ []string, _ *string) fakeOut {
@@ -1510,7 +1505,9 @@ func (f *FakeHAProxy) addCRTList(args []string, payload *string) fakeOut {
 	return fakeList("Inserting certificate '" + cert + "' in crt-list '" + list + "'.\nSuccess!")
 }
 
-// delCRTList deletes "<cert>" or "<cert>:<line>" from a list.
+// delCRTList deletes "<cert>" or "<cert>:<line>" from a list. The fake
+// knows no bind lines, so unlike HAProxy it never refuses to delete a
+// bind line's default certificate.
 func (f *FakeHAProxy) delCRTList(args []string, _ *string) fakeOut {
 	m := &f.model
 	if len(args) < 2 {
@@ -1555,13 +1552,52 @@ func (f *FakeHAProxy) delCRTList(args []string, _ *string) fakeOut {
 
 // --- servers
 
+// repair makes a model seeded through With safe to serve: nil
+// collections become empty and nil backends or servers are dropped, so a
+// careless seed gets HAProxy's refusals instead of a panic.
+func (m *FakeModel) repair() {
+	if m.Backends == nil {
+		m.Backends = map[string]*FakeBackend{}
+	}
+	for name, be := range m.Backends {
+		if be == nil {
+			delete(m.Backends, name)
+			continue
+		}
+		servers := be.Servers[:0]
+		for _, s := range be.Servers {
+			if s != nil {
+				servers = append(servers, s)
+			}
+		}
+		be.Servers = servers
+	}
+	for _, p := range []*map[string]string{&m.Certs, &m.CAFiles, &m.CRLFiles} {
+		if *p == nil {
+			*p = map[string]string{}
+		}
+	}
+	if m.Maps == nil {
+		m.Maps = map[string][]MapEntry{}
+	}
+	if m.CRTLists == nil {
+		m.CRTLists = map[string][]string{}
+	}
+	if m.Frontends == nil {
+		m.Frontends = map[string]uint64{}
+	}
+	if m.BlockedServers == nil {
+		m.BlockedServers = map[string]bool{}
+	}
+}
+
 func (m *FakeModel) server(backend, name string) *FakeServer {
 	be := m.Backends[backend]
 	if be == nil {
 		return nil
 	}
 	for _, s := range be.Servers {
-		if s.Name == name {
+		if s != nil && s.Name == name {
 			return s
 		}
 	}
@@ -1583,6 +1619,23 @@ func (f *FakeHAProxy) lookupServer(ref string) (*FakeBackend, *FakeServer, fakeO
 		return be, nil, fakeErr("No such server.")
 	}
 	return be, s, fakeOut{}
+}
+
+// fakeServerOp is a command on one "<backend>/<server>": ref is the
+// reference as given, args the words after it.
+type fakeServerOp func(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, args []string) fakeOut
+
+// fakeServerCommand resolves the reference with HAProxy's refusals, then
+// runs op.
+func fakeServerCommand(op fakeServerOp) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, _ *string) fakeOut {
+		ref := fakeFirstArg(args)
+		be, s, refused := f.lookupServer(ref)
+		if s == nil {
+			return refused
+		}
+		return op(f, ref, be, s, args[1:])
+	}
 }
 
 func (f *FakeHAProxy) showServersState(args []string, _ *string) fakeOut {
@@ -1655,19 +1708,26 @@ var fakeServerKeywords = map[string]int{
 	"init-state": 1, // 3.1 and later only
 }
 
+// fakeVerifyRefusal is HAProxy's refusal of an ssl server with the default
+// "verify required" and no CA file.
+const fakeVerifyRefusal = "verify is enabled by default but no CA file specified. If you're running on a LAN where you're certain to trust the server's certificate, please set an explicit 'verify none' statement on the 'server' line, or use 'ssl-server-verify none' in the global section to disable server-side verifications by default."
+
 // addServer is "add server <ref> <addr>[:<port>] [<kw>...]". The server
 // starts in maintenance (disabled), with its health checks off, as a
-// dynamic server does.
+// dynamic server does. As in HAProxy, "ca-file" and (with "ssl") "crt"
+// take their file from the worker's store only: a file never loaded, or a
+// store created by new ssl cert / new ssl ca-file and never committed, is
+// refused; and an ssl server verifying by default needs a CA file.
 func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	m := &f.model
 	ref := fakeFirstArg(args)
 	bname, sname, ok := strings.Cut(ref, "/")
 	if !ok {
-		return fakeErr("Require 'backend/server'.")
+		return f.short(fakeErr("Require 'backend/server'."))
 	}
 	be := m.Backends[bname]
 	if be == nil {
-		return fakeErr("No such backend.")
+		return f.short(fakeErr("No such backend."))
 	}
 	if len(args) < 2 {
 		return fakeErr("'server' expects <name> and <addr>[:<port>] as arguments.")
@@ -1678,26 +1738,47 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	}
 	s := &FakeServer{Name: sname, Address: address, Port: port, Weight: 1, State: "maint",
 		Keywords: cloneSlice(args[2:])}
+	ssl, verifyNone, caFile, crt := false, false, "", ""
 	for i := 2; i < len(args); i++ {
 		kw := args[i]
 		arity, known := fakeServerKeywords[kw]
-		if !known || (kw == "init-state" && f.release < 301) {
+		if !known || (kw == "init-state" && !f.initState) {
 			return fakeErr("unknown keyword '" + kw + "'.")
 		}
 		if i+arity >= len(args) && arity > 0 {
 			return fakeErr("'" + kw + "' expects an argument.")
 		}
 		switch kw {
+		case "ssl", "no-ssl":
+			ssl = kw == "ssl"
+		case "verify":
+			verifyNone = args[i+1] == "none"
+		case "crt":
+			crt = args[i+1]
+		case "ca-file":
+			if caFile = args[i+1]; m.CAFiles[caFile] == "" {
+				return fakeErr("'ca-file' : unable to load " + caFile + ".")
+			}
 		case "check":
 			s.Check = true
 		case "weight":
 			w, err := strconv.Atoi(args[i+1])
 			if err != nil || w < 0 || w > 256 {
-				return fakeErr("weight of server " + sname + " must be between 0 and 256.")
+				return fakeErr("weight of server " + sname + " is not within 0 and 256 (" + args[i+1] + ")..")
 			}
 			s.Weight = w
 		}
 		i += arity
+	}
+	var initErrors []string // HAProxy reports every failure of the server's TLS setup
+	if ssl && crt != "" && m.Certs[crt] == "" {
+		initErrors = append(initErrors, "unable to stat SSL certificate '"+crt+"'.")
+	}
+	if ssl && !verifyNone && caFile == "" {
+		initErrors = append(initErrors, fakeVerifyRefusal)
+	}
+	if len(initErrors) > 0 {
+		return fakeErr(strings.Join(initErrors, "\n"))
 	}
 	if m.server(bname, sname) != nil {
 		return fakeErr("Already exists a server with the same name in backend.")
@@ -1732,29 +1813,17 @@ func fakeParseServerAddress(arg string) (addr string, port int, msg string) {
 	return host, n & 0xffff, ""
 }
 
-func (f *FakeHAProxy) enableServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeEnableServer(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Enabled, s.State = true, "ready"
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) disableServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeDisableServer(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Enabled, s.State = false, "maint"
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) enableHealth(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeEnableHealth(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	if !s.Check {
 		return fakeErr("Health check was not configured on this server, cannot enable.")
 	}
@@ -1762,11 +1831,7 @@ func (f *FakeHAProxy) enableHealth(args []string, _ *string) fakeOut {
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) disableHealth(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeDisableHealth(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Health = false
 	return fakeSilent()
 }
@@ -1775,26 +1840,25 @@ const fakeSetServerUsage = "usage: set server <backend>/<server> addr | agent | 
 
 // setServer is "set server <ref> addr|weight|state ...". The addr answers
 // are at WARNING level, success and refusal alike; the words decide.
-func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
-	if len(args) < 2 {
+func fakeSetServer(f *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, args []string) fakeOut {
+	if len(args) < 1 {
 		return fakeErr(fakeSetServerUsage)
 	}
-	switch args[1] {
+	switch args[0] {
 	case "addr":
-		return setServerAddr(s, args[2:])
+		if f.dialect == fakeDialect26 {
+			return fakeSetServerAddr26(s, args[1:])
+		}
+		return fakeSetServerAddr(s, args[1:])
 	case "weight":
-		if len(args) < 3 {
+		if len(args) < 2 {
 			return fakeErr("Require <weight> or <weight%>.")
 		}
-		w, err := strconv.Atoi(strings.TrimSuffix(args[2], "%"))
+		w, err := strconv.Atoi(strings.TrimSuffix(args[1], "%"))
 		switch {
 		case err != nil || w < 0:
 			return fakeErr("Empty weight string empty or preceded by garbage")
-		case strings.HasSuffix(args[2], "%"):
+		case strings.HasSuffix(args[1], "%"):
 			w = s.Weight * w / 100 // relative to the current weight, a simplification
 		case w > 256:
 			return fakeErr("Absolute weight can only be between 0 and 256 inclusive.")
@@ -1802,12 +1866,12 @@ func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
 		s.Weight = w
 		return fakeSilent()
 	case "state":
-		if len(args) < 3 {
+		if len(args) < 2 {
 			return fakeErr("'set server <srv> state' expects 'ready', 'drain' and 'maint'.")
 		}
-		switch args[2] {
+		switch args[1] {
 		case "ready", "drain":
-			s.Enabled, s.State = true, args[2]
+			s.Enabled, s.State = true, args[1]
 		case "maint":
 			s.Enabled, s.State = false, "maint"
 		default:
@@ -1818,7 +1882,7 @@ func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
 	return fakeErr(fakeSetServerUsage)
 }
 
-func setServerAddr(s *FakeServer, args []string) fakeOut {
+func fakeSetServerAddr(s *FakeServer, args []string) fakeOut {
 	if len(args) == 0 {
 		return fakeErr("set server <b>/<s> addr requires an address and optionally a port.")
 	}
@@ -1847,22 +1911,57 @@ func setServerAddr(s *FakeServer, args []string) fakeOut {
 	return fakeMsg(4, strings.Join(changes, ", ")+" by 'stats socket command'")
 }
 
-func (f *FakeHAProxy) shutdownSessions(args []string, _ *string) fakeOut {
-	ref := fakeFirstArg(args)
-	_, s, refused := f.lookupServer(ref)
-	if s == nil {
-		return refused
+// fakeSetServerAddr26 is 2.6's wording: every part is reported, "no need to
+// change" included, and every answer ends with the updater; the IP change
+// stands even when the port is refused.
+func fakeSetServerAddr26(s *FakeServer, args []string) fakeOut {
+	if len(args) == 0 {
+		return fakeErr("set server <b>/<s> addr requires an address and optionally a port.")
 	}
+	const by = " by 'stats socket command'"
+	if net.ParseIP(args[0]) == nil {
+		return fakeMsg(4, "Invalid addr '"+args[0]+"'"+by)
+	}
+	var parts []string
+	if args[0] != s.Address {
+		parts = append(parts, "IP changed from '"+s.Address+"' to '"+args[0]+"'")
+		s.Address = args[0]
+	} else {
+		parts = append(parts, "no need to change the addr")
+	}
+	if len(args) >= 3 && args[1] == "port" {
+		n, err := strconv.Atoi(args[2])
+		switch {
+		case err != nil:
+			parts = append(parts, "problem converting port '"+args[2]+"' to an int")
+		case n&0xffff != s.Port:
+			parts = append(parts, fmt.Sprintf("port changed from '%d' to '%d'", s.Port, n&0xffff))
+			s.Port = n & 0xffff
+		default:
+			parts = append(parts, "no need to change the port")
+		}
+	}
+	return fakeMsg(4, strings.Join(parts, ", ")+by)
+}
+
+func fakeShutdownSessions(f *FakeHAProxy, ref string, _ *FakeBackend, _ *FakeServer, _ []string) fakeOut {
 	delete(f.model.BlockedServers, ref)
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) delServer(args []string, _ *string) fakeOut {
-	ref := fakeFirstArg(args)
-	be, s, refused := f.lookupServer(ref)
-	if s == nil {
-		return refused
-	}
+// short marks a response that 2.6 ends with a single '\n': its add
+// server and del server messages lack their own newline. Such a reply
+// counts as incomplete (runtime.md §2.3), which is what a 2.6 worker gives.
+func (f *FakeHAProxy) short(o fakeOut) fakeOut {
+	o.short = f.dialect == fakeDialect26
+	return o
+}
+
+func (f *FakeHAProxy) delServer(args []string, payload *string) fakeOut {
+	return f.short(fakeServerCommand(fakeDelServer)(f, args, payload))
+}
+
+func fakeDelServer(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	if s.Enabled {
 		return fakeErr("Only servers in maintenance mode can be deleted.")
 	}
@@ -1986,30 +2085,30 @@ func (f *FakeHAProxy) addBackend(args []string, _ *string) fakeOut {
 	return fakeMsg(6, "New backend registered.")
 }
 
-func (f *FakeHAProxy) publishBackend(args []string, _ *string) fakeOut {
-	be := f.model.Backends[fakeFirstArg(args)]
-	if be == nil {
-		return fakeErr("No such backend.")
+// fakeBackendCommand resolves a backend name, refusing an unknown one,
+// then runs op.
+func fakeBackendCommand(op func(f *FakeHAProxy, name string, be *FakeBackend) fakeOut) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, _ *string) fakeOut {
+		name := fakeFirstArg(args)
+		be := f.model.Backends[name]
+		if be == nil {
+			return fakeErr("No such backend.")
+		}
+		return op(f, name, be)
 	}
+}
+
+func fakePublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 	be.Published = true
 	return fakeMsg(6, "Backend published.")
 }
 
-func (f *FakeHAProxy) unpublishBackend(args []string, _ *string) fakeOut {
-	be := f.model.Backends[fakeFirstArg(args)]
-	if be == nil {
-		return fakeErr("No such backend.")
-	}
+func fakeUnpublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 	be.Published = false
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) delBackend(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	be := f.model.Backends[name]
-	if be == nil {
-		return fakeErr("No such backend.")
-	}
+func fakeDelBackend(f *FakeHAProxy, name string, be *FakeBackend) fakeOut {
 	if be.Published || len(be.Servers) > 0 {
 		return fakeErr("This backend cannot be removed at runtime.")
 	}
@@ -2024,7 +2123,7 @@ func (f *FakeHAProxy) delBackend(args []string, _ *string) fakeOut {
 // open until a line holds quit or reload, as a real master's does.
 func (f *FakeHAProxy) serveMaster(conn net.Conn) {
 	r := bufio.NewReader(conn)
-	for {
+	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		line, err := fakeReadLine(r)
 		if err != nil {
 			return

@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -172,11 +174,20 @@ func TestFakeDialects(t *testing.T) {
 		initState      string
 		reloadReply    string // first line of the reload reply
 		programs       bool
+		sameAddr       string // set server addr to the current address
+		delServer      string // raw reply to del server of an enabled server, prefix included
+		emptyCommand   string // first line of the answer to an empty command
 	}{
-		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false},
-		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true},
-		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true},
-		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true},
+		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true,
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true,
+			"[4]: no need to change the addr, no need to change the port by 'stats socket command'",
+			"\n[3]: Only servers in maintenance mode can be deleted.\n",
+			"[6]: Unknown command. Please enter one of the following commands only:"},
 	}
 	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
 	for _, row := range rows {
@@ -220,6 +231,19 @@ func TestFakeDialects(t *testing.T) {
 			}
 			if got := workerLine(t, ws, "add server be-a/s1 10.0.0.1:80 check init-state up")[0]; got != row.initState {
 				t.Errorf("init-state: %q, want %q", got, row.initState)
+			}
+			f.With(func(m *FakeModel) {
+				m.Backends["be-a"].Servers = append(m.Backends["be-a"].Servers,
+					&FakeServer{Name: "on", Address: "10.0.0.9", Port: 80, Weight: 1, State: "ready", Enabled: true})
+			})
+			if got := workerLine(t, ws, "set server be-a/on addr 10.0.0.9 port 80")[0]; got != row.sameAddr {
+				t.Errorf("set server addr unchanged: %q, want %q", got, row.sameAddr)
+			}
+			if raw, _ := socketExchange(t, ws, "set severity-output number;del server be-a/on\n", 5*time.Second); raw != row.delServer {
+				t.Errorf("del server: %q, want %q", raw, row.delServer)
+			}
+			if got := first(workerLine(t, ws, "show map m.map;")[1]); got != row.emptyCommand {
+				t.Errorf("empty command: %q, want %q", got, row.emptyCommand)
 			}
 			proc, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
 			if strings.Contains(proc, "\n# programs\n") != row.programs {
@@ -315,20 +339,11 @@ func framingRows(d fakeDialect) []framingRow {
 	}
 	var out []framingRow
 	for _, r := range rows {
-		if r.dialects == nil || containsDialect(r.dialects, d) {
+		if r.dialects == nil || slices.Contains(r.dialects, d) {
 			out = append(out, r)
 		}
 	}
 	return out
-}
-
-func containsDialect(ds []fakeDialect, d fakeDialect) bool {
-	for _, x := range ds {
-		if x == d {
-			return true
-		}
-	}
-	return false
 }
 
 // runFramingRows sends every row to sock and checks the replies and the
@@ -352,7 +367,7 @@ func runFramingRows(t *testing.T, sock string, d fakeDialect) {
 			}
 			rows := mapRows(t, sock, "maps/host.map")
 			for _, p := range row.present {
-				if !containsString(rows, p) {
+				if !slices.Contains(rows, p) {
 					t.Errorf("row %.40q missing from the map", p)
 				}
 			}
@@ -365,15 +380,6 @@ func runFramingRows(t *testing.T, sock string, d fakeDialect) {
 			}
 		})
 	}
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // firstLineIfUnknown keeps only the first line of an unknown-command
@@ -443,6 +449,22 @@ func TestFakeRecordsCommands(t *testing.T) {
 	socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
 	if len(f.Sent()) != len(want) {
 		t.Fatalf("master command recorded: %q", f.Sent())
+	}
+}
+
+// TestFakeSurvivesACarelessSeed: nil collections and nil entries seeded
+// through With get HAProxy's refusals, not a panic.
+func TestFakeSurvivesACarelessSeed(t *testing.T) {
+	f := startTestFake(t, "")
+	f.With(func(m *FakeModel) {
+		m.Maps, m.Certs, m.CAFiles, m.CRTLists, m.Frontends, m.BlockedServers = nil, nil, nil, nil, nil, nil
+		m.Backends = map[string]*FakeBackend{"nil": nil, "be-a": {Servers: []*FakeServer{nil, {Name: "s1", Address: "10.0.0.1"}}}}
+	})
+	got := workerLine(t, f.WorkerSocket(), "new ssl cert c.pem;show servers state;show stat;enable server nil/s1;del server be-a/s1")
+	want := []string{"[5]: New empty certificate store 'c.pem'!", "1\n" + fakeServersStateHeader + "\n1 be-a 1 s1 10.0.0.1 0 1 0 0 0 1 0 0 0 0 0 0 - 0 - 0 0 - - 0",
+		"# pxname,svname,status,conn_tot,", "[3]: No such backend.", "[6]: Server deleted."}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("replies %q\nwant %q", got, want)
 	}
 }
 
@@ -520,7 +542,10 @@ func TestFakeHooks(t *testing.T) {
 		}},
 		{"CutReply keeps the first bytes and closes; the command ran", func(t *testing.T, f *FakeHAProxy) {
 			f.With(func(m *FakeModel) {
-				m.CutReply = func(line string) (int, bool) { return 2, strings.Contains(line, "add server") }
+				m.CutReply = func(line string) (int, bool) {
+					// Without the lock held, the hook may use the fake.
+					return 2, strings.Contains(line, "add server") && len(f.Sent()) > 0
+				}
 			})
 			raw, closed := socketExchange(t, f.WorkerSocket(), "set severity-output number;experimental-mode on;add server be-a/s2 10.0.0.2:80\n", 5*time.Second)
 			if raw != "\n\n" || !closed {
@@ -583,6 +608,57 @@ func TestFakeReloadOn26TakesEffectAfterTheDelay(t *testing.T) {
 	}
 	if f.Worker().WorkerPID != before.WorkerPID+1 {
 		t.Fatalf("no new worker after the delay: %v", f.Worker())
+	}
+}
+
+// TestFakeShowInfoPrintsTheStartTimeAsHAProxyDoes: six decimals with the
+// trailing zeros trimmed, as HAProxy prints floats.
+func TestFakeShowInfoPrintsTheStartTimeAsHAProxyDoes(t *testing.T) {
+	rows := []struct {
+		micros       int64
+		float, plain string
+	}{
+		{1796197563683351, "1796197563.683351", "1796197563"},
+		{1796197563360000, "1796197563.36", "1796197563"},
+		{1700000000000000, "1700000000", "1700000000"},
+	}
+	f := startTestFake(t, "")
+	for _, row := range rows {
+		f.With(func(m *FakeModel) { m.StartTimeUnixMicros = row.micros })
+		for arg, want := range map[string]string{"show info float": row.float, "show info": row.plain} {
+			got := workerLine(t, f.WorkerSocket(), arg)[0]
+			if !strings.Contains(got, "\nStart_time_sec: "+want) || !strings.Contains(got, "\nPid: 1000\n") {
+				t.Errorf("%s at %d µs: %q", arg, row.micros, got)
+			}
+		}
+	}
+}
+
+// TestFakeNumbersCRTListEntries: seeded entries from 1, each added entry
+// one more than the last number assigned, deletes renumber nothing.
+func TestFakeNumbersCRTListEntries(t *testing.T) {
+	f := startTestFake(t, "")
+	f.With(func(m *FakeModel) {
+		m.Certs["a.pem"], m.Certs["b.pem"] = "A", "B"
+		m.CRTLists["l.txt"] = []string{"a.pem", "b.pem [alpn h2] b.example.com"}
+	})
+	ws := f.WorkerSocket()
+	got := workerLine(t, ws, "add ssl crt-list l.txt <<HAPTIC\nb.pem  [alpn  h2]  c.example.com\nHAPTIC")
+	if got[0] != "Inserting certificate 'b.pem' in crt-list 'l.txt'.\nSuccess!" {
+		t.Fatalf("add: %q", got)
+	}
+	steps := []struct{ cmd, want string }{
+		{"del ssl crt-list l.txt b.pem", "[3]: Can't delete the entry: found the certificate 'b.pem' in several entries, please specify a line number preceded by colons (2, 3)!"},
+		{"del ssl crt-list l.txt b.pem:2", "[5]: Entry 'b.pem' deleted in crtlist 'l.txt'!"},
+		{"del ssl crt-list l.txt a.pem", "[5]: Entry 'a.pem' deleted in crtlist 'l.txt'!"},
+		{"add ssl crt-list l.txt a.pem", "Inserting certificate 'a.pem' in crt-list 'l.txt'.\nSuccess!"},
+		{"show ssl crt-list -n l.txt", "# l.txt\nb.pem:3 [alpn h2] c.example.com\na.pem:4"},
+		{"show ssl crt-list l.txt", "# l.txt\nb.pem [alpn h2] c.example.com\na.pem"},
+	}
+	for _, step := range steps {
+		if got := workerLine(t, ws, step.cmd)[0]; got != step.want {
+			t.Errorf("%s: %q, want %q", step.cmd, got, step.want)
+		}
 	}
 }
 
@@ -672,6 +748,9 @@ func startRealHAProxy(t testing.TB) *realHAProxy {
 	h := &realHAProxy{Dir: dir, bin: bin, version: words[2], output: &lockedBuffer{}, exited: make(chan struct{})}
 	t.Cleanup(func() {
 		h.Stop()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", bin, h.Output())
+		}
 		os.RemoveAll(dir)
 	})
 	h.fixture = writeRealFixture(t, dir)
@@ -752,6 +831,17 @@ func writeRealFixture(t testing.TB, dir string) realFixture {
 	return fx
 }
 
+// waitReady polls every 50 ms for up to 10 s until the master lists a
+// worker and the worker answers, as after a reload.
+func (h *realHAProxy) waitReady(t testing.TB) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !h.ready(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready within 10s:\n%s", h.bin, h.output.String())
+		}
+	}
+}
+
 // WorkerSocket is the worker's stats socket.
 func (h *realHAProxy) WorkerSocket() string { return filepath.Join(h.Dir, "haproxy-worker.sock") }
 
@@ -814,11 +904,356 @@ func (h *realHAProxy) startMatchingFake(t testing.TB) *FakeHAProxy {
 
 // dialect is the fake dialect of the real binary's version.
 func (h *realHAProxy) dialect() fakeDialect {
-	major, minor, _ := fakeVersionParts(h.version)
-	return fakeDialectOf(major, minor)
+	return fakeDialectOf(CapsFor(h.version, nil))
 }
 
 func TestRealHAProxyFramingLimits(t *testing.T) {
 	h := startRealHAProxy(t)
 	runFramingRows(t, h.WorkerSocket(), h.dialect())
+}
+
+// ---------------------------------------------------------------------------
+// Parity (runtime.md §9.2).
+
+var (
+	parityHex       = regexp.MustCompile(`0x[0-9a-f]+`)
+	parityCommit    = regexp.MustCompile(`(?m)^(Committing .*?)\.*$`)
+	paritySystemCA  = regexp.MustCompile(`@system-ca - \d+ certificate`)
+	parityMapSource = regexp.MustCompile(`used by map at file '[^']*' line \d+`)
+	parityStartTime = regexp.MustCompile(`^\d+(\.\d{1,6})?$`)
+	parityDigits    = regexp.MustCompile(`^\d+$`)
+)
+
+// normaliseReply rewrites a raw reply into comparable text: response by
+// response (runtime.md §2.3), with the volatile parts of §9.2 replaced.
+func normaliseReply(raw string) string {
+	resp, tail := splitResponses(raw)
+	var out []string
+	for _, r := range resp {
+		out = append(out, normaliseResponse(r))
+	}
+	if tail != "" {
+		out = append(out, "partial: "+normaliseResponse(tail))
+	}
+	return strings.Join(out, "\n--- next response ---\n")
+}
+
+func normaliseResponse(r string) string {
+	r = strings.ReplaceAll(r, "\x00", "")
+	switch {
+	case strings.HasPrefix(r, "Name: HAProxy\n"):
+		return normaliseShowInfo(r)
+	case strings.HasPrefix(r, "# pxname,"):
+		return normaliseShowStat(r)
+	case strings.HasPrefix(r, "1\n# be_id "):
+		return normaliseServersState(r)
+	case strings.HasPrefix(r, "#<PID>"):
+		return normaliseShowProc(r)
+	case strings.HasPrefix(r, "Success="):
+		status, _, _ := strings.Cut(r, "\n")
+		return fmt.Sprintf("%s (log separator: %v)", status, strings.Contains(r, "\n--\n") || strings.HasSuffix(r, "\n--"))
+	}
+	r = firstLineIfUnknown(r)
+	r = parityHex.ReplaceAllString(r, "0xADDR")
+	r = parityCommit.ReplaceAllString(r, "$1")
+	r = paritySystemCA.ReplaceAllString(r, "@system-ca - N certificate")
+	r = parityMapSource.ReplaceAllString(r, "used by map at file 'CFG' line N")
+	return r
+}
+
+// normaliseShowInfo keeps the presence and format of the identity fields.
+func normaliseShowInfo(r string) string {
+	fields := map[string]string{}
+	for _, line := range strings.Split(r, "\n") {
+		if k, v, ok := strings.Cut(line, ": "); ok {
+			fields[k] = v
+		}
+	}
+	return fmt.Sprintf("show info: Name=%s Version=%s Pid digits=%v Start_time_sec float=%v",
+		fields["Name"], fields["Version"], parityDigits.MatchString(fields["Pid"]),
+		parityStartTime.MatchString(fields["Start_time_sec"]))
+}
+
+// normaliseShowStat keeps the conn_tot column's presence and the FRONTEND
+// names.
+func normaliseShowStat(r string) string {
+	lines := strings.Split(r, "\n")
+	header := strings.Split(strings.TrimPrefix(lines[0], "# "), ",")
+	var frontends []string
+	for _, line := range lines[1:] {
+		cols := strings.Split(line, ",")
+		if len(cols) > 1 && cols[1] == "FRONTEND" {
+			frontends = append(frontends, cols[0])
+		}
+	}
+	sort.Strings(frontends) // a set: HAProxy lists them in configuration order
+	return fmt.Sprintf("show stat: conn_tot=%v frontends=%s", slices.Contains(header, "conn_tot"), strings.Join(frontends, ","))
+}
+
+// normaliseServersState keeps be_name, srv_name, srv_addr, srv_admin_state
+// and srv_port of every row.
+func normaliseServersState(r string) string {
+	var rows []string
+	for _, line := range strings.Split(r, "\n")[2:] {
+		f := strings.Fields(line)
+		if len(f) < 19 {
+			rows = append(rows, "short row: "+line)
+			continue
+		}
+		rows = append(rows, strings.Join([]string{f[1], f[3], f[4], f[6], f[18]}, " "))
+	}
+	return "show servers state:\n" + strings.Join(rows, "\n")
+}
+
+// normaliseShowProc keeps the header and section lines exactly, and of
+// each row its type, field count and failed count.
+func normaliseShowProc(r string) string {
+	var out []string
+	for i, line := range strings.Split(r, "\n") {
+		switch {
+		case i == 0 || strings.HasPrefix(line, "#"):
+			out = append(out, line)
+		default:
+			f := strings.Fields(line)
+			row := fmt.Sprintf("row: %d fields", len(f))
+			if len(f) > 1 {
+				row += " type " + f[1]
+			}
+			if m := regexp.MustCompile(`\[failed: \d+\]`).FindString(line); m != "" {
+				row += " " + m
+			}
+			out = append(out, row)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// parityScript is the worker script of runtime.md §9.2, in order, for the
+// real binary's dialect. Each entry is one line without the severity
+// prefix; payload commands are framed for the dialect.
+func parityScript(t testing.TB, h *realHAProxy) []string {
+	d := h.dialect()
+	payload := func(cmd, body string) string {
+		if d == fakeDialect26 {
+			return cmd + " <<\n" + body // the line's own '\n' makes the empty terminator line
+		}
+		return cmd + " <<HAPTIC\n" + body + "HAPTIC"
+	}
+	certB, keyB := h.fixture.ca.issue(t, testCertOptions{CommonName: "b.example.com", DNSNames: []string{"b.example.com"}})
+	validB := string(certB) + string(keyB)
+	ca2 := newTestCA(t, "haptic second CA")
+	lines := []string{
+		// identity and stats
+		"show info float",
+		"show stat -1 1 -1",
+		// maps
+		"show map",
+		"show map maps/host.map",
+		payload("add map maps/host.map", "p1.example.com be-p\nspaced.example.com a value  with spaces\nempty.example.com \n"),
+		"show map maps/host.map",
+		"set map maps/host.map example.com be-z",
+		"set map maps/host.map absent.example.com be-z",
+		"set map maps/host.map example.com",
+		"add map maps/host.map dup d1;add map maps/host.map dup d2;del map maps/host.map dup;show map maps/host.map",
+		"del map maps/host.map dup",
+		"prepare map maps/host.map",
+		"add map @1 maps/host.map v1.example.com be-v",
+		payload("add map @1 maps/host.map", "v2.example.com be-v\n"),
+		"show map",
+		"show map @1 maps/host.map",
+		"add map @9 maps/host.map k v",
+		"commit map @9 maps/host.map",
+		"commit map @1 maps/host.map",
+		"show map;show map maps/host.map",
+		"prepare map maps/host.map",
+		"add map @2 maps/host.map c1 v;clear map @2 maps/host.map;commit map @2 maps/host.map;show map maps/host.map",
+		"add map maps/host.map example.com be-a",
+		"show map nope.map",
+		"add map nope.map k v",
+		"set map nope.map k v",
+		"del map nope.map k",
+		"prepare map nope.map",
+		"commit map @1 nope.map",
+		"clear map nope.map",
+		"add map maps/host.map k1",
+		// TLS
+		"show ssl cert",
+		"show ssl ca-file",
+		"show ssl crl-file",
+		"show ssl crt-list",
+		"show ssl crt-list -n certs/list.txt",
+		"show ssl crt-list certs/list.txt",
+		"show ssl crt-list nope.txt",
+		"new ssl cert certs/b.pem",
+		"new ssl cert certs/b.pem",
+		payload("add ssl crt-list certs/list.txt", "certs/b.pem\n"),
+		payload("set ssl cert certs/b.pem", string(certB)),
+		"show ssl cert",
+		"commit ssl cert certs/b.pem",
+		"abort ssl cert certs/b.pem",
+		payload("set ssl cert certs/b.pem", "hello\n"),
+		payload("set ssl cert certs/zz.pem", validB),
+		"commit ssl cert certs/b.pem",
+		"abort ssl cert certs/b.pem",
+		payload("set ssl cert certs/b.pem", validB),
+		payload("set ssl cert certs/a.pem", h.fixture.certPEM),
+		"commit ssl cert certs/a.pem",
+		"abort ssl cert certs/a.pem",
+		"commit ssl cert certs/b.pem",
+		"show ssl cert",
+		"new ssl ca-file certs/ca2.pem",
+		"new ssl ca-file certs/ca2.pem",
+		payload("set ssl ca-file certs/ca2.pem", "hello\n"),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		"show ssl ca-file",
+		payload("set ssl ca-file certs/ca.pem", h.fixture.caPEM),
+		"commit ssl ca-file certs/ca.pem",
+		"abort ssl ca-file certs/ca.pem",
+		"commit ssl ca-file certs/ca2.pem",
+		"commit ssl ca-file certs/ca2.pem",
+		"abort ssl ca-file certs/ca2.pem",
+		payload("set ssl ca-file certs/zz.pem", string(ca2.CertPEM)),
+		payload("set ssl ca-file certs/ca2.pem", string(ca2.CertPEM)),
+		"abort ssl ca-file certs/ca2.pem",
+		"show ssl ca-file",
+		payload("add ssl crt-list certs/list.txt", "certs/b.pem [alpn h2 ssl-min-ver TLSv1.2] b.example.com !x.example.com\n"),
+		payload("add ssl crt-list certs/list.txt", "certs/zz.pem\n"),
+		payload("add ssl crt-list certs/nolist.txt", "certs/b.pem\n"),
+		"show ssl crt-list -n certs/list.txt",
+		"del ssl crt-list certs/list.txt certs/b.pem",
+		"del ssl crt-list certs/list.txt certs/b.pem",
+		"del ssl crt-list certs/list.txt certs/zz.pem",
+		"del ssl crt-list certs/nolist.txt certs/b.pem",
+		"show ssl crt-list -n certs/list.txt",
+		// servers
+		"add server be-a/s1 127.0.0.1:80",
+		"add server be-a/s2 127.0.0.1:80 check inter 2s",
+		"add server be-a/s1 127.0.0.1:80",
+		"add server nope/s1 127.0.0.1:80",
+		"add server be-a/s3 127.0.0.1:80 bogus",
+		"add server be-a/t1 127.0.0.1:443 ssl",
+		"add server be-a/t2 127.0.0.1:443 ssl verify none",
+		"add server be-a/t3 127.0.0.1:443 ssl verify none crt certs/zz.pem",
+		"add server be-a/t4 127.0.0.1:443 ssl verify none ca-file certs/zz.pem",
+		"add server be-a/t5 127.0.0.1:443 ssl crt certs/a.pem ca-file certs/ca.pem",
+		"add server be-a/t6 127.0.0.1:443 ssl crt certs/b.pem verify none",
+		"add server be-a/t7 127.0.0.1:443 crt certs/zz.pem",
+		"add server be-a/t8 127.0.0.1:443 ssl ca-file certs/ca2.pem verify required",
+		"add server be-a/s3",
+		"add server bea 127.0.0.1:80",
+		"enable server be-a/s1",
+		"disable server be-a/s1",
+		"enable server be-a/nope",
+		"enable server nope/s1",
+		"enable server bea",
+		"enable health be-a/s1",
+		"enable health be-a/s2",
+		"enable server be-a/s1",
+		"set server be-a/s1 addr 127.0.0.2",
+		"set server be-a/s1 addr 127.0.0.2 port 81",
+		"set server be-a/s1 addr 127.0.0.3 port 82",
+		"set server be-a/s1 addr 127.0.0.3",
+		"set server be-a/s1 addr bogus",
+		"set server be-a/s1 addr 127.0.0.3 port abc",
+		"set server be-a/s1 weight 5",
+		"set server be-a/s1 weight 999",
+		"set server be-a/s1 state drain",
+		"set server be-a/s1 state bogus",
+		"set server be-a/s1 bogus",
+		"show servers state be-a",
+		"show servers state nope",
+		"shutdown sessions server be-a/s1",
+		"wait 100 srv-removable be-a/s1",
+		"del server be-a/s1",
+		"disable server be-a/s1",
+		"wait 100 srv-removable be-a/s1",
+		"del server be-a/s1",
+		"del server be-a/s1",
+		"wait 100 srv-removable bea",
+		"show servers state be-a",
+		// version gaps
+		"experimental-mode on;add backend be-x from web mode http",
+		"experimental-mode on;publish backend be-a",
+		"unpublish backend be-a",
+		"experimental-mode on;del backend be-x",
+		"wait 100 be-removable be-a",
+		"wait 100",
+		"bogus verb",
+	}
+	if !CapsFor(h.version, nil).ServerInitState {
+		lines = append(lines, "add server be-a/s4 127.0.0.1:80 init-state up")
+	}
+	return lines
+}
+
+// awaitRealServerAddr polls show servers state for up to 2 s until the
+// real server shows the address and port the fake holds: HAProxy 3.0
+// applies set server addr asynchronously, so a command on the next
+// connection can still see the old address.
+func awaitRealServerAddr(t testing.TB, h *realHAProxy, backend, server, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp := workerLine(t, h.WorkerSocket(), "show servers state "+backend)
+		for _, row := range strings.Split(resp[0], "\n") {
+			if f := strings.Fields(row); len(f) > 18 && f[3] == server && f[4]+" "+f[18] == want {
+				return
+			}
+		}
+	}
+}
+
+// TestFakeMatchesRealHAProxy sends the same lines to the real binary and
+// to a fake of the same version and fixture, and compares the normalised
+// replies (runtime.md §9.2).
+func TestFakeMatchesRealHAProxy(t *testing.T) {
+	h := startRealHAProxy(t)
+	f := h.startMatchingFake(t)
+	compare := func(what, realRaw, fakeRaw string) {
+		t.Helper()
+		if r, fk := normaliseReply(realRaw), normaliseReply(fakeRaw); r != fk {
+			t.Errorf("%s:\nreal: %q\nfake: %q\nnormalised real:\n%s\nnormalised fake:\n%s", what, realRaw, fakeRaw, r, fk)
+		}
+	}
+	worker := func(line string) {
+		t.Helper()
+		realRaw, _ := socketExchange(t, h.WorkerSocket(), line, 5*time.Second)
+		fakeRaw, _ := socketExchange(t, f.WorkerSocket(), line, 5*time.Second)
+		compare(fmt.Sprintf("%.120q", line), realRaw, fakeRaw)
+	}
+	for _, line := range parityScript(t, h) {
+		worker(framingPrefix + line + "\n")
+		if strings.HasPrefix(line, "set server be-a/s1 addr ") {
+			want, _ := f.Server("be-a", "s1")
+			awaitRealServerAddr(t, h, "be-a", "s1", fmt.Sprintf("%s %d", want.Address, want.Port))
+		}
+	}
+	for _, row := range framingRows(h.dialect()) {
+		worker(row.send)
+	}
+	master := func(line string) {
+		t.Helper()
+		realRaw, _ := socketExchange(t, h.MasterSocket(), line, 30*time.Second)
+		fakeRaw, _ := socketExchange(t, f.MasterSocket(), line, 30*time.Second)
+		compare("master "+strings.TrimSpace(line), realRaw, fakeRaw)
+	}
+	master("show proc;quit\n")
+	master("bogus;quit\n")
+	master("reload;quit\n")
+	h.waitReady(t) // a 2.6 master re-executes and refuses connections meanwhile
+
+	cfg := filepath.Join(h.Dir, "haproxy.cfg")
+	good, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, append(append([]byte{}, good...), "bogus_keyword here\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.With(func(m *FakeModel) { m.ReloadFails = true })
+	master("reload;quit\n")
+	if err := os.WriteFile(cfg, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.With(func(m *FakeModel) { m.ReloadFails = false })
 }

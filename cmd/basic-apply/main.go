@@ -1,0 +1,247 @@
+// Command basic-apply drives a HAPTIC agent end to end, the way a controller
+// does: it describes two renders of an HAProxy configuration as plans, asks
+// Diff what the pod must do for each, sends the applies, and prints the
+// verdicts. Read it first; everything else in the package is the machinery
+// behind these calls.
+//
+// Prerequisites:
+//
+//   - HAProxy in master-worker mode, with the worker stats socket
+//     /etc/haproxy/haproxy-worker.sock and the master CLI socket
+//     /etc/haproxy/haproxy-master.sock (the agent's default --worker-socket
+//     and --master-socket);
+//   - `haptic agent` running on the same file tree, with base directory
+//     /etc/haproxy.
+//
+// Configuration, each used only when non-empty: HAPTIC_AGENT_URL (default
+// http://localhost:5555), HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS (default
+// admin and admin, the agent's DATAPLANE_USERNAME and DATAPLANE_PASSWORD).
+//
+// The program never writes a Manifest by hand: NewManifest copies the proofs
+// and expectations the agent fences on from the state it read, and an agent
+// refuses a runtime apply that lacks them.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/haptic-agent/haptic"
+)
+
+const (
+	configPath = haptic.ConfigFilePath // "haproxy.cfg"
+	hostMap    = "maps/host.map"       // a manifest path is the same string HAProxy names the file by
+)
+
+const hostMapV1 = "shop.example.com web-servers\n"
+const hostMapV2 = "shop.example.com web-servers\nblog.example.com web-servers\n"
+
+// haproxyConfig is the config both renders share: only the map changes
+// between them, so the second apply needs no reload.
+const haproxyConfig = `global
+    log stdout format raw local0
+    stats socket /etc/haproxy/haproxy-worker.sock mode 600 level admin
+    default-path origin /etc/haproxy
+
+defaults
+    mode http
+    timeout client 30s
+    timeout server 30s
+    timeout connect 5s
+
+frontend http-in
+    bind *:80
+    use_backend %[req.hdr(host),lower,map(` + hostMap + `,web-servers)]
+
+backend web-servers
+    balance roundrobin
+    server web1 192.168.1.10:80 check inter 2s
+`
+
+// buildPlan describes one render: the config as a single core section and
+// the host map with its entries, so that Diff can turn a map change into
+// runtime ops. It carries digests only; contentOf supplies the bytes.
+func buildPlan(hostMapContent string) *haptic.Plan {
+	p := &haptic.Plan{
+		SchemaVersion: haptic.PlanSchemaVersion,
+		Sections: []haptic.Section{{
+			Kind:       haptic.SectionKindCore,
+			Name:       configPath,
+			TextDigest: haptic.DigestString(haproxyConfig),
+			Length:     len(haproxyConfig),
+		}},
+		Maps: map[string]haptic.Map{
+			hostMap: {Path: hostMap, Ordered: false, Entries: haptic.ParseMapEntries(hostMapContent)},
+		},
+		Files: []haptic.PlanFile{
+			{Path: configPath, Kind: haptic.FileKindConfig, ReloadOnChange: true,
+				Digest: haptic.DigestString(haproxyConfig), Size: int64(len(haproxyConfig))},
+			{Path: hostMap, Kind: haptic.FileKindMap, ReloadOnChange: false,
+				Digest: haptic.DigestString(hostMapContent), Size: int64(len(hostMapContent))},
+		},
+	}
+	p.ComputeID()
+	return p
+}
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := run(ctx, os.Stdout, os.Getenv); err != nil {
+		log.Fatalf("Error: %v", err)
+	}
+}
+
+// run applies the two renders in order and prints what the agent did.
+func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
+	client, err := haptic.NewClient(&haptic.ClientConfig{
+		BaseURL:  envOr(getenv, "HAPTIC_AGENT_URL", "http://localhost:5555"),
+		Username: envOr(getenv, "HAPTIC_AGENT_USER", "admin"),
+		Password: envOr(getenv, "HAPTIC_AGENT_PASS", "admin"),
+	})
+	if err != nil {
+		return fmt.Errorf("failed to create the agent client: %w", err)
+	}
+	defer client.Close()
+
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		return fmt.Errorf("failed to read the agent's state: %w", err)
+	}
+	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n",
+		state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
+
+	first := buildPlan(hostMapV1)
+	if err := apply(ctx, out, client, first, nil, state); err != nil {
+		return err
+	}
+
+	fmt.Fprint(out, "\n")
+	second := buildPlan(hostMapV2)
+	if state, err = client.State(ctx, haptic.StateRead{}); err != nil {
+		return fmt.Errorf("failed to re-read the agent's state: %w", err)
+	}
+	// The baseline is now the first plan, so the only change is one added
+	// map entry.
+	if err := apply(ctx, out, client, second, first, state); err != nil {
+		return err
+	}
+
+	fmt.Fprint(out, "\nExample completed successfully!\n")
+	return nil
+}
+
+// envOr returns the variable's value, or def when it is empty.
+func envOr(getenv func(string) string, name, def string) string {
+	if v := getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// apply moves the pod from prev (the plan this program applied last, nil
+// when it has none) to next.
+func apply(ctx context.Context, out io.Writer, client *haptic.Client, next, prev *haptic.Plan, state *haptic.State) error {
+	// The state was read without the plan blob, so the baseline's plans
+	// come from memory, and only where the pod's ids say it holds prev.
+	base, err := haptic.BaselineFromState(state)
+	if err != nil {
+		return fmt.Errorf("failed to build the baseline: %w", err)
+	}
+	if prev != nil && prev.ID == state.AppliedPlanID {
+		base.Applied = prev
+		if state.RunningPlanID == prev.ID {
+			base.Running = prev
+		}
+		if state.WorkerOpsPlanID == prev.ID {
+			base.WorkerOps = prev
+		}
+	}
+
+	decision := haptic.Diff(next, base)
+	fmt.Fprintf(out, "Applying plan %s: %s (%d runtime op(s))\n", next.ID, decision.Verdict, len(decision.Ops))
+	for _, reason := range decision.Reasons {
+		fmt.Fprintf(out, "  reason: %s\n", reason)
+	}
+
+	// Rendering again is a new render: same leader, next sequence number.
+	token := haptic.Token{
+		LeaderEpoch: max(1, state.AppliedToken.LeaderEpoch),
+		RenderSeq:   state.AppliedToken.RenderSeq + 1,
+	}
+	m := haptic.NewManifest(next, decision, state, token)
+
+	// Send no content first: the agent answers with the paths it lacks.
+	result, err := client.Apply(ctx, m, nil, nil)
+	var missing *haptic.MissingError
+	if errors.As(err, &missing) {
+		content := contentOf(next)
+		parts := make(map[string]io.Reader, len(missing.Missing.Missing))
+		for _, path := range missing.Missing.Missing {
+			parts[path] = strings.NewReader(content[path])
+		}
+		result, err = client.Apply(ctx, m, parts, nil)
+	}
+	if err != nil {
+		return handleApplyError(err)
+	}
+	displayResult(out, result)
+	return nil
+}
+
+// handleApplyError explains a fenced apply and wraps every error.
+func handleApplyError(err error) error {
+	var conflict *haptic.ConflictError
+	if errors.As(err, &conflict) {
+		log.Printf("The pod is not on the baseline this apply was composed against (%s).", conflict.Reason)
+		log.Printf("Re-read /v1/state and diff again; nothing was written.")
+	}
+	return fmt.Errorf("apply failed: %w", err)
+}
+
+// contentOf gives the bytes of each file of p: the config, and the host map
+// written back from the plan's entries, which reproduces hostMapV1 and
+// hostMapV2 byte for byte.
+func contentOf(p *haptic.Plan) map[string]string {
+	var hostMapContent strings.Builder
+	for _, e := range p.Maps[hostMap].Entries {
+		hostMapContent.WriteString(e.Key + " " + e.Value + "\n")
+	}
+	return map[string]string{
+		configPath: haproxyConfig,
+		hostMap:    hostMapContent.String(),
+	}
+}
+
+// displayResult prints one apply's answer. A rejected apply (ok:false) is a
+// result, not an error: the pod rolled back and still serves.
+func displayResult(out io.Writer, result *haptic.ApplyResult) {
+	if !result.OK {
+		stage, message := "", ""
+		if result.Error != nil {
+			stage, message = result.Error.Stage, result.Error.Message
+		}
+		fmt.Fprintf(out, "  rejected at stage %q: %s\n", stage, message)
+		return
+	}
+	fmt.Fprintf(out, "  mode: %s, applied plan: %s\n", result.Mode, result.AppliedPlanID)
+	for _, r := range result.OpResults {
+		fmt.Fprintf(out, "  op %s: ok=%t", r.Kind, r.OK)
+		if r.Output != "" {
+			fmt.Fprint(out, " "+r.Output)
+		}
+		fmt.Fprint(out, "\n")
+	}
+	if result.Reload != nil && result.Reload.Performed {
+		fmt.Fprintf(out, "  HAProxy reloaded in %d ms, worker pid %d\n", result.Reload.TookMs, result.Reload.WorkerPID)
+	} else {
+		fmt.Fprint(out, "  no reload: the change reached the running worker\n")
+	}
+}

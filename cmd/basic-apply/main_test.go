@@ -1,0 +1,272 @@
+// Tests of the example program (renderplan.md §12.7). They own no HAProxy
+// behaviour; the end-to-end test runs the program against the fake HAProxy
+// and an in-process agent, exactly as a user runs it against a pod.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/haptic-agent/haptic"
+)
+
+// The ids of the two example plans, computed once and pinned: a change is
+// a change of the example's contract, never a reason to re-pin.
+const (
+	firstPlanID  = "13a1e37c09e75b27"
+	secondPlanID = "fd2a2b050facad14"
+)
+
+func TestBasicApplyPlans(t *testing.T) {
+	if len(haproxyConfig) != 434 {
+		t.Errorf("haproxyConfig is %d bytes, want 434", len(haproxyConfig))
+	}
+	if got := haptic.DigestString(haproxyConfig); got != "cbaa3ea320b734e3" {
+		t.Errorf("haproxyConfig digest %s, want cbaa3ea320b734e3", got)
+	}
+	if strings.Contains(haproxyConfig, "\t") || !strings.HasSuffix(haproxyConfig, "\n") {
+		t.Error("haproxyConfig must be indented with spaces and end in a newline")
+	}
+	if !strings.Contains(haproxyConfig, "map("+hostMap+",web-servers)") {
+		t.Error("the use_backend line must name hostMap")
+	}
+	for _, m := range []struct {
+		content, digest string
+		size            int
+	}{
+		{hostMapV1, "1bd55fb5d7aa0354", 29},
+		{hostMapV2, "0b7e2e6ee2c4092d", 58},
+	} {
+		if len(m.content) != m.size || haptic.DigestString(m.content) != m.digest {
+			t.Errorf("map %q: %d bytes digest %s, want %d bytes digest %s",
+				m.content, len(m.content), haptic.DigestString(m.content), m.size, m.digest)
+		}
+	}
+
+	for _, c := range []struct {
+		content, id string
+	}{
+		{hostMapV1, firstPlanID},
+		{hostMapV2, secondPlanID},
+	} {
+		p := buildPlan(c.content)
+		want := &haptic.Plan{
+			SchemaVersion: haptic.PlanSchemaVersion,
+			ID:            c.id,
+			Sections: []haptic.Section{{Kind: haptic.SectionKindCore, Name: "haproxy.cfg",
+				TextDigest: "cbaa3ea320b734e3", Length: 434}},
+			Maps: map[string]haptic.Map{"maps/host.map": {Path: "maps/host.map", Ordered: false,
+				Entries: haptic.ParseMapEntries(c.content)}},
+			Files: []haptic.PlanFile{
+				{Path: "haproxy.cfg", Kind: haptic.FileKindConfig, ReloadOnChange: true,
+					Digest: "cbaa3ea320b734e3", Size: 434},
+				{Path: "maps/host.map", Kind: haptic.FileKindMap, ReloadOnChange: false,
+					Digest: haptic.DigestString(c.content), Size: int64(len(c.content))},
+			},
+		}
+		if !reflect.DeepEqual(p, want) {
+			t.Errorf("buildPlan(%q) =\n%+v\nwant\n%+v", c.content, p, want)
+		}
+		if p.Backends != nil || p.Profiles != nil || p.CRTLists != nil {
+			t.Error("Backends, Profiles and CRTLists must be nil")
+		}
+		canonical := string(p.Canonical())
+		if !strings.Contains(canonical, `"backends":null,"profiles":null`) || strings.Contains(canonical, "crtLists") {
+			t.Errorf("canonical encoding %s", canonical)
+		}
+		clone := p.Clone()
+		clone.ComputeID()
+		if clone.ID != p.ID {
+			t.Errorf("Clone().ComputeID() = %s, want %s", clone.ID, p.ID)
+		}
+	}
+	if firstPlanID == secondPlanID {
+		t.Error("the two renders must have different ids")
+	}
+
+	// contentOf reproduces both maps byte for byte from the plan.
+	for _, content := range []string{hostMapV1, hostMapV2} {
+		files := contentOf(buildPlan(content))
+		if files[configPath] != haproxyConfig || files[hostMap] != content || len(files) != 2 {
+			t.Errorf("contentOf(buildPlan(%q)) = %q", content, files)
+		}
+	}
+}
+
+func TestBasicApplyGetenv(t *testing.T) {
+	defaults := map[string]string{
+		"HAPTIC_AGENT_URL":  "http://localhost:5555",
+		"HAPTIC_AGENT_USER": "admin",
+		"HAPTIC_AGENT_PASS": "admin",
+	}
+	for name, def := range defaults {
+		empty := func(string) string { return "" }
+		if got := envOr(empty, name, def); got != def {
+			t.Errorf("%s unset: %q, want the default %q", name, got, def)
+		}
+		set := func(n string) string {
+			if n == name {
+				return "from-env"
+			}
+			return ""
+		}
+		if got := envOr(set, name, def); got != "from-env" {
+			t.Errorf("%s set: %q, want the variable's value", name, got)
+		}
+	}
+}
+
+func TestBasicApplyEndToEnd(t *testing.T) {
+	// A short directory: the fake's unix socket paths are limited to 107
+	// bytes.
+	base, err := os.MkdirTemp("", "ba")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(base)
+	fake, err := haptic.StartFakeHAProxy(base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	// The fake reads no configuration: its reload loads the host map from
+	// the agent's base directory into the worker, as HAProxy would, so the
+	// inventory lists the map after the first reload.
+	fake.With(func(m *haptic.FakeModel) {
+		m.OnReload = func(m *haptic.FakeModel) {
+			content, err := os.ReadFile(filepath.Join(base, hostMap))
+			if err != nil {
+				return
+			}
+			if m.Maps == nil {
+				m.Maps = map[string][]haptic.MapEntry{}
+			}
+			m.Maps[hostMap] = haptic.ParseMapEntries(string(content))
+		}
+	})
+	agent, err := haptic.NewAgent(haptic.AgentConfig{
+		BaseDir:      base,
+		MasterSocket: fake.MasterSocket(),
+		WorkerSocket: fake.WorkerSocket(),
+		Listen:       "127.0.0.1:0",
+		Username:     "admin",
+		Password:     "admin",
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- agent.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-stopped; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !agent.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not become ready")
+		}
+	}
+
+	// Only the URL is set: the credentials are the defaults.
+	getenv := func(name string) string {
+		if name == "HAPTIC_AGENT_URL" {
+			return "http://" + agent.Addr()
+		}
+		return ""
+	}
+	var out bytes.Buffer
+	if err := run(ctx, &out, getenv); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	// Every line is literal but the reload's timing and pid.
+	want := []string{
+		`Agent dev drives HAProxy ` + fake.Version() + `, applied plan ""`,
+		``,
+		`Applying plan ` + firstPlanID + `: reload (0 runtime op(s))`,
+		`  reason: no baseline`,
+		`  mode: reload, applied plan: ` + firstPlanID,
+		`  HAProxy reloaded in <took_ms> ms, worker pid <worker_pid>`,
+		``,
+		`Applying plan ` + secondPlanID + `: runtime (1 runtime op(s))`,
+		`  mode: runtime, applied plan: ` + secondPlanID,
+		`  op map_add: ok=true`,
+		`  no reload: the change reached the running worker`,
+		``,
+		`Example completed successfully!`,
+	}
+	reloadLine := regexp.MustCompile(`^  HAProxy reloaded in \d+ ms, worker pid \d+$`)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != len(want) || !strings.HasSuffix(out.String(), "\n") {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())
+	}
+	for i, w := range want {
+		if lines[i] != w && !(strings.Contains(w, "<took_ms>") && reloadLine.MatchString(lines[i])) {
+			t.Errorf("line %d %q, want %q", i+1, lines[i], w)
+		}
+	}
+	if got := fake.MapEntries(hostMap); !reflect.DeepEqual(got, haptic.ParseMapEntries(hostMapV2)) {
+		t.Errorf("the worker's map holds %v, want the second render's entries", got)
+	}
+
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "admin", Password: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state.AppliedPlanID != secondPlanID || state.RunningPlanID != firstPlanID {
+		t.Errorf("applied %s running %s, want the second plan applied on the first plan's worker", state.AppliedPlanID, state.RunningPlanID)
+	}
+}
+
+func TestBasicApplyConflictError(t *testing.T) {
+	var logged bytes.Buffer
+	log.SetOutput(&logged)
+	log.SetFlags(0)
+	t.Cleanup(func() {
+		log.SetOutput(os.Stderr)
+		log.SetFlags(log.LstdFlags)
+	})
+
+	conflict := &haptic.ConflictError{Conflict: haptic.Conflict{Reason: haptic.ReasonPrevMismatch, AppliedPlanID: "plan-9"}}
+	err := handleApplyError(conflict)
+	var ce *haptic.ConflictError
+	if !strings.HasPrefix(err.Error(), "apply failed:") || !errors.As(err, &ce) || ce != conflict {
+		t.Errorf("handleApplyError(conflict) = %v, want it to wrap the conflict", err)
+	}
+	lines := strings.Split(strings.TrimSuffix(logged.String(), "\n"), "\n")
+	want := []string{
+		"The pod is not on the baseline this apply was composed against (prev_mismatch).",
+		"Re-read /v1/state and diff again; nothing was written.",
+	}
+	if !reflect.DeepEqual(lines, want) {
+		t.Errorf("logged %q, want %q", lines, want)
+	}
+
+	logged.Reset()
+	other := errors.New("connection refused")
+	err = handleApplyError(other)
+	if !strings.HasPrefix(err.Error(), "apply failed:") || !errors.Is(err, other) {
+		t.Errorf("handleApplyError(other) = %v, want it to wrap the error", err)
+	}
+	if logged.Len() != 0 {
+		t.Errorf("logged %q for a non-conflict error", logged.String())
+	}
+}
