@@ -1450,3 +1450,19 @@ func TestARollbackOwnsEveryFileItRestores(t *testing.T) {
 		t.Errorf("the restored file was not deleted by a later apply: %v", got.paths())
 	}
 }
+
+func TestRoleProofSequenceExhaustionIsAnIdentityError(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	os.WriteFile(filepath.Join(cfg.BaseDir, ".haptic-agent.json"), []byte(`{"proof_generation":18446744073709551615}`), 0o600)
+	a, _ := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	code, body := c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs})
+	if ae := applyErr(t, body); code != 500 || ae.Stage != StageIdentity || ae.Message != "agent role proof sequence exhausted" {
+		t.Errorf("%d %+v", code, ae)
+	}
+	if len(diskSet(t, cfg.BaseDir)) != 0 {
+		t.Error("files landed")
+	}
+}
