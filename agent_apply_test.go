@@ -906,8 +906,7 @@ func TestRoleProofsAreSequential(t *testing.T) {
 	}
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
-	m := e.c.manifest("plan-2", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-2", fs2)
 	if res := e.c.apply(m, fs2); res.Mode != ResultScheduled || res.AppliedPlanProof != "a:2" {
 		t.Fatalf("second: %+v", res)
 	}
@@ -1022,8 +1021,7 @@ func TestARevertConsumesTheScheduledReload(t *testing.T) {
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
-	m := e.c.manifest("plan-2", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-2", fs2)
 	res2 := e.c.apply(m, fs2)
 	if res2.Mode != ResultScheduled {
 		t.Fatalf("%+v", res2)
@@ -1071,8 +1069,7 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil || st.AppliedPlanID != "plan-3" {
 		t.Errorf("after restart: %+v", st)
 	}
-	m := e.c.manifest("plan-3", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-3", fs2)
 	e.c.apply(m, fs2)
 	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" {
 		t.Errorf("after re-binding: %+v", st)
@@ -1300,8 +1297,7 @@ func TestOneBaseRelativePathEverywhere(t *testing.T) {
 	}
 	fs3 := fs2.clone()
 	fs3["haproxy.cfg"] += "# reload\n"
-	m := e.c.manifest("plan-3", fs3)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-3", fs3)
 	res := e.c.apply(m, fs3)
 	if res.Inventory == nil || !slices.Contains(res.Inventory.Maps, "maps/host.map") || !slices.Contains(res.Inventory.Certs, "ssl/tls.pem") {
 		t.Errorf("inventory %+v", res.Inventory)
