@@ -5,7 +5,6 @@
 package haptic
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -813,26 +812,8 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	}
 }
 
-// lockedLog is a concurrency-safe log sink.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 func TestInvariantViolationIsCountedLoggedAndReported(t *testing.T) {
-	logs := &lockedLog{}
+	logs := &lockedBuffer{}
 	e := newTestEnv(t, func(c *AgentConfig) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}, func(a *Agent, _ *FakeHAProxy) {
