@@ -480,7 +480,12 @@ func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 	if res2.Mode != ResultScheduled {
 		t.Fatalf("%+v", res2)
 	}
-	waitFor(t, "the pacer", func() bool { return e.c.state("").RunningPlanID == "plan-2" })
+	// The reload records the running plan before the pacer records its
+	// result (agent.md §9.22 steps 4 and 7): wait for both.
+	waitFor(t, "the pacer", func() bool {
+		st := e.c.state("")
+		return st.RunningPlanID == "plan-2" && st.LastApply != nil && st.LastApply.Mode == ResultReload
+	})
 	st := e.c.state("")
 	if st.ReloadPendingAt != "" || st.Generation != 2 || st.LKGPlanID != "plan-2" || st.WorkerOpsPlanID != "plan-2" {
 		t.Errorf("state %+v", st)
