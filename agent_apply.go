@@ -1035,15 +1035,22 @@ func (a *Agent) performReload(ctx context.Context, ref planRef) (*ReloadInfo, er
 	return info, nil
 }
 
+// reloadAndAwait sends the reload and waits for the new worker.
+// ReloadTimeout bounds the whole of it (agent.md §9.21 step 5), but the
+// runtime layer enforces it on the reload itself and answers the timeout
+// verdicts of runtime.md §6.2 ("reload: no reply within <t>", "reload: no
+// new worker within <t>", both errReloadTimeout). A context of our own
+// around rt.reload would expire first, since the runtime's deadline starts
+// only after its show proc baseline, and turn those verdicts into transport
+// errors of varying text. So only the wait for the new worker gets a
+// deadline here: what remains of ReloadTimeout since the reload began.
 func (a *Agent) reloadAndAwait(ctx context.Context) (*ReloadInfo, error) {
-	rctx, cancel := context.WithTimeout(ctx, a.cfg.ReloadTimeout)
-	defer cancel()
 	prev := a.expectedWorker()
 	if a.hooks.beforeReload != nil {
 		a.hooks.beforeReload()
 	}
 	start := time.Now()
-	log, err := a.rt.reload(rctx)
+	log, err := a.rt.reload(ctx)
 	info := &ReloadInfo{Performed: true, OK: err == nil, Output: log}
 	if err != nil {
 		info.TookMs = time.Since(start).Milliseconds()
@@ -1059,25 +1066,29 @@ func (a *Agent) reloadAndAwait(ctx context.Context) (*ReloadInfo, error) {
 		return info, err
 	}
 	a.metrics.reloads.inc("ok")
-	worker, err := a.awaitNewWorker(rctx, prev)
+	wctx, cancel := context.WithDeadline(ctx, start.Add(a.cfg.ReloadTimeout))
+	worker, err := a.awaitNewWorker(wctx, prev)
+	cancel()
 	info.TookMs = time.Since(start).Milliseconds()
 	if err != nil {
 		info.OK = false
 		return info, err
 	}
+	// The inventory refresh is not part of the reload: it runs under the
+	// caller's context, not what is left of the reload timeout.
+	a.adoptWorker(ctx, worker)
 	info.WorkerPID = worker.WorkerPID
 	return info, nil
 }
 
-// awaitNewWorker polls show info until a worker other than prev answers,
-// then adopts it. Ops are never sent to the outgoing worker.
+// awaitNewWorker polls show info until a worker other than prev answers.
+// Ops are never sent to the outgoing worker.
 func (a *Agent) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
 		info, err := a.rt.info(ctx)
 		if err == nil && info.HasWorkerIdentity() && !prev.SameWorker(info) {
-			a.adoptWorker(ctx, info)
 			return info, nil
 		}
 		select {

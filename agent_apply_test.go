@@ -7,6 +7,7 @@ package haptic
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -694,6 +695,69 @@ func TestAFailedReloadRestoresTheLastKnownGoodSet(t *testing.T) {
 	}
 	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, fs.paths()) {
 		t.Errorf("state file %+v", ps)
+	}
+}
+
+// A reload that never answers is judged by the runtime layer, which owns
+// the reload timeout (runtime.md §6.2): the NACK carries its words and the
+// error is errReloadTimeout on every dialect, never a transport error from an
+// agent deadline that expired first.
+func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	for _, tc := range []struct{ dialect, version, want string }{
+		{"3.4", "", "reload: no reply within 400ms"},
+		{"3.0", "3.0.11-1+deb13u4", "reload: no reply within 400ms"},
+		{"2.6", "2.6.12", "reload: no new worker within 400ms"},
+	} {
+		t.Run(tc.dialect, func(t *testing.T) {
+			e := newTestEnvOn(t, tc.version, func(c *AgentConfig) { c.ReloadTimeout = timeout }, nil)
+			fs := seedFiles()
+			e.land(t, "plan-1", fs)
+			pid := e.fake.Worker().WorkerPID
+			e.fake.With(func(m *FakeModel) { m.ReloadHangs = true })
+			fs2 := fs.clone()
+			fs2["haproxy.cfg"] += "# 2\n"
+			res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+			if res.OK || res.Error == nil || res.Error.Stage != StageReload || res.Error.Message != tc.want {
+				t.Fatalf("result %+v error %+v, want stage reload message %q", res, res.Error, tc.want)
+			}
+			if res.Reload == nil || res.Reload.Performed || res.Reload.OK {
+				t.Errorf("reload %+v: a timeout is not a performed reload", res.Reload)
+			}
+			if !sameSet(e.disk(t), fs) || e.fake.Worker().WorkerPID != pid {
+				t.Error("the hung reload did not leave the last-known-good set and worker")
+			}
+			for i := 0; i < 2; i++ {
+				_, err := e.a.performReload(e.a.baseCtx, planRef{})
+				if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || err.Error() != tc.want {
+					t.Errorf("performReload: %v (errReloadTimeout %v), want %q", err, errors.Is(err, errReloadTimeout), tc.want)
+				}
+			}
+		})
+	}
+}
+
+// HAProxy reports success but no new worker answers show info: what is left
+// of the reload timeout bounds the wait, and the failure is the agent's own
+// (agent.md §9.21 step 5): performed, not OK, not deterministic.
+func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
+	e, fs := landedEnv(t, func(c *AgentConfig) { c.ReloadTimeout = 400 * time.Millisecond }, nil)
+	old := e.fake.Worker()
+	e.fake.With(func(m *FakeModel) {
+		// The reload "succeeds" but the old worker keeps answering.
+		m.OnReload = func(m *FakeModel) { m.Pid, m.StartTimeUnixMicros = old.WorkerPID, old.WorkerStartTimeUnixMicros }
+	})
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	if res.OK || res.Error == nil || res.Error.Stage != StageReload || res.Error.Message != msgNoNewWorker {
+		t.Fatalf("result %+v error %+v", res, res.Error)
+	}
+	if res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.Reload.WorkerPID != 0 {
+		t.Errorf("reload %+v", res.Reload)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Nack != nil {
+		t.Errorf("a missing new worker is not a deterministic failure: %+v", ps.Nack)
 	}
 }
 

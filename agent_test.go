@@ -162,7 +162,13 @@ type testEnv struct {
 // maps and certificates, and an agent on it.
 func newTestEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) *testEnv {
 	t.Helper()
-	fake := startTestFake(t, "")
+	return newTestEnvOn(t, "", mutate, prepare)
+}
+
+// newTestEnvOn is newTestEnv on a fake of the given version ("" = 3.4).
+func newTestEnvOn(t testing.TB, version string, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) *testEnv {
+	t.Helper()
+	fake := startTestFake(t, version)
 	cfg := testAgentConfig(t, fake)
 	if mutate != nil {
 		mutate(&cfg)
