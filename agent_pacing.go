@@ -67,12 +67,22 @@ func (a *Agent) runPacer(ctx context.Context) {
 // runs before initialisation: rolling the tree back before HAProxy is up
 // would be guessing. The generation does not change; the controller learns
 // the verdict from last_apply.
+//
+// Nor does it run once ctx has ended: runPacer's select may pick the ticker
+// over ctx.Done(), and a reload attempted during shutdown fails on the
+// cancelled context, whose abort would roll back files an apply had
+// accepted. A pending reload does not survive a restart anyway (agent.md
+// §4.3). The check is repeated once the apply lock is held, since shutdown
+// may begin while an apply holds it.
 func (a *Agent) firePendingReload(ctx context.Context) {
-	if !a.Ready() {
+	if !a.Ready() || ctx.Err() != nil {
 		return
 	}
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
 	a.mu.Lock()
 	ref, due := a.st.pending(), a.st.ReloadPendingAt
 	a.mu.Unlock()
@@ -87,6 +97,15 @@ func (a *Agent) firePendingReload(ctx context.Context) {
 	}
 	info, err := a.performReload(ctx, ref)
 	run.result.Reload = info
+	if err != nil && ctx.Err() != nil && !errors.Is(err, errReloadRejected) {
+		// Shutdown cut the reload short, so there is no verdict to act on
+		// (as for the read-back, §9.23): the accepted files stay, and the
+		// next process starts with an unknown baseline and reloads. Only
+		// HAProxy's own refusal still rolls back, so that a configuration
+		// it rejected is not left for the next start.
+		a.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
+		return
+	}
 	if err != nil {
 		a.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
 		a.abort(ctx, run, StageScheduledReload, err)

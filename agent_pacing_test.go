@@ -5,6 +5,7 @@
 package haptic
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -527,6 +528,113 @@ func TestAFailedScheduledReloadReportsTheInvalidatedBaseline(t *testing.T) {
 	if metricValue(e.a, "apply_rejected_total", StageScheduledReload) != 1 {
 		t.Error("apply_rejected_total{scheduled_reload}")
 	}
+}
+
+// scheduledThenStopped lands plan-1, schedules a reload of plan-2 (whose
+// files are then on disk) and stops the agent, so that only the test calls
+// firePendingReload; the pending reload is then due. hook, if set, runs
+// before every reload.
+func scheduledThenStopped(t *testing.T, hook func()) (e *testEnv, fs2 fileSet) {
+	t.Helper()
+	e = newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, func(a *Agent, _ *FakeHAProxy) {
+		a.hooks.beforeReload = hook
+	})
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 = fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.Mode != ResultScheduled {
+		t.Fatalf("%+v", res)
+	}
+	e.stop()
+	e.a.clockOffset.Store(int64(2 * time.Minute))
+	return e, fs2
+}
+
+// untouchedByThePacer checks that firePendingReload changed nothing: the
+// accepted files stay, HAProxy was not reloaded (when reloads is >= 0), and
+// the scheduled apply is still the last result, still pending.
+func untouchedByThePacer(t *testing.T, e *testEnv, fs2 fileSet, reloads int) {
+	t.Helper()
+	if !sameSet(e.disk(t), fs2) {
+		t.Errorf("the accepted plan-2 files were rolled back: %v", e.disk(t))
+	}
+	if reloads >= 0 {
+		e.fake.With(func(m *FakeModel) {
+			if m.Reloads != reloads {
+				t.Errorf("HAProxy was reloaded: %d reloads, then %d", reloads, m.Reloads)
+			}
+		})
+	}
+	ps := readStateFile(t, e.cfg.BaseDir)
+	if ps.Phase != phaseIdle || ps.LastApply == nil || ps.LastApply.PlanID != "plan-2" || ps.LastApply.Mode != ResultScheduled ||
+		ps.AppliedPlanID != "plan-2" || ps.PendingReloadPlanID != "plan-2" {
+		t.Errorf("state file %+v, last_apply %+v", ps, ps.LastApply)
+	}
+}
+
+// endsWhileWaiting is a context that is live when first asked and ended
+// from then on: the pacer passed its first check, then shutdown began
+// while it waited for the apply lock.
+type endsWhileWaiting struct {
+	context.Context
+	checks atomic.Int32
+}
+
+func (c *endsWhileWaiting) Err() error {
+	if c.checks.Add(1) > 1 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// The pacer's select may pick its ticker after shutdown began; a reload
+// tried then would fail on the ended context and its abort would roll back
+// files an apply had accepted (agent.md §4.5, §9.22).
+func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
+	t.Run("ended before the pacer wakes", func(t *testing.T) {
+		e, fs2 := scheduledThenStopped(t, nil)
+		var reloads int
+		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		e.a.firePendingReload(ctx)
+		untouchedByThePacer(t, e, fs2, reloads)
+		e.a.mu.Lock()
+		pending := e.a.st.pending()
+		e.a.mu.Unlock()
+		if pending.ID != "plan-2" {
+			t.Errorf("the pending reload was consumed: %+v", pending)
+		}
+	})
+	t.Run("ended while it waits for the apply lock", func(t *testing.T) {
+		e, fs2 := scheduledThenStopped(t, nil)
+		var reloads int
+		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
+		e.a.firePendingReload(&endsWhileWaiting{Context: context.Background()})
+		untouchedByThePacer(t, e, fs2, reloads)
+		e.a.mu.Lock()
+		pending := e.a.st.pending()
+		e.a.mu.Unlock()
+		if pending.ID != "plan-2" {
+			t.Errorf("the pending reload was consumed: %+v", pending)
+		}
+	})
+	t.Run("ended during the reload", func(t *testing.T) {
+		var cancel atomic.Pointer[context.CancelFunc]
+		e, fs2 := scheduledThenStopped(t, func() {
+			if f := cancel.Load(); f != nil {
+				(*f)()
+			}
+		})
+		ctx, stop := context.WithCancel(context.Background())
+		defer stop()
+		cancel.Store(&stop)
+		e.a.firePendingReload(ctx)
+		// The reload was cut short with no verdict: nothing is rolled back
+		// and no result is recorded.
+		untouchedByThePacer(t, e, fs2, -1)
+	})
 }
 
 func TestAnAbortClearsThePendingReload(t *testing.T) {
