@@ -115,6 +115,11 @@ func (a *Agent) firePendingReload(ctx context.Context) {
 	if !run.result.OK {
 		a.st.setApplied(planRef{})
 	}
+	// abort left the phase "aborted"; a failed pacer reload is complete
+	// once its result is recorded, as finish does for an apply. A persisted
+	// "aborted" would make the next start run a crash recovery (§4.4): a
+	// reload and an invalidation for an apply that was not interrupted.
+	a.st.Phase, a.st.InFlightPlanID = phaseIdle, ""
 	run.result.Timing.OpsMs = a.msSince(run.start)
 	run.result.Timing.TotalMs = run.result.Timing.OpsMs
 	a.applyResultLocked(&run.result)

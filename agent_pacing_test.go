@@ -530,6 +530,44 @@ func TestAFailedScheduledReloadReportsTheInvalidatedBaseline(t *testing.T) {
 	}
 }
 
+// A failed pacer reload is a finished transaction: the state file says
+// idle, so the next start runs no crash recovery (no reload, no
+// invalidation) for an apply that was never interrupted.
+func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.Mode != ResultScheduled {
+		t.Fatalf("%+v", res)
+	}
+	waitFor(t, "the pacer", func() bool {
+		la := e.c.state("").LastApply
+		return la != nil && !la.OK
+	})
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Phase != phaseIdle || ps.InFlightPlanID != "" || ps.LastApply == nil || ps.LastApply.OK {
+		t.Errorf("state file phase %q in_flight %q last_apply %+v", ps.Phase, ps.InFlightPlanID, ps.LastApply)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	var reloads int
+	e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
+	worker := e.fake.Worker()
+	e.restart(t)
+	e.fake.With(func(m *FakeModel) {
+		if m.Reloads != reloads {
+			t.Errorf("the restart reloaded HAProxy (%d reloads, then %d): a crash recovery ran", reloads, m.Reloads)
+		}
+	})
+	if e.fake.Worker() != worker || !sameSet(e.disk(t), fs) {
+		t.Error("the restart changed the worker or the tree")
+	}
+	if st := e.c.state(""); st.RunningPlanID != "plan-1" || st.LKGPlanID != "plan-1" {
+		t.Errorf("state after restart %+v", st)
+	}
+}
+
 // scheduledThenStopped lands plan-1, schedules a reload of plan-2 (whose
 // files are then on disk) and stops the agent, so that only the test calls
 // firePendingReload; the pending reload is then due. hook, if set, runs
