@@ -402,10 +402,17 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		return nil, err
 	}
 	defer base.Close()
-	repl := size - p.BaseSize + p.Length
-	if p.Offset < 0 || p.Length < 0 || p.Offset+p.Length > p.BaseSize || repl < 0 {
+	// The fit rule of wire.md §6.4, written so that no sum can overflow:
+	// offset + length > base_size with offset 1 and length MaxInt64 wraps
+	// negative and would pass. openBase has made base_size the held file's
+	// real size, so it is >= 0, and base_size - length (the base bytes that
+	// survive) is within [0, base_size] once offset and length fit; the
+	// replacement length is computed only then.
+	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
+		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
 	}
+	repl := size - (p.BaseSize - p.Length)
 	return s.stageWith(rel, abs, digest, size, func(w io.Writer) (int64, error) {
 		if _, err := base.Seek(0, io.SeekStart); err != nil {
 			return 0, err

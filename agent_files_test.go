@@ -6,6 +6,7 @@ package haptic
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -464,6 +465,55 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	}
 	if _, err := ts.StagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
+	}
+	if left := ts.tempEntries(t); len(left) != 0 {
+		t.Errorf("temp files left: %q", left)
+	}
+}
+
+// The fit rule of agent.md §6.4 step 2, row by row, including values whose
+// sums overflow int64: each is the spec's 400 text, never a seek error
+// (which would also expose the absolute path), and leaves no temp file.
+func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
+	ts := newTestStore(t, nil, nil)
+	base := "global\n  maxconn 100\ndefaults\n"
+	ts.write(t, "haproxy.cfg", base)
+	b := int64(len(base))
+	const maxInt = math.MaxInt64
+	for _, tc := range []struct {
+		name           string
+		offset, length int64
+		size           int64
+	}{
+		{"negative offset", -1, 0, b},
+		{"negative length", 0, -1, b},
+		{"offset past the base", b + 1, 0, b},
+		{"offset and length past the base", b - 1, 2, b},
+		{"length overflowing with offset 1", 1, maxInt, b},
+		{"offset overflowing with length 1", maxInt, 1, b},
+		{"both at the maximum", maxInt, maxInt, b},
+		{"offset at the maximum", maxInt, 0, b},
+		{"size below what the base keeps", 0, 1, b - 2},
+		{"negative size", 0, 0, -1},
+		{"minimum size", 0, 1, math.MinInt64},
+	} {
+		p := &FilePatch{BaseDigest: DigestString(base), BaseSize: b, Offset: tc.offset, Length: tc.length}
+		_, err := ts.StagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size)
+		want := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, tc.offset, tc.length, b)
+		if err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", tc.name, err, want)
+		}
+	}
+	// The edges that fit: the whole base replaced, and an insertion at its end.
+	for _, p := range []*FilePatch{{Offset: 0, Length: b}, {Offset: b, Length: 0}} {
+		p.BaseDigest, p.BaseSize = DigestString(base), b
+		want := base[:p.Offset] + "x" + base[p.Offset+p.Length:]
+		f, err := ts.StagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)))
+		if err != nil {
+			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
+			continue
+		}
+		f.discard()
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)

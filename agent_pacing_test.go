@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime/multipart"
 	"net/http"
 	"os"
@@ -99,6 +100,8 @@ func TestPatchThatDoesNotFitItsBaseIsRefused(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# patched\n"
+	base := int64(len(fs["haproxy.cfg"]))
+	overflowing := int64(math.MaxInt64) - (int64(len(fs2["haproxy.cfg"])) - base)
 	for name, tc := range map[string]struct {
 		mutate func(p *FilePatch, override map[string]string)
 		want   string
@@ -106,6 +109,10 @@ func TestPatchThatDoesNotFitItsBaseIsRefused(t *testing.T) {
 		"offset past the base": {func(p *FilePatch, _ map[string]string) { p.Offset = p.BaseSize + 1 },
 			fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 0, base %d bytes`, len(fs["haproxy.cfg"])+1, len(fs["haproxy.cfg"]))},
 		"negative length": {func(p *FilePatch, _ map[string]string) { p.Length = -1 }, "does not fit its base"},
+		// offset + length wraps negative while the replacement length
+		// (size - base + length) stays representable.
+		"offset plus length overflowing": {func(p *FilePatch, _ map[string]string) { p.Offset, p.Length = base, overflowing },
+			fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, base, overflowing, base)},
 		"wrong bytes": {func(_ *FilePatch, o map[string]string) { o["haproxy.cfg"] = strings.ToUpper(o["haproxy.cfg"]) },
 			"manifest digest"},
 	} {
@@ -114,7 +121,8 @@ func TestPatchThatDoesNotFitItsBaseIsRefused(t *testing.T) {
 			tc.mutate(m.Files[0].Patch, override)
 			before := e.snapshot(t)
 			code, body := e.c.post(applyRequest{manifest: m, files: fs2, override: override, omit: map[string]bool{"maps/host.map": true}})
-			if ae := applyErr(t, body); code != 400 || ae.Stage != StageParts || !strings.Contains(ae.Message, tc.want) {
+			if ae := applyErr(t, body); code != 400 || ae.Stage != StageParts || !strings.Contains(ae.Message, tc.want) ||
+				strings.Contains(ae.Message, e.cfg.BaseDir) {
 				t.Errorf("%d %+v", code, ae)
 			}
 			e.unchanged(t, before)
