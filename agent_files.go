@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -330,23 +331,25 @@ func (s *fileStore) Stage(rel string, r io.Reader, digest string, size int64) (*
 		return nil, err
 	}
 	return s.stageWith(rel, abs, digest, size, func(w io.Writer) (int64, error) {
-		return copyCounting(w, r, size)
+		return copyAtMostOneMore(w, r, size)
 	})
 }
 
-// copyCounting copies at most limit+1 bytes of r into w. When r holds more,
-// the rest is counted without being stored, so the mismatch message gives
-// the part's real length while the disk never holds more than limit+1 bytes.
-func copyCounting(w io.Writer, r io.Reader, limit int64) (int64, error) {
-	n, err := io.CopyN(w, r, max(limit, -1)+1)
+// copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
+// count (agent.md §6.3 step 2, §6.4 step 3): one byte past want proves the
+// part too long, so a longer part reports want+1 bytes, in Stage and
+// StagePatch alike, and neither the disk nor the reader is asked for more.
+// The limit saturates at MaxInt64 and a negative want copies nothing.
+func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
+	limit := max(want, -1)
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	n, err := io.CopyN(w, r, limit)
 	if err == io.EOF {
 		err = nil
 	}
-	if err != nil || n <= limit {
-		return n, err
-	}
-	rest, err := io.Copy(io.Discard, r)
-	return n + rest, err
+	return n, err
 }
 
 // stageWith creates the temp file in abs's mount, fills it with fill (which
@@ -421,8 +424,8 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		if err != nil {
 			return 0, fmt.Errorf("read patch base %q: %w", rel, err)
 		}
-		mid, err := io.CopyN(w, r, repl+1)
-		if err != nil && err != io.EOF {
+		mid, err := copyAtMostOneMore(w, r, repl)
+		if err != nil {
 			return 0, err
 		}
 		if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {

@@ -408,7 +408,9 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		name, part, want string
 	}{
 		{"short", content[:5], fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" is 5 bytes, manifest says %d`, size)},
-		{"long", content + "extra", fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" is %d bytes, manifest says %d`, size+5, size)},
+		// Staging copies at most size+1 bytes (agent.md §6.3): that is the
+		// count a longer part reports, however long it is.
+		{"long", content + "extra", fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" is %d bytes, manifest says %d`, size+1, size)},
 		{"wrong bytes", strings.ToUpper(content), fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" hashes to %s, manifest says %s`, DigestString(strings.ToUpper(content)), digest)},
 	}
 	for _, tc := range tests {
@@ -465,6 +467,41 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	}
 	if _, err := ts.StagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
+	}
+	if left := ts.tempEntries(t); len(left) != 0 {
+		t.Errorf("temp files left: %q", left)
+	}
+}
+
+// A part longer than the manifest says is read to size+1 bytes and no
+// further, whole or patched (agent.md §6.3 step 2, §6.4 steps 3-4), so both
+// report the same count: the reader is left holding the rest.
+func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
+	ts := newTestStore(t, nil, nil)
+	base := "global\n  maxconn 100\ndefaults\n"
+	ts.write(t, "haproxy.cfg", base)
+	want := "global\n  maxconn 2000\ndefaults\n"
+	size := int64(len(want))
+	msg := fmt.Sprintf(`part does not match its manifest digest: "haproxy.cfg" is %d bytes, manifest says %d`, size+1, size)
+	const extra = 1 << 16
+	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
+
+	whole := strings.NewReader(want + strings.Repeat("x", extra))
+	_, err := ts.Stage("haproxy.cfg", whole, DigestString(want), size)
+	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
+		t.Errorf("Stage: %v, want %q", err, msg)
+	}
+	if left := whole.Len(); left != len(want)+extra-int(size+1) {
+		t.Errorf("Stage read %d bytes of the part, want %d", len(want)+extra-left, size+1)
+	}
+
+	repl := strings.NewReader("2000" + strings.Repeat("x", extra))
+	_, err = ts.StagePatch("haproxy.cfg", repl, p, DigestString(want), size)
+	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
+		t.Errorf("StagePatch: %v, want %q", err, msg)
+	}
+	if left := repl.Len(); left != extra-1 {
+		t.Errorf("StagePatch read %d replacement bytes, want 5", 4+extra-left)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)
