@@ -1121,18 +1121,27 @@ func (a *Agent) adoptWorker(ctx context.Context, info HAProxyInfo) {
 
 // recordReload notes a successful reload: the worker now runs ref, and a
 // complete ref becomes the last-known-good plan, which clears the journal.
+// The promotion stands only if the cleared journal was saved, as in
+// promoteLKG: otherwise the journal and its backups are still what a
+// rollback restores, and they lead back to the old LKG, not to ref. The
+// reload itself happened, so the running and worker-ops pairs stay; the
+// next successful save persists them.
 func (a *Agent) recordReload(ref planRef) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.lastReload = a.now()
 	a.st.setRunning(ref)
 	a.st.setWorkerOps(ref)
-	if ref.ID != "" && ref.Proof != "" {
-		a.st.setLKG(ref)
-		a.clearJournalLocked()
+	if ref.ID == "" || ref.Proof == "" {
+		a.saveLocked()
 		return
 	}
-	a.saveLocked()
+	oldLKG := a.st.lkg()
+	a.st.setLKG(ref)
+	if err := a.clearJournalLocked(); err != nil {
+		a.st.setLKG(oldLKG)
+		a.logger.Error("the reloaded plan is not the last-known-good: its journal could not be cleared", "plan_id", ref.ID, "lkg_plan_id", oldLKG.ID, "err", err)
+	}
 }
 
 // ---------------------------------------------------------------------------

@@ -1020,6 +1020,72 @@ func TestLKGPromotionClearsTheJournal(t *testing.T) {
 	}
 }
 
+// A successful reload promotes its plan to LKG only together with the
+// cleared journal (agent.md §9.11, §9.21 step 6). When the cleared journal
+// cannot be saved, the journal and its backups still lead back to the old
+// LKG, so the old LKG must stay: otherwise a later rollback would restore
+// plan-1's files under the name of plan-2.
+func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	fs["notes/readme.txt"] = "v1\n"
+	res1 := e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["notes/readme.txt"] = "v2\n"
+	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
+
+	// Saving fails while a non-empty directory stands where the state file
+	// is renamed to.
+	statePath := filepath.Join(e.cfg.BaseDir, e.cfg.StateFile)
+	saved, err := os.ReadFile(statePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(statePath)
+	if err := os.MkdirAll(filepath.Join(statePath, "blocker"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.a.applyMu.Lock()
+	_, err = e.a.performReload(e.a.baseCtx, planRef{"plan-2", res2.AppliedPlanProof})
+	e.a.applyMu.Unlock()
+	if err != nil {
+		t.Fatalf("performReload: %v", err)
+	}
+	e.a.mu.Lock()
+	lkg, running, journal := e.a.st.lkg(), e.a.st.running(), len(e.a.st.Journal.Entries)
+	e.a.mu.Unlock()
+	if lkg != (planRef{"plan-1", res1.AppliedPlanProof}) || running != (planRef{"plan-2", res2.AppliedPlanProof}) || journal == 0 {
+		t.Errorf("after the unsaved clear: lkg %+v running %+v journal entries %d", lkg, running, journal)
+	}
+	backups, _ := os.ReadDir(filepath.Join(e.a.files.base, storeBackupDir))
+	if len(backups) == 0 {
+		t.Error("the backups of the kept journal were deleted")
+	}
+
+	// Saving works again: the old LKG and its journal are what persists, and
+	// a failed reload rolls back to exactly plan-1's files under plan-1's name.
+	if err := os.RemoveAll(statePath); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(statePath, saved, 0o600)
+	if err := e.a.save(); err != nil {
+		t.Fatal(err)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.LKGPlanID != "plan-1" || len(ps.Journal.Entries) == 0 || ps.RunningPlanID != "plan-2" {
+		t.Errorf("state file lkg %q journal %v running %q", ps.LKGPlanID, ps.Journal.Entries, ps.RunningPlanID)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs3 := fs2.clone()
+	fs3["haproxy.cfg"] += "bogus\n"
+	res3 := e.c.apply(reloadManifest(e, "plan-3", fs3), fs3)
+	if res3.OK || res3.Rollback == nil || !res3.Rollback.Performed || res3.LKGPlanID != "plan-1" {
+		t.Fatalf("%+v %+v", res3, res3.Rollback)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Errorf("the rollback to LKG plan-1 left %v", e.disk(t))
+	}
+}
+
 // revertManifest names the refused plan (id and proof) against the state.
 func (e *testEnv) revertManifest(planID, proof string) *Manifest {
 	m := e.c.manifest(planID, nil)
