@@ -1102,14 +1102,19 @@ func (a *Agent) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyIn
 // adoptWorker records a new worker, refreshes the inventory and retires the
 // deferred deletes queued for the old one. Callers hold the
 // worker-observation lock.
+//
+// The inventory's generation is taken when the listing is stored, under the
+// state mutex, not before the read: the state mutex is released across the
+// read, and an apply may fold the certificates it created into the
+// inventory (a generation of its own, reported on its ACK) meanwhile. A
+// generation computed before the read would then be issued twice, and the
+// new worker's listing would never ride an answer.
 func (a *Agent) adoptWorker(ctx context.Context, info HAProxyInfo) {
-	a.mu.Lock()
-	gen := a.inventory.Generation + 1
-	a.mu.Unlock()
-	inv, err := a.rt.inventory(ctx, gen)
+	inv, err := a.rt.inventory(ctx, 0)
 	a.mu.Lock()
 	a.st.ExpectedWorker = info
 	if err == nil {
+		inv.Generation = a.inventory.Generation + 1
 		a.inventory = inv
 	} else {
 		a.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)

@@ -1290,6 +1290,39 @@ func TestACreatedCertificateEntersTheInventory(t *testing.T) {
 	}
 }
 
+// Each inventory generation names one listing and rides exactly one answer
+// (agent.md §9.19, §9.26): when an apply folds a created certificate in
+// while a new worker's inventory is being read, and that generation is
+// reported, the new worker's listing still gets a later generation and
+// rides the next answer.
+func TestAnAdoptedWorkersInventoryGetsItsOwnGeneration(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	e.a.mu.Lock()
+	gen := e.a.inventory.Generation
+	e.a.mu.Unlock()
+	var folded ApplyResult
+	holdOn(e.fake, "show ssl cert", func() {
+		e.a.foldCreated(&compiledOps{certs: []string{"ssl/created.pem"}})
+		e.a.mu.Lock()
+		e.a.applyResultLocked(&folded)
+		e.a.mu.Unlock()
+	})
+	newWorker(e.fake, false)
+	if _, err := e.a.checkWorker(e.a.baseCtx); err == nil || !strings.Contains(err.Error(), "worker changed") {
+		t.Fatalf("checkWorker: %v", err)
+	}
+	if folded.Inventory == nil || folded.Inventory.Generation != gen+1 || !slices.Contains(folded.Inventory.Certs, "ssl/created.pem") {
+		t.Fatalf("the folded inventory was not reported at generation %d: %+v", gen+1, folded.Inventory)
+	}
+	var next ApplyResult
+	e.a.mu.Lock()
+	e.a.applyResultLocked(&next)
+	e.a.mu.Unlock()
+	if next.Inventory == nil || next.Inventory.Generation != gen+2 || slices.Contains(next.Inventory.Certs, "ssl/created.pem") {
+		t.Errorf("the adopted worker's inventory did not ride the next answer at generation %d: %+v", gen+2, next.Inventory)
+	}
+}
+
 // holdOn makes the fake block the first command with the given prefix
 // until during has run, then lets it through.
 func holdOn(fake *FakeHAProxy, prefix string, during func()) {
