@@ -166,7 +166,9 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 		s.rename = os.Rename
 	}
 	for _, r := range cfg.Reserved {
-		s.reserved[canonicalPath(r)] = true
+		if r != "" { // an optional socket that is off
+			s.reserved[canonicalPath(r)] = true
+		}
 	}
 	s.mounts = s.probeMounts(cfg.MountInfo)
 	for _, m := range s.mounts {

@@ -42,6 +42,7 @@ func newTestStore(t *testing.T, mounts []string, mutate func(*fileStoreConfig)) 
 		Config:    "haproxy.cfg",
 		Reserved:  []string{filepath.Join(dir, ".haptic-agent.json"), filepath.Join(dir, "run/master.sock")},
 		MountInfo: mi,
+		Logger:    testLogger(),
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -342,6 +343,10 @@ func TestCrossDeviceRenameFallsBackToACopyAndIsCounted(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(ts.dir, "maps"))
 	if len(entries) != 1 {
 		t.Errorf("copy siblings left: %v", entries)
+	}
+	// The agent turns the count into its invariant after every finish.
+	if got := failedInvariants(invariantInputs{crossDevice: ts.crossDevice.Load()}); !slices.Equal(got, []string{"mount_probe_found_every_mount"}) {
+		t.Errorf("failed invariants = %q", got)
 	}
 }
 

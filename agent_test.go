@@ -39,18 +39,21 @@ func testLogger() *slog.Logger {
 }
 
 // testAgentConfig is the harness configuration of agent.md's test section.
+// A nil fake leaves the sockets for the caller to set.
 func testAgentConfig(t testing.TB, fake *FakeHAProxy) AgentConfig {
-	return AgentConfig{
-		BaseDir:      t.TempDir(),
-		ConfigFile:   "haproxy.cfg",
-		StateFile:    ".haptic-agent.json",
-		Username:     "haptic",
-		Password:     "s3cret",
-		MasterSocket: fake.MasterSocket(),
-		WorkerSocket: fake.WorkerSocket(),
-		Listen:       "127.0.0.1:0",
-		Logger:       testLogger(),
+	cfg := AgentConfig{
+		BaseDir:    t.TempDir(),
+		ConfigFile: "haproxy.cfg",
+		StateFile:  ".haptic-agent.json",
+		Username:   "haptic",
+		Password:   "s3cret",
+		Listen:     "127.0.0.1:0",
+		Logger:     testLogger(),
 	}
+	if fake != nil {
+		cfg.MasterSocket, cfg.WorkerSocket = fake.MasterSocket(), fake.WorkerSocket()
+	}
+	return cfg
 }
 
 // startTestAgent starts an agent on the fake with the harness configuration

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -1848,5 +1849,353 @@ func TestComposableOpsEqualsComposedOps(t *testing.T) {
 	got[0] = "mutated"
 	if again := ComposableOps(); again[0] == "mutated" || !slices.Equal(again, ComposedOps()) {
 		t.Fatal("mutating the returned slice changed the next call's result")
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Deploy against the real agent on the fake HAProxy.
+
+// weightPlan is a render with one dynamic backend, web-servers, whose one
+// server web1 has the given weight: a weight change is one
+// server_set_weight at runtime.
+func weightPlan(weight int) *Plan {
+	const global = "global\n    stats socket /etc/haproxy/haproxy-worker.sock mode 600 level admin\n\n"
+	const defaults = "defaults web\n    mode http\n    timeout connect 5s\n\n"
+	const body = "    balance roundrobin\n"
+	backend := fmt.Sprintf("backend web-servers\n%s    server web1 192.168.1.10:80 weight %d\n", body, weight)
+	config := global + defaults + backend
+	w := weight
+	p := &Plan{
+		SchemaVersion: PlanSchemaVersion,
+		Sections: []Section{
+			{Kind: SectionKindCore, Name: "global", TextDigest: DigestString(global), Length: len(global), Text: global, TextKnown: true},
+			{Kind: SectionKindProfile, Name: "web", TextDigest: DigestString(defaults), Length: len(defaults), Text: defaults, TextKnown: true},
+			{Kind: SectionKindBackend, Name: "web-servers", TextDigest: DigestString(backend), Length: len(backend), Text: backend, TextKnown: true},
+		},
+		Backends: map[string]Backend{"web-servers": {
+			Name: "web-servers", Profile: "web", Mode: "http", Balance: "roundrobin", Shape: ShapeDynamic,
+			Servers:        []Server{{Name: "web1", Address: "192.168.1.10", Port: 80, Weight: &w}},
+			BodyDigest:     DigestString(body),
+			CommentsDigest: DigestString(""),
+			RecordDigest:   DigestString(fmt.Sprintf("web-servers web http roundrobin web1 192.168.1.10:80 weight %d", weight)),
+			TextDigest:     DigestString(backend),
+		}},
+		Profiles: map[string]Profile{"web": {Name: "web", BodyDigest: DigestString(defaults)}},
+		Files: []PlanFile{{Path: ConfigFilePath, Kind: FileKindConfig, ReloadOnChange: true, Digest: DigestString(config),
+			Size: int64(len(config)), Content: config, ContentKnown: true}},
+	}
+	p.ComputeID()
+	return p
+}
+
+// seedWebServers gives the fake's worker the backend weightPlan describes.
+func seedWebServers(fake *FakeHAProxy) {
+	fake.With(func(m *FakeModel) {
+		if m.Backends == nil {
+			m.Backends = map[string]*FakeBackend{}
+		}
+		m.Backends["web-servers"] = &FakeBackend{Profile: "web", Mode: "http", Published: true, Servers: []*FakeServer{
+			{Name: "web1", Address: "192.168.1.10", Port: 80, Weight: 1, State: ServerStateReady, Enabled: true},
+		}}
+	})
+}
+
+// seedHostMap gives the fake's worker the example's host map, loaded.
+func seedHostMap(fake *FakeHAProxy, content string) {
+	fake.With(func(m *FakeModel) {
+		if m.Maps == nil {
+			m.Maps = map[string][]MapEntry{}
+		}
+		m.Maps[exampleHostMap] = ParseMapEntries(content)
+	})
+}
+
+// startRecordingProxy forwards every request to the agent at addr after
+// recording it and running before (when set), so that a test sees the
+// wire of a Deploy that talks to a real agent.
+func startRecordingProxy(t testing.TB, addr string, before func(req recordedRequest)) (string, *requestLog) {
+	t.Helper()
+	target, err := url.Parse("http://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	log := &requestLog{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rec := recordedRequest{Method: r.Method, RequestURI: r.RequestURI, Header: r.Header.Clone(), Body: body}
+		log.add(rec)
+		if before != nil {
+			before(rec)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		r.TransferEncoding = nil
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, log
+}
+
+// routeRequests returns the recorded requests of one route, e.g. "POST /v1/apply".
+func routeRequests(log *requestLog, route string) []recordedRequest {
+	var out []recordedRequest
+	for _, r := range log.all() {
+		if r.Method+" "+strings.SplitN(r.RequestURI, "?", 2)[0] == route {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func deployClient(t testing.TB, baseURL string) *Client {
+	t.Helper()
+	return newTestClient(t, baseURL, func(cfg *ClientConfig) { cfg.Username, cfg.Password = "haptic", "s3cret" })
+}
+
+func TestDeployToAFreshAgent(t *testing.T) {
+	fake := startTestFake(t, "")
+	seedHostMap(fake, hostMapV1)
+	agent := startTestAgent(t, fake, nil)
+	proxyURL, log := startRecordingProxy(t, agent.Addr(), nil)
+	c := deployClient(t, proxyURL)
+
+	v1 := examplePlan(hostMapV1)
+	res, err := Deploy(context.Background(), c, v1, DeployOptions{LeaderEpoch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK || res.Mode != ResultReload || res.AppliedPlanID != v1.ID {
+		t.Fatalf("result %+v", res)
+	}
+	applies := routeRequests(log, "POST /v1/apply")
+	if len(applies) != 2 {
+		t.Fatalf("%d applies, want 2", len(applies))
+	}
+	first, resend := decodeApply(t, applies[0]), decodeApply(t, applies[1])
+	if first.manifest.Mode != ModeReload || len(first.names) != 1 || first.names[0] != PartPlan {
+		t.Fatalf("first apply: mode %s, parts %v", first.manifest.Mode, first.names)
+	}
+	if len(resend.names) != 3 || resend.names[0] != PartPlan ||
+		resend.parts[ConfigFilePath] != exampleConfig || resend.parts[exampleHostMap] != hostMapV1 {
+		t.Fatalf("resend parts %v", resend.names)
+	}
+	if resend.manifestJSON != first.manifestJSON {
+		t.Fatal("the resend changed the manifest")
+	}
+	if n := len(routeRequests(log, "PUT /v1/plan")); n != 0 {
+		t.Fatalf("%d PutPlan calls after a reload deploy", n)
+	}
+	state, err := c.State(context.Background(), StateRead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !state.AppliedPlanStored || state.AppliedPlanID != v1.ID {
+		t.Fatalf("state: applied %s, stored %v", state.AppliedPlanID, state.AppliedPlanStored)
+	}
+}
+
+func TestDeployRuntimeChangeStoresTheBlob(t *testing.T) {
+	fake := startTestFake(t, "")
+	seedWebServers(fake)
+	agent := startTestAgent(t, fake, nil)
+	proxyURL, log := startRecordingProxy(t, agent.Addr(), nil)
+	c := deployClient(t, proxyURL)
+
+	v10, v20, v30 := weightPlan(10), weightPlan(20), weightPlan(30)
+	if res, err := Deploy(context.Background(), c, v10, DeployOptions{LeaderEpoch: 1}); err != nil || res.Mode != ResultReload {
+		t.Fatalf("first deploy = %+v, %v", res, err)
+	}
+	before := len(log.all())
+	res, err := Deploy(context.Background(), c, v20, DeployOptions{LeaderEpoch: 1, Applied: v10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OK || res.Mode != ResultRuntime || res.AppliedPlanProof == "" {
+		t.Fatalf("second deploy = %+v", res)
+	}
+	var applies, puts []recordedRequest
+	for _, r := range log.all()[before:] {
+		switch r.Method + " " + strings.SplitN(r.RequestURI, "?", 2)[0] {
+		case "POST /v1/apply":
+			applies = append(applies, r)
+		case "PUT /v1/plan":
+			puts = append(puts, r)
+		}
+	}
+	for _, a := range applies {
+		if sent := decodeApply(t, a); sent.parts[PartPlan] != "" {
+			t.Fatalf("a runtime apply carried the blob (mode %s)", sent.manifest.Mode)
+		}
+	}
+	wantURI := "/v1/plan?" + url.Values{"plan_id": {res.AppliedPlanID}, "proof": {res.AppliedPlanProof}}.Encode()
+	if len(puts) != 1 || puts[0].RequestURI != wantURI {
+		t.Fatalf("PutPlan requests %+v, want one to %s", puts, wantURI)
+	}
+	if s, ok := fake.Server("web-servers", "web1"); !ok || s.Weight != 20 {
+		t.Fatalf("web1 = %+v", s)
+	}
+
+	// A cold leader: a new client, no plan of its own. The stored blob is
+	// its baseline, and the next change is runtime again.
+	cold := deployClient(t, agentBaseURL(agent))
+	res, err = Deploy(context.Background(), cold, v30, DeployOptions{LeaderEpoch: 2})
+	if err != nil || res.Mode != ResultRuntime {
+		t.Fatalf("cold deploy = %+v, %v", res, err)
+	}
+	if s, _ := fake.Server("web-servers", "web1"); s.Weight != 30 {
+		t.Fatalf("web1 weight %d, want 30", s.Weight)
+	}
+}
+
+func agentBaseURL(a *Agent) string { return "http://" + a.Addr() }
+
+func TestDeployRediffsAgainstTheAgent(t *testing.T) {
+	fake := startTestFake(t, "")
+	seedWebServers(fake)
+	agent := startTestAgent(t, fake, nil)
+	direct := deployClient(t, agentBaseURL(agent))
+	if _, err := Deploy(context.Background(), direct, weightPlan(10), DeployOptions{LeaderEpoch: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Another controller moves the pod while this deploy's first apply is
+	// on its way: the agent fences it, and the deploy re-diffs.
+	var once sync.Once
+	proxyURL, log := startRecordingProxy(t, agent.Addr(), func(req recordedRequest) {
+		if req.Method == http.MethodPost {
+			once.Do(func() {
+				if _, err := Deploy(context.Background(), direct, weightPlan(15), DeployOptions{LeaderEpoch: 1}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	})
+	res, err := Deploy(context.Background(), deployClient(t, proxyURL), weightPlan(20), DeployOptions{LeaderEpoch: 1})
+	if err != nil || !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("Deploy = %+v, %v", res, err)
+	}
+	if n := len(routeRequests(log, "GET /v1/state")); n != 2 {
+		t.Fatalf("%d state reads, want 2", n)
+	}
+	if s, _ := fake.Server("web-servers", "web1"); s.Weight != 20 {
+		t.Fatalf("web1 weight %d, want 20", s.Weight)
+	}
+}
+
+func TestDeployStaleEpochAgainstTheAgent(t *testing.T) {
+	fake := startTestFake(t, "")
+	seedWebServers(fake)
+	agent := startTestAgent(t, fake, nil)
+	proxyURL, log := startRecordingProxy(t, agent.Addr(), nil)
+	c := deployClient(t, proxyURL)
+	if _, err := Deploy(context.Background(), c, weightPlan(10), DeployOptions{LeaderEpoch: 5}); err != nil {
+		t.Fatal(err)
+	}
+	before := len(routeRequests(log, "POST /v1/apply"))
+	_, err := Deploy(context.Background(), c, weightPlan(20), DeployOptions{LeaderEpoch: 4})
+	var ce *ConflictError
+	if !errors.As(err, &ce) || ce.Reason != ReasonStaleEpoch || ce.AppliedToken.LeaderEpoch != 5 {
+		t.Fatalf("Deploy error %v, want stale_epoch", err)
+	}
+	if n := len(routeRequests(log, "POST /v1/apply")) - before; n != 1 {
+		t.Fatalf("%d applies, want 1", n)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Benchmarks.
+
+// hostMapValue is the example map with shop.example.com pointing at value:
+// two of them differ by one map_set.
+func hostMapValue(value string) string { return "shop.example.com " + value + "\n" }
+
+func BenchmarkDeployRuntimeMapEntry(b *testing.B) {
+	fake := startTestFake(b, "")
+	seedHostMap(fake, hostMapValue("web-a"))
+	agent := startTestAgent(b, fake, nil)
+	c := deployClient(b, agentBaseURL(agent))
+	plans := [2]*Plan{examplePlan(hostMapValue("web-a")), examplePlan(hostMapValue("web-b"))}
+	var blobs [2][]byte
+	for i, p := range plans {
+		blob, err := EncodePlanBlob(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		blobs[i] = blob
+	}
+	ctx := context.Background()
+	if _, err := Deploy(ctx, c, plans[0], DeployOptions{LeaderEpoch: 1, PlanBlob: blobs[0]}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		next, prev := (i+1)%2, i%2
+		res, err := Deploy(ctx, c, plans[next], DeployOptions{LeaderEpoch: 1, Applied: plans[prev], PlanBlob: blobs[next]})
+		if err != nil || res.Mode != ResultRuntime {
+			b.Fatalf("Deploy = %+v, %v", res, err)
+		}
+	}
+}
+
+func BenchmarkApplyRuntimeMapEntry(b *testing.B) {
+	fake := startTestFake(b, "")
+	seedHostMap(fake, hostMapValue("web-a"))
+	agent := startTestAgent(b, fake, nil)
+	c := deployClient(b, agentBaseURL(agent))
+	ctx := context.Background()
+	plans := [2]*Plan{examplePlan(hostMapValue("web-a")), examplePlan(hostMapValue("web-b"))}
+	if _, err := Deploy(ctx, c, plans[0], DeployOptions{LeaderEpoch: 1}); err != nil {
+		b.Fatal(err)
+	}
+	state, err := c.State(ctx, StateRead{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Both directions are one map_set; each apply carries the map's part.
+	var decisions [2]Decision
+	for i := range plans {
+		base, err := BaselineFromState(state)
+		if err != nil {
+			b.Fatal(err)
+		}
+		base.Applied, base.Running, base.WorkerOps = plans[i], plans[i], plans[i]
+		decisions[(i+1)%2] = Diff(plans[(i+1)%2], base)
+		if decisions[(i+1)%2].Verdict != VerdictRuntime {
+			b.Fatalf("decision %+v", decisions[(i+1)%2])
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		next := (i + 1) % 2
+		m := NewManifest(plans[next], decisions[next], state, Token{LeaderEpoch: 1, RenderSeq: state.AppliedToken.RenderSeq + 1})
+		part := map[string]io.Reader{exampleHostMap: strings.NewReader(plans[next].Files[1].Content)}
+		res, err := c.Apply(ctx, m, part, nil)
+		if err != nil || res.Mode != ResultRuntime {
+			b.Fatalf("Apply = %+v, %v", res, err)
+		}
+		state.AppliedPlanID, state.AppliedPlanProof = res.AppliedPlanID, res.AppliedPlanProof
+		state.WorkerOpsPlanID, state.WorkerOpsPlanProof = res.WorkerOpsPlanID, res.WorkerOpsPlanProof
+		state.RunningPlanID, state.RunningPlanProof = res.RunningPlanID, res.RunningPlanProof
+		state.AppliedToken = res.AppliedToken
+	}
+}
+
+func TestDeployOverTheAdminSocketIsRefused(t *testing.T) {
+	dir, err := os.MkdirTemp("", "hp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fake := startTestFake(t, "")
+	sock := filepath.Join(dir, "admin.sock")
+	startTestAgent(t, fake, func(cfg *AgentConfig) { cfg.AdminSocket = sock })
+	c := newTestClient(t, "http://localhost", func(cfg *ClientConfig) { cfg.UnixSocket = sock })
+	if err := c.Health(context.Background()); err != nil {
+		t.Fatalf("Health over the admin socket: %v", err)
+	}
+	_, err = Deploy(context.Background(), c, examplePlan(hostMapV1), DeployOptions{LeaderEpoch: 1})
+	var he *HTTPError
+	if !errors.As(err, &he) || he.Status != http.StatusNotFound {
+		t.Fatalf("Deploy over the admin socket: %v, want *HTTPError 404", err)
 	}
 }

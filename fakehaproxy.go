@@ -100,7 +100,7 @@ type FakeServer struct {
 type FakeHAProxy struct {
 	dir, version string
 	dialect      fakeDialect
-	release      int // major*100+minor: below 301 refuses init-state
+	initState    bool // add server accepts init-state (3.1 and later)
 	workerPath   string
 	masterPath   string
 
@@ -168,15 +168,17 @@ func StartFakeHAProxy(dir string, version string) (*FakeHAProxy, error) {
 	if version == "" {
 		version = fakeDefaultVersion
 	}
-	major, minor, ok := fakeVersionParts(version)
-	if !ok {
+	// The version is read by CapsFor's rule (deployplan.md §2.4): it must
+	// start with a major number.
+	if _, ok := leadingNumber(strings.TrimPrefix(strings.TrimSpace(version), "v")); !ok {
 		return nil, fmt.Errorf("fake haproxy: unreadable version %q", version)
 	}
+	caps := CapsFor(version, nil)
 	f := &FakeHAProxy{
 		dir:        dir,
 		version:    version,
-		dialect:    fakeDialectOf(major, minor),
-		release:    major*100 + minor,
+		dialect:    fakeDialectOf(caps),
+		initState:  caps.ServerInitState,
 		workerPath: filepath.Join(dir, "haproxy-worker.sock"),
 		masterPath: filepath.Join(dir, "haproxy-master.sock"),
 		conns:      make(map[net.Conn]bool),
@@ -230,38 +232,13 @@ func fakeListen(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// fakeVersionParts reads major.minor the way CapsFor does (deployplan.md
-// §2.4): trim, drop one leading 'v', leading digits of the first two
-// dot-separated fields; the minor defaults to 0.
-func fakeVersionParts(v string) (major, minor int, ok bool) {
-	v = strings.TrimPrefix(strings.TrimSpace(v), "v")
-	fields := strings.SplitN(v, ".", 3)
-	digits := func(s string) (int, bool) {
-		n := 0
-		for n < len(s) && s[n] >= '0' && s[n] <= '9' {
-			n++
-		}
-		if n == 0 || n > 6 {
-			return 0, false
-		}
-		x, _ := strconv.Atoi(s[:n])
-		return x, true
-	}
-	major, ok = digits(fields[0])
-	if !ok {
-		return 0, 0, false
-	}
-	if len(fields) > 1 {
-		minor, _ = digits(fields[1])
-	}
-	return major, minor, true
-}
-
-func fakeDialectOf(major, minor int) fakeDialect {
+// fakeDialectOf picks the dialect from the capabilities the version
+// gives: no dynamic servers is 2.6, dynamic backends is 3.4.
+func fakeDialectOf(caps Caps) fakeDialect {
 	switch {
-	case major < 3:
+	case !caps.DynamicServers:
 		return fakeDialect26
-	case major == 3 && minor < 4:
+	case !caps.DynamicBackends:
 		return fakeDialect30
 	default:
 		return fakeDialect34
@@ -835,33 +812,33 @@ var fakeCommands = []fakeCommand{
 	{words: []string{"commit", "map"}, handler: (*FakeHAProxy).commitMap},
 	{words: []string{"clear", "map"}, handler: (*FakeHAProxy).clearMap},
 	{words: []string{"show", "ssl", "cert"}, handler: (*FakeHAProxy).showCerts},
-	{words: []string{"new", "ssl", "cert"}, handler: (*FakeHAProxy).newCert},
-	{words: []string{"set", "ssl", "cert"}, handler: (*FakeHAProxy).setCert},
-	{words: []string{"commit", "ssl", "cert"}, handler: (*FakeHAProxy).commitCert},
-	{words: []string{"abort", "ssl", "cert"}, handler: (*FakeHAProxy).abortCert},
+	{words: []string{"new", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.create)},
+	{words: []string{"set", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.set)},
+	{words: []string{"commit", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.commit)},
+	{words: []string{"abort", "ssl", "cert"}, handler: fakeStoreCommand((*FakeHAProxy).certStore, fakeStore.abort)},
 	{words: []string{"show", "ssl", "ca-file"}, handler: (*FakeHAProxy).showCAFiles},
-	{words: []string{"new", "ssl", "ca-file"}, handler: (*FakeHAProxy).newCAFile},
-	{words: []string{"set", "ssl", "ca-file"}, handler: (*FakeHAProxy).setCAFile},
-	{words: []string{"commit", "ssl", "ca-file"}, handler: (*FakeHAProxy).commitCAFile},
-	{words: []string{"abort", "ssl", "ca-file"}, handler: (*FakeHAProxy).abortCAFile},
+	{words: []string{"new", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.create)},
+	{words: []string{"set", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.set)},
+	{words: []string{"commit", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.commit)},
+	{words: []string{"abort", "ssl", "ca-file"}, handler: fakeStoreCommand((*FakeHAProxy).caStore, fakeStore.abort)},
 	{words: []string{"show", "ssl", "crl-file"}, handler: (*FakeHAProxy).showCRLFiles},
 	{words: []string{"show", "ssl", "crt-list"}, handler: (*FakeHAProxy).showCRTList},
 	{words: []string{"add", "ssl", "crt-list"}, handler: (*FakeHAProxy).addCRTList},
 	{words: []string{"del", "ssl", "crt-list"}, handler: (*FakeHAProxy).delCRTList},
 	{words: []string{"show", "servers", "state"}, handler: (*FakeHAProxy).showServersState},
 	{words: []string{"add", "server"}, handler: (*FakeHAProxy).addServer},
-	{words: []string{"enable", "server"}, handler: (*FakeHAProxy).enableServer},
-	{words: []string{"disable", "server"}, handler: (*FakeHAProxy).disableServer},
-	{words: []string{"enable", "health"}, handler: (*FakeHAProxy).enableHealth},
-	{words: []string{"disable", "health"}, handler: (*FakeHAProxy).disableHealth},
-	{words: []string{"set", "server"}, handler: (*FakeHAProxy).setServer},
-	{words: []string{"shutdown", "sessions", "server"}, handler: (*FakeHAProxy).shutdownSessions},
+	{words: []string{"enable", "server"}, handler: fakeServerCommand(fakeEnableServer)},
+	{words: []string{"disable", "server"}, handler: fakeServerCommand(fakeDisableServer)},
+	{words: []string{"enable", "health"}, handler: fakeServerCommand(fakeEnableHealth)},
+	{words: []string{"disable", "health"}, handler: fakeServerCommand(fakeDisableHealth)},
+	{words: []string{"set", "server"}, handler: fakeServerCommand(fakeSetServer)},
+	{words: []string{"shutdown", "sessions", "server"}, handler: fakeServerCommand(fakeShutdownSessions)},
 	{words: []string{"del", "server"}, handler: (*FakeHAProxy).delServer},
 	{words: []string{"wait"}, from: fakeDialect30, handler: (*FakeHAProxy).wait},
 	{words: []string{"add", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).addBackend},
-	{words: []string{"publish", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).publishBackend},
-	{words: []string{"unpublish", "backend"}, from: fakeDialect34, handler: (*FakeHAProxy).unpublishBackend},
-	{words: []string{"del", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).delBackend},
+	{words: []string{"publish", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakePublishBackend)},
+	{words: []string{"unpublish", "backend"}, from: fakeDialect34, handler: fakeBackendCommand(fakeUnpublishBackend)},
+	{words: []string{"del", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakeDelBackend)},
 }
 
 // dispatch finds the command and runs it; the lock is held.
@@ -1211,6 +1188,8 @@ type fakeStore struct {
 	files         map[string]string
 	tx            **fakeTransaction
 	notReferenced string // "a certificate" or "a CA file"
+	exists        string // refusal of new, %s = name
+	newStore      string // success text of new, %s = name
 	created       string // success text of set, %s = name
 	updated       string
 	validate      func(name, payload string) string // refusal or ""
@@ -1225,6 +1204,8 @@ func (f *FakeHAProxy) certStore() fakeStore {
 		files:         f.model.Certs,
 		tx:            &f.model.certTx,
 		notReferenced: "a certificate",
+		exists:        "Certificate '%s' already exists!",
+		newStore:      "New empty certificate store '%s'!",
 		created:       "Transaction created for certificate %s!",
 		updated:       "Transaction updated for certificate %s!",
 		validate: func(name, payload string) string {
@@ -1251,6 +1232,8 @@ func (f *FakeHAProxy) caStore() fakeStore {
 		files:         f.model.CAFiles,
 		tx:            &f.model.caTx,
 		notReferenced: "a CA file",
+		exists:        "CA file '%s' already exists!",
+		newStore:      "New CA file created '%s'!",
 		created:       "transaction created for CA %s!",
 		updated:       "transaction updated for CA %s!",
 		validate: func(_, payload string) string {
@@ -1261,6 +1244,23 @@ func (f *FakeHAProxy) caStore() fakeStore {
 		},
 		commitCheck: func(string) string { return "" },
 	}
+}
+
+// fakeStoreCommand adapts a store operation to the command table.
+func fakeStoreCommand(store func(*FakeHAProxy) fakeStore, op func(fakeStore, string, *string) fakeOut) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, payload *string) fakeOut {
+		return op(store(f), fakeFirstArg(args), payload)
+	}
+}
+
+// create is new ssl cert / new ssl ca-file: an empty store, "" until a
+// transaction is committed into it.
+func (st fakeStore) create(name string, _ *string) fakeOut {
+	if _, ok := st.files[name]; ok {
+		return fakeErr(fmt.Sprintf(st.exists, name))
+	}
+	st.files[name] = ""
+	return fakeMsg(5, fmt.Sprintf(st.newStore, name))
 }
 
 func (st fakeStore) set(name string, payload *string) fakeOut {
@@ -1290,7 +1290,7 @@ func (st fakeStore) set(name string, payload *string) fakeOut {
 
 // commit prints no dots: real HAProxy prints one per certificate instance
 // it rebuilt, which the fake does not model.
-func (st fakeStore) commit(name string) fakeOut {
+func (st fakeStore) commit(name string, _ *string) fakeOut {
 	tx := *st.tx
 	switch {
 	case tx == nil:
@@ -1306,7 +1306,7 @@ func (st fakeStore) commit(name string) fakeOut {
 	return fakeList("Committing " + name + "\nSuccess!")
 }
 
-func (st fakeStore) abort(name string) fakeOut {
+func (st fakeStore) abort(name string, _ *string) fakeOut {
 	tx := *st.tx
 	switch {
 	case tx == nil:
@@ -1340,27 +1340,6 @@ func (f *FakeHAProxy) showCerts(args []string, _ *string) fakeOut {
 	return fakeList(b.String())
 }
 
-func (f *FakeHAProxy) newCert(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	if _, ok := f.model.Certs[name]; ok {
-		return fakeErr("Certificate '" + name + "' already exists!")
-	}
-	f.model.Certs[name] = ""
-	return fakeMsg(5, "New empty certificate store '"+name+"'!")
-}
-
-func (f *FakeHAProxy) setCert(args []string, payload *string) fakeOut {
-	return f.certStore().set(fakeFirstArg(args), payload)
-}
-
-func (f *FakeHAProxy) commitCert(args []string, _ *string) fakeOut {
-	return f.certStore().commit(fakeFirstArg(args))
-}
-
-func (f *FakeHAProxy) abortCert(args []string, _ *string) fakeOut {
-	return f.certStore().abort(fakeFirstArg(args))
-}
-
 func fakeCertCount(pem string) int {
 	return strings.Count(pem, "-----BEGIN CERTIFICATE-----")
 }
@@ -1382,27 +1361,6 @@ func (f *FakeHAProxy) showCAFiles(args []string, _ *string) fakeOut {
 		fmt.Fprintf(&b, "\n%s - %d certificate(s)", name, rows[name])
 	}
 	return fakeList(b.String())
-}
-
-func (f *FakeHAProxy) newCAFile(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	if _, ok := f.model.CAFiles[name]; ok {
-		return fakeErr("CA file '" + name + "' already exists!")
-	}
-	f.model.CAFiles[name] = ""
-	return fakeMsg(5, "New CA file created '"+name+"'!")
-}
-
-func (f *FakeHAProxy) setCAFile(args []string, payload *string) fakeOut {
-	return f.caStore().set(fakeFirstArg(args), payload)
-}
-
-func (f *FakeHAProxy) commitCAFile(args []string, _ *string) fakeOut {
-	return f.caStore().commit(fakeFirstArg(args))
-}
-
-func (f *FakeHAProxy) abortCAFile(args []string, _ *string) fakeOut {
-	return f.caStore().abort(fakeFirstArg(args))
 }
 
 func (f *FakeHAProxy) showCRLFiles(_ []string, _ *string) fakeOut {
@@ -1663,6 +1621,23 @@ func (f *FakeHAProxy) lookupServer(ref string) (*FakeBackend, *FakeServer, fakeO
 	return be, s, fakeOut{}
 }
 
+// fakeServerOp is a command on one "<backend>/<server>": ref is the
+// reference as given, args the words after it.
+type fakeServerOp func(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, args []string) fakeOut
+
+// fakeServerCommand resolves the reference with HAProxy's refusals, then
+// runs op.
+func fakeServerCommand(op fakeServerOp) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, _ *string) fakeOut {
+		ref := fakeFirstArg(args)
+		be, s, refused := f.lookupServer(ref)
+		if s == nil {
+			return refused
+		}
+		return op(f, ref, be, s, args[1:])
+	}
+}
+
 func (f *FakeHAProxy) showServersState(args []string, _ *string) fakeOut {
 	m := &f.model
 	names := fakeSortedKeys(m.Backends)
@@ -1767,7 +1742,7 @@ func (f *FakeHAProxy) addServer(args []string, _ *string) fakeOut {
 	for i := 2; i < len(args); i++ {
 		kw := args[i]
 		arity, known := fakeServerKeywords[kw]
-		if !known || (kw == "init-state" && f.release < 301) {
+		if !known || (kw == "init-state" && !f.initState) {
 			return fakeErr("unknown keyword '" + kw + "'.")
 		}
 		if i+arity >= len(args) && arity > 0 {
@@ -1838,29 +1813,17 @@ func fakeParseServerAddress(arg string) (addr string, port int, msg string) {
 	return host, n & 0xffff, ""
 }
 
-func (f *FakeHAProxy) enableServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeEnableServer(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Enabled, s.State = true, "ready"
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) disableServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeDisableServer(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Enabled, s.State = false, "maint"
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) enableHealth(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeEnableHealth(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	if !s.Check {
 		return fakeErr("Health check was not configured on this server, cannot enable.")
 	}
@@ -1868,11 +1831,7 @@ func (f *FakeHAProxy) enableHealth(args []string, _ *string) fakeOut {
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) disableHealth(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
+func fakeDisableHealth(_ *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	s.Health = false
 	return fakeSilent()
 }
@@ -1881,29 +1840,25 @@ const fakeSetServerUsage = "usage: set server <backend>/<server> addr | agent | 
 
 // setServer is "set server <ref> addr|weight|state ...". The addr answers
 // are at WARNING level, success and refusal alike; the words decide.
-func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
-	_, s, refused := f.lookupServer(fakeFirstArg(args))
-	if s == nil {
-		return refused
-	}
-	if len(args) < 2 {
+func fakeSetServer(f *FakeHAProxy, _ string, _ *FakeBackend, s *FakeServer, args []string) fakeOut {
+	if len(args) < 1 {
 		return fakeErr(fakeSetServerUsage)
 	}
-	switch args[1] {
+	switch args[0] {
 	case "addr":
 		if f.dialect == fakeDialect26 {
-			return setServerAddr26(s, args[2:])
+			return fakeSetServerAddr26(s, args[1:])
 		}
-		return setServerAddr(s, args[2:])
+		return fakeSetServerAddr(s, args[1:])
 	case "weight":
-		if len(args) < 3 {
+		if len(args) < 2 {
 			return fakeErr("Require <weight> or <weight%>.")
 		}
-		w, err := strconv.Atoi(strings.TrimSuffix(args[2], "%"))
+		w, err := strconv.Atoi(strings.TrimSuffix(args[1], "%"))
 		switch {
 		case err != nil || w < 0:
 			return fakeErr("Empty weight string empty or preceded by garbage")
-		case strings.HasSuffix(args[2], "%"):
+		case strings.HasSuffix(args[1], "%"):
 			w = s.Weight * w / 100 // relative to the current weight, a simplification
 		case w > 256:
 			return fakeErr("Absolute weight can only be between 0 and 256 inclusive.")
@@ -1911,12 +1866,12 @@ func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
 		s.Weight = w
 		return fakeSilent()
 	case "state":
-		if len(args) < 3 {
+		if len(args) < 2 {
 			return fakeErr("'set server <srv> state' expects 'ready', 'drain' and 'maint'.")
 		}
-		switch args[2] {
+		switch args[1] {
 		case "ready", "drain":
-			s.Enabled, s.State = true, args[2]
+			s.Enabled, s.State = true, args[1]
 		case "maint":
 			s.Enabled, s.State = false, "maint"
 		default:
@@ -1927,7 +1882,7 @@ func (f *FakeHAProxy) setServer(args []string, _ *string) fakeOut {
 	return fakeErr(fakeSetServerUsage)
 }
 
-func setServerAddr(s *FakeServer, args []string) fakeOut {
+func fakeSetServerAddr(s *FakeServer, args []string) fakeOut {
 	if len(args) == 0 {
 		return fakeErr("set server <b>/<s> addr requires an address and optionally a port.")
 	}
@@ -1956,10 +1911,10 @@ func setServerAddr(s *FakeServer, args []string) fakeOut {
 	return fakeMsg(4, strings.Join(changes, ", ")+" by 'stats socket command'")
 }
 
-// setServerAddr26 is 2.6's wording: every part is reported, "no need to
+// fakeSetServerAddr26 is 2.6's wording: every part is reported, "no need to
 // change" included, and every answer ends with the updater; the IP change
 // stands even when the port is refused.
-func setServerAddr26(s *FakeServer, args []string) fakeOut {
+func fakeSetServerAddr26(s *FakeServer, args []string) fakeOut {
 	if len(args) == 0 {
 		return fakeErr("set server <b>/<s> addr requires an address and optionally a port.")
 	}
@@ -1989,12 +1944,7 @@ func setServerAddr26(s *FakeServer, args []string) fakeOut {
 	return fakeMsg(4, strings.Join(parts, ", ")+by)
 }
 
-func (f *FakeHAProxy) shutdownSessions(args []string, _ *string) fakeOut {
-	ref := fakeFirstArg(args)
-	_, s, refused := f.lookupServer(ref)
-	if s == nil {
-		return refused
-	}
+func fakeShutdownSessions(f *FakeHAProxy, ref string, _ *FakeBackend, _ *FakeServer, _ []string) fakeOut {
 	delete(f.model.BlockedServers, ref)
 	return fakeSilent()
 }
@@ -2007,16 +1957,11 @@ func (f *FakeHAProxy) short(o fakeOut) fakeOut {
 	return o
 }
 
-func (f *FakeHAProxy) delServer(args []string, _ *string) fakeOut {
-	return f.short(f.delServerOut(args))
+func (f *FakeHAProxy) delServer(args []string, payload *string) fakeOut {
+	return f.short(fakeServerCommand(fakeDelServer)(f, args, payload))
 }
 
-func (f *FakeHAProxy) delServerOut(args []string) fakeOut {
-	ref := fakeFirstArg(args)
-	be, s, refused := f.lookupServer(ref)
-	if s == nil {
-		return refused
-	}
+func fakeDelServer(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, _ []string) fakeOut {
 	if s.Enabled {
 		return fakeErr("Only servers in maintenance mode can be deleted.")
 	}
@@ -2140,30 +2085,30 @@ func (f *FakeHAProxy) addBackend(args []string, _ *string) fakeOut {
 	return fakeMsg(6, "New backend registered.")
 }
 
-func (f *FakeHAProxy) publishBackend(args []string, _ *string) fakeOut {
-	be := f.model.Backends[fakeFirstArg(args)]
-	if be == nil {
-		return fakeErr("No such backend.")
+// fakeBackendCommand resolves a backend name, refusing an unknown one,
+// then runs op.
+func fakeBackendCommand(op func(f *FakeHAProxy, name string, be *FakeBackend) fakeOut) func(*FakeHAProxy, []string, *string) fakeOut {
+	return func(f *FakeHAProxy, args []string, _ *string) fakeOut {
+		name := fakeFirstArg(args)
+		be := f.model.Backends[name]
+		if be == nil {
+			return fakeErr("No such backend.")
+		}
+		return op(f, name, be)
 	}
+}
+
+func fakePublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 	be.Published = true
 	return fakeMsg(6, "Backend published.")
 }
 
-func (f *FakeHAProxy) unpublishBackend(args []string, _ *string) fakeOut {
-	be := f.model.Backends[fakeFirstArg(args)]
-	if be == nil {
-		return fakeErr("No such backend.")
-	}
+func fakeUnpublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 	be.Published = false
 	return fakeSilent()
 }
 
-func (f *FakeHAProxy) delBackend(args []string, _ *string) fakeOut {
-	name := fakeFirstArg(args)
-	be := f.model.Backends[name]
-	if be == nil {
-		return fakeErr("No such backend.")
-	}
+func fakeDelBackend(f *FakeHAProxy, name string, be *FakeBackend) fakeOut {
 	if be.Published || len(be.Servers) > 0 {
 		return fakeErr("This backend cannot be removed at runtime.")
 	}

@@ -904,8 +904,7 @@ func (h *realHAProxy) startMatchingFake(t testing.TB) *FakeHAProxy {
 
 // dialect is the fake dialect of the real binary's version.
 func (h *realHAProxy) dialect() fakeDialect {
-	major, minor, _ := fakeVersionParts(h.version)
-	return fakeDialectOf(major, minor)
+	return fakeDialectOf(CapsFor(h.version, nil))
 }
 
 func TestRealHAProxyFramingLimits(t *testing.T) {
@@ -1182,8 +1181,7 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 		"wait 100",
 		"bogus verb",
 	}
-	major, minor, _ := fakeVersionParts(h.version)
-	if major*100+minor < 301 {
+	if !CapsFor(h.version, nil).ServerInitState {
 		lines = append(lines, "add server be-a/s4 127.0.0.1:80 init-state up")
 	}
 	return lines

@@ -5,12 +5,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/haptic-agent/haptic"
 )
@@ -118,6 +123,116 @@ func TestBasicApplyGetenv(t *testing.T) {
 		if got := envOr(set, name, def); got != "from-env" {
 			t.Errorf("%s set: %q, want the variable's value", name, got)
 		}
+	}
+}
+
+func TestBasicApplyEndToEnd(t *testing.T) {
+	// A short directory: the fake's unix socket paths are limited to 107
+	// bytes.
+	base, err := os.MkdirTemp("", "ba")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(base)
+	fake, err := haptic.StartFakeHAProxy(base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fake.Close()
+	// The fake reads no configuration: its reload loads the host map from
+	// the agent's base directory into the worker, as HAProxy would, so the
+	// inventory lists the map after the first reload.
+	fake.With(func(m *haptic.FakeModel) {
+		m.OnReload = func(m *haptic.FakeModel) {
+			content, err := os.ReadFile(filepath.Join(base, hostMap))
+			if err != nil {
+				return
+			}
+			if m.Maps == nil {
+				m.Maps = map[string][]haptic.MapEntry{}
+			}
+			m.Maps[hostMap] = haptic.ParseMapEntries(string(content))
+		}
+	})
+	agent, err := haptic.NewAgent(haptic.AgentConfig{
+		BaseDir:      base,
+		MasterSocket: fake.MasterSocket(),
+		WorkerSocket: fake.WorkerSocket(),
+		Listen:       "127.0.0.1:0",
+		Username:     "admin",
+		Password:     "admin",
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- agent.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-stopped; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !agent.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not become ready")
+		}
+	}
+
+	// Only the URL is set: the credentials are the defaults.
+	getenv := func(name string) string {
+		if name == "HAPTIC_AGENT_URL" {
+			return "http://" + agent.Addr()
+		}
+		return ""
+	}
+	var out bytes.Buffer
+	if err := run(ctx, &out, getenv); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	// Every line is literal but the reload's timing and pid.
+	want := []string{
+		`Agent dev drives HAProxy ` + fake.Version() + `, applied plan ""`,
+		``,
+		`Applying plan ` + firstPlanID + `: reload (0 runtime op(s))`,
+		`  reason: no baseline`,
+		`  mode: reload, applied plan: ` + firstPlanID,
+		`  HAProxy reloaded in <took_ms> ms, worker pid <worker_pid>`,
+		``,
+		`Applying plan ` + secondPlanID + `: runtime (1 runtime op(s))`,
+		`  mode: runtime, applied plan: ` + secondPlanID,
+		`  op map_add: ok=true`,
+		`  no reload: the change reached the running worker`,
+		``,
+		`Example completed successfully!`,
+	}
+	reloadLine := regexp.MustCompile(`^  HAProxy reloaded in \d+ ms, worker pid \d+$`)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != len(want) || !strings.HasSuffix(out.String(), "\n") {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())
+	}
+	for i, w := range want {
+		if lines[i] != w && !(strings.Contains(w, "<took_ms>") && reloadLine.MatchString(lines[i])) {
+			t.Errorf("line %d %q, want %q", i+1, lines[i], w)
+		}
+	}
+	if got := fake.MapEntries(hostMap); !reflect.DeepEqual(got, haptic.ParseMapEntries(hostMapV2)) {
+		t.Errorf("the worker's map holds %v, want the second render's entries", got)
+	}
+
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "admin", Password: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state.AppliedPlanID != secondPlanID || state.RunningPlanID != firstPlanID {
+		t.Errorf("applied %s running %s, want the second plan applied on the first plan's worker", state.AppliedPlanID, state.RunningPlanID)
 	}
 }
 

@@ -1,0 +1,923 @@
+// Tests of what runs after or between applies, and of the agent-level
+// surfaces around them (agent.md "Patches, worker baseline, batches,
+// pacing, read-back", the agent-level deferred-delete rows, and the agent
+// halves of "Drain, metrics, invariants"). All run against the fake HAProxy.
+package haptic
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ---------------------------------------------------------------------------
+// Patches.
+
+// patchOf describes new as a splice of old: the common prefix and suffix
+// are kept, the middle travels.
+func patchOf(old, new string) (*FilePatch, string) {
+	p := 0
+	for p < len(old) && p < len(new) && old[p] == new[p] {
+		p++
+	}
+	s := 0
+	for s < len(old)-p && s < len(new)-p && old[len(old)-1-s] == new[len(new)-1-s] {
+		s++
+	}
+	return &FilePatch{BaseDigest: DigestString(old), BaseSize: int64(len(old)), Offset: int64(p), Length: int64(len(old) - p - s)},
+		new[p : len(new)-s]
+}
+
+// patched composes a reload manifest whose config travels as a patch.
+func patched(e *testEnv, planID string, old, fs fileSet) (*Manifest, map[string]string) {
+	m := reloadManifest(e, planID, fs)
+	override := map[string]string{}
+	for i, f := range m.Files {
+		if f.Path == ConfigFilePath {
+			patch, repl := patchOf(old[f.Path], fs[f.Path])
+			m.Files[i].Patch = patch
+			override[f.Path] = repl
+		}
+	}
+	return m, override
+}
+
+func TestPatchedConfigIsSplicedIntoTheHeldFile(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	if st := e.c.state(""); !slices.Contains(st.Features, FeatureFilePatch) {
+		t.Fatalf("features %v", st.Features)
+	}
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] = strings.Replace(fs["haproxy.cfg"], "maxconn 100", "maxconn 20000", 1)
+	m, override := patched(e, "plan-2", fs, fs2)
+	if p := m.Files[0].Patch; p.Offset == 0 || p.Offset+p.Length == p.BaseSize {
+		t.Fatalf("the test patch is not mid-file: %+v", p)
+	}
+	code, body := e.c.post(applyRequest{manifest: m, files: fs2, override: override, omit: map[string]bool{"maps/host.map": true}})
+	if code != 200 || !strings.Contains(string(body), `"ok":true`) {
+		t.Fatalf("%d %s", code, body)
+	}
+	if got := e.disk(t); got["haproxy.cfg"] != fs2["haproxy.cfg"] {
+		t.Errorf("config %q", got["haproxy.cfg"])
+	}
+	if st := e.c.state("?verify=1"); st.Files["haproxy.cfg"].Digest != DigestString(fs2["haproxy.cfg"]) ||
+		st.Files["haproxy.cfg"].Proof != testProof(fs2["haproxy.cfg"]) {
+		t.Errorf("tree %+v", st.Files["haproxy.cfg"])
+	}
+}
+
+func TestPatchWhoseBaseIsNotHeldAsksForTheWholeFile(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# patched\n"
+	m, override := patched(e, "plan-2", fs, fs2)
+	m.Files[0].Patch.BaseDigest = DigestString("something else")
+	before := e.snapshot(t)
+	code, body := e.c.post(applyRequest{manifest: m, files: fs2, override: override, omit: map[string]bool{"maps/host.map": true}})
+	var miss Missing
+	json.Unmarshal(body, &miss)
+	if code != 409 || !slices.Equal(miss.Missing, []string{"haproxy.cfg"}) {
+		t.Errorf("%d %s", code, body)
+	}
+	e.unchanged(t, before)
+}
+
+func TestPatchThatDoesNotFitItsBaseIsRefused(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# patched\n"
+	for name, tc := range map[string]struct {
+		mutate func(p *FilePatch, override map[string]string)
+		want   string
+	}{
+		"offset past the base": {func(p *FilePatch, _ map[string]string) { p.Offset = p.BaseSize + 1 },
+			fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 0, base %d bytes`, len(fs["haproxy.cfg"])+1, len(fs["haproxy.cfg"]))},
+		"negative length": {func(p *FilePatch, _ map[string]string) { p.Length = -1 }, "does not fit its base"},
+		"wrong bytes": {func(_ *FilePatch, o map[string]string) { o["haproxy.cfg"] = strings.ToUpper(o["haproxy.cfg"]) },
+			"manifest digest"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m, override := patched(e, "plan-2", fs, fs2)
+			tc.mutate(m.Files[0].Patch, override)
+			before := e.snapshot(t)
+			code, body := e.c.post(applyRequest{manifest: m, files: fs2, override: override, omit: map[string]bool{"maps/host.map": true}})
+			if ae := applyErr(t, body); code != 400 || ae.Stage != StageParts || !strings.Contains(ae.Message, tc.want) {
+				t.Errorf("%d %+v", code, ae)
+			}
+			e.unchanged(t, before)
+		})
+	}
+}
+
+func TestARefusedSetIsKnownBadHoweverItArrives(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.OK {
+		t.Fatalf("%+v", res)
+	}
+	m, override := patched(e, "plan-2", fs, fs2)
+	code, body := e.c.post(applyRequest{manifest: m, files: fs2, override: override})
+	var res ApplyResult
+	json.Unmarshal(body, &res)
+	if code != 200 || res.OK || metricValue(e.a, "reloads_total", "failed") != 1 {
+		t.Errorf("the patched resend reached HAProxy: %d %s", code, body)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// The worker baseline.
+
+func TestRuntimeAndFileOnlyApplyRequireExactWorkerBaseline(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "w.example be-w\n"
+	fs3 := fs.clone()
+	fs3["notes/x.txt"] = "x\n"
+	op := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "w.example", Value: "be-w"}
+	for _, tc := range []struct {
+		name   string
+		fs     fileSet
+		ops    []Op
+		mutate func(m *Manifest)
+	}{
+		{"runtime, wrong id", fs2, []Op{op}, func(m *Manifest) { m.ExpectedWorkerOpsPlanID = "plan-0" }},
+		{"runtime, wrong proof", fs2, []Op{op}, func(m *Manifest) { m.ExpectedWorkerOpsPlanProof = "a:42" }},
+		{"file_only, wrong id", fs3, nil, func(m *Manifest) { m.ExpectedWorkerOpsPlanID = "plan-0" }},
+		{"file_only, wrong proof", fs3, nil, func(m *Manifest) { m.ExpectedWorkerOpsPlanProof = "a:42" }},
+	} {
+		before := e.snapshot(t)
+		m := e.c.manifest("plan-2", tc.fs, tc.ops...)
+		tc.mutate(m)
+		code, body := e.c.post(applyRequest{manifest: m, files: tc.fs})
+		var c Conflict
+		json.Unmarshal(body, &c)
+		if code != 409 || c.Reason != ReasonWorkerOpsMismatch {
+			t.Errorf("%s: %d %s", tc.name, code, body)
+		}
+		e.unchanged(t, before)
+	}
+}
+
+func TestFileOnlyApplyAcrossScheduledReloadRequiresRediff(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Second }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	res2 := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	if res2.Mode != ResultScheduled {
+		t.Fatalf("%+v", res2)
+	}
+	before := e.c.state("")
+	fs3 := fs2.clone()
+	fs3["maps/host.map"] += "r.example be-r\n"
+	op := Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "r.example", Value: "be-r"}
+	stale := e.c.manifestFrom(before, "plan-3", fs3, op)
+	waitFor(t, "the scheduled reload", func() bool { return e.c.state("").RunningPlanID == "plan-2" })
+	after := e.c.state("")
+	if after.WorkerOpsPlanProof == before.WorkerOpsPlanProof || after.WorkerOpsPlanID != "plan-2" ||
+		after.AppliedPlanProof != before.AppliedPlanProof || after.RunningPlanID != "plan-2" {
+		t.Fatalf("before %+v\nafter %+v", before, after)
+	}
+	code, body := e.c.post(applyRequest{manifest: stale, files: fs3})
+	var c Conflict
+	json.Unmarshal(body, &c)
+	if code != 409 || c.Reason != ReasonWorkerOpsMismatch {
+		t.Fatalf("stale: %d %s", code, body)
+	}
+	pid := e.fake.Worker().WorkerPID
+	res := e.c.apply(e.c.manifest("plan-3", fs3, op), fs3)
+	if !res.OK || res.Mode != ResultRuntime || e.fake.Worker().WorkerPID != pid {
+		t.Errorf("rediffed: %+v", res)
+	}
+}
+
+func TestAutomaticApplyWithoutWorkerProofReloads(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	pid := e.fake.Worker().WorkerPID
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "n.example be-n\n"
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "n.example", Value: "be-n"})
+	m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof = "", ""
+	res := e.c.apply(m, fs2)
+	if res.Mode != ResultReload || len(res.OpResults) != 0 || e.fake.Worker().WorkerPID == pid {
+		t.Errorf("%+v", res)
+	}
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "add map") {
+			t.Errorf("the op was sent: %q", cmd)
+		}
+	}
+}
+
+func TestAutomaticInPlaceApplyWithoutWorkerProofIsRejected(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	m := e.c.manifest("plan-2", fs)
+	m.InPlaceOps = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}}
+	m.WorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof = "plan-2w", ""
+	before := e.snapshot(t)
+	code, body := e.c.post(applyRequest{manifest: m, files: fs})
+	if ae := applyErr(t, body); code != 400 || ae.Stage != StageManifest || ae.Message != "in-place ops need an exact expected worker plan proof" {
+		t.Errorf("%d %+v", code, ae)
+	}
+	e.unchanged(t, before)
+}
+
+// ---------------------------------------------------------------------------
+// Batches.
+
+func TestRuntimeBatchesDeleteAMapWithoutPartialReadBack(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	var b strings.Builder
+	for i := range 1001 {
+		fmt.Fprintf(&b, "k%04d v\n", i)
+	}
+	fs["maps/big.map"] = b.String()
+	e.land(t, "plan-1", fs)
+	pid := e.fake.Worker().WorkerPID
+	fs2 := fs.clone()
+	fs2["maps/big.map"] = ""
+	var ops []Op
+	for i := range 1001 {
+		ops = append(ops, Op{Kind: OpMapDel, Path: "maps/big.map", Key: fmt.Sprintf("k%04d", i)})
+	}
+	m := e.c.manifest("plan-2", fs2)
+	m.Ops, m.OpBatches = ops[:1000], [][]Op{ops[1000:]}
+	res := e.c.apply(m, fs2)
+	if !res.OK || res.Mode != ResultRuntime || len(res.OpResults) != 1001 || e.fake.Worker().WorkerPID != pid {
+		t.Fatalf("mode %s, %d results, pid %d → %d", res.Mode, len(res.OpResults), pid, e.fake.Worker().WorkerPID)
+	}
+	if got := e.fake.MapEntries("maps/big.map"); len(got) != 0 {
+		t.Errorf("%d entries left", len(got))
+	}
+	e.a.readbacks.Wait()
+	if metricValue(e.a, "map_divergence_total") != 0 {
+		t.Error("a divergence was found")
+	}
+}
+
+func TestRuntimeBatchesValidateTheFinalBatchBeforeExecutingTheFirst(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] = ""
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapDel, Path: "maps/host.map", Key: "example.com"})
+	m.OpBatches = [][]Op{{{Kind: OpMapDel, Path: "maps/host.map", Key: "bad key"}}}
+	res := e.c.apply(m, fs2)
+	if res.Mode != ResultReload || len(res.OpResults) != 0 {
+		t.Errorf("%+v", res)
+	}
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "del map") {
+			t.Errorf("the first batch ran: %q", cmd)
+		}
+	}
+}
+
+func TestRejectedFinalBatchClearsThePartialWorkerBaseline(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] = "example.com be-a\nfirst.example be-1\nsecond.example be-2\n"
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-a"})
+	// The worker lacks second.example, so set map refuses it: "entry not found".
+	m.OpBatches = [][]Op{{{Kind: OpMapAdd, Path: "maps/host.map", Key: "first.example", Value: "be-1"},
+		{Kind: OpMapSet, Path: "maps/host.map", Key: "second.example", Value: "be-2"}}}
+	res := e.c.apply(m, fs2)
+	if !res.OK || res.Mode != ResultScheduled || res.Reload == nil || res.Reload.ScheduledAt == "" {
+		t.Fatalf("%+v", res)
+	}
+	if res.WorkerOpsPlanID != "" || res.WorkerOpsPlanProof != "" {
+		t.Errorf("worker baseline %q %q", res.WorkerOpsPlanID, res.WorkerOpsPlanProof)
+	}
+	if metricValue(e.a, "op_errors_total", OpMapSet) != 1 {
+		t.Error("op_errors_total{map_set}")
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Pacing.
+
+func TestAScheduledReloadCoalescesAndRunsInPlaceOps(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	pid := e.fake.Worker().WorkerPID
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	res2 := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	st := e.c.state("")
+	if res2.Mode != ResultScheduled || res2.Reload == nil || res2.Reload.Performed || res2.Reload.ScheduledAt != st.ReloadPendingAt {
+		t.Fatalf("second: %+v %+v, pending %q", res2, res2.Reload, st.ReloadPendingAt)
+	}
+	if due, err := time.Parse(time.RFC3339Nano, st.ReloadPendingAt); err != nil || due.Nanosecond() == 0 || due.Location() != time.UTC {
+		t.Errorf("reload_pending_at %q: %v", st.ReloadPendingAt, err)
+	}
+	fs3 := fs2.clone()
+	fs3["maps/host.map"] += "ip.example be-ip\n"
+	fs3["notes/third.txt"] = "3\n"
+	m := e.c.manifest("plan-3", fs3)
+	m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "ip.example", Value: "be-ip"}}, "plan-3w"
+	res3 := e.c.apply(m, fs3)
+	if !res3.OK || res3.Mode != ResultScheduled || res3.Reload.ScheduledAt != res2.Reload.ScheduledAt || res3.Error != nil {
+		t.Fatalf("third: %+v %+v", res3, res3.Error)
+	}
+	if res3.WorkerOpsPlanID != "plan-3w" || res3.WorkerOpsPlanProof != "a:4" || len(res3.OpResults) != 1 {
+		t.Errorf("worker baseline %q %q, results %v", res3.WorkerOpsPlanID, res3.WorkerOpsPlanProof, res3.OpResults)
+	}
+	if got := e.fake.MapEntries("maps/host.map"); len(got) != 2 || e.fake.Worker().WorkerPID != pid {
+		t.Errorf("worker map %v", got)
+	}
+	if !sameSet(e.disk(t), fs3) {
+		t.Error("the third apply's files did not land")
+	}
+	ps := readStateFile(t, e.cfg.BaseDir)
+	if ps.PendingReloadPlanID != "plan-3" || ps.PendingReloadPlanProof != "a:3" || ps.ReloadPendingAt.UTC().Format(time.RFC3339Nano) != st.ReloadPendingAt {
+		t.Errorf("pending %+v", ps)
+	}
+}
+
+// heldBody streams a multipart request: the manifest and the header of the
+// first file part go out at once, so the agent reads the manifest and
+// fences; the file contents go out only when release is called.
+type heldBody struct {
+	pw      *io.PipeWriter
+	mw      *multipart.Writer
+	first   io.Writer
+	fs      fileSet
+	answer  chan ApplyResult
+	rawResp chan string
+}
+
+func holdApply(t testing.TB, c *agentClient, m *Manifest, fs fileSet) *heldBody {
+	t.Helper()
+	pr, pw := io.Pipe()
+	h := &heldBody{pw: pw, mw: multipart.NewWriter(pw), fs: fs, answer: make(chan ApplyResult, 1), rawResp: make(chan string, 1)}
+	req, _ := http.NewRequest("POST", c.base+PathApply, pr)
+	req.Header.Set("Content-Type", h.mw.FormDataContentType())
+	req.SetBasicAuth(c.user, c.pass)
+	go func() {
+		resp, err := c.hc.Do(req)
+		if err != nil {
+			h.rawResp <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var res ApplyResult
+		json.Unmarshal(b, &res)
+		h.answer <- res
+		h.rawResp <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	b, _ := json.Marshal(m)
+	w, _ := h.mw.CreateFormField(PartManifest)
+	w.Write(b)
+	first := fs.paths()[0]
+	h.first, _ = h.mw.CreateFormFile(first, first)
+	return h
+}
+
+func (h *heldBody) release() {
+	paths := h.fs.paths()
+	io.WriteString(h.first, h.fs[paths[0]])
+	for _, p := range paths[1:] {
+		w, _ := h.mw.CreateFormFile(p, p)
+		io.WriteString(w, h.fs[p])
+	}
+	h.mw.Close()
+	h.pw.Close()
+}
+
+func TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	var reloads int
+	e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
+
+	fs3 := fs2.clone()
+	fs3["maps/host.map"] += "s.example be-s\n"
+	m := e.c.manifest("plan-3", fs3)
+	m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"}}, "plan-3w"
+	h := holdApply(t, e.c, m, fs3)
+	time.Sleep(300 * time.Millisecond) // the fence has passed; the agent waits for the parts
+	newWorker(e.fake, false)
+	if st := newAgentClient(t, e.a).state("?verify=1"); st.WorkerOpsPlanID != "" {
+		t.Fatalf("the verified read did not invalidate: %+v", st)
+	}
+	h.release()
+	var res ApplyResult
+	select {
+	case raw := <-h.rawResp:
+		if !strings.HasPrefix(raw, "200 ") {
+			t.Fatalf("answer %s", raw)
+		}
+		res = <-h.answer
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer")
+	}
+	if !res.OK || res.Mode != ResultScheduled || res.Error == nil || res.Error.Stage != StageInPlace ||
+		res.Error.Message != "in-place ops were composed against a different worker baseline" || res.AppliedPlanID != "" {
+		t.Errorf("%+v %+v", res, res.Error)
+	}
+	e.fake.With(func(m *FakeModel) {
+		if m.Reloads != reloads {
+			t.Errorf("a second reload: %d → %d", reloads, m.Reloads)
+		}
+	})
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "add map") {
+			t.Errorf("the in-place op was sent: %q", cmd)
+		}
+	}
+}
+
+func TestAFallbackReloadInsideTheWindowRunsNoInPlaceOps(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "rejected.example be-r\ninplace.example be-i\n"
+	// set map of a key the worker lacks is refused: "entry not found".
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapSet, Path: "maps/host.map", Key: "rejected.example", Value: "be-r"})
+	m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "inplace.example", Value: "be-i"}}, "plan-2w"
+	res := e.c.apply(m, fs2)
+	if !res.OK || res.Mode != ResultScheduled || res.Error != nil {
+		t.Fatalf("%+v", res)
+	}
+	for _, cmd := range e.fake.Sent() {
+		if strings.HasPrefix(cmd, "add map") {
+			t.Errorf("an in-place op ran after a fallback: %q", cmd)
+		}
+	}
+}
+
+func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	res2 := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	if res2.Mode != ResultScheduled {
+		t.Fatalf("%+v", res2)
+	}
+	waitFor(t, "the pacer", func() bool { return e.c.state("").RunningPlanID == "plan-2" })
+	st := e.c.state("")
+	if st.ReloadPendingAt != "" || st.Generation != 2 || st.LKGPlanID != "plan-2" || st.WorkerOpsPlanID != "plan-2" {
+		t.Errorf("state %+v", st)
+	}
+	if la := st.LastApply; la == nil || la.PlanID != "plan-2" || !la.OK || la.Mode != ResultReload || la.Reload == nil ||
+		!la.Reload.Performed || la.At == res2.At && la.Timing == res2.Timing {
+		t.Errorf("last_apply %+v", la)
+	}
+	if metricValue(e.a, "apply_total", ResultReload) != 2 {
+		t.Error("apply_total{reload}")
+	}
+}
+
+func TestAFailedScheduledReloadReportsTheInvalidatedBaseline(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "bogus\n"
+	fs2["notes/new.txt"] = "n\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.Mode != ResultScheduled {
+		t.Fatalf("%+v", res)
+	}
+	waitFor(t, "the pacer", func() bool {
+		la := e.c.state("").LastApply
+		return la != nil && !la.OK
+	})
+	st := e.c.state("")
+	if la := st.LastApply; la.PlanID != "plan-2" || la.Mode != ResultRejected || la.Error == nil || la.Error.Stage != StageScheduledReload {
+		t.Errorf("last_apply %+v", la)
+	}
+	if st.AppliedPlanID != "" || st.LKGPlanID != "plan-1" || st.ReloadPendingAt != "" || st.Generation != 2 {
+		t.Errorf("state %+v", st)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Errorf("tree %v", e.disk(t))
+	}
+	if metricValue(e.a, "apply_rejected_total", StageScheduledReload) != 1 {
+		t.Error("apply_rejected_total{scheduled_reload}")
+	}
+}
+
+func TestAnAbortClearsThePendingReload(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.Mode != ResultScheduled {
+		t.Fatalf("%+v", res)
+	}
+	fs3 := fs2.clone()
+	fs3["blocked/file.txt"] = "x\n"
+	os.MkdirAll(filepath.Join(e.cfg.BaseDir, "blocked/file.txt"), 0o755)
+	res := e.c.apply(e.c.manifest("plan-3", fs3), fs3)
+	if res.OK || res.Error == nil || res.Error.Stage != StageWrite {
+		t.Fatalf("%+v %+v", res, res.Error)
+	}
+	if st := e.c.state(""); st.ReloadPendingAt != "" {
+		t.Errorf("pending %q", st.ReloadPendingAt)
+	}
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.PendingReloadPlanID != "" || !ps.ReloadPendingAt.IsZero() {
+		t.Errorf("state file pending %+v", ps)
+	}
+	got := e.disk(t)
+	if !sameSet(got, fs) {
+		t.Errorf("tree %v", got)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Read-back.
+
+func TestADivergenceReloadPersistsTheClearedJournal(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) { return "Out of memory.", cmd == "show map maps/host.map" }
+	})
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "d.example be-d\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "d.example", Value: "be-d"})
+	if res.Mode != ResultRuntime {
+		t.Fatalf("%+v", res)
+	}
+	waitFor(t, "the repair", func() bool {
+		return metricValue(e.a, "map_divergence_total") == 1 && len(readStateFile(t, e.cfg.BaseDir).Journal.Entries) == 0
+	})
+	st := e.c.state("")
+	if st.RunningPlanID != "plan-2" || st.LKGPlanID != "plan-2" || st.AppliedPlanID != "plan-2" || st.InvariantViolation != "" {
+		t.Errorf("state %+v", st)
+	}
+}
+
+func TestReadBackSerializesRuntimeAndFileSnapshots(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	var checked, held atomic.Bool
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if cmd == "show map maps/host.map" {
+				checked.Store(true)
+				if e.a.applyMu.TryLock() {
+					e.a.applyMu.Unlock()
+				} else {
+					held.Store(true)
+				}
+			}
+			return "", false
+		}
+	})
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "r.example be-r\n"
+	e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "r.example", Value: "be-r"})
+	waitFor(t, "the read-back", checked.Load)
+	if !held.Load() {
+		t.Error("the read-back read the map without the apply lock")
+	}
+	e.a.readbacks.Wait()
+	if metricValue(e.a, "map_divergence_total") != 0 {
+		t.Error("a divergence was found")
+	}
+}
+
+func TestDivergenceCounterName(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.MetricsListen = "127.0.0.1:0" }, nil)
+	text := scrape(t, e.a)
+	if !strings.Contains(text, "\n# TYPE haptic_agent_map_divergence_total counter\nhaptic_agent_map_divergence_total 0\n") {
+		t.Errorf("exposition:\n%s", text)
+	}
+}
+
+// scrape reads GET /metrics.
+func scrape(t testing.TB, a *Agent) string {
+	t.Helper()
+	resp, err := http.Get("http://" + a.metricsLn.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != metricsContentType {
+		t.Fatalf("metrics: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return string(b)
+}
+
+// ---------------------------------------------------------------------------
+// Deferred deletes through an apply.
+
+// seedBackend gives the fake worker a published backend with servers.
+func seedBackend(fake *FakeHAProxy, name string, servers ...string) {
+	fake.With(func(m *FakeModel) {
+		if m.Backends == nil {
+			m.Backends = map[string]*FakeBackend{}
+		}
+		be := &FakeBackend{Profile: "defaults", Mode: "http", Published: true}
+		for _, s := range servers {
+			be.Servers = append(be.Servers, &FakeServer{Name: s, Address: "10.0.0.1", Port: 80, Weight: 1, State: "ready", Enabled: true})
+		}
+		m.Backends[name] = be
+	})
+}
+
+func TestDeferralsRemoveServersAndBackendsOffTheApplyPath(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	seedBackend(e.fake, "be-old", "s1")
+	release := make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			if strings.HasPrefix(cmd, "wait ") && strings.Contains(cmd, "srv-removable") {
+				<-release
+			}
+			if strings.HasPrefix(cmd, "del ") {
+				mu.Lock()
+				order = append(order, cmd)
+				mu.Unlock()
+			}
+			return "", false
+		}
+	})
+	fs2 := fs.clone()
+	fs2["notes/gone.txt"] = "the backend is gone\n"
+	res := e.land(t, "plan-2", fs2,
+		Op{Kind: OpBackendUnpublish, Backend: "be-old"},
+		Op{Kind: OpServerDisable, Backend: "be-old", Server: "s1"},
+		Op{Kind: OpServerWaitRemovable, Backend: "be-old", Server: "s1", TimeoutMs: 1000},
+		Op{Kind: OpServerDel, Backend: "be-old", Server: "s1"},
+		Op{Kind: OpBackendWaitRemovable, Backend: "be-old", TimeoutMs: 1000},
+		Op{Kind: OpBackendDel, Backend: "be-old"},
+	)
+	// The apply answered while the queue's wait is still held.
+	if res.Mode != ResultRuntime || len(res.OpResults) != 2 {
+		t.Fatalf("%+v", res)
+	}
+	st := e.c.state("")
+	if !slices.Equal(st.PendingDeletes.Servers, []string{"be-old/s1"}) || !slices.Equal(st.PendingDeletes.Backends, []string{"be-old"}) {
+		t.Errorf("pending %+v", st.PendingDeletes)
+	}
+	if !e.fake.HasBackend("be-old") {
+		t.Fatal("deleted on the apply path")
+	}
+	close(release)
+	waitFor(t, "the deletes", func() bool { return !e.fake.HasBackend("be-old") })
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(order, []string{"del server be-old/s1", "del backend be-old"}) {
+		t.Errorf("delete order %q", order)
+	}
+	waitFor(t, "the queue to empty", func() bool {
+		p := e.c.state("").PendingDeletes
+		return len(p.Servers) == 0 && len(p.Backends) == 0
+	})
+	if metricValue(e.a, "deferred_deletes_total", "server", "done") != 1 || metricValue(e.a, "deferred_deletes_total", "backend", "done") != 1 {
+		t.Error("deferred_deletes_total")
+	}
+}
+
+func TestDeferralsRefuseMoreThanTheCapThroughAnApply(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	var ops []Op
+	for i := range MaxPendingServerDeletes + 1 {
+		ops = append(ops, Op{Kind: OpServerDel, Backend: "be-a", Server: fmt.Sprintf("s%d", i)})
+	}
+	fs2 := fs.clone()
+	fs2["notes/x.txt"] = "x\n"
+	m := e.c.manifest("plan-2", fs2)
+	m.Ops, m.OpBatches = ops[:1000], [][]Op{ops[1000:]}
+	res := e.c.apply(m, fs2)
+	if res.Mode != ResultReload || len(res.OpResults) != 0 {
+		t.Errorf("%+v", res)
+	}
+	if metricValue(e.a, "invariant_violations_total", invOpsExecutable) != 1 {
+		t.Error("ops_executable")
+	}
+	if p := e.c.state("").PendingDeletes; len(p.Servers) != 0 {
+		t.Errorf("pending %v", p)
+	}
+}
+
+func TestDeferralsRefuseAnUnsafeNameThroughAnApply(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/x.txt"] = "x\n"
+	res := e.land(t, "plan-2", fs2, Op{Kind: OpServerDel, Backend: "be-a", Server: "s1;del backend be-a"})
+	if res.Mode != ResultReload || metricValue(e.a, "invariant_violations_total", invOpsExecutable) != 1 {
+		t.Errorf("%+v", res)
+	}
+	if p := e.c.state("").PendingDeletes; len(p.Servers) != 0 || len(p.Backends) != 0 {
+		t.Errorf("pending %v", p)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Drain, metrics, invariants (agent level).
+
+func TestMetricsAreServedOnMetricsListen(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.MetricsListen = "127.0.0.1:0" }, nil)
+	text := scrape(t, e.a)
+	for _, family := range []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total",
+		"haptic_agent_invariant_violations_total", "haptic_agent_reloads_total", "haptic_agent_rollbacks_total",
+		"haptic_agent_deferred_deletes_total", "haptic_agent_op_errors_total", "haptic_agent_map_divergence_total",
+		"haptic_agent_generation"} {
+		if !strings.Contains(text, "# HELP "+family+" ") || !strings.Contains(text, "# TYPE "+family+" ") {
+			t.Errorf("family %s missing", family)
+		}
+	}
+	resp, err := http.Post("http://"+e.a.metricsLn.Addr().String()+"/metrics", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /metrics %d", resp.StatusCode)
+	}
+}
+
+func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.MetricsListen = "127.0.0.1:0" }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "m.example be-m\n"
+	e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "m.example", Value: "be-m"})
+	m := e.c.manifest("plan-3", fs2)
+	m.Token.LeaderEpoch = 0
+	e.c.post(applyRequest{manifest: m, files: fs2})
+	e.a.readbacks.Wait()
+
+	families, err := parseExposition(scrape(t, e.a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total", "haptic_agent_invariant_violations_total",
+		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
+		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation"}
+	var names []string
+	values := map[string]uint64{}
+	for _, f := range families {
+		names = append(names, f.name)
+		for _, s := range f.series {
+			key := f.name
+			for _, l := range s.labels {
+				key += fmt.Sprintf(",%s=%s", l.name, l.value)
+			}
+			values[key] = s.value
+		}
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("families %v", names)
+	}
+	for key, v := range map[string]uint64{
+		"haptic_agent_apply_total,mode=reload":                         1,
+		"haptic_agent_apply_total,mode=runtime":                        1,
+		"haptic_agent_apply_total,mode=rejected":                       0,
+		"haptic_agent_apply_rejected_total,stage=fencing":              1,
+		"haptic_agent_reloads_total,result=ok":                         1,
+		"haptic_agent_reloads_total,result=failed":                     0,
+		"haptic_agent_rollbacks_total":                                 0,
+		"haptic_agent_map_divergence_total":                            0,
+		"haptic_agent_generation":                                      2,
+		"haptic_agent_deferred_deletes_total,kind=server,outcome=done": 0,
+		"haptic_agent_invariant_violations_total,name=recovery_reload": 0,
+	} {
+		if got, ok := values[key]; !ok || got != v {
+			t.Errorf("%s = %d (present %v), want %d", key, got, ok, v)
+		}
+	}
+}
+
+// lockedLog is a concurrency-safe log sink.
+type lockedLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(b)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func TestInvariantViolationIsCountedLoggedAndReported(t *testing.T) {
+	logs := &lockedLog{}
+	e := newTestEnv(t, func(c *AgentConfig) {
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}, func(a *Agent, _ *FakeHAProxy) {
+		// Force a mount the probe missed: every install crosses a device.
+		a.files.rename = func(oldpath, newpath string) error {
+			if strings.Contains(filepath.Base(oldpath), "part-") {
+				return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: syscall.EXDEV}
+			}
+			return os.Rename(oldpath, newpath)
+		}
+	})
+	fs := seedFiles()
+	res := e.land(t, "plan-1", fs)
+	if !sameSet(e.disk(t), fs) {
+		t.Fatalf("the copy fallback did not install: %v", e.disk(t))
+	}
+	st := e.c.state("")
+	if st.InvariantViolation != invMountProbeFoundEveryMount || metricValue(e.a, "invariant_violations_total", invMountProbeFoundEveryMount) != 1 {
+		t.Errorf("invariant %q", st.InvariantViolation)
+	}
+	if !strings.Contains(logs.String(), `"level":"ERROR","msg":"invariant violated","invariant":"mount_probe_found_every_mount"`) {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+	if e.a.files.crossDevice.Load() != 2 {
+		t.Errorf("cross-device count %d", e.a.files.crossDevice.Load())
+	}
+	// The agent keeps serving.
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "k.example be-k\n"
+	if res2 := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "k.example", Value: "be-k"}); res2.Mode != ResultRuntime || res.Mode != ResultReload {
+		t.Errorf("%+v", res2)
+	}
+	if code, _ := getText(t, e.a, PathReadyz); code != 200 {
+		t.Errorf("readyz %d", code)
+	}
+}
+
+func TestDrainSocketAnswersTheDrain(t *testing.T) {
+	drain := filepath.Join(shortTempDir(t), "drain.sock")
+	e := newTestEnv(t, func(c *AgentConfig) {
+		c.DrainSocket = drain
+		c.DrainQuietPeriod, c.DrainMaxWait = 100*time.Millisecond, 2*time.Second
+		c.DrainIgnoreFrontends = []string{"status,stats"}
+	}, nil)
+	if fi, err := os.Lstat(drain); err != nil || fi.Mode().Perm() != 0o666 {
+		t.Fatalf("drain socket %v %v", fi, err)
+	}
+	e.fake.With(func(m *FakeModel) { m.Frontends = map[string]uint64{"http-in": 7, "status": 100} })
+	resp, err := unixClient(drain).Get("http://agent" + PathDrain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dr DrainResult
+	json.NewDecoder(resp.Body).Decode(&dr)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || dr.Reason != DrainReasonQuiet || dr.Connections != 7 {
+		t.Errorf("%d %+v", resp.StatusCode, dr)
+	}
+	e.stop()
+	if _, err := os.Lstat(drain); !os.IsNotExist(err) {
+		t.Errorf("the drain socket is still there: %v", err)
+	}
+}
+
+func TestFailedInvariantsChecksEveryAfterFinishInvariant(t *testing.T) {
+	in := invariantInputs{crossDevice: 1}
+	if got := failedInvariants(in); !slices.Equal(got, []string{invMountProbeFoundEveryMount}) {
+		t.Errorf("%v", got)
+	}
+	ok := invariantInputs{ok: true, generation: 3, prevGeneration: 2, result: &ApplyResult{Mode: ResultNoop}}
+	if got := failedInvariants(ok); len(got) != 0 {
+		t.Errorf("%v", got)
+	}
+	bad := invariantInputs{ok: true, generation: 3, prevGeneration: 1, files: seedFiles().manifestFiles(),
+		result: &ApplyResult{Mode: ResultRuntime, Reload: &ReloadInfo{ScheduledAt: "x"}}, journalEntries: 1}
+	want := []string{invGenerationMonotonic, invDiskIsTheDesiredSet, invRuntimeModeDoesNotReload, invJournalOnlyWhileDiverged}
+	if got := failedInvariants(bad); !slices.Equal(got, want) {
+		t.Errorf("%v", got)
+	}
+	for mode, r := range map[string]*ApplyResult{
+		invReloadModeReloads: {Mode: ResultReload, Reload: &ReloadInfo{ScheduledAt: "x"}},
+		invNoopRunsNoOps:     {Mode: ResultNoop, OpResults: []OpResult{{Kind: OpMapAdd, OK: true}}},
+	} {
+		if got := failedInvariants(invariantInputs{result: r}); !slices.Equal(got, []string{mode}) {
+			t.Errorf("%s: %v", mode, got)
+		}
+	}
+}

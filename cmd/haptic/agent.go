@@ -1,0 +1,111 @@
+// agent.go owns `haptic agent` (agent.md §2.2): flags and environment into
+// an AgentConfig, the JSON logger, and the process lifetime around
+// (*Agent).Run. It checks nothing NewAgent checks (agent.md §2.3), so the
+// command and a program embedding the agent refuse the same configurations
+// with the same words.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/haptic-agent/haptic"
+)
+
+// errUsage is returned by a parser that has already printed the error and
+// the usage.
+var errUsage = errors.New("usage error")
+
+func runAgent(ctx context.Context, args []string, s stdio) int {
+	fs := newFlagSet("agent", "haptic agent [flags]\n"+
+		"Environment: DATAPLANE_USERNAME and DATAPLANE_PASSWORD (HTTP Basic), LOG_LEVEL (debug, info, warn, error).", s)
+	cfg, err := parseAgentFlags(fs, args, s)
+	if err != nil {
+		return usageStatus(err)
+	}
+	agent, err := haptic.NewAgent(cfg)
+	if err != nil {
+		fmt.Fprintf(s.err, "haptic agent: %v\n", err)
+		return exitFailure
+	}
+	cfg.Logger.Info("agent started", "version", cfg.AgentVersion, "listen", agent.Addr(), "base_dir", cfg.BaseDir)
+	if err := agent.Run(ctx); err != nil {
+		cfg.Logger.Error("agent stopped", "err", err)
+		fmt.Fprintf(s.err, "haptic agent: %v\n", err)
+		return exitFailure
+	}
+	cfg.Logger.Info("agent stopped")
+	return exitOK
+}
+
+// parseAgentFlags maps the flags and the environment to an AgentConfig.
+// The socket and state-file flags are resolved against --base-dir here,
+// by the rule NewAgent applies itself (relative unless absolute), so that
+// the configuration the agent logs and reports is the one it uses. An
+// empty --admin-socket or --drain-socket stays empty: that socket is off.
+func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConfig, error) {
+	var cfg haptic.AgentConfig
+	fs.StringVar(&cfg.BaseDir, "base-dir", defaultBaseDir, "root of the owned file tree")
+	fs.StringVar(&cfg.ConfigFile, "config", haptic.ConfigFilePath, "manifest path of the HAProxy config file")
+	fs.StringVar(&cfg.MasterSocket, "master-socket", "haproxy-master.sock", "HAProxy master CLI socket (show proc, reload)")
+	fs.StringVar(&cfg.WorkerSocket, "worker-socket", "haproxy-worker.sock", "HAProxy worker stats socket (runtime ops, inventory)")
+	fs.StringVar(&cfg.Listen, "listen", ":5555", "TCP address of the API (HTTPS with --tls-dir)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", `TCP address serving GET /metrics without auth; "" is off`)
+	fs.StringVar(&cfg.TLSDir, "tls-dir", "", "directory of tls.crt, tls.key and ca.crt; turns on mutual TLS")
+	fs.StringVar(&cfg.TLSClientName, "tls-client-name", "", "DNS SAN a client certificate must carry (required with --tls-dir)")
+	fs.StringVar(&cfg.StateFile, "state-file", ".haptic-agent.json", "the agent's state file")
+	fs.DurationVar(&cfg.ReloadIntervalMin, "reload-interval-min", 0, "minimum time between two reloads, 0s..60s")
+	fs.DurationVar(&cfg.ReloadTimeout, "reload-timeout", time.Duration(haptic.MaxReloadMs)*time.Millisecond, "how long a reload may take; 0 means the default")
+	fs.StringVar(&cfg.AdminSocket, "admin-socket", defaultAdminSocket, `unix socket serving GET /healthz and GET /v1/state without auth; "" is off`)
+	fs.StringVar(&cfg.DrainSocket, "drain-socket", "", `unix socket serving GET /drain for preStop hooks; "" is off`)
+	fs.DurationVar(&cfg.DrainQuietPeriod, "drain-quiet-period", 2*time.Second, "a drain ends once no new connection arrived for this long")
+	fs.DurationVar(&cfg.DrainMaxWait, "drain-max-wait", 10*time.Second, "upper bound of one drain, at most 5m")
+	fs.Func("drain-ignore-frontend", "frontend left out of the drain's connection count; repeatable, comma-separated lists allowed",
+		func(v string) error {
+			for name := range strings.SplitSeq(v, ",") {
+				if name = strings.TrimSpace(name); name != "" {
+					cfg.DrainIgnoreFrontends = append(cfg.DrainIgnoreFrontends, name)
+				}
+			}
+			return nil
+		})
+	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow starting with no authentication at all")
+
+	positional, err := parseArgs(fs, args)
+	if err != nil {
+		return cfg, err
+	}
+	if len(positional) > 0 {
+		usageError(fs, "unexpected argument %q", positional[0])
+		return cfg, errUsage
+	}
+	logger, err := newLogger(s.err, s.getenv("LOG_LEVEL"), slog.LevelInfo)
+	if err != nil {
+		usageError(fs, "%v", err)
+		return cfg, errUsage
+	}
+	for _, p := range []*string{&cfg.MasterSocket, &cfg.WorkerSocket, &cfg.AdminSocket, &cfg.DrainSocket, &cfg.StateFile} {
+		*p = localPath(cfg.BaseDir, *p)
+	}
+	cfg.Username = s.getenv("DATAPLANE_USERNAME")
+	cfg.Password = s.getenv("DATAPLANE_PASSWORD")
+	cfg.AgentVersion = agentVersion()
+	cfg.Logger = logger
+	return cfg, nil
+}
+
+// agentVersion is the main module's version from the build info, "dev"
+// for a build outside a module version (go run, a plain go build).
+func agentVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok || info.Main.Version == "" || info.Main.Version == "(devel)" {
+		return "dev"
+	}
+	return info.Main.Version
+}

@@ -1,0 +1,392 @@
+// demo.go owns `haptic demo`: the basic-apply example's two renders, run in
+// one process against an agent it starts beside a fake HAProxy (the
+// default) or a real HAProxy binary in master-worker mode. Everything it
+// starts lives in one temporary directory and is stopped and removed
+// before it returns, on success, on failure and on SIGINT.
+//
+// The example (cmd/basic-apply) drives the agent call by call: Diff,
+// NewManifest, Apply, the resend of missing parts. The demo drives the
+// same two renders through the package's controller loop, Deploy, the way
+// `haptic push` does, and prints the example's output, so the two show the
+// same flow at two levels of the API. The renders are the example's: the
+// same config (its paths pointed at the temporary directory, its frontend
+// bound to a unix socket so that nothing needs a privileged port) and the
+// same two host maps, written as directories and read with PlanFromDir.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/haptic-agent/haptic"
+)
+
+// The demo's files, as the example names them.
+const demoHostMap = "maps/host.map"
+
+// demoHostMaps are the example's two renders of the host map.
+var demoHostMaps = []string{
+	"shop.example.com web-servers\n",
+	"shop.example.com web-servers\nblog.example.com web-servers\n",
+}
+
+// demoConfig is the example's haproxy.cfg with <dir> for the base
+// directory.
+const demoConfig = `global
+    log stdout format raw local0
+    stats socket <dir>/haproxy-worker.sock mode 600 level admin
+    default-path origin <dir>
+
+defaults
+    mode http
+    timeout client 30s
+    timeout server 30s
+    timeout connect 5s
+
+frontend http-in
+    bind unix@<dir>/http-in.sock
+    use_backend %[req.hdr(host),lower,map(` + demoHostMap + `,web-servers)]
+
+backend web-servers
+    balance roundrobin
+    server web1 192.168.1.10:80 check inter 2s
+`
+
+// demoBootConfig is what a real HAProxy starts with before the first
+// render, like a pod's image config: the worker stats socket the agent
+// needs and one listener (HAProxy refuses to start without any).
+const demoBootConfig = `global
+    stats socket <dir>/haproxy-worker.sock mode 600 level admin
+    default-path origin <dir>
+
+frontend boot
+    mode http
+    bind unix@<dir>/boot.sock
+    http-request return status 200
+`
+
+// Bounds of the demo's waits. HAProxy starts in well under a second; the
+// agent's own shutdown grace is 15 s.
+const (
+	demoReadyTimeout    = 30 * time.Second
+	demoReadyPoll       = 50 * time.Millisecond
+	demoAgentStopWait   = 20 * time.Second
+	demoHAProxyStopWait = 5 * time.Second
+)
+
+func runDemo(ctx context.Context, args []string, s stdio) int {
+	fs := newFlagSet("demo", "haptic demo [--haproxy PATH]", s)
+	haproxyBin := fs.String("haproxy", "", "a real HAProxy binary to run in master-worker mode; default: the fake HAProxy")
+	positional, err := parseArgs(fs, args)
+	if err != nil {
+		return usageStatus(err)
+	}
+	if len(positional) > 0 {
+		return usageError(fs, "unexpected argument %q", positional[0])
+	}
+	// The agent logs only what needs attention unless LOG_LEVEL says more.
+	logger, err := newLogger(s.err, s.getenv("LOG_LEVEL"), slog.LevelWarn)
+	if err != nil {
+		return usageError(fs, "%v", err)
+	}
+	if err := demo(ctx, s.out, *haproxyBin, logger); err != nil {
+		fmt.Fprintf(s.err, "haptic demo: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// demo runs the whole flow. Every resource is released by a deferred call
+// registered right after it is acquired, so an error at any step cleans up
+// exactly what was started.
+func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Logger) (err error) {
+	// Short: unix socket paths are limited to 107 bytes.
+	dir, err := os.MkdirTemp("", "hdemo")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	base := filepath.Join(dir, "base")
+	renders := []string{filepath.Join(dir, "render-1"), filepath.Join(dir, "render-2")}
+	if err := os.Mkdir(base, 0o755); err != nil {
+		return err
+	}
+	for i, r := range renders {
+		if err := writeDemoRender(r, base, demoHostMaps[i]); err != nil {
+			return err
+		}
+	}
+
+	var exited <-chan struct{} // closed when a real HAProxy exits; nil for the fake
+	if haproxyBin == "" {
+		fake, err := startDemoFake(base)
+		if err != nil {
+			return err
+		}
+		defer fake.Close()
+	} else {
+		var h *demoHAProxy
+		if h, err = startDemoHAProxy(haproxyBin, base); err != nil {
+			return err
+		}
+		defer h.stop()
+		exited = h.exited
+		// HAProxy's own words are what explain a failed demo on a real
+		// binary; they are printed only then (not when the operator
+		// interrupted it).
+		defer func() {
+			if err != nil && !errors.Is(err, context.Canceled) {
+				err = fmt.Errorf("%w\nHAProxy output:\n%s", err, h.output.String())
+			}
+		}()
+	}
+
+	password := rand.Text()
+	agent, err := haptic.NewAgent(haptic.AgentConfig{
+		BaseDir:      base,
+		MasterSocket: filepath.Join(base, "haproxy-master.sock"),
+		WorkerSocket: filepath.Join(base, "haproxy-worker.sock"),
+		Listen:       "127.0.0.1:0",
+		Username:     "demo",
+		Password:     password,
+		AgentVersion: agentVersion(),
+		Logger:       logger,
+	})
+	if err != nil {
+		return err
+	}
+	runCtx, stopAgent := context.WithCancel(ctx)
+	// stopped is closed once Run has returned, with its error in runErr, so
+	// that the readiness wait and the cleanup can both observe it.
+	stopped := make(chan struct{})
+	var runErr error
+	go func() {
+		runErr = agent.Run(runCtx)
+		close(stopped)
+	}()
+	defer func() {
+		stopAgent()
+		select {
+		case <-stopped:
+		case <-time.After(demoAgentStopWait):
+		}
+	}()
+	if err = waitDemoReady(ctx, agent, stopped, func() error { return runErr }, exited); err != nil {
+		return err
+	}
+
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "demo", Password: password})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	return demoRenders(ctx, out, client, renders)
+}
+
+// writeDemoRender writes one render of the example as a directory.
+func writeDemoRender(dir, base, hostMap string) error {
+	files := map[string]string{
+		haptic.ConfigFilePath: strings.ReplaceAll(demoConfig, "<dir>", base),
+		demoHostMap:           hostMap,
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startDemoFake starts the fake HAProxy on the agent's default socket
+// names in the base directory. The fake reads no configuration, so a
+// reload "loads" the host map from the base directory, as a real worker
+// would: that is how the runtime inventory lists it after the first reload.
+func startDemoFake(base string) (*haptic.FakeHAProxy, error) {
+	fake, err := haptic.StartFakeHAProxy(base, "")
+	if err != nil {
+		return nil, err
+	}
+	fake.With(func(m *haptic.FakeModel) {
+		m.OnReload = func(m *haptic.FakeModel) {
+			content, err := os.ReadFile(filepath.Join(base, filepath.FromSlash(demoHostMap)))
+			if err != nil {
+				delete(m.Maps, demoHostMap)
+				return
+			}
+			if m.Maps == nil {
+				m.Maps = map[string][]haptic.MapEntry{}
+			}
+			m.Maps[demoHostMap] = haptic.ParseMapEntries(string(content))
+		}
+	})
+	return fake, nil
+}
+
+// demoHAProxy is a real HAProxy master process the demo started.
+type demoHAProxy struct {
+	cmd    *exec.Cmd
+	output *syncBuffer
+	exited chan struct{}
+	once   sync.Once
+}
+
+// startDemoHAProxy starts bin in master-worker mode in the foreground, with
+// the master CLI socket the agent reloads through, on the boot config.
+func startDemoHAProxy(bin, base string) (*demoHAProxy, error) {
+	cfg := filepath.Join(base, haptic.ConfigFilePath)
+	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(demoBootConfig, "<dir>", base)), 0o644); err != nil {
+		return nil, err
+	}
+	h := &demoHAProxy{output: &syncBuffer{}, exited: make(chan struct{})}
+	h.cmd = exec.Command(bin, "-W", "-db", "-S", filepath.Join(base, "haproxy-master.sock")+",level,admin", "-f", cfg)
+	h.cmd.Dir = base
+	h.cmd.Stdout, h.cmd.Stderr = h.output, h.output
+	if err := h.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", bin, err)
+	}
+	go func() {
+		h.cmd.Wait()
+		close(h.exited)
+	}()
+	return h, nil
+}
+
+// stop terminates the master (which stops its workers), then kills it if
+// it has not exited in time.
+func (h *demoHAProxy) stop() {
+	h.once.Do(func() {
+		h.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-h.exited:
+		case <-time.After(demoHAProxyStopWait):
+			h.cmd.Process.Kill()
+			<-h.exited
+		}
+	})
+}
+
+// syncBuffer collects HAProxy's output from its two pipes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitDemoReady waits until the agent has found HAProxy and adopted its
+// worker, and fails early when the agent or HAProxy stops first.
+func waitDemoReady(ctx context.Context, agent *haptic.Agent, stopped <-chan struct{}, runErr func() error, exited <-chan struct{}) error {
+	deadline := time.NewTimer(demoReadyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(demoReadyPoll)
+	defer tick.Stop()
+	for !agent.Ready() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopped:
+			if ctx.Err() != nil {
+				return ctx.Err() // Run ends cleanly when it is cancelled
+			}
+			return fmt.Errorf("the agent stopped before it was ready: %v", runErr())
+		case <-exited:
+			return errors.New("HAProxy exited before the agent was ready")
+		case <-deadline.C:
+			return fmt.Errorf("the agent did not find HAProxy within %s", demoReadyTimeout)
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// demoRenders pushes each render in turn and prints the example's output.
+func demoRenders(ctx context.Context, out io.Writer, client *haptic.Client, renders []string) error {
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		return fmt.Errorf("failed to read the agent's state: %w", err)
+	}
+	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n", state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
+	for i, dir := range renders {
+		if i > 0 {
+			fmt.Fprint(out, "\n")
+		}
+		next, err := haptic.PlanFromDir(dir)
+		if err != nil {
+			return err
+		}
+		// What Deploy will decide, printed before it acts: the same state,
+		// the same rules.
+		state, err := client.State(ctx, haptic.StateRead{Plan: true})
+		if err != nil {
+			return fmt.Errorf("failed to read the agent's state: %w", err)
+		}
+		decision, notes := liveDecision(state, next)
+		fmt.Fprintf(out, "Applying plan %s: %s (%d runtime op(s))\n", next.ID, decision.Verdict, len(decision.Ops))
+		for _, n := range notes {
+			fmt.Fprintf(out, "  note: %s\n", n)
+		}
+		for _, r := range decision.Reasons {
+			fmt.Fprintf(out, "  reason: %s\n", r)
+		}
+		result, err := haptic.Deploy(ctx, client, next, haptic.DeployOptions{LeaderEpoch: max(1, state.AppliedToken.LeaderEpoch)})
+		if err != nil {
+			return fmt.Errorf("apply failed: %w", err)
+		}
+		printDemoResult(out, result)
+		if !result.OK {
+			return errors.New("the agent rejected the render; its files and HAProxy are back on the last-known-good set")
+		}
+	}
+	fmt.Fprint(out, "\nExample completed successfully!\n")
+	return nil
+}
+
+// printDemoResult prints an apply's answer in the example's words.
+func printDemoResult(out io.Writer, result *haptic.ApplyResult) {
+	if !result.OK {
+		stage, message := "", ""
+		if result.Error != nil {
+			stage, message = result.Error.Stage, result.Error.Message
+		}
+		fmt.Fprintf(out, "  rejected at stage %q: %s\n", stage, message)
+		return
+	}
+	fmt.Fprintf(out, "  mode: %s, applied plan: %s\n", result.Mode, result.AppliedPlanID)
+	for _, r := range result.OpResults {
+		fmt.Fprintf(out, "  op %s: ok=%t", r.Kind, r.OK)
+		if r.Output != "" {
+			fmt.Fprint(out, " "+r.Output)
+		}
+		fmt.Fprint(out, "\n")
+	}
+	if result.Reload != nil && result.Reload.Performed {
+		fmt.Fprintf(out, "  HAProxy reloaded in %d ms, worker pid %d\n", result.Reload.TookMs, result.Reload.WorkerPID)
+	} else {
+		fmt.Fprint(out, "  no reload: the change reached the running worker\n")
+	}
+}

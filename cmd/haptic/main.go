@@ -1,0 +1,183 @@
+// Command haptic is the HAPTIC agent and the operator's tools around it.
+//
+//	haptic agent [flags]                    run the agent beside HAProxy
+//	haptic agent state [flags]              print the agent's state
+//	haptic agent health [flags]             liveness probe over the admin socket
+//	haptic plan DIR                         print the plan of a directory
+//	haptic diff [flags] OLD NEW             does this change reload, and why?
+//	haptic diff --agent URL [flags] DIR     the same, against a live agent
+//	haptic push --agent URL [flags] DIR     push a directory to agents
+//	haptic demo [--haproxy PATH]            the whole flow in one process
+//
+// This file owns the dispatch and what every subcommand shares: exit
+// statuses, flag parsing, local path resolution and the logger. Each
+// subcommand lives in its own file; none of them calls os.Exit or reads the
+// process environment directly, so that tests run them in-process.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+)
+
+// Exit statuses. A usage error is 2 everywhere, like the flag package's;
+// `haptic diff` also answers 1 for a reload verdict.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// stdio is what a subcommand may touch of its process: two writers and the
+// environment.
+type stdio struct {
+	out, err io.Writer
+	getenv   func(string) string
+}
+
+func main() {
+	// SIGINT and SIGTERM cancel the context: the agent shuts down cleanly
+	// and the demo removes what it started.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], stdio{out: os.Stdout, err: os.Stderr, getenv: os.Getenv})
+	stop()
+	os.Exit(code)
+}
+
+const usageText = `Usage:
+  haptic agent [flags]                  run the agent beside HAProxy
+  haptic agent state [flags]            print the agent's state
+  haptic agent health [flags]           exit 0 when the agent answers on its admin socket
+  haptic plan DIR                       print the plan of a directory as JSON
+  haptic diff [flags] OLD NEW           what the change from OLD to NEW does to a pod
+  haptic diff --agent URL [flags] DIR   what pushing DIR does to a live agent
+  haptic push --agent URL [flags] DIR   push DIR to one or many agents
+  haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
+
+Run "haptic <command> -h" for a command's flags.
+`
+
+// run dispatches to the subcommand and returns the process's exit status.
+func run(ctx context.Context, args []string, s stdio) int {
+	if len(args) == 0 {
+		fmt.Fprint(s.err, usageText)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "agent":
+		if len(rest) > 0 {
+			switch rest[0] {
+			case "state":
+				return runAgentState(ctx, rest[1:], s)
+			case "health":
+				return runAgentHealth(ctx, rest[1:], s)
+			}
+		}
+		return runAgent(ctx, rest, s)
+	case "plan":
+		return runPlan(rest, s)
+	case "diff":
+		return runDiff(ctx, rest, s)
+	case "push":
+		return runPush(ctx, rest, s)
+	case "demo":
+		return runDemo(ctx, rest, s)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(s.out, usageText)
+		return exitOK
+	}
+	fmt.Fprintf(s.err, "haptic: unknown command %q\n%s", cmd, usageText)
+	return exitUsage
+}
+
+// newFlagSet returns a flag set that reports to stderr and never exits the
+// process. synopsis is the usage line printed above the flags.
+func newFlagSet(name, synopsis string, s stdio) *flag.FlagSet {
+	fs := flag.NewFlagSet("haptic "+name, flag.ContinueOnError)
+	fs.SetOutput(s.err)
+	fs.Usage = func() {
+		fmt.Fprintf(s.err, "Usage: %s\n", synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseArgs parses flags wherever they appear among the arguments, so that
+// `haptic diff OLD NEW --haproxy-version 3.0` works as operators type it,
+// and returns the positional arguments. Everything after "--" is
+// positional. Each round consumes at least one argument, so the loop ends.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		consumed := len(args) - fs.NArg()
+		rest := fs.Args()
+		if consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// usageStatus is the exit status of a flag parsing error: 0 for -h (the
+// usage was asked for), 2 otherwise (the flag package already printed the
+// error and the usage).
+func usageStatus(err error) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	return exitUsage
+}
+
+// usageError prints a usage error of a parsed command with its usage and
+// returns exitUsage.
+func usageError(fs *flag.FlagSet, format string, args ...any) int {
+	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
+	fs.Usage()
+	return exitUsage
+}
+
+// localPath resolves an agent-local path flag (sockets, the state file)
+// the way the agent does: relative to the base directory unless absolute;
+// "" stays "" (the socket is off).
+func localPath(baseDir, p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(baseDir, p)
+}
+
+// newLogger builds the JSON logger of README decision 10 at the LOG_LEVEL
+// given; "" means def. The error text is the one agent.md §2.2 pins.
+func newLogger(w io.Writer, levelText string, def slog.Level) (*slog.Logger, error) {
+	level := def
+	switch levelText {
+	case "":
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		return nil, fmt.Errorf("LOG_LEVEL %q is not one of debug, info, warn, error", levelText)
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), nil
+}

@@ -1,0 +1,168 @@
+// state.go owns `haptic agent state` and `haptic agent health` (agent.md
+// §15): the two read-only commands an operator or a kubelet runs inside the
+// pod. They reach the agent through its admin socket by default, which
+// needs no credentials and keeps working when the network TLS identity has
+// expired. They never fetch the plan blob and never write.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/haptic-agent/haptic"
+)
+
+// Defaults that locate the admin socket, the agent's own (agent.md §2.2).
+const (
+	defaultBaseDir     = "/etc/haproxy"
+	defaultAdminSocket = ".haptic-agent.sock"
+	healthTimeout      = 5 * time.Second
+)
+
+func runAgentState(ctx context.Context, args []string, s stdio) int {
+	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL [--tls-dir DIR]] [--verify] [--files] [--output text|json]", s)
+	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
+	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
+	url := fs.String("url", "", "read over TCP instead, e.g. https://pod-ip:5555 (Basic credentials from DATAPLANE_USERNAME/DATAPLANE_PASSWORD)")
+	tlsDir := fs.String("tls-dir", "", "with an https --url: tls.crt and tls.key are the client identity, ca.crt the roots")
+	verify := fs.Bool("verify", false, "make the agent re-hash its files and re-check the HAProxy worker first (verify=1)")
+	files := fs.Bool("files", false, "add the table of held files (text output)")
+	output := fs.String("output", "text", "text or json")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline of the request")
+	positional, err := parseArgs(fs, args)
+	if err != nil {
+		return usageStatus(err)
+	}
+	switch {
+	case len(positional) > 0:
+		return usageError(fs, "unexpected argument %q", positional[0])
+	case *output != "text" && *output != "json":
+		return usageError(fs, "--output must be text or json")
+	case *timeout <= 0:
+		return usageError(fs, "--timeout must be positive, got %s", *timeout)
+	case *tlsDir != "" && *url == "":
+		return usageError(fs, "--tls-dir needs an https --url; the admin socket speaks plain HTTP")
+	}
+
+	cfg := &haptic.ClientConfig{BaseURL: "http://localhost", UnixSocket: localPath(*baseDir, *adminSocket), Timeout: *timeout}
+	if *url != "" {
+		cfg = &haptic.ClientConfig{BaseURL: *url, Username: s.getenv("DATAPLANE_USERNAME"),
+			Password: s.getenv("DATAPLANE_PASSWORD"), Timeout: *timeout}
+		if *tlsDir != "" {
+			tlsConfig, err := clientTLS(filepath.Join(*tlsDir, "tls.crt"), filepath.Join(*tlsDir, "tls.key"),
+				filepath.Join(*tlsDir, "ca.crt"), "")
+			if err != nil {
+				fmt.Fprintf(s.err, "haptic agent state: --tls-dir: %v\n", err)
+				return exitFailure
+			}
+			cfg.TLS = tlsConfig
+		}
+	}
+	client, err := haptic.NewClient(cfg)
+	if err != nil {
+		fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
+		return exitFailure
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{Verify: *verify})
+	if err != nil {
+		fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
+		return exitFailure
+	}
+	if *output == "json" {
+		out, err := json.MarshalIndent(state, "", "  ")
+		if err != nil {
+			fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
+			return exitFailure
+		}
+		s.out.Write(append(out, '\n'))
+		return exitOK
+	}
+	printState(s.out, state, *files)
+	return exitOK
+}
+
+// printState writes the text layout of agent.md §15.1: one "key: value"
+// line per fact, an empty id or proof as "-", then optionally the file
+// table. A multi-line error message (HAProxy's log of a refused reload)
+// continues on lines indented by four spaces, so every key still starts a
+// line.
+func printState(w io.Writer, st *haptic.State, withFiles bool) {
+	fmt.Fprintf(w, "agent: %s (api %d)\n", orDash(st.AgentVersion), st.APIVersion)
+	fmt.Fprintf(w, "haproxy: %s worker pid %d\n", orDash(st.HAProxy.Version), st.HAProxy.WorkerPID)
+	fmt.Fprintf(w, "generation: %d\n", st.Generation)
+	fmt.Fprintf(w, "applied: %s proof %s token %d/%d\n", orDash(st.AppliedPlanID), orDash(st.AppliedPlanProof),
+		st.AppliedToken.LeaderEpoch, st.AppliedToken.RenderSeq)
+	fmt.Fprintf(w, "running: %s proof %s\n", orDash(st.RunningPlanID), orDash(st.RunningPlanProof))
+	fmt.Fprintf(w, "worker ops: %s proof %s\n", orDash(st.WorkerOpsPlanID), orDash(st.WorkerOpsPlanProof))
+	fmt.Fprintf(w, "lkg: %s proof %s\n", orDash(st.LKGPlanID), orDash(st.LKGPlanProof))
+	fmt.Fprintf(w, "reload pending: %s\n", orNone(st.ReloadPendingAt))
+	fmt.Fprintf(w, "pending deletes: %d servers, %d backends\n", len(st.PendingDeletes.Servers), len(st.PendingDeletes.Backends))
+	if la := st.LastApply; la != nil {
+		line := fmt.Sprintf("%s %s ok=%t at %s", orDash(la.PlanID), orDash(la.Mode), la.OK, orDash(la.At))
+		if la.Error != nil {
+			line += fmt.Sprintf(" error %s: %s", la.Error.Stage, la.Error.Message)
+		}
+		fmt.Fprintf(w, "last apply: %s\n", strings.ReplaceAll(strings.TrimRight(line, "\n"), "\n", "\n    "))
+	} else {
+		fmt.Fprint(w, "last apply: none\n")
+	}
+	fmt.Fprintf(w, "invariant: %s\n", orNone(st.InvariantViolation))
+	if !withFiles {
+		return
+	}
+	fmt.Fprint(w, "\n")
+	paths := make([]string, 0, len(st.Files))
+	for p := range st.Files {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprint(tw, "PATH\tSIZE\tDIGEST\tPROOF\n")
+	for _, p := range paths {
+		f := st.Files[p]
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", p, f.Size, orDash(f.Digest), orDash(f.Proof))
+	}
+	tw.Flush()
+}
+
+// orNone prints an absent value as "none".
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+// runAgentHealth is the exec liveness probe: silent success, or one line
+// of reason and exit 1.
+func runAgentHealth(ctx context.Context, args []string, s stdio) int {
+	fs := newFlagSet("agent health", "haptic agent health [--base-dir DIR] [--admin-socket PATH]", s)
+	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
+	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
+	positional, err := parseArgs(fs, args)
+	if err != nil {
+		return usageStatus(err)
+	}
+	if len(positional) > 0 {
+		return usageError(fs, "unexpected argument %q", positional[0])
+	}
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://localhost",
+		UnixSocket: localPath(*baseDir, *adminSocket), Timeout: healthTimeout})
+	if err == nil {
+		defer client.Close()
+		err = client.Health(ctx)
+	}
+	if err != nil {
+		fmt.Fprintf(s.err, "haptic agent health: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
