@@ -808,15 +808,12 @@ func (a *Agent) refreshTree() error {
 			a.mu.Unlock()
 			continue
 		}
-		for p, at := range fresh {
-			if old, ok := a.tree[p]; ok && old.Digest == at.Digest && old.Size == at.Size {
-				at.Proof = old.Proof
-				fresh[p] = at
-			}
-		}
+		keepProofs(a.tree, fresh)
 		a.setTreeLocked(fresh)
-		a.st.TreeDigest = treeDigest(fresh)
-		a.saveLocked()
+		if digest := treeDigest(fresh); digest != a.st.TreeDigest {
+			a.st.TreeDigest = digest
+			a.saveLocked()
+		}
 		a.mu.Unlock()
 		return nil
 	}
@@ -835,6 +832,18 @@ func (a *Agent) ownershipLocked() []string {
 	}
 	slices.Sort(paths)
 	return slices.Compact(paths)
+}
+
+// keepProofs carries each proof of old over to the fresh observation of
+// the same path when digest and size did not change: the bytes are the ones
+// the proof vouched for.
+func keepProofs(old, fresh map[string]FileAt) {
+	for p, at := range fresh {
+		if prev, ok := old[p]; ok && prev.Digest == at.Digest && prev.Size == at.Size {
+			at.Proof = prev.Proof
+			fresh[p] = at
+		}
+	}
 }
 
 // hashPaths hashes a set that may exceed MaxFiles (the committed set plus

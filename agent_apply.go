@@ -1213,7 +1213,9 @@ func (a *Agent) abort(ctx context.Context, run *applyRun, stage string, cause er
 }
 
 // restoreJournal puts the last-known-good set back, recomputes the
-// ownership set and the tree from it, and clears the journal.
+// ownership set and the tree from it, and clears the journal. A restored
+// file whose bytes did not change keeps its proof, so the next apply need
+// not resend it.
 func (a *Agent) restoreJournal() error {
 	a.mu.Lock()
 	journal := a.st.Journal.clone()
@@ -1229,6 +1231,7 @@ func (a *Agent) restoreJournal() error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	keepProofs(a.tree, tree)
 	a.setTreeLocked(tree)
 	a.st.ManifestPaths = set
 	a.st.TreeDigest = treeDigest(tree)
@@ -1236,7 +1239,13 @@ func (a *Agent) restoreJournal() error {
 }
 
 // restoredOwnership is the ownership set after a restore: the owned paths
-// minus the ones the journal created, plus the ones it deleted.
+// minus the ones the journal created, plus every path it brought back.
+//
+// agent.md §6.8 says "plus the deleted entries"; a modified entry is added
+// too, because a path first modified and then deleted by a later apply
+// (the first journal entry wins, so its kind stays "modified") is restored
+// to disk by the rollback, and without ownership it would stay there
+// forever: no later apply could delete it.
 func restoredOwnership(owned []string, j backupJournal) []string {
 	created := map[string]bool{}
 	var out []string
@@ -1244,7 +1253,7 @@ func restoredOwnership(owned []string, j backupJournal) []string {
 		switch e.Kind {
 		case journalCreated:
 			created[e.Path] = true
-		case journalDeleted:
+		case journalDeleted, journalModified:
 			out = append(out, e.Path)
 		}
 	}

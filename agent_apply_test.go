@@ -906,8 +906,7 @@ func TestRoleProofsAreSequential(t *testing.T) {
 	}
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
-	m := e.c.manifest("plan-2", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-2", fs2)
 	if res := e.c.apply(m, fs2); res.Mode != ResultScheduled || res.AppliedPlanProof != "a:2" {
 		t.Fatalf("second: %+v", res)
 	}
@@ -1022,8 +1021,7 @@ func TestARevertConsumesTheScheduledReload(t *testing.T) {
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
-	m := e.c.manifest("plan-2", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-2", fs2)
 	res2 := e.c.apply(m, fs2)
 	if res2.Mode != ResultScheduled {
 		t.Fatalf("%+v", res2)
@@ -1071,8 +1069,7 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil || st.AppliedPlanID != "plan-3" {
 		t.Errorf("after restart: %+v", st)
 	}
-	m := e.c.manifest("plan-3", fs2)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-3", fs2)
 	e.c.apply(m, fs2)
 	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" {
 		t.Errorf("after re-binding: %+v", st)
@@ -1300,8 +1297,7 @@ func TestOneBaseRelativePathEverywhere(t *testing.T) {
 	}
 	fs3 := fs2.clone()
 	fs3["haproxy.cfg"] += "# reload\n"
-	m := e.c.manifest("plan-3", fs3)
-	m.Mode = ModeReload
+	m := reloadManifest(e, "plan-3", fs3)
 	res := e.c.apply(m, fs3)
 	if res.Inventory == nil || !slices.Contains(res.Inventory.Maps, "maps/host.map") || !slices.Contains(res.Inventory.Certs, "ssl/tls.pem") {
 		t.Errorf("inventory %+v", res.Inventory)
@@ -1407,5 +1403,62 @@ func TestReloadSerializesWorkerObservation(t *testing.T) {
 	}
 	if st := e.c.state(""); st.RunningPlanID != "plan-1" {
 		t.Errorf("running %q", st.RunningPlanID)
+	}
+}
+
+func TestRestoredOwnership(t *testing.T) {
+	j := backupJournal{Entries: []journalEntry{
+		{Path: "new.txt", Kind: journalCreated},
+		{Path: "changed.txt", Kind: journalModified, Backup: "/b/0"},
+		{Path: "changed-then-dropped.txt", Kind: journalModified, Backup: "/b/1"},
+		{Path: "dropped.txt", Kind: journalDeleted, Backup: "/b/2"},
+	}}
+	owned := []string{"changed.txt", "haproxy.cfg", "new.txt"}
+	want := []string{"changed-then-dropped.txt", "changed.txt", "dropped.txt", "haproxy.cfg"}
+	if got := restoredOwnership(owned, j); !slices.Equal(got, want) {
+		t.Errorf("restoredOwnership = %v, want %v", got, want)
+	}
+}
+
+func TestARollbackOwnsEveryFileItRestores(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	lkg := seedFiles()
+	lkg["notes/g1.txt"] = "v1\n"
+	e.land(t, "plan-1", lkg)
+	p2 := lkg.clone()
+	p2["notes/g1.txt"] = "v2\n"
+	applyFileOnly(t, e.c, "plan-2", p2)
+	p3 := p2.clone()
+	delete(p3, "notes/g1.txt")
+	applyFileOnly(t, e.c, "plan-3", p3)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	p4 := p3.clone()
+	p4["haproxy.cfg"] += "bogus\n"
+	if res := e.c.apply(reloadManifest(e, "plan-4", p4), p4); res.OK {
+		t.Fatalf("%+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	if !sameSet(e.disk(t), lkg) {
+		t.Fatalf("rollback: %v", e.disk(t))
+	}
+	e.c.apply(reloadManifest(e, "plan-5", p3), p3)
+	if got := e.disk(t); !sameSet(got, p3) {
+		t.Errorf("the restored file was not deleted by a later apply: %v", got.paths())
+	}
+}
+
+func TestRoleProofSequenceExhaustionIsAnIdentityError(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	os.WriteFile(filepath.Join(cfg.BaseDir, ".haptic-agent.json"), []byte(`{"proof_generation":18446744073709551615}`), 0o600)
+	a, _ := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	code, body := c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs})
+	if ae := applyErr(t, body); code != 500 || ae.Stage != StageIdentity || ae.Message != "agent role proof sequence exhausted" {
+		t.Errorf("%d %+v", code, ae)
+	}
+	if len(diskSet(t, cfg.BaseDir)) != 0 {
+		t.Error("files landed")
 	}
 }

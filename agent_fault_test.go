@@ -58,6 +58,7 @@ type faultSim struct {
 
 	reverted bool           // the step's revert landed
 	faultOf  int            // the step's fault, for the outcome summary
+	last     string         // the step's last outcome, for the step log
 	outcomes map[string]int // "<fault>: <status and mode>" → steps, logged at the end
 }
 
@@ -116,8 +117,8 @@ func (s *faultSim) run(steps int) {
 	for s.step = 1; s.step <= steps; s.step++ {
 		fault := s.rng.Intn(faultCount)
 		s.reverted = false
-		s.t.Logf("seed %d step %d: %s", s.seed, s.step, faultNames[fault])
 		s.runStep(fault)
+		s.t.Logf("seed %d step %d: %s: %s", s.seed, s.step, faultNames[fault], s.last)
 		s.check(fault)
 		if s.t.Failed() {
 			s.t.Fatalf("seed %d failed at step %d (%s)", s.seed, s.step, faultNames[fault])
@@ -142,6 +143,7 @@ func (s *faultSim) record(fault int, mode string, code int, body []byte) {
 		}
 	}
 	s.outcomes[faultNames[fault]+": "+outcome]++
+	s.last = outcome
 }
 
 func (s *faultSim) runStep(fault int) {
@@ -351,7 +353,8 @@ func (s *faultSim) expectResult(code int, body []byte) ApplyResult {
 func (s *faultSim) check(fault int) {
 	t, e, m := s.t, s.e, &s.model
 	if got := e.disk(t); !sameSet(got, m.disk) {
-		t.Errorf("tree %v\nwant %v", got.paths(), m.disk.paths())
+		ps := readStateFile(t, e.cfg.BaseDir)
+		t.Errorf("tree %v\nwant %v\nownership %v, journal %+v", got.paths(), m.disk.paths(), ps.ManifestPaths, ps.Journal.Entries)
 		for p, c := range m.disk {
 			if got[p] != c {
 				t.Errorf("  %s = %q, want %q", p, got[p], c)

@@ -660,33 +660,40 @@ func (s *fileStore) install(f *stagedFile) error {
 
 // copyInto copies src to a sibling of dst and renames it into place, so
 // that dst is replaced atomically even when src lives on another mount.
-func (s *fileStore) copyInto(src, dst string) (err error) {
+func (s *fileStore) copyInto(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.CreateTemp(filepath.Dir(dst), storeCopyPattern)
+	return replaceFile(dst, storeCopyPattern, storeFileMode, in)
+}
+
+// replaceFile writes r to a temp file beside dst (pattern names it), sets
+// its mode, syncs it and renames it over dst, so that dst is either the old
+// file or the whole new one. On any failure the temp file is removed.
+func replaceFile(dst, pattern string, mode os.FileMode, r io.Reader) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(dst), pattern)
 	if err != nil {
 		return err
 	}
-	tmp := out.Name()
+	tmp := f.Name()
 	defer func() {
 		if err != nil {
-			out.Close()
+			f.Close()
 			os.Remove(tmp)
 		}
 	}()
-	if _, err = io.Copy(out, in); err != nil {
+	if err = f.Chmod(mode); err != nil {
 		return err
 	}
-	if err = out.Chmod(storeFileMode); err != nil {
+	if _, err = io.Copy(f, r); err != nil {
 		return err
 	}
-	if err = out.Sync(); err != nil {
+	if err = f.Sync(); err != nil {
 		return err
 	}
-	if err = out.Close(); err != nil {
+	if err = f.Close(); err != nil {
 		return err
 	}
 	return os.Rename(tmp, dst)

@@ -264,7 +264,7 @@ func TestEachMountGetsItsOwnTempAndBackupDirs(t *testing.T) {
 	}
 	mi := filepath.Join(t.TempDir(), "mountinfo")
 	os.WriteFile(mi, []byte("30 1 0:1 / "+filepath.Join(dir, "single")+" rw - tmpfs tmpfs rw\n"), 0o644)
-	s, err := newFileStore(fileStoreConfig{Base: dir, MountInfo: mi})
+	s, err := newFileStore(fileStoreConfig{Base: dir, MountInfo: mi, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@
 package haptic
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -481,7 +480,12 @@ func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 	if res2.Mode != ResultScheduled {
 		t.Fatalf("%+v", res2)
 	}
-	waitFor(t, "the pacer", func() bool { return e.c.state("").RunningPlanID == "plan-2" })
+	// The reload records the running plan before the pacer records its
+	// result (agent.md §9.22 steps 4 and 7): wait for both.
+	waitFor(t, "the pacer", func() bool {
+		st := e.c.state("")
+		return st.RunningPlanID == "plan-2" && st.LastApply != nil && st.LastApply.Mode == ResultReload
+	})
 	st := e.c.state("")
 	if st.ReloadPendingAt != "" || st.Generation != 2 || st.LKGPlanID != "plan-2" || st.WorkerOpsPlanID != "plan-2" {
 		t.Errorf("state %+v", st)
@@ -813,26 +817,8 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	}
 }
 
-// lockedLog is a concurrency-safe log sink.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 func TestInvariantViolationIsCountedLoggedAndReported(t *testing.T) {
-	logs := &lockedLog{}
+	logs := &lockedBuffer{}
 	e := newTestEnv(t, func(c *AgentConfig) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}, func(a *Agent, _ *FakeHAProxy) {

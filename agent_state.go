@@ -7,12 +7,12 @@
 package haptic
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 )
@@ -141,35 +141,6 @@ func loadState(path string) (agentState, error) {
 	return st, nil
 }
 
-// writeFileAtomic writes data to a temp file beside path (mode 0600), syncs
-// it and renames it over path; on any failure the temp file is removed.
-func writeFileAtomic(path, pattern string, data []byte) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), pattern)
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err = f.Chmod(privateFileMode); err != nil {
-		return err
-	}
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
 // saveLocked persists the whole state, the journal and a snapshot of the
 // deferred-delete queue included. Callers hold a.mu.
 func (a *Agent) saveLocked() error {
@@ -178,7 +149,7 @@ func (a *Agent) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(a.paths.state, stateTempPattern, b); err != nil {
+	if err := replaceFile(a.paths.state, stateTempPattern, privateFileMode, bytes.NewReader(b)); err != nil {
 		a.logger.Error("could not save the state file", "path", a.paths.state, "err", err)
 		return err
 	}
@@ -383,7 +354,7 @@ func (a *Agent) storePlanBlobLocked(ref planRef, blob []byte) error {
 	if !samePlanRef(a.st.applied(), ref) {
 		return errPlanMoved
 	}
-	if err := writeFileAtomic(a.paths.planBlob, planBlobPattern, blob); err != nil {
+	if err := replaceFile(a.paths.planBlob, planBlobPattern, privateFileMode, bytes.NewReader(blob)); err != nil {
 		return err
 	}
 	a.blob = slices.Clone(blob)

@@ -640,7 +640,9 @@ func TestResponseSizeCap(t *testing.T) {
 		}
 		_, _ = w.Write([]byte("{"))
 	})
-	c := newTestClient(t, srv.URL, nil)
+	// 64 MiB through the race detector on two shared cores can take longer
+	// than the default 10 s deadline; the cap, not the clock, must end it.
+	c := newTestClient(t, srv.URL, func(cfg *ClientConfig) { cfg.Timeout = 2 * time.Minute })
 	_, err := c.State(context.Background(), StateRead{})
 	if err == nil || err.Error() != "agent client: response exceeds 67108864 bytes" {
 		t.Fatalf("State error %v", err)

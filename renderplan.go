@@ -1269,9 +1269,9 @@ func (p *Plan) addDirFile(rel, content string) {
 	p.Files = append(p.Files, f)
 }
 
-// configSections cuts haproxy.cfg into core sections at every line that
-// starts a top-level section: a line that does not begin with white space
-// or '#'. The texts join back into the file byte for byte.
+// configSections cuts haproxy.cfg into core sections at every line whose
+// first word opens a top-level section (configSectionKeywords). The texts
+// join back into the file byte for byte.
 func configSections(config string) []Section {
 	var sections []Section
 	seen := map[string]int{}
@@ -1311,16 +1311,27 @@ func configSections(config string) []Section {
 	return sections
 }
 
+// configSectionKeywords are the keywords that open a top-level section of
+// an HAProxy configuration. HAProxy does not require the lines inside a
+// section to be indented, so only these start a new section.
+var configSectionKeywords = map[string]bool{
+	"global": true, "defaults": true, "frontend": true, "backend": true, "listen": true,
+	"userlist": true, "peers": true, "mailers": true, "resolvers": true, "program": true,
+	"http-errors": true, "ring": true, "log-forward": true, "cache": true, "crt-store": true,
+	"traces": true, "fcgi-app": true, "acme": true,
+}
+
 // sectionHeader returns the folded header of a line that opens a top-level
 // section, or "" for any other line.
 func sectionHeader(line string) string {
-	if line == "" || line[0] == ' ' || line[0] == '\t' || line[0] == '#' || line[0] == '\n' || line[0] == '\r' {
-		return ""
-	}
 	if i := strings.IndexByte(line, '#'); i >= 0 {
 		line = line[:i]
 	}
-	return strings.Join(strings.Fields(line), " ")
+	words := strings.Fields(line)
+	if len(words) == 0 || !configSectionKeywords[words[0]] {
+		return ""
+	}
+	return strings.Join(words, " ")
 }
 
 // crtListNoArgOptions are the crt-list ssl options that take no argument.

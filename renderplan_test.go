@@ -1874,6 +1874,20 @@ func TestPlanFromDirRefuses(t *testing.T) {
 	}
 }
 
+func TestConfigSectionsCutOnlyAtSectionKeywords(t *testing.T) {
+	config := "global\nstats socket /x.sock level admin\n" +
+		"defaults\nmode http\ntimeout client 5s\n" +
+		"  backend web # indented header\nserver web1 127.0.0.1:80\n" +
+		"peers mesh\npeer a 10.0.0.1:1024\n"
+	var names []string
+	for _, s := range configSections(config) {
+		names = append(names, s.Name)
+	}
+	if want := []string{"global", "defaults", "backend web", "peers mesh"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("sections %q, want %q", names, want)
+	}
+}
+
 func TestConfigSectionsOfAHeaderlessConfig(t *testing.T) {
 	got := configSections("    # only indented lines\n")
 	if len(got) != 1 || got[0].Name != ConfigFilePath || got[0].Text != "    # only indented lines\n" {

@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -90,8 +91,15 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 		usageError(fs, "%v", err)
 		return cfg, errUsage
 	}
+	// Resolved against the absolute base: NewAgent joins a relative path with
+	// the base once more, so a relative result would land in base/base.
+	base, err := filepath.Abs(cfg.BaseDir)
+	if err != nil {
+		usageError(fs, "--base-dir: %v", err)
+		return cfg, errUsage
+	}
 	for _, p := range []*string{&cfg.MasterSocket, &cfg.WorkerSocket, &cfg.AdminSocket, &cfg.DrainSocket, &cfg.StateFile} {
-		*p = localPath(cfg.BaseDir, *p)
+		*p = localPath(base, *p)
 	}
 	cfg.Username = s.getenv("DATAPLANE_USERNAME")
 	cfg.Password = s.getenv("DATAPLANE_PASSWORD")

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"syscall"
@@ -111,6 +112,23 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 		}
 		if !reflect.DeepEqual(cfg, want) {
 			t.Errorf("flags:\n%+v\nwant\n%+v", cfg, want)
+		}
+	})
+
+	t.Run("a relative base resolves once, against the working directory", func(t *testing.T) {
+		cfg, err, _ := parseAgent(t, nil, "--base-dir", "lb", "--state-file", "state.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := filepath.Join(wd, "lb", "haproxy-master.sock"); cfg.MasterSocket != want {
+			t.Errorf("master socket %q, want %q", cfg.MasterSocket, want)
+		}
+		if want := filepath.Join(wd, "lb", "state.json"); cfg.StateFile != want {
+			t.Errorf("state file %q, want %q", cfg.StateFile, want)
 		}
 	})
 

@@ -176,6 +176,15 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 		notes = append(notes, fmt.Sprintf("the change needs %d applies and the agent takes one batch per apply: reload", len(decision.Chunk())))
 		decision = haptic.Diff(next, nil)
 	}
+	// NewManifest sends an automatic decision as a reload when the pod cannot
+	// prove its baseline (deployplan.md §2.12): answer what the pod will do.
+	if m := haptic.NewManifest(next, decision, state, haptic.Token{}); decision.Mode == haptic.ModeAuto && m.Mode == haptic.ModeReload {
+		notes = append(notes, "the agent holds no proof of its applied or worker baseline (it restarted, or a batch failed), so the apply is a reload")
+		decision.Verdict, decision.Mode, decision.Ops, decision.Chunks = haptic.VerdictReload, haptic.ModeReload, nil, 0
+		if len(m.InPlaceOps) == 0 {
+			decision.InPlace, decision.WorkerPlan = nil, nil
+		}
+	}
 	return decision, notes
 }
 

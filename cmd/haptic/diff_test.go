@@ -180,8 +180,8 @@ func TestLiveDecisionExplainsAnUnknownBaseline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := haptic.State{APIVersion: haptic.APIVersion, AppliedPlanID: prev.ID, RunningPlanID: prev.ID,
-		WorkerOpsPlanID: prev.ID, AppliedPlan: blob, HAProxy: haptic.HAProxyInfo{Version: "3.0.11"},
+	held := haptic.State{APIVersion: haptic.APIVersion, AppliedPlanID: prev.ID, AppliedPlanProof: "a:1", RunningPlanID: prev.ID,
+		WorkerOpsPlanID: prev.ID, WorkerOpsPlanProof: "a:1", AppliedPlan: blob, HAProxy: haptic.HAProxyInfo{Version: "3.0.11"},
 		Inventory: haptic.InventoryOf(prev), Features: []string{haptic.FeatureRuntimeBatches}, AgentOps: haptic.ComposableOps()}
 	for _, c := range []struct {
 		name    string
@@ -193,6 +193,8 @@ func TestLiveDecisionExplainsAnUnknownBaseline(t *testing.T) {
 		{"no blob", func(s *haptic.State) { s.AppliedPlan = nil }, haptic.VerdictReload, "holds no plan for its applied plan " + prev.ID},
 		{"corrupt blob", func(s *haptic.State) { s.AppliedPlan = []byte("junk") }, haptic.VerdictReload, "stored plan is unreadable"},
 		{"other major", func(s *haptic.State) { s.APIVersion = 2 }, haptic.VerdictReload, "speaks API 2, not 1"},
+		{"no worker-ops proof", func(s *haptic.State) { s.WorkerOpsPlanProof = "" }, haptic.VerdictReload, "no proof of its applied or worker baseline"},
+		{"no applied proof", func(s *haptic.State) { s.AppliedPlanProof = "" }, haptic.VerdictReload, "no proof of its applied or worker baseline"},
 		{"older agent without map_add", func(s *haptic.State) {
 			s.AgentOps = slices.DeleteFunc(haptic.ComposableOps(), func(k string) bool { return k == haptic.OpMapAdd })
 		},
