@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -75,7 +76,11 @@ func TestAgentChildProcess(t *testing.T) {
 		fmt.Fprintln(os.Stderr, "agent child:", err)
 		os.Exit(2)
 	}
-	if err := writeFileAtomic(c.AddrFile, ".addr-*", []byte(a.Addr())); err != nil {
+	// Written aside and renamed, so the parent never reads half an address.
+	if err := os.WriteFile(c.AddrFile+".tmp", []byte(a.Addr()), 0o600); err == nil {
+		err = os.Rename(c.AddrFile+".tmp", c.AddrFile)
+	}
+	if _, err := os.Stat(c.AddrFile); err != nil {
 		fmt.Fprintln(os.Stderr, "agent child:", err)
 		os.Exit(2)
 	}
@@ -341,22 +346,36 @@ func runCrashCase(t *testing.T, tc crashCase, hookMissing *bool) {
 		code, body, err := b.postApply(st, planID, desired, mode)
 		answered <- fmt.Sprintf("%d %v %s", code, err, body)
 	}()
+	// Wait for the phase, then make sure the child stays in it: a normal
+	// apply passes through every phase within milliseconds, so a phase
+	// that still holds, unanswered, a while later is the hook at work.
 	statePath := filepath.Join(base, ".haptic-agent.json")
+	notStopped := func(why string) {
+		if tc.phase == crashCases[0].phase {
+			// Every apply persists the first phase: only a missing hook
+			// lets one go past it.
+			*hookMissing = true
+			t.Skipf("the apply did not stop at %q: %.200s", tc.phase, why)
+		}
+		t.Fatalf("the apply did not stop at %q: %s", tc.phase, why)
+	}
 	for deadline := time.Now().Add(15 * time.Second); readPhase(statePath) != tc.phase; time.Sleep(2 * time.Millisecond) {
 		select {
 		case ans := <-answered:
-			if tc.phase == crashCases[0].phase {
-				// Every apply persists the first phase: only a missing
-				// hook lets one finish.
-				*hookMissing = true
-				t.Skipf("the apply finished instead of stopping at %q: %.200s", tc.phase, ans)
-			}
-			t.Fatalf("the apply finished without stopping at %q: %s", tc.phase, ans)
+			notStopped(ans)
 		default:
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the agent never persisted phase %q", tc.phase)
 		}
+	}
+	select {
+	case ans := <-answered:
+		notStopped(ans)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if phase := readPhase(statePath); phase != tc.phase {
+		notStopped("the persisted phase moved on to " + strconv.Quote(phase))
 	}
 	b.kill()
 	fake.With(func(m *FakeModel) { m.ReloadFails = false })
