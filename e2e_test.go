@@ -84,7 +84,7 @@ type e2eEnv struct {
 	tlsPort     int
 	ca          *testCA
 	caps        Caps
-	http        *http.Client
+	traffic     *http.Client
 	epoch       uint64
 }
 
@@ -115,7 +115,7 @@ func startE2E(t testing.TB, mutate func(*AgentConfig)) *e2eEnv {
 		tlsPort:  freeLoopbackPort(t),
 		ca:       newTestCA(t, "haptic e2e CA"),
 		caps:     CapsFor(h.Version(), nil),
-		http:     &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		traffic:  &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 		epoch:    1,
 	}
 	cfg := AgentConfig{
@@ -334,7 +334,7 @@ func (e *e2eEnv) get(host, path string) e2eAnswer {
 		return e2eAnswer{err: err}
 	}
 	req.Host = host
-	resp, err := e.http.Do(req)
+	resp, err := e.traffic.Do(req)
 	if err != nil {
 		return e2eAnswer{err: err}
 	}
