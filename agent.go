@@ -131,7 +131,16 @@ type Agent struct {
 // fake HAProxy cannot reach. Production leaves them nil.
 type agentHooks struct {
 	beforeReload func() // called before every master reload
+
+	// stopAtPhase is the crash test's hook (crash_test.go): with
+	// HAPTIC_TEST_STOP_AT_PHASE=<phase> in the environment, the agent stops
+	// for good right after it persisted that phase, so that the test can
+	// SIGKILL it at exactly that point of an apply. Production never sets it.
+	stopAtPhase string
 }
+
+// stopAtPhaseEnv names the environment variable of agentHooks.stopAtPhase.
+const stopAtPhaseEnv = "HAPTIC_TEST_STOP_AT_PHASE"
 
 func (a *Agent) now() time.Time {
 	return time.Now().Add(time.Duration(a.clockOffset.Load()))
@@ -160,6 +169,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		metrics:     newAgentMetrics(),
 		baseCtx:     context.Background(),
 		drainIgnore: drainIgnoreSet(cfg.DrainIgnoreFrontends),
+		hooks:       agentHooks{stopAtPhase: os.Getenv(stopAtPhaseEnv)},
 	}
 	if cfg.TLSDir != "" {
 		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)

@@ -620,6 +620,13 @@ func (a *Agent) transact(ctx context.Context, run *applyRun) {
 	// still as they were, and abort restores and clears them.
 	a.st.Journal = journal
 	if err == nil {
+		// The paths this apply may create are owned from the moment they may
+		// exist on disk: a reload clears the journal before the commit
+		// records the new set, and a crash in between must not leave files
+		// no later apply would ever delete. A rollback drops the created
+		// ones again (restoreJournal).
+		a.st.ManifestPaths = slices.Compact(slices.Sorted(slices.Values(
+			append(slices.Clone(a.st.ManifestPaths), manifestPaths(run.m.Files)...))))
 		a.st.Phase = phaseBackedUp
 		err = a.saveLocked()
 	}

@@ -295,7 +295,34 @@ func (s *fileStore) Abs(rel string) (string, error) {
 	if s.reserved[abs] || s.reserved[canonicalPath(abs)] {
 		return "", fmt.Errorf("%w: %q is a reserved path", errInvalidPath, rel)
 	}
+	if err := s.refuseSymlinkedDirs(rel); err != nil {
+		return "", err
+	}
 	return abs, nil
+}
+
+// refuseSymlinkedDirs refuses a path whose existing parent directories
+// include a symbolic link. The base itself is resolved once at startup, but
+// a link inside the tree (base/link -> ../elsewhere) would carry a write,
+// a read or a delete of link/x outside the base directory. A directory that
+// does not exist yet is created as a real one by Write, so the walk stops at
+// the first missing component. (Someone who can create links in the tree
+// between this check and the rename can still race it; the tree belongs to
+// the agent.)
+func (s *fileStore) refuseSymlinkedDirs(rel string) error {
+	dir := s.base
+	parts := strings.Split(rel, "/")
+	for _, part := range parts[:len(parts)-1] {
+		dir = filepath.Join(dir, part)
+		fi, err := os.Lstat(dir)
+		if err != nil {
+			return nil // absent (created by Write) or unreadable (fails later)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%w: %q passes through a symbolic link", errInvalidPath, rel)
+		}
+	}
+	return nil
 }
 
 // notRegular is the error for a path that exists but is not a regular file.

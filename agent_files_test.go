@@ -180,6 +180,44 @@ func TestReservedPathsAreRefused(t *testing.T) {
 	}
 }
 
+func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
+	ts := newTestStore(t, nil, nil)
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "victim"), []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(ts.dir, "real"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(ts.dir, "real", "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"real/link/victim", "real/link/new/file"} {
+		want := fmt.Sprintf("invalid manifest path: %q passes through a symbolic link", rel)
+		if _, err := ts.Abs(rel); err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
+			t.Errorf("Abs(%q) = %v, want %q", rel, err, want)
+		}
+		if _, err := ts.Stage(rel, strings.NewReader("x"), DigestString("x"), 1); !errors.Is(err, errInvalidPath) {
+			t.Errorf("Stage(%q) = %v, want an invalid-path error", rel, err)
+		}
+		if _, err := ts.Digest(rel); !errors.Is(err, errInvalidPath) {
+			t.Errorf("Digest(%q) = %v, want an invalid-path error", rel, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(outside, "victim")); err != nil || string(b) != "keep" {
+		t.Errorf("the file outside the base changed: %q, %v", b, err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 1 {
+		t.Errorf("something was created outside the base: %v", entries)
+	}
+	// A real directory, and one that does not exist yet, are fine.
+	for _, rel := range []string{"real/file", "new/dir/file"} {
+		if _, err := ts.Abs(rel); err != nil {
+			t.Errorf("Abs(%q) = %v", rel, err)
+		}
+	}
+}
+
 func TestParseMountInfo(t *testing.T) {
 	const info = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
 23 22 0:5 / /etc/haproxy rw - tmpfs tmpfs rw

@@ -153,6 +153,10 @@ func (a *Agent) saveLocked() error {
 		a.logger.Error("could not save the state file", "path", a.paths.state, "err", err)
 		return err
 	}
+	if a.hooks.stopAtPhase != "" && a.st.Phase == a.hooks.stopAtPhase {
+		a.logger.Warn("stopping at a persisted phase for a crash test", "phase", a.st.Phase)
+		select {} // the test kills the process here
+	}
 	return nil
 }
 

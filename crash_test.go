@@ -35,13 +35,10 @@ import (
 // ---------------------------------------------------------------------------
 // The agent as a child process.
 
-const (
-	// agentChildEnv carries the child's configuration as JSON; its presence
-	// is what makes TestAgentChildProcess run an agent.
-	agentChildEnv = "HAPTIC_AGENT_CHILD"
-	// stopAtPhaseEnv is the agent's test-only hook (see the file comment).
-	stopAtPhaseEnv = "HAPTIC_TEST_STOP_AT_PHASE"
-)
+// agentChildEnv carries the child's configuration as JSON; its presence is
+// what makes TestAgentChildProcess run an agent. The stop-at-phase hook's
+// variable, stopAtPhaseEnv, is the agent's own (agent.go).
+const agentChildEnv = "HAPTIC_AGENT_CHILD"
 
 // agentChildConfig is what the parent tells the child.
 type agentChildConfig struct {
