@@ -1147,15 +1147,7 @@ func TestARevertMustNameTheRefusedPlan(t *testing.T) {
 
 func TestARevertConsumesTheScheduledReload(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
-	fs := seedFiles()
-	e.land(t, "plan-1", fs)
-	fs2 := fs.clone()
-	fs2["haproxy.cfg"] += "# 2\n"
-	m := reloadManifest(e, "plan-2", fs2)
-	res2 := e.c.apply(m, fs2)
-	if res2.Mode != ResultScheduled {
-		t.Fatalf("%+v", res2)
-	}
+	_, _, res2 := e.landThenSchedule(t)
 	res := e.c.apply(e.revertManifest("plan-2", res2.AppliedPlanProof), nil)
 	if !res.OK || res.Mode != ResultReload {
 		t.Fatalf("%+v", res)

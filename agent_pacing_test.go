@@ -183,14 +183,7 @@ func TestRuntimeAndFileOnlyApplyRequireExactWorkerBaseline(t *testing.T) {
 
 func TestFileOnlyApplyAcrossScheduledReloadRequiresRediff(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Second }, nil)
-	fs := seedFiles()
-	e.land(t, "plan-1", fs)
-	fs2 := fs.clone()
-	fs2["haproxy.cfg"] += "# 2\n"
-	res2 := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
-	if res2.Mode != ResultScheduled {
-		t.Fatalf("%+v", res2)
-	}
+	_, fs2, _ := e.landThenSchedule(t)
 	before := e.c.state("")
 	fs3 := fs2.clone()
 	fs3["maps/host.map"] += "r.example be-r\n"
@@ -481,14 +474,7 @@ func TestAFallbackReloadInsideTheWindowRunsNoInPlaceOps(t *testing.T) {
 
 func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
-	fs := seedFiles()
-	e.land(t, "plan-1", fs)
-	fs2 := fs.clone()
-	fs2["haproxy.cfg"] += "# 2\n"
-	res2 := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
-	if res2.Mode != ResultScheduled {
-		t.Fatalf("%+v", res2)
-	}
+	_, _, res2 := e.landThenSchedule(t)
 	// The reload records the running plan before the pacer records its
 	// result (agent.md §9.22 steps 4 and 7): wait for both.
 	waitFor(t, "the pacer", func() bool {
@@ -685,13 +671,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 
 func TestAnAbortClearsThePendingReload(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
-	fs := seedFiles()
-	e.land(t, "plan-1", fs)
-	fs2 := fs.clone()
-	fs2["haproxy.cfg"] += "# 2\n"
-	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.Mode != ResultScheduled {
-		t.Fatalf("%+v", res)
-	}
+	fs, fs2, _ := e.landThenSchedule(t)
 	fs3 := fs2.clone()
 	fs3["blocked/file.txt"] = "x\n"
 	os.MkdirAll(filepath.Join(e.cfg.BaseDir, "blocked/file.txt"), 0o755)

@@ -202,6 +202,22 @@ func (e *testEnv) land(t testing.TB, planID string, fs fileSet, ops ...Op) Apply
 	return res
 }
 
+// landThenSchedule lands the seed set as plan-1, then sends plan-2 (the
+// config changed) as a reload inside the pacing window, and expects it to be
+// scheduled. The agent must run with a ReloadIntervalMin the test outlives.
+func (e *testEnv) landThenSchedule(t testing.TB) (fs, fs2 fileSet, scheduled ApplyResult) {
+	t.Helper()
+	fs = seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 = fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	scheduled = e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
+	if scheduled.Mode != ResultScheduled {
+		t.Fatalf("%+v", scheduled)
+	}
+	return fs, fs2, scheduled
+}
+
 func (e *testEnv) disk(t testing.TB) fileSet { return diskSet(t, e.cfg.BaseDir) }
 
 // agentClient talks to one agent over its TCP API.
