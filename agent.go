@@ -17,11 +17,11 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +66,7 @@ const (
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond
+	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
 	adminSocketMode      = 0o600
 	drainSocketMode      = 0o666
@@ -76,7 +77,7 @@ const (
 
 // agentPaths are the resolved local paths of one agent.
 type agentPaths struct {
-	config, state, master, worker, admin, drain, planBlob string
+	config, state, master, worker, admin, drain, planBlob, log string
 }
 
 // Agent is one running HAPTIC agent. Build it with NewAgent and run it once
@@ -90,6 +91,12 @@ type Agent struct {
 	queue   *deleteQueue
 	metrics *agentMetrics
 	tls     *tlsMaterial // nil without --tls-dir
+	led     *ledger
+	worker  *workerTracker
+	deps    *applyDeps
+	pacer   *pacer
+	reads   *readBacks
+	loaded  *loadedLog // what the log said at startup, until initialise has recovered it
 
 	drainIgnore map[string]bool // frontends the drain's counter leaves out
 
@@ -97,50 +104,24 @@ type Agent struct {
 
 	ran         atomic.Bool
 	initialized chan struct{}
-	pacerWake   chan struct{}
 	drainStop   chan struct{}
 	baseCtx     context.Context // the group context of Run; set before any goroutine starts
+
+	// stallTimeout ends an upload that sends nothing for this long.
+	stallTimeout time.Duration
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
 	clockOffset atomic.Int64
-	hooks       agentHooks
-
-	// Background read-backs: counted, and refused once the agent stops.
-	bgMu      sync.Mutex
-	stopping  bool
-	readbacks sync.WaitGroup
-
-	// The three locks of agent.md §16, always taken in this order.
-	applyMu  sync.Mutex // serialises applies, the pacer's reload and read-backs
-	workerMu sync.Mutex // from observing the worker to adopting it
-	mu       sync.Mutex // the state below; never held across HAProxy I/O or hashing
-
-	st                agentState
-	tree              map[string]FileAt
-	treeVersion       uint64
-	inventory         Inventory
-	inventoryReported uint64
-	blob              []byte
-	invalidations     uint64
-	lastReload        time.Time
-	lastInvariant     string
 }
 
-// agentHooks let internal tests observe or steer the agent at points the
-// fake HAProxy cannot reach. Production leaves them nil.
-type agentHooks struct {
-	beforeReload func() // called before every master reload
-
-	// stopAtPhase is the crash test's hook (crash_test.go): with
-	// HAPTIC_TEST_STOP_AT_PHASE=<phase> in the environment, the agent stops
-	// for good right after it persisted that phase, so that the test can
-	// SIGKILL it at exactly that point of an apply. Production never sets it.
-	stopAtPhase string
+// agentOptions are what internal tests may replace before an agent is
+// built: the disk (to count syncs, stop the process between two file
+// operations, or record what a power loss would keep). Production uses
+// the zero value.
+type agentOptions struct {
+	disk disk
 }
-
-// stopAtPhaseEnv names the environment variable of agentHooks.stopAtPhase.
-const stopAtPhaseEnv = "HAPTIC_TEST_STOP_AT_PHASE"
 
 func (a *Agent) now() time.Time {
 	return time.Now().Add(time.Duration(a.clockOffset.Load()))
@@ -149,10 +130,14 @@ func (a *Agent) now() time.Time {
 // ---------------------------------------------------------------------------
 // Construction.
 
-// NewAgent validates cfg in the order of agent.md §2.3, builds the file
-// store, loads the state file and the plan blob, and binds the listeners. It
-// does not contact HAProxy: the agent must start before HAProxy answers.
+// NewAgent validates cfg, builds the file store, loads the state and binds
+// the listeners. It does not contact HAProxy: the agent must start before
+// HAProxy answers.
 func NewAgent(cfg AgentConfig) (*Agent, error) {
+	return newAgent(cfg, agentOptions{})
+}
+
+func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -160,16 +145,18 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	if err := validateAgentConfig(&cfg); err != nil {
 		return nil, err
 	}
+	if opts.disk == nil {
+		opts.disk = osDisk{}
+	}
 	a := &Agent{
-		cfg:         cfg,
-		logger:      cfg.Logger,
-		initialized: make(chan struct{}),
-		pacerWake:   make(chan struct{}, 1),
-		drainStop:   make(chan struct{}),
-		metrics:     newAgentMetrics(),
-		baseCtx:     context.Background(),
-		drainIgnore: drainIgnoreSet(cfg.DrainIgnoreFrontends),
-		hooks:       agentHooks{stopAtPhase: os.Getenv(stopAtPhaseEnv)},
+		cfg:          cfg,
+		logger:       cfg.Logger,
+		initialized:  make(chan struct{}),
+		drainStop:    make(chan struct{}),
+		metrics:      newAgentMetrics(),
+		baseCtx:      context.Background(),
+		drainIgnore:  drainIgnoreSet(cfg.DrainIgnoreFrontends),
+		stallTimeout: uploadStallTimeout,
 	}
 	if cfg.TLSDir != "" {
 		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)
@@ -187,17 +174,14 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	files, err := newFileStore(fileStoreConfig{
 		Base:     cfg.BaseDir,
 		Config:   cfg.ConfigFile,
-		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state},
+		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob},
 		Logger:   cfg.Logger,
+		Disk:     opts.disk,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
 	a.files = files
-	if a.st, err = loadState(paths.state); err != nil {
-		return nil, err
-	}
-	a.loadPlanBlob()
 	a.rt = newHAProxyRuntime(runtimeConfig{
 		WorkerSocket:  paths.worker,
 		MasterSocket:  paths.master,
@@ -207,8 +191,23 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) {
 		a.metrics.deferredDeletes.inc(kind, outcome)
 	})
-	a.metrics.generation.set(a.st.Generation)
+	led, loaded, err := newLedger(opts.disk, paths, files, a.queue, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	a.led, a.loaded = led, loaded
+	a.worker = &workerTracker{rt: a.rt, led: led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger,
+		reloadTimeout: cfg.ReloadTimeout, now: a.now}
+	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
+		metrics: a.metrics, logger: cfg.Logger, now: a.now,
+		reloadIntervalMin: cfg.ReloadIntervalMin, configFile: cfg.ConfigFile}
+	a.pacer = newPacer(a.deps, a.Ready)
+	a.reads = &readBacks{deps: a.deps, pacer: a.pacer, base: func() context.Context { return a.baseCtx }}
+	a.deps.readBack = a.reads.start
+	a.deps.pokePacer = a.pacer.poke
+	a.metrics.generation.set(led.generation())
 	if err := a.bindListeners(); err != nil {
+		led.close()
 		return nil, err
 	}
 	return a, nil
@@ -346,6 +345,7 @@ func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
 		}
 	}
 	p.planBlob = filepath.Join(filepath.Dir(p.state), planBlobFile)
+	p.log = logPathFor(p.state)
 	return p, nil
 }
 
@@ -469,7 +469,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	servers := a.buildServers(gctx)
 	g.Go(func() error { a.queue.Start(gctx); return nil })
-	g.Go(func() error { a.runPacer(gctx); return nil })
+	g.Go(func() error { a.pacer.run(gctx); return nil })
 	g.Go(func() error { return a.initialise(gctx) })
 	for _, s := range servers {
 		g.Go(func() error {
@@ -486,10 +486,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	})
 	err := g.Wait()
 
-	a.bgMu.Lock()
-	a.stopping = true
-	a.bgMu.Unlock()
-	a.readbacks.Wait()
+	a.reads.stop()
+	// The apply lock waits for an apply still in flight (its server was
+	// shut down with a grace), so the state is closed between two runs.
+	a.deps.applyMu.Lock()
+	a.led.close()
+	a.deps.applyMu.Unlock()
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
@@ -603,35 +605,69 @@ func (a *Agent) countConnections(ctx context.Context) (uint64, error) {
 }
 
 // ---------------------------------------------------------------------------
-// Startup (agent.md §4.2–§4.4).
+// Startup.
 
-// initialise brings the agent to readiness: sweep, probe HAProxy until it
-// answers, adopt the disk, recover an interrupted apply.
+// initialise brings the agent to readiness: finish what the log says was in
+// flight, sweep, probe HAProxy until it answers, keep what the tree and the
+// worker still prove, and reload when the previous process was interrupted
+// in the middle of an apply.
 func (a *Agent) initialise(ctx context.Context) error {
-	a.mu.Lock()
-	journal := a.st.Journal.clone()
-	a.mu.Unlock()
-	if err := a.files.SweepTemp(journal); err != nil {
+	reload := a.led.recoverTree(a.loaded)
+	a.loaded = nil
+	st := a.led.view()
+	if err := a.files.SweepTemp(st.Journal); err != nil {
 		a.logger.Warn("sweeping temp and backup directories failed", "err", err)
 	}
+	if err := a.files.sweepRestoreStaging(st.ManifestPaths); err != nil {
+		a.logger.Warn("sweeping restore staging links failed", "err", err)
+	}
+	sweepStateTemps(a.files.disk, a.paths.state, a.logger)
+	tree, err := a.files.HashTree(st.ManifestPaths)
+	if err != nil {
+		return err
+	}
+	a.led.adoptTree(tree)
 	info, inv, err := a.probeUntilReady(ctx)
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	a.st.ExpectedWorker = info
-	a.inventory = inv
-	a.mu.Unlock()
+	a.led.adoptWorkerAtStart(info, inv)
 	a.queue.SetWorker(info)
-	if err := a.adoptDisk(); err != nil {
-		return err
+	if reload {
+		a.deps.applyMu.Lock()
+		_, err := a.worker.reload(ctx, planRef{})
+		a.deps.applyMu.Unlock()
+		if err != nil {
+			a.logger.Error("the recovery reload failed", "err", err)
+			a.deps.invariant(false, invRecoveryReload)
+		}
+		a.led.reloadedAtStart(err == nil)
 	}
-	if err := a.recoverFromCrash(ctx); err != nil {
-		return err
-	}
+	a.led.started()
 	close(a.initialized)
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
+}
+
+// sweepStateTemps removes the temp files a crash in the middle of writing
+// the state snapshot or the plan blob left beside them.
+func sweepStateTemps(d disk, statePath string, logger *slog.Logger) {
+	dir := filepath.Dir(statePath)
+	entries, err := d.ReadDir(dir, MaxFiles)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if matched, _ := filepath.Match(stateTempPattern, name); !matched {
+			if matched, _ = filepath.Match(planBlobPattern, name); !matched {
+				continue
+			}
+		}
+		if err := d.Remove(filepath.Join(dir, name)); err != nil {
+			logger.Warn("could not remove a leftover state temp file", "path", filepath.Join(dir, name), "err", err)
+		}
+	}
 }
 
 // probeUntilReady asks HAProxy every 200 ms until the worker, the master and
@@ -655,66 +691,6 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 		case <-t.C:
 		}
 	}
-}
-
-// adoptDisk hashes the ownership set and forgets what only this process
-// could attest (agent.md §4.3).
-func (a *Agent) adoptDisk() error {
-	a.mu.Lock()
-	paths := cloneSlice(a.st.ManifestPaths)
-	a.mu.Unlock()
-	tree, err := a.files.HashTree(paths)
-	if err != nil {
-		return err
-	}
-	digest := treeDigest(tree)
-
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	s := &a.st
-	if s.TreeDigest != "" && s.TreeDigest != digest {
-		a.logger.Warn("the tree changed while the agent was away; the applied plan is unknown",
-			"state_digest", s.TreeDigest, "disk_digest", digest)
-		s.AppliedPlanID, s.RunningPlanID, s.WorkerOpsPlanID = "", "", ""
-	}
-	s.AppliedPlanProof, s.RunningPlanProof, s.WorkerOpsPlanProof, s.LKGPlanProof = "", "", "", ""
-	s.PendingReloadPlanID, s.PendingReloadPlanProof = "", ""
-	s.ReloadPendingAt = time.Time{}
-	s.PlanBlobPlanProof = ""
-	s.Nack = nil
-	a.setTreeLocked(tree)
-	s.TreeDigest = digest
-	return a.saveLocked()
-}
-
-// recoverFromCrash finishes an apply the previous process left in flight:
-// the tree goes back to the last-known-good set (if writes may have begun)
-// and whatever is on disk is reloaded (agent.md §4.4).
-func (a *Agent) recoverFromCrash(ctx context.Context) error {
-	a.mu.Lock()
-	phase := a.st.Phase
-	a.mu.Unlock()
-	if phase == phaseIdle || phase == phaseCommitted {
-		return nil
-	}
-	a.logger.Warn("an apply was interrupted; recovering", "phase", phase)
-	a.invalidateBaseline()
-	if phaseMayHaveWritten(phase) {
-		if err := a.restoreJournal(); err != nil {
-			a.logger.Error("restoring the journal during recovery failed", "err", err)
-		}
-	}
-	if _, err := a.performReload(ctx, planRef{}); err != nil {
-		a.logger.Error("the recovery reload failed", "err", err)
-		a.mu.Lock()
-		a.invariantLocked(false, invRecoveryReload)
-		a.st.setRunning(planRef{})
-		a.mu.Unlock()
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.st.Phase, a.st.InFlightPlanID = phaseIdle, ""
-	return a.saveLocked()
 }
 
 // ---------------------------------------------------------------------------
@@ -786,14 +762,11 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusInternalServerError, StageState, err.Error())
 			return
 		}
-		if _, err := a.checkWorker(r.Context()); err != nil {
+		if _, err := a.worker.check(r.Context()); err != nil {
 			a.logger.Warn("verified state read: worker check", "err", err)
 		}
 	}
-	a.mu.Lock()
-	st := a.stateLocked(q.Get("plan") != "0")
-	a.mu.Unlock()
-	writeJSON(w, http.StatusOK, st)
+	writeJSON(w, http.StatusOK, a.led.stateAnswer(a.cfg.AgentVersion, q.Get("plan") != "0"))
 }
 
 // maxTreeRefreshRetries bounds how often a verified read re-hashes because
@@ -805,55 +778,17 @@ const maxTreeRefreshRetries = 3
 // An observation an apply overtook is never adopted.
 func (a *Agent) refreshTree() error {
 	for attempt := 0; attempt <= maxTreeRefreshRetries; attempt++ {
-		a.mu.Lock()
-		paths := a.ownershipLocked()
-		version := a.treeVersion
-		a.mu.Unlock()
+		paths, version := a.led.observed()
 		fresh, err := a.hashPaths(paths)
 		if err != nil {
 			return err
 		}
-		a.mu.Lock()
-		if a.treeVersion != version {
-			a.mu.Unlock()
-			continue
+		if a.led.refreshed(fresh, version) {
+			return nil
 		}
-		keepProofs(a.tree, fresh)
-		a.setTreeLocked(fresh)
-		if digest := treeDigest(fresh); digest != a.st.TreeDigest {
-			a.st.TreeDigest = digest
-			a.saveLocked()
-		}
-		a.mu.Unlock()
-		return nil
 	}
 	a.logger.Info("verified state read: applies kept changing the tree; answering with the current tree")
 	return nil
-}
-
-// ownershipLocked is the set a verified read observes: the committed
-// ownership set plus the paths an apply in flight has already written, so
-// that an observation made between an apply's write and its commit never
-// drops the files that apply installed.
-func (a *Agent) ownershipLocked() []string {
-	paths := cloneSlice(a.st.ManifestPaths)
-	for p := range a.tree {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
-	return slices.Compact(paths)
-}
-
-// keepProofs carries each proof of old over to the fresh observation of
-// the same path when digest and size did not change: the bytes are the ones
-// the proof vouched for.
-func keepProofs(old, fresh map[string]FileAt) {
-	for p, at := range fresh {
-		if prev, ok := old[p]; ok && prev.Digest == at.Digest && prev.Size == at.Size {
-			at.Proof = prev.Proof
-			fresh[p] = at
-		}
-	}
 }
 
 // hashPaths hashes a set that may exceed MaxFiles (the committed set plus
@@ -865,15 +800,14 @@ func (a *Agent) hashPaths(paths []string) (map[string]FileAt, error) {
 		if err != nil {
 			return nil, err
 		}
-		for p, at := range part {
-			tree[p] = at
-		}
+		maps.Copy(tree, part)
 	}
 	return tree, nil
 }
 
-// handlePutPlan stores the plan blob of the applied plan (agent.md §10.3).
-// It takes only the state mutex, never the apply lock.
+// handlePutPlan stores the plan blob of the applied plan. It never takes
+// the apply lock: a controller uploads the blob in the background after the
+// apply that landed the plan.
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -898,10 +832,7 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StagePlan, "plan blob is empty")
 		return
 	}
-	a.mu.Lock()
-	err = a.storePlanBlobLocked(ref, blob)
-	moved := PlanMoved{AppliedPlanID: a.st.AppliedPlanID, AppliedPlanProof: a.st.AppliedPlanProof}
-	a.mu.Unlock()
+	moved, err := a.led.storeBlob(ref, blob)
 	switch {
 	case errors.Is(err, errPlanMoved):
 		writeJSON(w, http.StatusConflict, moved)

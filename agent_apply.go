@@ -1,31 +1,33 @@
-// This file owns the apply pipeline of agent.md §9, in the order one apply
-// flows through it: reading and checking the manifest, the fence, staging
-// the parts, the missing answer, the known-bad cache, LKG promotion, role
-// proofs, the write transaction, activation (runtime ops, in-place ops or a
-// reload), the reload itself, worker checks, abort and rollback, and the
-// commit. Pacing and read-back live in agent_pacing.go.
+// This file owns the apply pipeline, in the order one apply flows through
+// it: reading and checking the manifest, the fence, staging the parts, the
+// missing answer, the known-bad cache, LKG promotion, role proofs, the
+// write transaction, activation (runtime ops, in-place ops or a reload),
+// abort and rollback, and the one commit that every apply, scheduled
+// reload and read-back repair ends in. Pacing and read-back live in
+// agent_pacing.go, the worker checks and reloads in agent_worker.go.
 //
 // It never decides what HAProxy should do: it executes exactly what the
 // manifest asks, and whenever it cannot, it reloads the files on disk.
+
 package haptic
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"log/slog"
 	"mime"
 	"mime/multipart"
 	"net/http"
 	"os"
 	"slices"
+	"sync"
 	"time"
 )
 
-// Reload reasons, logged with every reload decision (agent.md §9.18).
+// Reload reasons, logged with every reload decision.
 const (
 	reasonMode                 = "mode"
 	reasonUnknownBaseline      = "unknown_baseline"
@@ -33,9 +35,11 @@ const (
 	reasonWorkerChanged        = "worker_changed"
 	reasonOpRejected           = "op_rejected"
 	reasonDeferredDeleteCommit = "deferred_delete_commit"
+	reasonScheduled            = "scheduled"
+	reasonRepair               = "read_back_repair"
 )
 
-// Invariant names (agent.md §14), a closed set.
+// Invariant names, a closed set.
 const (
 	invGenerationMonotonic       = "generation_monotonic"
 	invDiskIsTheDesiredSet       = "disk_is_the_desired_set"
@@ -50,14 +54,51 @@ const (
 
 const (
 	nackTTL            = 60 * time.Second
-	awaitWorkerPoll    = 100 * time.Millisecond
 	msgInPlaceStale    = "in-place ops were composed against a different worker baseline"
-	msgNoNewWorker     = "the new worker did not answer show info after the reload"
 	msgProofsExhausted = "agent role proof sequence exhausted"
 )
 
-// applyRun is one apply in flight, from the fence to the answer.
+// applyDeps are the collaborators every run works with; the agent builds
+// them once.
+type applyDeps struct {
+	led     *ledger
+	files   *fileStore
+	worker  *workerTracker
+	rt      *haproxyRuntime
+	queue   *deleteQueue
+	metrics *agentMetrics
+	logger  *slog.Logger
+
+	now               func() time.Time
+	reloadIntervalMin time.Duration
+	configFile        string
+
+	// applyMu serialises applies, the pacer's reload and read-backs.
+	applyMu sync.Mutex
+	// readBack starts the background check of a runtime apply; pokePacer
+	// wakes the pacer once a reload is scheduled.
+	readBack  func(c *compiledOps, ref planRef)
+	pokePacer func()
+}
+
+func (d *applyDeps) msSince(t time.Time) int64 { return d.now().Sub(t).Milliseconds() }
+
+// invariant counts, logs and remembers a broken invariant. It never panics.
+func (d *applyDeps) invariant(ok bool, name string) {
+	if ok {
+		return
+	}
+	d.metrics.invariantViolations.inc(name)
+	d.logger.Error("invariant violated", "invariant", name)
+	d.led.noteInvariant(name)
+}
+
+// applyRun is one apply in flight, from the fence to the answer; a
+// scheduled reload and a read-back repair are runs too, so that every one
+// of them ends in the same commit and abort.
 type applyRun struct {
+	*applyDeps
+	ctx    context.Context
 	m      *Manifest
 	revert bool
 	start  time.Time
@@ -72,16 +113,33 @@ type applyRun struct {
 	workKey string
 
 	appliedProof, workerProof string
-	invalidationsAtStart      uint64
+	invalidations0            uint64
+	before                    agentState // the state when the run began
+	beforeTree                map[string]FileAt
 
 	txn      *fileTxn
 	result   ApplyResult
 	opsRan   bool
 	reason   string
 	readBack *compiledOps
+	restored *restoredTree // what an abort put back
 
 	remember   bool // a deterministic refusal to cache once the result is final
 	abortStage string
+	refused    bool // HAProxy refused the reload itself
+}
+
+// restoredTree is the tree a rollback left: its ownership set and hashes,
+// and the tree before the run, whose proofs a restored file keeps.
+type restoredTree struct {
+	owned  []string
+	tree   map[string]FileAt
+	before map[string]FileAt
+}
+
+func newApplyRun(d *applyDeps, ctx context.Context, m *Manifest) *applyRun {
+	return &applyRun{applyDeps: d, ctx: ctx, m: m, revert: m.Mode == ModeRevertLKG, start: d.now(),
+		staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
 }
 
 func (run *applyRun) stagedList() []*stagedFile {
@@ -94,25 +152,25 @@ func (run *applyRun) stagedList() []*stagedFile {
 
 func (run *applyRun) discardStaged() {
 	for _, f := range run.staged {
-		f.discard()
+		f.discard(run.files.disk)
 	}
 }
 
 func (run *applyRun) appliedRef() planRef { return planRef{run.m.PlanID, run.appliedProof} }
 
-func (a *Agent) msSince(t time.Time) int64 { return a.now().Sub(t).Milliseconds() }
-
 // ---------------------------------------------------------------------------
 // The handler.
 
-// handleApply is POST /v1/apply: everything up to the clock start, then the
-// rest under the apply lock.
+// handleApply is POST /v1/apply: the manifest is read and checked, the
+// clock starts, and everything that reads or changes the state runs under
+// the apply lock.
 func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
+	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
+		rc: http.NewResponseController(w), stall: a.stallTimeout}
 	mr, err := r.MultipartReader()
 	if err != nil {
 		writeError(w, http.StatusBadRequest, StageRequest, err.Error())
@@ -128,11 +186,35 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoDowngrade(m)
-	run := &applyRun{m: m, revert: m.Mode == ModeRevertLKG, start: a.now(),
-		staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
-	code, body := a.admitAndRun(run, mr)
+	run := newApplyRun(a.deps, a.baseCtx, m)
+	defer run.discardStaged()
+	code, body := run.admitAndRun(mr)
 	writeJSON(w, code, body)
 }
+
+// stallGuard ends an upload that makes no progress: every read must bring
+// bytes within stall, or it fails with a message that says so. Parts are
+// read under the apply lock, so a client that stops sending would otherwise
+// hold every other apply up for the server's whole read timeout.
+type stallGuard struct {
+	io.ReadCloser
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (g *stallGuard) Read(p []byte) (int, error) {
+	if g.stall > 0 {
+		g.rc.SetReadDeadline(time.Now().Add(g.stall))
+	}
+	n, err := g.ReadCloser.Read(p)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("the upload stalled: no bytes for %s", g.stall)
+	}
+	return n, err
+}
+
+// ---------------------------------------------------------------------------
+// Reading and checking the manifest.
 
 // readManifest reads the first part, which must be the manifest.
 func readManifest(mr *multipart.Reader) (*Manifest, error) {
@@ -226,122 +308,119 @@ func autoDowngrade(m *Manifest) {
 	}
 }
 
-// admitAndRun is everything after the clock start, under the apply lock.
-func (a *Agent) admitAndRun(run *applyRun, mr *multipart.Reader) (int, any) {
-	a.applyMu.Lock()
-	defer a.applyMu.Unlock()
-	defer run.discardStaged()
-	m := run.m
+// ---------------------------------------------------------------------------
+// The known-bad cache's key.
 
-	if reason := a.fence(m); reason != "" {
-		a.metrics.applyRejected.inc(rejectedStageFencing)
-		a.mu.Lock()
-		c := a.conflictLocked(reason)
-		a.mu.Unlock()
-		a.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
-		return http.StatusConflict, c
+// workIdentity is the work the manifest asks for, without its fencing
+// fields and without patches: a set counts as the same work however it
+// arrived. Field order and the absence of omitempty are part of the key.
+func workIdentity(m *Manifest) ([]byte, string, error) {
+	files := make([]ManifestFile, len(m.Files))
+	for i, f := range m.Files {
+		f.Patch = nil
+		files[i] = f
 	}
-	if err := a.stageParts(run, mr); err != nil {
-		a.metrics.applyRejected.inc(StageParts)
-		a.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
+	w := struct {
+		IdentityVersion            int            `json:"identity_version"`
+		PlanID                     string         `json:"plan_id"`
+		PlanProof                  string         `json:"plan_proof"`
+		PlanSchemaVersion          int            `json:"plan_schema_version"`
+		Files                      []ManifestFile `json:"files"`
+		Ops                        []Op           `json:"ops"`
+		OpBatches                  [][]Op         `json:"op_batches"`
+		InPlaceOps                 []Op           `json:"in_place_ops"`
+		ExpectedWorkerOpsPlanID    string         `json:"expected_worker_ops_plan_id"`
+		ExpectedWorkerOpsPlanProof string         `json:"expected_worker_ops_plan_proof"`
+		WorkerOpsPlanID            string         `json:"worker_ops_plan_id"`
+		Mode                       string         `json:"mode"`
+	}{m.IdentityVersion, m.PlanID, m.PlanProof, m.PlanSchemaVersion, files, m.Ops, m.OpBatches,
+		m.InPlaceOps, m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof, m.WorkerOpsPlanID, m.Mode}
+	b, err := json.Marshal(&w)
+	if err != nil {
+		return nil, "", err
+	}
+	return b, DigestString(string(b)), nil
+}
+
+// ---------------------------------------------------------------------------
+// Admission: everything that can still refuse an apply without touching
+// anything.
+
+// admitAndRun fences, stages, checks the parts and the known-bad cache,
+// promotes the LKG, reserves the proofs and runs the apply, all under the
+// apply lock: the fence holds only while nothing else can change the state
+// it checked. A stalled upload cannot hold the lock for long: staging ends
+// when the client sends nothing for stallTimeout.
+func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
+	m := run.m
+	run.applyMu.Lock()
+	defer run.applyMu.Unlock()
+	if code, body, fenced := run.fence(); fenced {
+		return code, body
+	}
+	if err := run.stageParts(mr); err != nil {
+		run.metrics.applyRejected.inc(StageParts)
+		run.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
 		return http.StatusBadRequest, ApplyError{Stage: StageParts, Message: err.Error()}
 	}
-	run.timing.StageMs = a.msSince(run.start)
-	admitStart := a.now()
+	run.timing.StageMs = run.msSince(run.start)
+	admitStart := run.now()
 	if !run.revert {
-		if missing := a.missingParts(run); len(missing) > 0 {
+		if missing := run.led.missing(m, run.staged, run.unpatched); len(missing) > 0 {
 			return http.StatusConflict, Missing{Missing: missing}
 		}
 	}
 	work, key, err := workIdentity(m)
 	if err != nil {
-		a.logger.Warn("could not encode the work identity; the known-bad cache is skipped", "err", err)
+		run.logger.Warn("could not encode the work identity; the known-bad cache is skipped", "err", err)
 	}
 	run.work, run.workKey = work, key
-	a.mu.Lock()
-	cached, hit := a.lookupNackLocked(run.workKey, run.work)
-	a.mu.Unlock()
-	if hit {
-		a.logger.Info("apply answered from the known-bad cache", "plan_id", m.PlanID)
+	if cached, hit := run.led.lookupNack(run.workKey, run.work, run.now()); hit {
+		run.logger.Info("apply answered from the known-bad cache", "plan_id", m.PlanID)
 		return http.StatusOK, cached
 	}
-	if err := a.promoteLKG(m); err != nil {
+	// LKG promotion runs only after every refusal point, because clearing
+	// the journal cannot be undone.
+	promoted, err := run.led.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
+	if err != nil {
 		return http.StatusInternalServerError, ApplyError{Stage: StageLKG, Message: err.Error()}
 	}
+	if promoted {
+		run.logger.Info("last-known-good promoted", "plan_id", m.ValidatedPlanID)
+	}
 	if !run.revert {
-		if err := a.reserveProofs(run); err != nil {
+		run.appliedProof, run.workerProof, err = run.led.reserveProofs(len(m.InPlaceOps) > 0)
+		if err != nil {
 			return http.StatusInternalServerError, ApplyError{Stage: StageIdentity, Message: err.Error()}
 		}
 	}
-	run.timing.AdmitMs = a.msSince(admitStart)
-	result := a.runApply(run)
-	result.Timing.TotalMs = a.msSince(run.start)
+	run.timing.AdmitMs = run.msSince(admitStart)
+	result := run.runApply()
 	return http.StatusOK, result
 }
 
-// ---------------------------------------------------------------------------
-// Fencing (agent.md §9.7).
-
-func (a *Agent) fence(m *Manifest) string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	window := a.now().Before(a.lastReload.Add(a.cfg.ReloadIntervalMin))
-	return fenceReason(m, &a.st, inPlaceWillRun(m, a.st.reloadPending(), window))
-}
-
-// inPlaceWillRun reports whether the manifest's in-place ops will run: a
-// reload is pending, or this reload apply lands inside the pacing window.
-func inPlaceWillRun(m *Manifest, reloadPending, windowOpen bool) bool {
-	return len(m.InPlaceOps) > 0 && (reloadPending || (m.Mode == ModeReload && windowOpen))
-}
-
-// fenceReason applies the seven rules in order; "" means the manifest passes.
-func fenceReason(m *Manifest, s *agentState, inPlaceRuns bool) string {
-	exact := m.IdentityVersion == ExactIdentityVersion
-	switch {
-	case m.Token.LeaderEpoch < s.AppliedToken.LeaderEpoch:
-		return ReasonStaleEpoch
-	case m.Mode == ModeRevertLKG:
-		if !carriesRefusedPlan(planRef{m.PlanID, m.PlanProof}, s) {
-			return ReasonRevertTargetMismatch
-		}
-		return ""
-	case m.ExpectedPrevPlanID != s.AppliedPlanID:
-		if s.AppliedPlanID == "" {
-			return ReasonUnknownBaseline
-		}
-		return ReasonPrevMismatch
-	case m.ExpectedPrevToken != s.AppliedToken:
-		return ReasonPrevMismatch
-	case exact && m.Mode != ModeReload && (m.ExpectedPrevPlanProof == "" || m.ExpectedPrevPlanProof != s.AppliedPlanProof):
-		return ReasonPrevMismatch
-	case exact && m.Mode == ModeReload && s.AppliedPlanProof != "" && m.ExpectedPrevPlanProof != s.AppliedPlanProof:
-		return ReasonPrevMismatch
-	case (m.Mode == ModeAuto || inPlaceRuns) &&
-		!samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, s.workerOps()):
-		return ReasonWorkerOpsMismatch
+// fence answers 409 with the current state when a fencing rule refuses the
+// manifest. Nothing is written, the LKG is not promoted, the journal is
+// not touched.
+func (run *applyRun) fence() (int, any, bool) {
+	reason, c := run.led.fence(run.m, run.now(), run.reloadIntervalMin)
+	if reason == "" {
+		return 0, nil, false
 	}
-	return ""
+	run.metrics.applyRejected.inc(rejectedStageFencing)
+	run.logger.Info("apply fenced", "plan_id", run.m.PlanID, "reason", reason)
+	return http.StatusConflict, c, true
 }
 
-// carriesRefusedPlan: a revert names the plan being refused, which is the
-// applied or the worker-ops plan and cannot be the plan the worker runs.
-func carriesRefusedPlan(ref planRef, s *agentState) bool {
-	return ref.Proof != "" && !samePlanRef(ref, s.running()) &&
-		(samePlanRef(ref, s.applied()) || samePlanRef(ref, s.workerOps()))
-}
-
-// ---------------------------------------------------------------------------
-// Staging (agent.md §9.8) and the missing answer (§9.9).
-
-func (a *Agent) stageParts(run *applyRun, mr *multipart.Reader) error {
+// stageParts reads every part after the manifest: at most MaxFiles file
+// parts and one plan part, so the loop ends with the body, or with an error
+// at the latest on part MaxFiles+2.
+func (run *applyRun) stageParts(mr *multipart.Reader) error {
 	byPath := make(map[string]*ManifestFile, len(run.m.Files))
 	for i := range run.m.Files {
 		byPath[run.m.Files[i].Path] = &run.m.Files[i]
 	}
 	fileParts := 0
-	// At most MaxFiles file parts and one plan part: the loop ends with the
-	// body, or with an error at the latest on part MaxFiles+2.
 	for range MaxFiles + 2 {
 		part, err := mr.NextRawPart()
 		if err == io.EOF {
@@ -350,7 +429,7 @@ func (a *Agent) stageParts(run *applyRun, mr *multipart.Reader) error {
 		if err != nil {
 			return err
 		}
-		err = a.stagePart(run, part, byPath, &fileParts)
+		err = run.stagePart(part, byPath, &fileParts)
 		part.Close()
 		if err != nil {
 			return err
@@ -359,7 +438,7 @@ func (a *Agent) stageParts(run *applyRun, mr *multipart.Reader) error {
 	return fmt.Errorf("more than %d parts", MaxFiles)
 }
 
-func (a *Agent) stagePart(run *applyRun, part *multipart.Part, byPath map[string]*ManifestFile, fileParts *int) error {
+func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, fileParts *int) error {
 	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 	if err != nil {
 		return fmt.Errorf("part has no usable Content-Disposition: %w", err)
@@ -398,13 +477,13 @@ func (a *Agent) stagePart(run *applyRun, part *multipart.Part, byPath map[string
 	}
 	var f *stagedFile
 	if mf.Patch != nil {
-		f, err = a.files.StagePatch(rel, part, mf.Patch, mf.Digest, mf.Size)
+		f, err = run.files.StagePatch(rel, part, mf.Patch, mf.Digest, mf.Size)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
 			return nil
 		}
 	} else {
-		f, err = a.files.Stage(rel, part, mf.Digest, mf.Size)
+		f, err = run.files.Stage(rel, part, mf.Digest, mf.Size)
 	}
 	if err != nil {
 		return err
@@ -413,309 +492,155 @@ func (a *Agent) stagePart(run *applyRun, part *multipart.Part, byPath map[string
 	return nil
 }
 
-// missingParts lists the files neither staged nor held with the proof the
-// manifest quotes. After a restart no file carries a proof.
-func (a *Agent) missingParts(run *applyRun) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var missing []string
-	for _, mf := range run.m.Files {
-		if run.staged[mf.Path] != nil {
-			continue
-		}
-		held, ok := a.tree[mf.Path]
-		if !run.unpatched[mf.Path] && ok && mf.Proof != "" &&
-			held.Proof == mf.Proof && held.Digest == mf.Digest && held.Size == mf.Size {
-			continue
-		}
-		missing = append(missing, mf.Path)
-	}
-	slices.Sort(missing)
-	return missing
-}
-
 // ---------------------------------------------------------------------------
-// The known-bad cache (agent.md §9.10).
+// The run.
 
-// workIdentity is the work the manifest asks for, without its fencing
-// fields and without patches: a set counts as the same work however it
-// arrived. Field order and the absence of omitempty are part of the key.
-func workIdentity(m *Manifest) ([]byte, string, error) {
-	files := make([]ManifestFile, len(m.Files))
-	for i, f := range m.Files {
-		f.Patch = nil
-		files[i] = f
-	}
-	w := struct {
-		IdentityVersion            int            `json:"identity_version"`
-		PlanID                     string         `json:"plan_id"`
-		PlanProof                  string         `json:"plan_proof"`
-		PlanSchemaVersion          int            `json:"plan_schema_version"`
-		Files                      []ManifestFile `json:"files"`
-		Ops                        []Op           `json:"ops"`
-		OpBatches                  [][]Op         `json:"op_batches"`
-		InPlaceOps                 []Op           `json:"in_place_ops"`
-		ExpectedWorkerOpsPlanID    string         `json:"expected_worker_ops_plan_id"`
-		ExpectedWorkerOpsPlanProof string         `json:"expected_worker_ops_plan_proof"`
-		WorkerOpsPlanID            string         `json:"worker_ops_plan_id"`
-		Mode                       string         `json:"mode"`
-	}{m.IdentityVersion, m.PlanID, m.PlanProof, m.PlanSchemaVersion, files, m.Ops, m.OpBatches,
-		m.InPlaceOps, m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof, m.WorkerOpsPlanID, m.Mode}
-	b, err := json.Marshal(&w)
-	if err != nil {
-		return nil, "", err
-	}
-	return b, DigestString(string(b)), nil
-}
-
-// lookupNackLocked answers a cached NACK only for byte-equal work within
-// its 60 seconds: digests are 64-bit and may collide. An expired record is
-// dropped on lookup.
-func (a *Agent) lookupNackLocked(key string, work []byte) (ApplyResult, bool) {
-	n := a.st.Nack
-	if n == nil || len(work) == 0 {
-		return ApplyResult{}, false
-	}
-	if a.now().After(n.Until) {
-		a.st.Nack = nil
-		a.saveLocked()
-		return ApplyResult{}, false
-	}
-	if len(n.work) == 0 || n.ManifestDigest != key || !bytes.Equal(n.work, work) || n.Result == nil {
-		return ApplyResult{}, false
-	}
-	return cloneResult(*n.Result), true
-}
-
-// rememberNackLocked keeps HAProxy's verdict on this work for 60 seconds.
-func (a *Agent) rememberNackLocked(run *applyRun) {
-	res := cloneResult(run.result)
-	res.Inventory = nil // an inventory delta rides one answer only
-	a.st.Nack = &nackRecord{
-		ManifestDigest: run.workKey,
-		Reason:         run.abortStage,
-		Until:          a.now().Add(nackTTL),
-		Result:         &res,
-		work:           slices.Clone(run.work),
-	}
-	a.saveLocked()
-}
-
-// ---------------------------------------------------------------------------
-// LKG promotion (agent.md §9.11) and role proofs (§9.12).
-
-// promoteLKG makes the applied plan the rollback baseline once the
-// controller's validation vouches for it. It runs only after every refusal
-// point, because clearing the journal cannot be undone.
-func (a *Agent) promoteLKG(m *Manifest) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	v := planRef{m.ValidatedPlanID, m.ValidatedPlanProof}
-	if !samePlanRef(v, a.st.applied()) || a.st.lkg() == v {
-		return nil
-	}
-	oldLKG := a.st.lkg()
-	a.st.setLKG(v)
-	if err := a.clearJournalLocked(); err != nil {
-		a.st.setLKG(oldLKG)
-		return err
-	}
-	a.logger.Info("last-known-good promoted", "plan_id", v.ID)
-	return nil
-}
-
-// reserveProofs issues the applied proof, and the worker proof when
-// in-place ops are present. The counter is persisted, so a proof is never
-// reissued, not even across restarts.
-func (a *Agent) reserveProofs(run *applyRun) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	need := uint64(1)
-	if len(run.m.InPlaceOps) > 0 {
-		need = 2
-	}
-	if a.st.ProofGeneration > math.MaxUint64-need {
-		return errors.New(msgProofsExhausted)
-	}
-	a.st.ProofGeneration++
-	run.appliedProof = fmt.Sprintf("a:%d", a.st.ProofGeneration)
-	if need == 2 {
-		a.st.ProofGeneration++
-		run.workerProof = fmt.Sprintf("a:%d", a.st.ProofGeneration)
-	}
-	return a.saveLocked()
-}
-
-// ---------------------------------------------------------------------------
-// The run (agent.md §9.13).
-
-// runApply runs the transaction, commits, stores the blob and starts the
-// read-back. It returns a copy of the result.
-func (a *Agent) runApply(run *applyRun) ApplyResult {
-	ctx := a.baseCtx
+// runApply runs the transaction and its commit, and starts the read-back.
+// It returns a copy of the result.
+func (run *applyRun) runApply() ApplyResult {
 	m := run.m
-	run.result = ApplyResult{PlanID: m.PlanID, OK: true, At: a.now().UTC().Format(time.RFC3339)}
-	a.mu.Lock()
-	run.invalidationsAtStart = a.invalidations
-	a.st.InFlightPlanID = m.PlanID
-	a.st.Phase = phaseStaged
-	err := a.saveLocked()
-	a.mu.Unlock()
-	switch {
-	case err != nil:
-		a.abort(ctx, run, StageBackup, err)
-	case run.revert:
-		a.revertLKG(ctx, run)
-	default:
-		a.transact(ctx, run)
+	run.result = ApplyResult{PlanID: m.PlanID, OK: true, At: run.now().UTC().Format(time.RFC3339)}
+	run.invalidations0 = run.led.invalidationCount()
+	run.before = run.led.view()
+	run.beforeTree = run.led.treeCopy()
+	if run.revert {
+		run.revertLKG()
+	} else {
+		run.transact()
 	}
-
-	finishStart := a.now()
-	a.finish(run)
-	a.mu.Lock()
-	if run.remember {
-		a.rememberNackLocked(run)
+	finishStart := run.now()
+	run.finish()
+	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
+		run.applyDeps.readBack(run.readBack, run.appliedRef())
 	}
-	a.handleBlobLocked(run)
-	a.mu.Unlock()
-	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil {
-		a.startReadBack(run.readBack, run.appliedRef())
-	}
-	run.result.Timing.FinishMs = a.msSince(finishStart)
-	a.logApply(run)
+	run.result.Timing.FinishMs = run.msSince(finishStart)
+	run.result.Timing.TotalMs = run.msSince(run.start)
+	run.logApply()
 	return cloneResult(run.result)
 }
 
-func (a *Agent) logApply(run *applyRun) {
-	a.mu.Lock()
-	gen := a.st.Generation
-	a.mu.Unlock()
+func (run *applyRun) logApply() {
 	attrs := []any{"plan_id", run.m.PlanID, "mode", run.result.Mode, "ok", run.result.OK,
-		"generation", gen, "total_ms", a.msSince(run.start)}
+		"generation", run.led.generation(), "total_ms", run.msSince(run.start)}
 	if run.reason != "" {
 		attrs = append(attrs, "reload_reason", run.reason)
 	}
 	if run.result.Error != nil {
 		attrs = append(attrs, "error_stage", run.result.Error.Stage, "error", run.result.Error.Message)
 	}
-	a.logger.Info("apply", attrs...)
+	run.logger.Info("apply", attrs...)
 }
 
-// transact writes the file set under the journal and activates it.
-func (a *Agent) transact(ctx context.Context, run *applyRun) {
-	if err := a.setPhase(phaseVerified); err != nil {
-		a.abort(ctx, run, StageBackup, err)
+// transact writes the file set and activates it. Before the first rename,
+// the journal keeps how every touched path looked under the LKG plan, and
+// an intent record, synced, keeps how it looked just before this apply; so
+// a crash at any later point is put back at the next start.
+func (run *applyRun) transact() {
+	dels := deletions(run.before.ManifestPaths, run.m.Files)
+	run.txn = run.files.begin(run.stagedList(), dels)
+	if err := run.files.markUnchanged(run.txn); err != nil {
+		run.abort(StageBackup, err)
 		return
 	}
-	a.mu.Lock()
-	dels := deletions(a.st.ManifestPaths, run.m.Files)
-	journal := a.st.Journal.clone()
-	a.mu.Unlock()
-	run.txn = a.files.begin(run.stagedList(), dels)
-
-	writeStart := a.now()
-	err := run.txn.Backup(&journal)
-	a.mu.Lock()
-	// Even a partial journal is kept: its entries describe paths that are
-	// still as they were, and abort restores and clears them.
-	a.st.Journal = journal
-	if err == nil {
-		// The paths this apply may create are owned from the moment they may
-		// exist on disk: a reload clears the journal before the commit
-		// records the new set, and a crash in between must not leave files
-		// no later apply would ever delete. A rollback drops the created
-		// ones again (restoreJournal).
-		a.st.ManifestPaths = slices.Compact(slices.Sorted(slices.Values(
-			append(slices.Clone(a.st.ManifestPaths), manifestPaths(run.m.Files)...))))
-		a.st.Phase = phaseBackedUp
-		err = a.saveLocked()
-	}
-	a.mu.Unlock()
-	if err != nil {
-		a.abort(ctx, run, StageBackup, err)
-		return
+	writeStart := run.now()
+	if run.txn.touches() || run.mayRunOps() {
+		journal := run.before.Journal.clone()
+		err := run.txn.Backup(&journal)
+		// Even a partial journal is kept: its entries describe paths that
+		// are still as they were, and abort restores and clears them.
+		run.led.setJournal(journal)
+		if err == nil {
+			err = run.files.syncDirs(run.txn.linkDirs)
+		}
+		if err == nil {
+			err = run.led.intend(run.m.PlanID, run.txn.undo)
+		}
+		if err != nil {
+			run.abort(StageBackup, err)
+			return
+		}
 	}
 	if err := run.txn.Write(); err != nil {
-		a.abort(ctx, run, StageWrite, err)
+		run.abort(StageWrite, err)
 		return
 	}
-	run.timing.WriteMs = a.msSince(writeStart)
-	a.setPhase(phaseWritten)
-	a.observeTree(run)
+	run.timing.WriteMs = run.msSince(writeStart)
+	run.led.observe(run.treeDelta())
 
-	opsStart := a.now()
-	a.activate(ctx, run)
-	run.timing.OpsMs = a.msSince(opsStart)
+	opsStart := run.now()
+	run.activate()
+	run.timing.OpsMs = run.msSince(opsStart)
 }
 
-// observeTree records what the transaction wrote without re-hashing: the
-// bytes were verified when they were staged.
-func (a *Agent) observeTree(run *applyRun) {
+// mayRunOps reports whether activation may change the worker: then a crash
+// before the commit must end in a reload, which an open intent asks for.
+func (run *applyRun) mayRunOps() bool {
+	return run.m.Mode != ModeReload || len(run.m.InPlaceOps) > 0
+}
+
+// treeDelta is what the transaction did to the tree: each sent path holds
+// the manifest's digest, proof and size (unchanged parts included), each
+// deleted path is gone.
+func (run *applyRun) treeDelta() map[string]*FileAt {
 	byPath := make(map[string]ManifestFile, len(run.m.Files))
 	for _, f := range run.m.Files {
 		byPath[f.Path] = f
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	tree := make(map[string]FileAt, len(a.tree)+len(run.staged))
-	for p, at := range a.tree {
-		tree[p] = at
-	}
+	delta := make(map[string]*FileAt, len(run.staged)+len(run.txn.deletes))
 	for p := range run.staged {
 		mf := byPath[p]
-		tree[p] = FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}
+		delta[p] = &FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}
 	}
 	for _, p := range run.txn.deletes {
-		delete(tree, p)
+		delta[p] = nil
 	}
-	a.setTreeLocked(tree)
+	return delta
 }
 
 // ---------------------------------------------------------------------------
-// Activation (agent.md §9.14–§9.17).
+// Activation.
 
 // activate picks what the written files need, first match wins.
-func (a *Agent) activate(ctx context.Context, run *applyRun) {
-	a.mu.Lock()
-	pending := a.st.reloadPending()
-	baseline := a.st.applied()
-	a.mu.Unlock()
+func (run *applyRun) activate() {
+	st := run.led.view()
 	switch {
-	case pending:
-		due := a.coalesceIntoPendingReload(run.appliedRef())
+	case st.reloadPending():
+		due, err := run.led.schedule(run.appliedRef(), st.ReloadPendingAt)
+		if err != nil {
+			run.abort(StageWrite, err)
+			return
+		}
 		run.result.Mode = ResultScheduled
 		run.result.Reload = &ReloadInfo{ScheduledAt: formatDue(due)}
-		a.setPhase(phaseScheduled)
-		a.runInPlace(ctx, run)
+		run.runInPlace()
 	case run.m.Mode == ModeReload:
-		a.reload(ctx, run, reasonMode)
-	case baseline.ID == "" || baseline.Proof == "":
-		a.reload(ctx, run, reasonUnknownBaseline)
+		run.reload(reasonMode)
+	case !st.applied().complete():
+		run.reload(reasonUnknownBaseline)
 	default:
-		c, err := a.compile(run.m.RuntimeOps())
+		c, err := run.compile(run.m.RuntimeOps())
 		if err != nil {
-			a.invariant(false, invOpsExecutable)
-			a.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", err)
-			a.reload(ctx, run, reasonUnknownOp)
+			run.invariant(false, invOpsExecutable)
+			run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", err)
+			run.reload(reasonUnknownOp)
 			return
 		}
 		if c.empty() {
-			a.settle(run)
+			run.settle()
 			return
 		}
-		a.runOps(ctx, run, c)
+		run.runOps(c)
 	}
 }
 
 func formatDue(due time.Time) string { return due.UTC().Format(time.RFC3339Nano) }
 
 // settle finishes an apply that needs nothing from HAProxy.
-func (a *Agent) settle(run *applyRun) {
+func (run *applyRun) settle() {
 	run.result.Mode = ResultNoop
 	if run.txn.Changes() > 0 {
 		run.result.Mode = ResultFileOnly
 	}
-	a.setPhase(phaseApplied)
 }
 
 // compiledOps is a batch ready to run, with the notes the read-back and
@@ -734,16 +659,17 @@ func (c *compiledOps) empty() bool {
 }
 
 // compile splits the deletes off, has the queue check them, and compiles
-// every inline op before anything is sent (agent.md §9.15).
-func (a *Agent) compile(ops []Op) (*compiledOps, error) {
+// every inline op before anything is sent: a batch whose last op cannot be
+// compiled sends nothing.
+func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	inline, servers, backends := splitDeletes(ops)
-	if err := a.queue.Check(servers, backends); err != nil {
+	if err := run.queue.Check(servers, backends); err != nil {
 		return nil, err
 	}
 	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
-	term := a.rt.terminator()
+	term := run.rt.terminator()
 	for i := range inline {
-		p, err := compileOp(&inline[i], a.readHeld, term)
+		p, err := compileOp(&inline[i], run.files.ReadHeld, term)
 		if err != nil {
 			return nil, err
 		}
@@ -775,71 +701,46 @@ func appendUnique(s []string, v string) []string {
 	return append(s, v)
 }
 
-// readHeld reads a written file by its manifest path, for the ops that
-// carry a file's content (map_replace, cert_*, ca_*).
-func (a *Agent) readHeld(rel string) ([]byte, error) {
-	abs, err := a.files.Abs(rel)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open(abs)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxApplyBodyBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > MaxApplyBodyBytes {
-		return nil, fmt.Errorf("%q exceeds %d bytes", rel, MaxApplyBodyBytes)
-	}
-	return b, nil
-}
-
-// runOps runs the manifest's ops between two worker checks (agent.md §9.16).
-func (a *Agent) runOps(ctx context.Context, run *applyRun, c *compiledOps) {
-	if _, err := a.checkWorker(ctx); err != nil {
-		a.logger.Warn("worker check before the ops failed", "err", err)
-		a.reload(ctx, run, reasonWorkerChanged)
+// runOps runs the manifest's ops between two worker checks.
+func (run *applyRun) runOps(c *compiledOps) {
+	if _, err := run.worker.check(run.ctx); err != nil {
+		run.logger.Warn("worker check before the ops failed", "err", err)
+		run.reload(reasonWorkerChanged)
 		return
 	}
-	captured := a.expectedWorker()
-	results, err := a.executeChunks(ctx, run, c.programs)
+	captured := run.led.expectedWorker()
+	results, err := run.executeChunks(c.programs)
 	run.result.OpResults = append(run.result.OpResults, results...)
 	if err != nil {
-		a.mu.Lock()
-		a.st.setWorkerOps(planRef{}) // part of a batch may have landed
-		a.mu.Unlock()
-		a.metrics.opErrors.inc(firstFailedKind(results))
-		a.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", err)
-		a.reload(ctx, run, reasonOpRejected)
+		run.led.clearWorkerOps() // part of a batch may have landed
+		run.metrics.opErrors.inc(firstFailedKind(results))
+		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", err)
+		run.reload(reasonOpRejected)
 		return
 	}
-	if err := a.recheckWorker(ctx, captured); err != nil {
-		a.logger.Warn("worker check after the ops failed", "err", err)
-		a.reload(ctx, run, reasonWorkerChanged)
+	if err := run.worker.recheck(run.ctx, captured); err != nil {
+		run.logger.Warn("worker check after the ops failed", "err", err)
+		run.reload(reasonWorkerChanged)
 		return
 	}
-	if err := a.enqueueDeletes(captured, c); err != nil {
-		a.logger.Warn("deferred deletes could not be queued", "err", err)
-		a.reload(ctx, run, reasonDeferredDeleteCommit)
+	if err := run.enqueueDeletes(captured, c); err != nil {
+		run.logger.Warn("deferred deletes could not be queued", "err", err)
+		run.reload(reasonDeferredDeleteCommit)
 		return
 	}
-	a.foldCreated(c)
+	run.led.foldCreated(c.certs, c.caFiles)
 	run.result.Mode = ResultRuntime
 	run.readBack = c
-	a.setPhase(phaseApplied)
 }
 
 // executeChunks runs the programs MaxOpsPerApply at a time, stopping at the
 // first failing chunk.
-func (a *Agent) executeChunks(ctx context.Context, run *applyRun, programs []program) ([]OpResult, error) {
+func (run *applyRun) executeChunks(programs []program) ([]OpResult, error) {
 	var results []OpResult
 	for start := 0; start < len(programs); start += MaxOpsPerApply {
 		chunk := programs[start:min(start+MaxOpsPerApply, len(programs))]
 		run.opsRan = true
-		res, err := a.rt.execute(ctx, chunk)
+		res, err := run.rt.execute(run.ctx, chunk)
 		results = append(results, res...)
 		if err != nil {
 			return results, err
@@ -858,350 +759,121 @@ func firstFailedKind(results []OpResult) string {
 	return "unknown"
 }
 
-// recheckWorker is the second worker check: the worker must still be the
-// one the ops were sent to (a concurrent verified read may have adopted a
-// new one already).
-func (a *Agent) recheckWorker(ctx context.Context, captured HAProxyInfo) error {
-	observed, err := a.checkWorker(ctx)
-	if err != nil {
-		return err
-	}
-	if !observed.SameWorker(captured) {
-		return workerChangedError(captured, observed)
-	}
-	return nil
-}
-
-func workerChangedError(from, to HAProxyInfo) error {
-	return fmt.Errorf("worker changed from pid %d (start %d) to pid %d (start %d)",
-		from.WorkerPID, from.WorkerStartTimeUnixMicros, to.WorkerPID, to.WorkerStartTimeUnixMicros)
-}
-
-func (a *Agent) expectedWorker() HAProxyInfo {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.st.ExpectedWorker
-}
-
 // enqueueDeletes hands the removal half of the deletes to the queue, only
 // after the inline half succeeded and the worker was re-checked.
-func (a *Agent) enqueueDeletes(worker HAProxyInfo, c *compiledOps) error {
+func (run *applyRun) enqueueDeletes(worker HAProxyInfo, c *compiledOps) error {
 	if len(c.servers) == 0 && len(c.backends) == 0 {
 		return nil
 	}
-	if err := a.queue.Enqueue(worker, c.servers, c.backends); err != nil {
+	if err := run.queue.Enqueue(worker, c.servers, c.backends); err != nil {
 		return err
 	}
-	a.queue.Wake()
+	run.queue.Wake()
 	return nil
 }
 
-// foldCreated adds the certificates and CA files this batch created to the
-// inventory, copying the slices an earlier answer may share.
-func (a *Agent) foldCreated(c *compiledOps) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	inv := &a.inventory
-	changed := false
-	add := func(list []string, v string) []string {
-		if slices.Contains(list, v) {
-			return list
-		}
-		changed = true
-		out := append(cloneSlice(list), v)
-		slices.Sort(out)
-		return out
-	}
-	for _, p := range c.certs {
-		inv.Certs = add(inv.Certs, p)
-	}
-	for _, p := range c.caFiles {
-		inv.CAFiles = add(inv.CAFiles, p)
-	}
-	if changed {
-		inv.Generation++
-	}
-}
-
 // runInPlace runs the in-place ops against the worker that keeps serving
-// until the pending reload fires (agent.md §9.17). Any failure invalidates
-// the baseline; the apply stays OK and never triggers a second reload.
-func (a *Agent) runInPlace(ctx context.Context, run *applyRun) {
+// until the pending reload fires. Any failure invalidates the baseline; the
+// apply stays OK and never triggers a second reload.
+func (run *applyRun) runInPlace() {
 	m := run.m
 	if len(m.InPlaceOps) == 0 {
 		return
 	}
 	fail := func(err error) {
 		run.result.Error = &ApplyError{Stage: StageInPlace, Message: err.Error()}
-		a.invalidateBaseline()
-		a.logger.Warn("in-place ops failed; the baseline is invalidated", "plan_id", m.PlanID, "err", err)
+		run.led.invalidate()
+		run.logger.Warn("in-place ops failed; the baseline is invalidated", "plan_id", m.PlanID, "err", err)
 	}
-	a.mu.Lock()
-	workerOps := a.st.workerOps()
-	a.mu.Unlock()
-	if !samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, workerOps) {
+	st := run.led.view()
+	if !samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, st.workerOps()) {
 		fail(errors.New(msgInPlaceStale))
 		return
 	}
-	c, err := a.compile(m.InPlaceOps)
+	c, err := run.compile(m.InPlaceOps)
 	if err != nil {
-		a.invariant(false, invOpsExecutable)
+		run.invariant(false, invOpsExecutable)
 		fail(err)
 		return
 	}
-	captured := a.expectedWorker()
-	if _, err := a.checkWorker(ctx); err != nil {
+	captured := run.led.expectedWorker()
+	if _, err := run.worker.check(run.ctx); err != nil {
 		fail(err)
 		return
 	}
 	if len(c.programs) > 0 {
 		run.opsRan = true
-		results, err := a.rt.execute(ctx, c.programs)
+		results, err := run.rt.execute(run.ctx, c.programs)
 		run.result.OpResults = append(run.result.OpResults, results...)
 		if err != nil {
-			a.metrics.opErrors.inc(firstFailedKind(results))
+			run.metrics.opErrors.inc(firstFailedKind(results))
 			fail(err)
 			return
 		}
 	}
-	if err := a.recheckWorker(ctx, captured); err != nil {
+	if err := run.worker.recheck(run.ctx, captured); err != nil {
 		fail(err)
 		return
 	}
-	if err := a.enqueueDeletes(captured, c); err != nil {
+	if err := run.enqueueDeletes(captured, c); err != nil {
 		fail(err)
 		return
 	}
-	a.foldCreated(c)
-	a.mu.Lock()
-	a.st.setWorkerOps(planRef{m.WorkerOpsPlanID, run.workerProof})
-	a.saveLocked()
-	a.mu.Unlock()
+	run.led.foldCreated(c.certs, c.caFiles)
+	run.led.recordWorkerOps(planRef{m.WorkerOpsPlanID, run.workerProof})
 }
 
 // ---------------------------------------------------------------------------
-// Reloads (agent.md §9.18, §9.21).
+// Reloads.
 
-// reload reloads now, or schedules the reload when the pacing window is open.
-func (a *Agent) reload(ctx context.Context, run *applyRun, reason string) {
+// reload reloads now, or schedules the reload when the pacing window is
+// open. Only for the reason "mode" do in-place ops run too: a fallback
+// reload has no valid in-place subset.
+func (run *applyRun) reload(reason string) {
 	run.reason = reason
-	a.mu.Lock()
-	due := a.lastReload.Add(a.cfg.ReloadIntervalMin)
-	open := a.now().Before(due)
+	due := run.led.pacingDue(run.reloadIntervalMin)
+	open := run.now().Before(due)
+	run.logger.Info("reload decided", "plan_id", run.m.PlanID, "reason", reason, "scheduled", open)
 	if open {
-		a.schedulePendingReloadLocked(due, run.appliedRef())
-	}
-	a.mu.Unlock()
-	a.logger.Info("reload decided", "plan_id", run.m.PlanID, "reason", reason, "scheduled", open)
-	if open {
+		due, err := run.led.schedule(run.appliedRef(), due)
+		if err != nil {
+			run.abort(StageReload, err)
+			return
+		}
+		run.pokePacer()
 		run.result.Mode = ResultScheduled
 		run.result.Reload = &ReloadInfo{ScheduledAt: formatDue(due)}
-		a.setPhase(phaseScheduled)
-		// A fallback reload has no valid in-place subset.
 		if reason == reasonMode {
-			a.runInPlace(ctx, run)
+			run.runInPlace()
 		}
 		return
 	}
-	info, err := a.performReload(ctx, run.appliedRef())
+	info, err := run.worker.reload(run.ctx, run.appliedRef())
 	run.result.Reload = info
 	if err != nil {
-		a.abort(ctx, run, StageReload, err)
+		run.refused = errors.Is(err, errReloadRejected)
+		run.abort(StageReload, err)
 		return
 	}
 	run.result.Mode = ResultReload
-	a.setPhase(phaseReloaded)
-}
-
-// reloadFailure is a reload HAProxy refused: its text is HAProxy's startup
-// log, and it wraps errReloadRejected so that the failure counts as
-// deterministic.
-type reloadFailure struct {
-	msg string
-	err error
-}
-
-func (e *reloadFailure) Error() string { return e.msg }
-func (e *reloadFailure) Unwrap() error { return e.err }
-
-// performReload reloads HAProxy through the master and adopts the new
-// worker, holding the worker-observation lock throughout, then records the
-// plan the new worker loaded. An empty ref promotes nothing.
-func (a *Agent) performReload(ctx context.Context, ref planRef) (*ReloadInfo, error) {
-	a.mu.Lock()
-	a.clearPendingLocked()
-	a.mu.Unlock()
-
-	a.workerMu.Lock()
-	info, err := a.reloadAndAwait(ctx)
-	a.workerMu.Unlock()
-	if err != nil {
-		return info, err
-	}
-	a.recordReload(ref)
-	return info, nil
-}
-
-// reloadAndAwait sends the reload and waits for the new worker.
-// ReloadTimeout bounds the whole of it (agent.md §9.21 step 5), but the
-// runtime layer enforces it on the reload itself and answers the timeout
-// verdicts of runtime.md §6.2 ("reload: no reply within <t>", "reload: no
-// new worker within <t>", both errReloadTimeout). A context of our own
-// around rt.reload would expire first, since the runtime's deadline starts
-// only after its show proc baseline, and turn those verdicts into transport
-// errors of varying text. So only the wait for the new worker gets a
-// deadline here: what remains of ReloadTimeout since the reload began.
-func (a *Agent) reloadAndAwait(ctx context.Context) (*ReloadInfo, error) {
-	prev := a.expectedWorker()
-	if a.hooks.beforeReload != nil {
-		a.hooks.beforeReload()
-	}
-	start := time.Now()
-	log, err := a.rt.reload(ctx)
-	info := &ReloadInfo{Performed: true, OK: err == nil, Output: log}
-	if err != nil {
-		info.TookMs = time.Since(start).Milliseconds()
-		a.metrics.reloads.inc("failed")
-		if errors.Is(err, errReloadRejected) {
-			msg := log
-			if msg == "" {
-				msg = errReloadRejected.Error()
-			}
-			return info, &reloadFailure{msg: msg, err: err}
-		}
-		info.Performed = false
-		return info, err
-	}
-	a.metrics.reloads.inc("ok")
-	wctx, cancel := context.WithDeadline(ctx, start.Add(a.cfg.ReloadTimeout))
-	worker, err := a.awaitNewWorker(wctx, prev)
-	cancel()
-	info.TookMs = time.Since(start).Milliseconds()
-	if err != nil {
-		info.OK = false
-		return info, err
-	}
-	// The inventory refresh is not part of the reload: it runs under the
-	// caller's context, not what is left of the reload timeout.
-	a.adoptWorker(ctx, worker)
-	info.WorkerPID = worker.WorkerPID
-	return info, nil
-}
-
-// awaitNewWorker polls show info until a worker other than prev answers.
-// Ops are never sent to the outgoing worker.
-func (a *Agent) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, error) {
-	t := time.NewTicker(awaitWorkerPoll)
-	defer t.Stop()
-	for {
-		info, err := a.rt.info(ctx)
-		if err == nil && info.HasWorkerIdentity() && !prev.SameWorker(info) {
-			return info, nil
-		}
-		select {
-		case <-ctx.Done():
-			return HAProxyInfo{}, errors.New(msgNoNewWorker)
-		case <-t.C:
-		}
-	}
-}
-
-// adoptWorker records a new worker, refreshes the inventory and retires the
-// deferred deletes queued for the old one. Callers hold the
-// worker-observation lock.
-//
-// The inventory's generation is taken when the listing is stored, under the
-// state mutex, not before the read: the state mutex is released across the
-// read, and an apply may fold the certificates it created into the
-// inventory (a generation of its own, reported on its ACK) meanwhile. A
-// generation computed before the read would then be issued twice, and the
-// new worker's listing would never ride an answer.
-func (a *Agent) adoptWorker(ctx context.Context, info HAProxyInfo) {
-	inv, err := a.rt.inventory(ctx, 0)
-	a.mu.Lock()
-	a.st.ExpectedWorker = info
-	if err == nil {
-		inv.Generation = a.inventory.Generation + 1
-		a.inventory = inv
-	} else {
-		a.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
-	}
-	a.saveLocked()
-	a.mu.Unlock()
-	a.queue.SetWorker(info)
-}
-
-// recordReload notes a successful reload: the worker now runs ref, and a
-// complete ref becomes the last-known-good plan, which clears the journal.
-// The promotion stands only if the cleared journal was saved, as in
-// promoteLKG: otherwise the journal and its backups are still what a
-// rollback restores, and they lead back to the old LKG, not to ref. The
-// reload itself happened, so the running and worker-ops pairs stay; the
-// next successful save persists them.
-func (a *Agent) recordReload(ref planRef) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.lastReload = a.now()
-	a.st.setRunning(ref)
-	a.st.setWorkerOps(ref)
-	if ref.ID == "" || ref.Proof == "" {
-		a.saveLocked()
-		return
-	}
-	oldLKG := a.st.lkg()
-	a.st.setLKG(ref)
-	if err := a.clearJournalLocked(); err != nil {
-		a.st.setLKG(oldLKG)
-		a.logger.Error("the reloaded plan is not the last-known-good: its journal could not be cleared", "plan_id", ref.ID, "lkg_plan_id", oldLKG.ID, "err", err)
-	}
 }
 
 // ---------------------------------------------------------------------------
-// Worker checks (agent.md §9.19).
-
-// checkWorker reads the worker's identity and adopts a foreign worker, which
-// invalidates the baseline: the new worker loaded whatever was on disk.
-func (a *Agent) checkWorker(ctx context.Context) (HAProxyInfo, error) {
-	a.workerMu.Lock()
-	defer a.workerMu.Unlock()
-	info, err := a.rt.info(ctx)
-	if err != nil {
-		return info, err
-	}
-	prev := a.expectedWorker()
-	if prev.SameWorker(info) {
-		return info, nil
-	}
-	a.adoptWorker(ctx, info)
-	a.mu.Lock()
-	a.st.setRunning(planRef{})
-	a.invalidateLocked()
-	a.saveLocked()
-	a.mu.Unlock()
-	err = workerChangedError(prev, info)
-	a.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
-	return info, err
-}
-
-// ---------------------------------------------------------------------------
-// Revert, abort and restore (agent.md §9.24, §9.25, §6.8).
+// Revert, abort and rollback.
 
 // revertLKG restores the last-known-good set and reloads it.
-func (a *Agent) revertLKG(ctx context.Context, run *applyRun) {
-	a.setPhase(phaseBackedUp)
-	if err := a.restoreJournal(); err != nil {
-		a.abort(ctx, run, StageRevert, err)
+func (run *applyRun) revertLKG() {
+	if err := run.rollback(); err != nil {
+		run.abort(StageRevert, err)
 		return
 	}
-	a.metrics.rollbacks.inc()
+	run.metrics.rollbacks.inc()
 	run.result.Rollback = &RollbackInfo{Performed: true}
-	a.mu.Lock()
-	lkg := a.st.lkg()
-	a.mu.Unlock()
-	info, err := a.performReload(ctx, lkg)
+	st := run.led.view()
+	info, err := run.worker.reload(run.ctx, st.lkg())
 	run.result.Reload = info
 	if err != nil {
-		a.abort(ctx, run, StageRevertReload, err)
+		run.abort(StageRevertReload, err)
 		return
 	}
 	run.result.Rollback.Reloaded = true
@@ -1210,31 +882,26 @@ func (a *Agent) revertLKG(ctx context.Context, run *applyRun) {
 
 // abort rolls the tree back to the last-known-good set and turns the result
 // into a NACK. The failed reload, if any, stays in result.reload.
-func (a *Agent) abort(ctx context.Context, run *applyRun, stage string, cause error) {
-	a.setPhase(phaseAborted)
-	a.metrics.applyRejected.inc(stage)
-	a.metrics.rollbacks.inc()
+func (run *applyRun) abort(stage string, cause error) {
+	run.metrics.applyRejected.inc(stage)
+	run.metrics.rollbacks.inc()
 	r := &run.result
 	r.OK, r.Mode = false, ResultRejected
 	r.Error = &ApplyError{Stage: stage, Message: cause.Error()}
 	r.Rollback = &RollbackInfo{}
 	run.discardStaged()
-	a.mu.Lock()
-	a.clearPendingLocked()
-	a.mu.Unlock()
-	a.logger.Warn("apply aborted; restoring the last-known-good set", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
-	if err := a.restoreJournal(); err != nil {
-		a.logger.Error("restoring the last-known-good set failed", "err", err)
+	run.led.clearPending()
+	run.logger.Warn("apply aborted; restoring the last-known-good set", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
+	if err := run.rollback(); err != nil {
+		run.logger.Error("restoring the last-known-good set failed", "err", err)
 		return
 	}
 	r.Rollback.Performed = true
 	if run.opsRan {
-		a.mu.Lock()
-		lkg := a.st.lkg()
-		a.mu.Unlock()
-		if _, err := a.performReload(ctx, lkg); err != nil {
-			a.invariant(false, invRecoveryReload)
-			a.logger.Error("the recovery reload after the abort failed", "err", err)
+		st := run.led.view()
+		if _, err := run.worker.reload(run.ctx, st.lkg()); err != nil {
+			run.invariant(false, invRecoveryReload)
+			run.logger.Error("the recovery reload after the abort failed", "err", err)
 		} else {
 			r.Rollback.Reloaded = true
 		}
@@ -1244,40 +911,44 @@ func (a *Agent) abort(ctx context.Context, run *applyRun, stage string, cause er
 	}
 }
 
-// restoreJournal puts the last-known-good set back, recomputes the
-// ownership set and the tree from it, and clears the journal. A restored
+// rollback puts the last-known-good set back: the rollback is durable
+// before any file moves, the files are restored and their directories
+// synced, and the tree the restore left is hashed for the commit. A restored
 // file whose bytes did not change keeps its proof, so the next apply need
 // not resend it.
-func (a *Agent) restoreJournal() error {
-	a.mu.Lock()
-	journal := a.st.Journal.clone()
-	owned := cloneSlice(a.st.ManifestPaths)
-	a.mu.Unlock()
-	if err := a.files.Restore(journal); err != nil {
+func (run *applyRun) rollback() error {
+	st := run.led.view()
+	if err := run.led.beginRollback(st.Journal); err != nil {
+		// Nothing moved yet: the intent, if any, still puts the tree back
+		// at the next start. Restore anyway, so that this process serves
+		// the last-known-good set now.
+		run.logger.Error("the rollback could not be recorded; restoring anyway", "err", err)
+	}
+	if err := run.files.Restore(st.Journal); err != nil {
 		return err
 	}
-	set := restoredOwnership(owned, journal)
-	tree, err := a.files.HashTree(set)
+	if err := run.files.flush(); err != nil {
+		return err
+	}
+	owned := restoredOwnership(run.before.ManifestPaths, st.Journal)
+	tree, err := run.files.HashTree(owned)
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	keepProofs(a.tree, tree)
-	a.setTreeLocked(tree)
-	a.st.ManifestPaths = set
-	a.st.TreeDigest = treeDigest(tree)
-	return a.clearJournalLocked()
+	run.restored = &restoredTree{owned: owned, tree: tree, before: run.beforeTree}
+	return nil
 }
 
 // restoredOwnership is the ownership set after a restore: the owned paths
-// minus the ones the journal created, plus every path it brought back.
+// minus the ones the journal created, plus every path it brought back. The
+// owned paths are those before the apply, so a refusal leaves ownership as
+// it was: a path the refused set named, never written because something
+// stood in its way, is not owned.
 //
-// agent.md §6.8 says "plus the deleted entries"; a modified entry is added
-// too, because a path first modified and then deleted by a later apply
-// (the first journal entry wins, so its kind stays "modified") is restored
-// to disk by the rollback, and without ownership it would stay there
-// forever: no later apply could delete it.
+// A modified entry is added too, because a path first modified and then
+// deleted by a later apply (the first journal entry wins, so its kind stays
+// "modified") is restored to disk by the rollback, and without ownership it
+// would stay there forever: no later apply could delete it.
 func restoredOwnership(owned []string, j backupJournal) []string {
 	created := map[string]bool{}
 	var out []string
@@ -1299,49 +970,80 @@ func restoredOwnership(owned []string, j backupJournal) []string {
 }
 
 // ---------------------------------------------------------------------------
-// Commit (agent.md §9.26).
+// Commit.
 
-func (a *Agent) finish(run *applyRun) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	prevGen := a.st.Generation
+// finish ends every run in one durable record: an OK apply commits (and
+// answers OK only once its commit is durable; a commit that cannot be
+// written aborts the apply instead), anything else records its rollback
+// and the failure.
+func (run *applyRun) finish() {
 	if run.result.OK {
-		a.st.Generation++
-		a.commitLocked(run)
-	} else {
-		a.st.setApplied(planRef{})
+		if err := run.commit(); err != nil {
+			run.abort(StageWrite, fmt.Errorf("could not record the apply: %w", err))
+		} else {
+			run.afterFinish()
+			return
+		}
 	}
-	a.st.Phase, a.st.InFlightPlanID = phaseIdle, ""
-	run.result.Timing = run.timing
-	a.applyResultLocked(&run.result)
-	last := cloneResult(run.result)
-	a.st.LastApply = &last
-	a.saveLocked()
-	a.metrics.applyTotal.inc(run.result.Mode)
-	a.metrics.generation.set(a.st.Generation)
-	a.checkInvariantsLocked(run, prevGen)
+	o := run.outcome()
+	if err := run.led.finishRun(o, run.restored); err != nil {
+		run.logger.Error("the failed apply could not be recorded", "plan_id", run.m.PlanID, "err", err)
+	}
+	if run.remember {
+		run.led.rememberNack(run.workKey, run.abortStage, run.work, run.result, run.now().Add(nackTTL))
+	}
+	run.afterFinish()
 }
 
-func (a *Agent) commitLocked(run *applyRun) {
-	m := run.m
-	ref := run.appliedRef()
-	if run.revert {
-		ref = a.st.lkg()
-	} else {
-		a.st.PlanSchemaVersion = m.PlanSchemaVersion
-		a.st.ManifestPaths = manifestPaths(m.Files)
-		a.st.TreeDigest = treeDigest(a.tree)
+// commit records an OK apply: the bytes of the files it installed without
+// a sync ride in the record, the paths it deleted are named, and the links
+// only its undo needed go once the record is durable.
+func (run *applyRun) commit() error {
+	o := run.outcome()
+	c := commitWrites{restored: run.restored}
+	if run.txn != nil {
+		c.delta = run.treeDelta()
+		for _, f := range run.txn.installs {
+			if f.installed && f.inline != nil {
+				c.redo = append(c.redo, redoEntry{Path: f.Rel, Data: f.inline})
+			}
+		}
+		c.gone = run.txn.deletes
+		c.dropAfter = undoLinks(run.txn.undo)
+		if err := run.files.syncDirs(run.txn.syncedDirs()); err != nil {
+			return err
+		}
 	}
-	if a.invalidations != run.invalidationsAtStart {
-		a.st.setApplied(planRef{})
-		return
+	return run.led.commit(o, c)
+}
+
+// outcome describes how the run ended, for the ledger's settle.
+func (run *applyRun) outcome() outcome {
+	o := outcome{
+		result: run.result, ok: run.result.OK, ref: run.appliedRef(), token: run.m.Token,
+		schema: run.m.PlanSchemaVersion, revert: run.revert, invalidations0: run.invalidations0,
+		refused: run.refused && !run.opsRan, before: run.before, blob: run.blob,
 	}
-	a.st.setApplied(ref)
-	a.st.AppliedToken = m.Token
-	// While a reload is pending only an in-place batch moves the worker baseline.
-	if !a.st.reloadPending() {
-		a.st.setWorkerOps(ref)
+	if !run.revert && run.txn != nil {
+		o.landsTree = true
+		o.paths = manifestPaths(run.m.Files)
+		o.tree = treeDigestOf(run.led.treeCopy(), o.paths)
 	}
+	if run.restored != nil {
+		o.restoredTree = treeDigest(run.restored.tree) == run.before.TreeDigest
+	}
+	return o
+}
+
+// treeDigestOf folds the entries of paths in tree.
+func treeDigestOf(tree map[string]FileAt, paths []string) string {
+	sub := make(map[string]FileAt, len(paths))
+	for _, p := range paths {
+		if at, ok := tree[p]; ok {
+			sub[p] = at
+		}
+	}
+	return treeDigest(sub)
 }
 
 func manifestPaths(files []ManifestFile) []string {
@@ -1353,40 +1055,38 @@ func manifestPaths(files []ManifestFile) []string {
 	return out
 }
 
-// handleBlobLocked stores the apply's plan blob, or re-binds the stored one
-// to the new applied proof (agent.md §10.2). A failed apply stores nothing.
-func (a *Agent) handleBlobLocked(run *applyRun) {
-	if !run.result.OK {
+// afterFinish fills the answer from the state, counts it and checks the
+// invariants.
+func (run *applyRun) afterFinish() {
+	prevGen := run.before.Generation
+	run.result.Timing = run.timing
+	run.led.fillResult(&run.result)
+	run.metrics.applyTotal.inc(run.result.Mode)
+	st := run.led.view()
+	run.metrics.generation.set(st.Generation)
+	if run.m.Mode == ModeReload && run.reason == reasonScheduled {
 		return
 	}
-	if run.blob != nil {
-		err := a.storePlanBlobLocked(run.appliedRef(), run.blob)
-		if err != nil && !errors.Is(err, errPlanMoved) {
-			a.logger.Warn("could not store the plan blob", "plan_id", run.m.PlanID, "err", err)
-		}
-		return
+	in := invariantInputs{
+		ok:             run.result.OK,
+		revert:         run.revert,
+		prevGeneration: prevGen,
+		generation:     st.Generation,
+		result:         &run.result,
+		files:          run.m.Files,
+		tree:           run.led.treeCopy(),
+		journalEntries: len(st.Journal.Entries),
+		applied:        st.applied(),
+		lkg:            st.lkg(),
+		crossDevice:    run.files.crossDevice.Load(),
 	}
-	a.rebindPlanBlobLocked(run.m.PlanID)
+	for _, name := range failedInvariants(in) {
+		run.invariant(false, name)
+	}
 }
 
 // ---------------------------------------------------------------------------
-// Invariants (agent.md §14).
-
-// invariant counts, logs and remembers a broken invariant. It never panics.
-func (a *Agent) invariant(ok bool, name string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.invariantLocked(ok, name)
-}
-
-func (a *Agent) invariantLocked(ok bool, name string) {
-	if ok {
-		return
-	}
-	a.metrics.invariantViolations.inc(name)
-	a.logger.Error("invariant violated", "invariant", name)
-	a.lastInvariant = name
-}
+// Invariants.
 
 // invariantInputs is what the after-finish invariants look at.
 type invariantInputs struct {
@@ -1442,23 +1142,4 @@ func treeHoldsExactly(tree map[string]FileAt, files []ManifestFile) bool {
 		}
 	}
 	return true
-}
-
-func (a *Agent) checkInvariantsLocked(run *applyRun, prevGen uint64) {
-	in := invariantInputs{
-		ok:             run.result.OK,
-		revert:         run.revert,
-		prevGeneration: prevGen,
-		generation:     a.st.Generation,
-		result:         &run.result,
-		files:          run.m.Files,
-		tree:           a.tree,
-		journalEntries: len(a.st.Journal.Entries),
-		applied:        a.st.applied(),
-		lkg:            a.st.lkg(),
-		crossDevice:    a.files.crossDevice.Load(),
-	}
-	for _, name := range failedInvariants(in) {
-		a.invariantLocked(false, name)
-	}
 }

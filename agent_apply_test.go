@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -679,14 +680,16 @@ func TestAFailedReloadRestoresTheLastKnownGoodSet(t *testing.T) {
 	res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
 	if res.OK || res.Mode != ResultRejected || res.Error == nil || res.Error.Stage != StageReload ||
 		!strings.Contains(res.Error.Message, "unknown keyword 'bogus'") || res.Rollback == nil || !res.Rollback.Performed ||
-		res.Rollback.Reloaded || res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.AppliedPlanID != "" {
+		res.Rollback.Reloaded || res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.AppliedPlanID != "plan-1" {
 		t.Fatalf("%+v %+v %+v", res, res.Error, res.Rollback)
 	}
 	if !sameSet(e.disk(t), fs) {
 		t.Errorf("disk %v", e.disk(t))
 	}
+	// HAProxy refused the reload and the previous worker kept serving the
+	// restored set: the baseline the apply started from holds again.
 	st := e.c.state("")
-	if st.AppliedPlanID != "" || st.LKGPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.Generation != 1 || st.InvariantViolation != "" {
+	if st.AppliedPlanID != "plan-1" || st.LKGPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.Generation != 1 || st.InvariantViolation != "" {
 		t.Errorf("state %+v", st)
 	}
 	if metricValue(e.a, "rollbacks_total") != 1 || metricValue(e.a, "apply_rejected_total", StageReload) != 1 ||
@@ -728,7 +731,7 @@ func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
 				t.Error("the hung reload did not leave the last-known-good set and worker")
 			}
 			for i := 0; i < 2; i++ {
-				_, err := e.a.performReload(e.a.baseCtx, planRef{})
+				_, err := e.a.worker.reload(e.a.baseCtx, planRef{})
 				if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || err.Error() != tc.want {
 					t.Errorf("performReload: %v (errReloadTimeout %v), want %q", err, errors.Is(err, errReloadTimeout), tc.want)
 				}
@@ -766,7 +769,7 @@ func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
 func failingReloads(fail ...int) func(*Agent, *FakeHAProxy) {
 	var n atomic.Int32
 	return func(a *Agent, fake *FakeHAProxy) {
-		a.hooks.beforeReload = func() {
+		a.worker.beforeReload = func() {
 			k := int(n.Add(1))
 			fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = slices.Contains(fail, k), failedReloadLog })
 		}
@@ -828,7 +831,7 @@ func TestTheSameRejectedManifestDoesNoWorkInsideTheCooldown(t *testing.T) {
 	var attempts int
 	e.fake.With(func(m *FakeModel) { attempts = m.Reloads })
 	again := resend(e, m, fs2)
-	if again.Token == m.Token || again.ExpectedPrevPlanID == m.ExpectedPrevPlanID {
+	if again.Token == m.Token {
 		t.Fatal("the resend does not differ in its fencing fields")
 	}
 	second := e.c.apply(again, fs2)
@@ -843,7 +846,7 @@ func TestTheSameRejectedManifestDoesNoWorkInsideTheCooldown(t *testing.T) {
 	if metricValue(e.a, "reloads_total", "failed") != 1 || e.fake.Worker() != reloads {
 		t.Error("HAProxy was asked again")
 	}
-	if st := e.c.state(""); st.Generation != 1 || st.AppliedPlanID != "" {
+	if st := e.c.state(""); st.Generation != 1 || st.AppliedPlanID != "plan-1" {
 		t.Errorf("state %+v", st)
 	}
 }
@@ -866,23 +869,22 @@ func TestCachedNACKRequiresExactWorkDespiteDigestCollision(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
 	a := e.a
 	result := ApplyResult{PlanID: "plan-x", Mode: ResultRejected}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.st.Nack = &nackRecord{ManifestDigest: "k", Until: a.now().Add(time.Minute), Result: &result, work: []byte("work-A")}
-	if got, hit := a.lookupNackLocked("k", []byte("work-A")); !hit || got.PlanID != "plan-x" {
+	now := a.now()
+	a.led.rememberNack("k", StageReload, []byte("work-A"), result, now.Add(time.Minute))
+	if got, hit := a.led.lookupNack("k", []byte("work-A"), now); !hit || got.PlanID != "plan-x" {
 		t.Error("the exact work missed")
 	}
-	if _, hit := a.lookupNackLocked("k", []byte("work-B")); hit {
+	if _, hit := a.led.lookupNack("k", []byte("work-B"), now); hit {
 		t.Error("a colliding key with other work hit")
 	}
-	if _, hit := a.lookupNackLocked("k", nil); hit {
+	if _, hit := a.led.lookupNack("k", nil, now); hit {
 		t.Error("nil work hit")
 	}
-	a.st.Nack.work = nil
-	if _, hit := a.lookupNackLocked("k", nil); hit {
+	a.led.rememberNack("k", StageReload, nil, result, now.Add(time.Minute))
+	if _, hit := a.led.lookupNack("k", nil, now); hit {
 		t.Error("nil work hit a record without work")
 	}
-	if _, hit := a.lookupNackLocked("k", []byte("work-A")); hit {
+	if _, hit := a.led.lookupNack("k", []byte("work-A"), now); hit {
 		t.Error("a record without work hit")
 	}
 }
@@ -1026,7 +1028,8 @@ func TestLKGPromotionClearsTheJournal(t *testing.T) {
 // LKG, so the old LKG must stay: otherwise a later rollback would restore
 // plan-1's files under the name of plan-2.
 func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
-	e := newTestEnv(t, nil, nil)
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
 	fs := seedFiles()
 	fs["notes/readme.txt"] = "v1\n"
 	res1 := e.land(t, "plan-1", fs)
@@ -1034,26 +1037,22 @@ func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
 	fs2["notes/readme.txt"] = "v2\n"
 	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
 
-	// Saving fails while a non-empty directory stands where the state file
-	// is renamed to.
-	statePath := filepath.Join(e.cfg.BaseDir, e.cfg.StateFile)
-	saved, err := os.ReadFile(statePath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Remove(statePath)
-	if err := os.MkdirAll(filepath.Join(statePath, "blocker"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	e.a.applyMu.Lock()
-	_, err = e.a.performReload(e.a.baseCtx, planRef{"plan-2", res2.AppliedPlanProof})
-	e.a.applyMu.Unlock()
+	// Saving fails: the disk refuses every write to the state log.
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+	d.setHook(func(op diskOp) error {
+		if op.Path == logPath && op.Op == "write" {
+			return syscall.ENOSPC
+		}
+		return nil
+	})
+	e.a.deps.applyMu.Lock()
+	_, err := e.a.worker.reload(e.a.baseCtx, planRef{"plan-2", res2.AppliedPlanProof})
+	e.a.deps.applyMu.Unlock()
 	if err != nil {
 		t.Fatalf("performReload: %v", err)
 	}
-	e.a.mu.Lock()
-	lkg, running, journal := e.a.st.lkg(), e.a.st.running(), len(e.a.st.Journal.Entries)
-	e.a.mu.Unlock()
+	st := e.a.led.view()
+	lkg, running, journal := st.lkg(), st.running(), len(st.Journal.Entries)
 	if lkg != (planRef{"plan-1", res1.AppliedPlanProof}) || running != (planRef{"plan-2", res2.AppliedPlanProof}) || journal == 0 {
 		t.Errorf("after the unsaved clear: lkg %+v running %+v journal entries %d", lkg, running, journal)
 	}
@@ -1064,11 +1063,8 @@ func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
 
 	// Saving works again: the old LKG and its journal are what persists, and
 	// a failed reload rolls back to exactly plan-1's files under plan-1's name.
-	if err := os.RemoveAll(statePath); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(statePath, saved, 0o600)
-	if err := e.a.save(); err != nil {
+	d.setHook(nil)
+	if err := e.a.led.save(); err != nil {
 		t.Fatal(err)
 	}
 	if ps := readStateFile(t, e.cfg.BaseDir); ps.LKGPlanID != "plan-1" || len(ps.Journal.Entries) == 0 || ps.RunningPlanID != "plan-2" {
@@ -1188,7 +1184,7 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 		t.Fatal(code)
 	}
 	e.restart(t)
-	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil || st.AppliedPlanID != "plan-3" {
+	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" || st.AppliedPlanID != "plan-3" {
 		t.Errorf("after restart: %+v", st)
 	}
 	m := reloadManifest(e, "plan-3", fs2)
@@ -1289,27 +1285,23 @@ func TestACreatedCertificateEntersTheInventory(t *testing.T) {
 // rides the next answer.
 func TestAnAdoptedWorkersInventoryGetsItsOwnGeneration(t *testing.T) {
 	e, _ := landedEnv(t, nil, nil)
-	e.a.mu.Lock()
-	gen := e.a.inventory.Generation
-	e.a.mu.Unlock()
+	e.a.led.mu.Lock()
+	gen := e.a.led.inventory.Generation
+	e.a.led.mu.Unlock()
 	var folded ApplyResult
 	holdOn(e.fake, "show ssl cert", func() {
-		e.a.foldCreated(&compiledOps{certs: []string{"ssl/created.pem"}})
-		e.a.mu.Lock()
-		e.a.applyResultLocked(&folded)
-		e.a.mu.Unlock()
+		e.a.led.foldCreated([]string{"ssl/created.pem"}, nil)
+		e.a.led.fillResult(&folded)
 	})
 	newWorker(e.fake, false)
-	if _, err := e.a.checkWorker(e.a.baseCtx); err == nil || !strings.Contains(err.Error(), "worker changed") {
+	if _, err := e.a.worker.check(e.a.baseCtx); err == nil || !strings.Contains(err.Error(), "worker changed") {
 		t.Fatalf("checkWorker: %v", err)
 	}
 	if folded.Inventory == nil || folded.Inventory.Generation != gen+1 || !slices.Contains(folded.Inventory.Certs, "ssl/created.pem") {
 		t.Fatalf("the folded inventory was not reported at generation %d: %+v", gen+1, folded.Inventory)
 	}
 	var next ApplyResult
-	e.a.mu.Lock()
-	e.a.applyResultLocked(&next)
-	e.a.mu.Unlock()
+	e.a.led.fillResult(&next)
 	if next.Inventory == nil || next.Inventory.Generation != gen+2 || slices.Contains(next.Inventory.Certs, "ssl/created.pem") {
 		t.Errorf("the adopted worker's inventory did not ride the next answer at generation %d: %+v", gen+2, next.Inventory)
 	}
@@ -1363,7 +1355,7 @@ func TestAnInvalidationDuringAnApplyOutranksIt(t *testing.T) {
 func TestApplyCommitPreservesConcurrentWorkerInvalidation(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	prevToken := e.c.state("").AppliedToken
-	holdOn(e.fake, "add map", e.a.invalidateBaseline)
+	holdOn(e.fake, "add map", e.a.led.invalidate)
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "i.example be-i\n"
 	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})
@@ -1519,8 +1511,8 @@ func TestVerifiedStateSerializesWorkerObservation(t *testing.T) {
 		m.Reject = func(cmd string) (string, bool) {
 			if strings.HasPrefix(cmd, "show info") {
 				checked.Store(true)
-				if e.a.workerMu.TryLock() {
-					e.a.workerMu.Unlock()
+				if e.a.worker.mu.TryLock() {
+					e.a.worker.mu.Unlock()
 				} else {
 					held.Store(true)
 				}
@@ -1542,10 +1534,10 @@ func TestReloadSerializesWorkerObservation(t *testing.T) {
 	var a *Agent
 	e := newTestEnv(t, nil, func(ag *Agent, _ *FakeHAProxy) {
 		a = ag
-		ag.hooks.beforeReload = func() {
+		ag.worker.beforeReload = func() {
 			reloads.Add(1)
-			if a.workerMu.TryLock() {
-				a.workerMu.Unlock()
+			if a.worker.mu.TryLock() {
+				a.worker.mu.Unlock()
 			} else {
 				held.Add(1)
 			}

@@ -56,10 +56,11 @@ type faultSim struct {
 	model faultModel
 	step  int
 
-	reverted bool           // the step's revert landed
-	faultOf  int            // the step's fault, for the outcome summary
-	last     string         // the step's last outcome, for the step log
-	outcomes map[string]int // "<fault>: <status and mode>" → steps, logged at the end
+	reverted    bool           // the step's revert landed
+	nackApplied string         // the applied plan a NACK of this step reports
+	faultOf     int            // the step's fault, for the outcome summary
+	last        string         // the step's last outcome, for the step log
+	outcomes    map[string]int // "<fault>: <status and mode>" → steps, logged at the end
 }
 
 func newFaultSim(t testing.TB, seed int64) *faultSim {
@@ -149,6 +150,7 @@ func (s *faultSim) record(fault int, mode string, code int, body []byte) {
 func (s *faultSim) runStep(fault int) {
 	t, e, m := s.t, s.e, &s.model
 	s.faultOf = fault
+	s.nackApplied = ""
 	switch fault {
 	case faultRestart:
 		e.restart(t)
@@ -240,6 +242,15 @@ func (s *faultSim) runStep(fault int) {
 	case fault == faultCorruptPart:
 		s.expectRefusal(code, body, 400)
 	case fault == faultDirectory || fault == faultReloadFails:
+		// HAProxy's own refusal of a reload that changed nothing in the
+		// worker restores the baseline the apply started from, when the
+		// rollback put back exactly the tree it started from.
+		keep := fault == faultReloadFails && sameSet(m.disk, m.lkgSet)
+		if !keep {
+			s.nackApplied = ""
+		} else {
+			s.nackApplied = m.applied
+		}
 		res := s.expectResult(code, body)
 		stage := StageWrite
 		if fault == faultReloadFails {
@@ -248,7 +259,7 @@ func (s *faultSim) runStep(fault int) {
 		if res.OK || res.Error == nil || res.Error.Stage != stage || res.Rollback == nil || !res.Rollback.Performed {
 			t.Errorf("expected a NACK at %s: %+v %+v", stage, res, res.Error)
 		}
-		m.applied, m.disk = "", m.lkgSet.clone()
+		m.applied, m.disk = s.nackApplied, m.lkgSet.clone()
 	default:
 		res := s.expectResult(code, body)
 		if !res.OK {
@@ -287,7 +298,7 @@ func (s *faultSim) runStep(fault int) {
 			t.Errorf("ACK applied %q, want %q", res.AppliedPlanID, m.applied)
 		}
 		if res.Mode == ResultRuntime {
-			e.a.readbacks.Wait()
+			e.a.reads.wg.Wait()
 		}
 	}
 }
@@ -343,8 +354,8 @@ func (s *faultSim) expectResult(code int, body []byte) ApplyResult {
 	if err := json.Unmarshal(body, &res); err != nil {
 		s.t.Errorf("%v: %s", err, body)
 	}
-	if !res.OK && res.AppliedPlanID != "" {
-		s.t.Errorf("a NACK left applied %q", res.AppliedPlanID)
+	if !res.OK && res.AppliedPlanID != s.nackApplied {
+		s.t.Errorf("a NACK left applied %q, want %q", res.AppliedPlanID, s.nackApplied)
 	}
 	return res
 }

@@ -1,25 +1,33 @@
 // This file owns the agent's file store (agent.md §5.3, §6): the path rules,
 // mount probing, staging and digest verification of parts, patches, the
-// write transaction with its backup journal, restore, tree hashing and the
-// startup sweep. It never decides anything about HAProxy and never touches a
-// path outside the base directory: every disk path it builds is the base
-// directory joined with a validated manifest path, or one of its own
-// dot-prefixed directories, which no manifest path can name.
+// write transaction with its backup journal and its undo, restore, tree
+// hashing and the startup sweep. It never decides anything about HAProxy
+// and never touches a path outside the base directory: every disk path it
+// builds is the base directory joined with a validated manifest path, or
+// one of its own dot-prefixed directories, which no manifest path can name.
+//
+// Durability is the ledger's to decide; the store says what a change needs
+// to be durable (which directories to sync, which bytes a record must
+// carry) and does the syncs it is asked for, nothing more.
+
 package haptic
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 )
@@ -40,6 +48,7 @@ const (
 	storeRestorePrefx = ".haptic-restore-"
 	storeCopyPattern  = ".copy-*"
 	storePartPattern  = "part-*"
+	storeUndoPrefix   = "u"
 	storeFileMode     = 0o644
 	storeDirMode      = 0o755
 	defaultMountInfo  = "/proc/self/mountinfo"
@@ -117,7 +126,8 @@ type fileStoreConfig struct {
 	Config    string   // manifest path of the HAProxy config (renamed and restored last)
 	Logger    *slog.Logger
 	MountInfo string                              // "" means /proc/self/mountinfo
-	Rename    func(oldpath, newpath string) error // nil means os.Rename
+	Rename    func(oldpath, newpath string) error // nil means the disk's Rename
+	Disk      disk                                // nil means the operating system's
 }
 
 // fileStore is the agent's view of its base directory.
@@ -127,7 +137,19 @@ type fileStore struct {
 	reserved map[string]bool
 	config   string
 	logger   *slog.Logger
+	disk     disk
 	rename   func(oldpath, newpath string) error
+
+	// What a power loss could still undo: files whose bytes were installed
+	// without a sync (their content rides in a ledger record instead) and
+	// directories whose entries changed without a sync. flush makes both
+	// durable; a backup link to an unsynced file syncs that file first, so
+	// that every link a record names leads to durable bytes.
+	mu           sync.Mutex
+	unsynced     map[string]bool
+	unsyncedDirs map[string]bool
+
+	undoSeq atomic.Uint64 // names undo links uniquely within a process
 
 	// crossDevice counts installs that fell back to a copy because rename
 	// said EXDEV: a mount the probe missed. It must stay zero (invariant
@@ -149,6 +171,10 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	if base, err = filepath.Abs(base); err != nil {
 		return nil, err
 	}
+	d := cfg.Disk
+	if d == nil {
+		d = osDisk{}
+	}
 	fi, err := os.Stat(base)
 	if err != nil {
 		return nil, err
@@ -157,14 +183,17 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 		return nil, fmt.Errorf("%s is not a directory", base)
 	}
 	s := &fileStore{
-		base:     base,
-		reserved: make(map[string]bool, len(cfg.Reserved)),
-		config:   cfg.Config,
-		logger:   logger,
-		rename:   cfg.Rename,
+		base:         base,
+		reserved:     make(map[string]bool, len(cfg.Reserved)),
+		config:       cfg.Config,
+		logger:       logger,
+		disk:         d,
+		rename:       cfg.Rename,
+		unsynced:     map[string]bool{},
+		unsyncedDirs: map[string]bool{},
 	}
 	if s.rename == nil {
-		s.rename = os.Rename
+		s.rename = d.Rename
 	}
 	for _, r := range cfg.Reserved {
 		if r != "" { // an optional socket that is off
@@ -173,14 +202,14 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	}
 	s.mounts = s.probeMounts(cfg.MountInfo)
 	for _, m := range s.mounts {
-		for _, d := range []string{storeTempDir, storeBackupDir} {
-			p := filepath.Join(m, d)
-			if err := os.MkdirAll(p, storeDirMode); err != nil {
+		for _, name := range []string{storeTempDir, storeBackupDir} {
+			p := filepath.Join(m, name)
+			if _, err := mkdirAll(s.disk, p, storeDirMode); err != nil {
 				return nil, err
 			}
-			// MkdirAll leaves an existing directory's mode alone and the
-			// umask narrows a new one; the mode is part of the contract.
-			if err := os.Chmod(p, storeDirMode); err != nil {
+			// An existing directory keeps its mode and the umask narrows a
+			// new one; the mode is part of the contract.
+			if err := s.disk.Chmod(p, storeDirMode); err != nil {
 				return nil, err
 			}
 		}
@@ -314,7 +343,7 @@ func (s *fileStore) refuseSymlinkedDirs(rel string) error {
 	parts := strings.Split(rel, "/")
 	for _, part := range parts[:len(parts)-1] {
 		dir = filepath.Join(dir, part)
-		fi, err := os.Lstat(dir)
+		fi, err := s.disk.Lstat(dir)
 		if err != nil {
 			return nil // absent (created by Write) or unreadable (fails later)
 		}
@@ -333,6 +362,15 @@ func notRegular(rel string) error {
 // ---------------------------------------------------------------------------
 // Staging.
 
+// maxInlineBytes is the size up to which a file's bytes ride inside the
+// ledger's records (the new bytes in the commit, the old ones in the
+// intent) instead of being synced to disk on the apply's path: writing a
+// few kilobytes into a record that is synced anyway is far cheaper than a
+// file sync and a directory sync, and a typical map or certificate is well
+// below it. A larger file is synced before its rename and its directory
+// before the commit.
+const maxInlineBytes = 64 << 10
+
 // stagedFile is one verified part waiting in its mount's .haptic-tmp.
 type stagedFile struct {
 	Rel       string
@@ -341,12 +379,20 @@ type stagedFile struct {
 	Digest    string
 	Size      int64
 	installed bool
+
+	// unchanged: the live file already holds exactly these bytes, so the
+	// part is neither renamed nor journalled. The temp file is gone.
+	unchanged bool
+	// inline holds the bytes of a file no larger than maxInlineBytes; such
+	// a file is not synced when staged, since its bytes go into the commit
+	// record.
+	inline []byte
 }
 
 // discard removes the temp file unless it was installed.
-func (f *stagedFile) discard() {
+func (f *stagedFile) discard(d disk) {
 	if f != nil && !f.installed && f.tmp != "" {
-		os.Remove(f.tmp)
+		d.Remove(f.tmp)
 	}
 }
 
@@ -363,10 +409,10 @@ func (s *fileStore) Stage(rel string, r io.Reader, digest string, size int64) (*
 }
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
-// count (agent.md §6.3 step 2, §6.4 step 3): one byte past want proves the
-// part too long, so a longer part reports want+1 bytes, in Stage and
-// StagePatch alike, and neither the disk nor the reader is asked for more.
-// The limit saturates at MaxInt64 and a negative want copies nothing.
+// count: one byte past want proves the part too long, so a longer part
+// reports want+1 bytes, in Stage and StagePatch alike, and neither the disk
+// nor the reader is asked for more. The limit saturates at MaxInt64 and a
+// negative want copies nothing.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	limit := max(want, -1)
 	if limit < math.MaxInt64 {
@@ -384,7 +430,7 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 // mode 0644. On any error the temp file is gone.
 func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (_ *stagedFile, err error) {
 	dir := filepath.Join(s.mountFor(abs), storeTempDir)
-	f, err := os.CreateTemp(dir, storePartPattern)
+	f, err := s.disk.CreateTemp(dir, storePartPattern)
 	if err != nil {
 		return nil, err
 	}
@@ -392,11 +438,17 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 	defer func() {
 		if err != nil {
 			f.Close()
-			os.Remove(tmp)
+			s.disk.Remove(tmp)
 		}
 	}()
 	h := newDigestHasher()
-	n, err := fill(io.MultiWriter(f, h))
+	var inline *bytes.Buffer
+	w := io.MultiWriter(f, h)
+	if size <= maxInlineBytes {
+		inline = bytes.NewBuffer(make([]byte, 0, max(size, 0)))
+		w = io.MultiWriter(f, h, &limitedBuffer{b: inline, limit: maxInlineBytes})
+	}
+	n, err := fill(w)
 	if err != nil {
 		return nil, err
 	}
@@ -409,19 +461,72 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 	if err = f.Chmod(storeFileMode); err != nil {
 		return nil, err
 	}
-	// The rename that installs this file is only as durable as its bytes.
-	if err = f.Sync(); err != nil {
-		return nil, err
+	// A large file's rename is only as durable as its bytes; a small one's
+	// bytes ride in the commit record instead.
+	if inline == nil {
+		if err = f.Sync(); err != nil {
+			return nil, err
+		}
 	}
 	if err = f.Close(); err != nil {
 		return nil, err
 	}
-	return &stagedFile{Rel: rel, abs: abs, tmp: tmp, Digest: digest, Size: size}, nil
+	sf := &stagedFile{Rel: rel, abs: abs, tmp: tmp, Digest: digest, Size: size}
+	if inline != nil {
+		sf.inline = inline.Bytes()
+	}
+	return sf, nil
+}
+
+// limitedBuffer keeps at most limit bytes; the staging copy never asks it
+// for more, since it is used only for parts no larger than the limit.
+type limitedBuffer struct {
+	b     *bytes.Buffer
+	limit int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if room := l.limit - l.b.Len(); room < len(p) {
+		l.b.Write(p[:max(room, 0)])
+		return len(p), nil
+	}
+	return l.b.Write(p)
+}
+
+// markUnchanged drops from the transaction's installs every part whose
+// bytes the live file already holds: it is neither renamed nor journalled,
+// and its temp file goes. It runs under the apply lock, since an apply that
+// landed while this one's parts streamed in may have changed the file.
+func (s *fileStore) markUnchanged(t *fileTxn) error {
+	kept := t.installs[:0]
+	for _, f := range t.installs {
+		if s.holds(f.abs, f.Digest, f.Size) {
+			f.discard(s.disk)
+			f.tmp, f.unchanged = "", true
+			continue
+		}
+		kept = append(kept, f)
+	}
+	t.installs = kept
+	return nil
+}
+
+// holds reports whether the live file at abs is a regular file with exactly
+// this size and digest. Disk is the authority: the file is hashed, not
+// looked up in the agent's tree, so a file edited behind the agent's back
+// is rewritten.
+func (s *fileStore) holds(abs, digest string, size int64) bool {
+	fi, err := s.disk.Lstat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
+		return false
+	}
+	at, err := s.digestAbs(abs)
+	return err == nil && at.Digest == digest && at.Size == size
 }
 
 // StagePatch builds the new file from the held base and the replacement
-// bytes in r (agent.md §6.4, wire.md §6.4). A base the agent does not hold
-// is errPatchBaseMissing: the path goes into the 409 Missing answer.
+// bytes in r. A base the agent does not hold is errPatchBaseMissing: the
+// path goes into the 409 Missing answer.
 func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64) (*stagedFile, error) {
 	abs, err := s.Abs(rel)
 	if err != nil {
@@ -432,12 +537,12 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		return nil, err
 	}
 	defer base.Close()
-	// The fit rule of wire.md §6.4, written so that no sum can overflow:
-	// offset + length > base_size with offset 1 and length MaxInt64 wraps
-	// negative and would pass. openBase has made base_size the held file's
-	// real size, so it is >= 0, and base_size - length (the base bytes that
-	// survive) is within [0, base_size] once offset and length fit; the
-	// replacement length is computed only then.
+	// The fit rule, written so that no sum can overflow: offset + length >
+	// base_size with offset 1 and length MaxInt64 wraps negative and would
+	// pass. openBase has made base_size the held file's real size, so it is
+	// >= 0, and base_size - length (the base bytes that survive) is within
+	// [0, base_size] once offset and length fit; the replacement length is
+	// computed only then.
 	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
 		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
@@ -468,12 +573,12 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 
 // openBase opens the held file a patch applies to, if it is exactly the
 // base the patch names.
-func (s *fileStore) openBase(abs string, p *FilePatch) (*os.File, error) {
-	fi, err := os.Lstat(abs)
+func (s *fileStore) openBase(abs string, p *FilePatch) (diskFile, error) {
+	fi, err := s.disk.Lstat(abs)
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != p.BaseSize {
 		return nil, errPatchBaseMissing
 	}
-	f, err := os.Open(abs)
+	f, err := s.disk.Open(abs)
 	if err != nil {
 		return nil, errPatchBaseMissing
 	}
@@ -506,28 +611,45 @@ func deletions(owned []string, files []ManifestFile) []string {
 	return slices.Compact(out)
 }
 
-// fileTxn holds the installs and deletions of one apply.
+// fileTxn holds the installs and deletions of one apply, and what Backup
+// learnt about how to undo them.
 type fileTxn struct {
 	store    *fileStore
-	installs []*stagedFile // sorted by path
+	sent     int           // parts sent, unchanged ones included
+	installs []*stagedFile // sorted by path; unchanged parts left out
 	deletes  []string      // sorted
+
+	// undo puts every path this transaction touches back as it was before
+	// it, config last; it is what a crash in the middle of the apply is
+	// recovered with. linkDirs are the backup directories that received a
+	// link, whose entries must be durable before the first rename.
+	undo     []undoEntry
+	linkDirs []string
 }
 
-// begin opens the transaction of one apply: every staged file is an
+// begin opens the transaction of one apply: every changed staged file is an
 // install, every path of dels a delete. Directories are never removed.
 func (s *fileStore) begin(staged []*stagedFile, dels []string) *fileTxn {
-	t := &fileTxn{store: s, installs: slices.Clone(staged), deletes: slices.Clone(dels)}
+	t := &fileTxn{store: s, sent: len(staged), deletes: slices.Clone(dels)}
+	for _, f := range staged {
+		if !f.unchanged {
+			t.installs = append(t.installs, f)
+		}
+	}
 	slices.SortFunc(t.installs, func(a, b *stagedFile) int { return strings.Compare(a.Rel, b.Rel) })
 	slices.Sort(t.deletes)
 	return t
 }
 
-// Changes counts installs and deletes. Any part sent counts, even with
-// identical content.
-func (t *fileTxn) Changes() int { return len(t.installs) + len(t.deletes) }
+// Changes counts the parts sent and the deletes. Any part sent counts, even
+// with identical content: that decides file_only against noop.
+func (t *fileTxn) Changes() int { return t.sent + len(t.deletes) }
+
+// touches reports whether the transaction renames or unlinks anything.
+func (t *fileTxn) touches() bool { return len(t.installs)+len(t.deletes) > 0 }
 
 // ---------------------------------------------------------------------------
-// The backup journal.
+// The backup journal and the undo.
 
 // journalEntry records how one path looked while the LKG plan was current.
 type journalEntry struct {
@@ -536,7 +658,7 @@ type journalEntry struct {
 	Backup string `json:"backup,omitempty"`
 }
 
-// backupJournal is persisted in the state file as {"entries": [...]}.
+// backupJournal is persisted as {"entries": [...]}.
 type backupJournal struct {
 	Entries []journalEntry `json:"entries,omitempty"`
 }
@@ -546,11 +668,34 @@ func (j backupJournal) clone() backupJournal {
 	return backupJournal{Entries: slices.Clone(j.Entries)}
 }
 
+// backups lists the backup links the journal references.
+func (j backupJournal) backups() []string {
+	var out []string
+	for _, e := range j.Entries {
+		if e.Backup != "" {
+			out = append(out, e.Backup)
+		}
+	}
+	return out
+}
+
+// undoEntry says how one path looked just before an apply: absent, held in
+// a link (a journal backup or a link of its own), or these bytes.
+type undoEntry struct {
+	Path   string `json:"path"`
+	Absent bool   `json:"absent,omitempty"`
+	Link   string `json:"link,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+}
+
 // Backup records, for every path the transaction touches, how it looked
-// before: the first entry for a path wins, so the LKG version is kept across
-// several applies that precede the next reload.
+// before: in the journal, the first entry for a path wins, so the LKG
+// version is kept across several applies that precede the next reload; in
+// the undo, how it looked just before this apply. The journal's new backup
+// links serve both; a path the journal already holds gets its own undo (its
+// bytes when small, a link otherwise).
 func (t *fileTxn) Backup(j *backupJournal) error {
-	if n := t.Changes(); n > MaxFiles {
+	if n := len(t.installs) + len(t.deletes); n > MaxFiles {
 		return fmt.Errorf("%d changes exceed the %d-file limit", n, MaxFiles)
 	}
 	seen := make(map[string]bool, len(j.Entries))
@@ -558,7 +703,7 @@ func (t *fileTxn) Backup(j *backupJournal) error {
 		seen[e.Path] = true
 	}
 	for _, f := range t.installs {
-		if err := t.store.backupPath(j, seen, f.Rel, f.abs, true); err != nil {
+		if err := t.backupPath(j, seen, f.Rel, f.abs, true); err != nil {
 			return err
 		}
 	}
@@ -567,40 +712,42 @@ func (t *fileTxn) Backup(j *backupJournal) error {
 		if err != nil {
 			return err
 		}
-		if err := t.store.backupPath(j, seen, rel, abs, false); err != nil {
+		if err := t.backupPath(j, seen, rel, abs, false); err != nil {
 			return err
 		}
 	}
+	slices.Sort(t.linkDirs)
+	t.linkDirs = slices.Compact(t.linkDirs)
 	return nil
 }
 
-// backupPath journals one path: a tombstone when an install creates it, a
-// hard link aside when it exists. A path already journalled is skipped, and
-// so is an absent path that is being deleted.
-func (s *fileStore) backupPath(j *backupJournal, seen map[string]bool, rel, abs string, install bool) error {
-	if seen[rel] {
-		return nil
-	}
-	fi, err := os.Lstat(abs)
+// backupPath journals and undoes one path: a tombstone when an install
+// creates it, a hard link aside when it exists. An absent path that is
+// being deleted needs neither, and neither does anything but a regular
+// file: Write refuses to replace or unlink it, and the apply aborts there.
+func (t *fileTxn) backupPath(j *backupJournal, seen map[string]bool, rel, abs string, install bool) error {
+	s := t.store
+	fi, err := s.disk.Lstat(abs)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if install {
-			j.Entries = append(j.Entries, journalEntry{Path: rel, Kind: journalCreated})
-			seen[rel] = true
+			t.undo = append(t.undo, undoEntry{Path: rel, Absent: true})
+			if !seen[rel] {
+				j.Entries = append(j.Entries, journalEntry{Path: rel, Kind: journalCreated})
+				seen[rel] = true
+			}
 		}
 		return nil
 	case err != nil:
 		return err
 	case !fi.Mode().IsRegular():
-		// Nothing of ours to keep: Write refuses to replace or unlink a
-		// non-regular file, and the apply aborts there.
 		return nil
 	}
-	bak := filepath.Join(s.mountFor(abs), storeBackupDir, fmt.Sprintf("%d-%s.bak", len(j.Entries), DigestString(rel)))
-	if err := os.Remove(bak); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
+	if seen[rel] {
+		return t.undoOwn(rel, abs, fi.Size())
 	}
-	if err := os.Link(abs, bak); err != nil {
+	bak := filepath.Join(s.mountFor(abs), storeBackupDir, fmt.Sprintf("%d-%s.bak", len(j.Entries), DigestString(rel)))
+	if err := s.linkAside(abs, bak); err != nil {
 		return err
 	}
 	kind := journalModified
@@ -609,28 +756,76 @@ func (s *fileStore) backupPath(j *backupJournal, seen map[string]bool, rel, abs 
 	}
 	j.Entries = append(j.Entries, journalEntry{Path: rel, Kind: kind, Backup: bak})
 	seen[rel] = true
+	t.undo = append(t.undo, undoEntry{Path: rel, Link: bak})
+	t.linkDirs = append(t.linkDirs, filepath.Dir(bak))
 	return nil
 }
 
-// dropBackups deletes the journal's backup links (the journal itself is the
-// caller's to clear).
-func (s *fileStore) dropBackups(j backupJournal) {
-	for _, e := range j.Entries {
-		if e.Backup == "" {
-			continue
+// undoOwn keeps the current bytes of a path the journal already holds (the
+// journal keeps an older version): inline when small, as a link otherwise.
+func (t *fileTxn) undoOwn(rel, abs string, size int64) error {
+	s := t.store
+	if size <= maxInlineBytes {
+		b, err := readAllLimited(s.disk, abs, maxInlineBytes)
+		if err != nil {
+			return err
 		}
-		if err := os.Remove(e.Backup); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.logger.Warn("could not remove a journal backup", "path", e.Backup, "err", err)
+		t.undo = append(t.undo, undoEntry{Path: rel, Data: b})
+		return nil
+	}
+	link := filepath.Join(s.mountFor(abs), storeBackupDir,
+		fmt.Sprintf("%s%d-%s.bak", storeUndoPrefix, s.undoSeq.Add(1), DigestString(rel)))
+	if err := s.linkAside(abs, link); err != nil {
+		return err
+	}
+	t.undo = append(t.undo, undoEntry{Path: rel, Link: link})
+	t.linkDirs = append(t.linkDirs, filepath.Dir(link))
+	return nil
+}
+
+// linkAside hard-links abs to bak, replacing a stale link at that name. A
+// link to bytes a power loss could still take is only as good as those
+// bytes, so an unsynced file is synced first.
+func (s *fileStore) linkAside(abs, bak string) error {
+	if err := s.disk.Remove(bak); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := s.syncFileIfUnsynced(abs); err != nil {
+		return err
+	}
+	return s.disk.Link(abs, bak)
+}
+
+// undoLinks lists the links an undo made of its own (not journal backups).
+func undoLinks(undo []undoEntry) []string {
+	var out []string
+	for _, u := range undo {
+		if u.Link != "" && strings.HasPrefix(filepath.Base(u.Link), storeUndoPrefix) {
+			out = append(out, u.Link)
+		}
+	}
+	return out
+}
+
+// dropLinks deletes backup or undo links no record references any more.
+func (s *fileStore) dropLinks(links []string) {
+	for _, l := range links {
+		if err := s.disk.Remove(l); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.logger.Warn("could not remove a backup link", "path", l, "err", err)
 		}
 	}
 }
 
+// dropBackups deletes the journal's backup links (the journal itself is the
+// caller's to clear).
+func (s *fileStore) dropBackups(j backupJournal) { s.dropLinks(j.backups()) }
+
 // ---------------------------------------------------------------------------
 // Write.
 
-// Write installs every staged file, the config last, then unlinks the
-// deletions. The config goes last because HAProxy re-reads it on reload and
-// every file it names must already be in place.
+// Write installs every changed staged file, the config last, then unlinks
+// the deletions. The config goes last because HAProxy re-reads it on
+// reload and every file it names must already be in place.
 func (t *fileTxn) Write() error {
 	s := t.store
 	var config *stagedFile
@@ -658,12 +853,26 @@ func (t *fileTxn) Write() error {
 // discardStaged removes the temp files of staged parts that were not installed.
 func (t *fileTxn) discardStaged() {
 	for _, f := range t.installs {
-		f.discard()
+		f.discard(t.store.disk)
 	}
 }
 
+// syncedDirs lists the directories whose entries must be durable before
+// the commit: those of installs whose bytes do not ride in the commit
+// record, and the parents of the directories such an install created.
+func (t *fileTxn) syncedDirs() []string {
+	var dirs []string
+	for _, f := range t.installs {
+		if f.inline == nil && f.installed {
+			dirs = append(dirs, filepath.Dir(f.abs))
+		}
+	}
+	slices.Sort(dirs)
+	return slices.Compact(dirs)
+}
+
 func (s *fileStore) refuseNonRegular(rel, abs string) error {
-	fi, err := os.Lstat(abs)
+	fi, err := s.disk.Lstat(abs)
 	if err == nil && !fi.Mode().IsRegular() {
 		return notRegular(rel)
 	}
@@ -676,41 +885,67 @@ func (s *fileStore) install(f *stagedFile) error {
 	if err := s.refuseNonRegular(f.Rel, f.abs); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(f.abs), storeDirMode); err != nil {
+	created, err := mkdirAll(s.disk, filepath.Dir(f.abs), storeDirMode)
+	s.noteDirs(created, f.inline == nil)
+	if err != nil {
 		return err
 	}
-	err := s.rename(f.tmp, f.abs)
+	err = s.rename(f.tmp, f.abs)
 	if errors.Is(err, syscall.EXDEV) {
 		s.crossDevice.Add(1)
 		s.logger.Warn("rename crossed a mount the probe did not find; copying instead", "path", f.Rel)
 		err = s.copyInto(f.tmp, f.abs)
 		if err == nil {
-			os.Remove(f.tmp)
+			s.disk.Remove(f.tmp)
 		}
 	}
 	if err != nil {
 		return err
 	}
 	f.installed = true
+	s.mu.Lock()
+	if f.inline != nil {
+		s.unsynced[f.abs] = true
+	} else {
+		delete(s.unsynced, f.abs)
+	}
+	s.unsyncedDirs[filepath.Dir(f.abs)] = true
+	s.mu.Unlock()
 	return nil
+}
+
+// noteDirs records directories mkdirAll created: their parents' entries are
+// not durable yet. For an install that syncs its own directory, the parents
+// of what it created must be synced with it, and are then durable too.
+func (s *fileStore) noteDirs(created []string, _ bool) {
+	if len(created) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, d := range created {
+		s.unsyncedDirs[filepath.Dir(d)] = true
+	}
 }
 
 // copyInto copies src to a sibling of dst and renames it into place, so
 // that dst is replaced atomically even when src lives on another mount.
 func (s *fileStore) copyInto(src, dst string) error {
-	in, err := os.Open(src)
+	in, err := s.disk.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	return replaceFile(dst, storeCopyPattern, storeFileMode, in)
+	return replaceFile(s.disk, dst, storeCopyPattern, storeFileMode, in)
 }
 
 // replaceFile writes r to a temp file beside dst (pattern names it), sets
 // its mode, syncs it and renames it over dst, so that dst is either the old
-// file or the whole new one. On any failure the temp file is removed.
-func replaceFile(dst, pattern string, mode os.FileMode, r io.Reader) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(dst), pattern)
+// file or the whole new one. On any failure the temp file is removed. The
+// rename itself is durable only once the directory is synced, which is the
+// caller's to decide.
+func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (err error) {
+	f, err := d.CreateTemp(filepath.Dir(dst), pattern)
 	if err != nil {
 		return err
 	}
@@ -718,7 +953,7 @@ func replaceFile(dst, pattern string, mode os.FileMode, r io.Reader) (err error)
 	defer func() {
 		if err != nil {
 			f.Close()
-			os.Remove(tmp)
+			d.Remove(tmp)
 		}
 	}()
 	if err = f.Chmod(mode); err != nil {
@@ -733,7 +968,7 @@ func replaceFile(dst, pattern string, mode os.FileMode, r io.Reader) (err error)
 	if err = f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, dst)
+	return d.Rename(tmp, dst)
 }
 
 func (s *fileStore) unlink(rel string) error {
@@ -744,43 +979,148 @@ func (s *fileStore) unlink(rel string) error {
 	if err := s.refuseNonRegular(rel, abs); err != nil {
 		return err
 	}
-	if err := os.Remove(abs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.disk.Remove(abs); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
+	s.mu.Lock()
+	delete(s.unsynced, abs)
+	s.unsyncedDirs[filepath.Dir(abs)] = true
+	s.mu.Unlock()
 	return nil
 }
 
 // ---------------------------------------------------------------------------
-// Restore.
+// Durability.
+
+// syncDirs makes the entries of the given directories durable.
+func (s *fileStore) syncDirs(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		errs = append(errs, s.disk.SyncDir(d))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	for _, d := range dirs {
+		delete(s.unsyncedDirs, d)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// syncFileIfUnsynced syncs the bytes of a file installed without a sync.
+func (s *fileStore) syncFileIfUnsynced(abs string) error {
+	s.mu.Lock()
+	unsynced := s.unsynced[abs]
+	s.mu.Unlock()
+	if !unsynced {
+		return nil
+	}
+	if err := s.syncFile(abs); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.unsynced, abs)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *fileStore) syncFile(abs string) error {
+	f, err := s.disk.OpenFile(abs, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// flush makes every change the store made so far durable: the bytes of
+// every file installed without a sync, then every changed directory. After
+// it, the ledger may drop the records that carried those bytes.
+func (s *fileStore) flush() error {
+	s.mu.Lock()
+	files := slices.Sorted(maps.Keys(s.unsynced))
+	dirs := slices.Sorted(maps.Keys(s.unsyncedDirs))
+	s.mu.Unlock()
+	var errs []error
+	for _, f := range files {
+		err := s.syncFile(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			err = nil // replaced or removed since; its directory is synced below
+		}
+		if err == nil {
+			s.mu.Lock()
+			delete(s.unsynced, f)
+			s.mu.Unlock()
+		}
+		errs = append(errs, err)
+	}
+	// A directory that is gone needs no sync; its parent's does.
+	var live []string
+	for _, d := range dirs {
+		if _, err := s.disk.Lstat(d); err == nil {
+			live = append(live, d)
+		} else {
+			s.mu.Lock()
+			delete(s.unsyncedDirs, d)
+			s.unsyncedDirs[filepath.Dir(d)] = true
+			s.mu.Unlock()
+			live = append(live, filepath.Dir(d))
+		}
+	}
+	slices.Sort(live)
+	errs = append(errs, s.syncDirs(slices.Compact(live)))
+	return errors.Join(errs...)
+}
+
+// ---------------------------------------------------------------------------
+// Restore and undo.
 
 // Restore puts every journalled path back as it was while the LKG plan was
 // current, the config last: created files are removed, modified and deleted
 // ones are linked back from their backups. A path that cannot be restored
 // keeps its current content; the errors are joined.
 func (s *fileStore) Restore(j backupJournal) error {
+	undo := make([]undoEntry, len(j.Entries))
+	for i, e := range j.Entries {
+		switch e.Kind {
+		case journalCreated:
+			undo[i] = undoEntry{Path: e.Path, Absent: true}
+		case journalModified, journalDeleted:
+			undo[i] = undoEntry{Path: e.Path, Link: e.Backup}
+		default:
+			return fmt.Errorf("restore %q: unknown journal entry kind %q", e.Path, e.Kind)
+		}
+	}
+	return s.applyUndo(undo)
+}
+
+// applyUndo puts each path back as its entry says, the config last.
+func (s *fileStore) applyUndo(undo []undoEntry) error {
 	var errs []error
-	var config *journalEntry
-	for i := range j.Entries {
-		if j.Entries[i].Path == s.config {
-			config = &j.Entries[i]
+	var config *undoEntry
+	for i := range undo {
+		if undo[i].Path == s.config {
+			config = &undo[i]
 			continue
 		}
-		errs = append(errs, s.restoreEntry(j.Entries[i]))
+		errs = append(errs, s.undoPath(undo[i]))
 	}
 	if config != nil {
-		errs = append(errs, s.restoreEntry(*config))
+		errs = append(errs, s.undoPath(*config))
 	}
 	return errors.Join(errs...)
 }
 
-func (s *fileStore) restoreEntry(e journalEntry) error {
-	abs, err := s.Abs(e.Path)
+func (s *fileStore) undoPath(u undoEntry) error {
+	abs, err := s.Abs(u.Path)
 	if err != nil {
 		return err
 	}
-	switch e.Kind {
-	case journalCreated:
-		fi, err := os.Lstat(abs)
+	switch {
+	case u.Absent:
+		fi, err := s.disk.Lstat(abs)
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil
 		}
@@ -792,33 +1132,106 @@ func (s *fileStore) restoreEntry(e journalEntry) error {
 			// apply created.
 			return nil
 		}
-		if err := os.Remove(abs); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("restore %q: %w", e.Path, err)
+		if err := s.disk.Remove(abs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("restore %q: %w", u.Path, err)
 		}
-		return nil
-	case journalModified, journalDeleted:
-		if err := os.MkdirAll(filepath.Dir(abs), storeDirMode); err != nil {
-			return fmt.Errorf("restore %q: %w", e.Path, err)
+	case u.Link != "":
+		if err := s.relink(u.Path, abs, u.Link); err != nil {
+			return err
 		}
-		staging := filepath.Join(filepath.Dir(abs), storeRestorePrefx+filepath.Base(abs))
-		if err := os.Remove(staging); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("restore %q: %w", e.Path, err)
-		}
-		if err := os.Link(e.Backup, staging); err != nil {
-			return fmt.Errorf("restore %q: %w", e.Path, err)
-		}
-		if err := s.rename(staging, abs); err != nil {
-			os.Remove(staging)
-			return fmt.Errorf("restore %q: %w", e.Path, err)
-		}
-		return nil
 	default:
-		return fmt.Errorf("restore %q: unknown journal entry kind %q", e.Path, e.Kind)
+		if err := s.rewrite(u.Path, abs, u.Data); err != nil {
+			return err
+		}
 	}
+	s.mu.Lock()
+	s.unsyncedDirs[filepath.Dir(abs)] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// relink puts a backup's bytes back at abs: the backup is hard-linked to a
+// sibling .haptic-restore-<base>, which is renamed onto the path. If the
+// path already is that backup (two links to one inode, where rename does
+// nothing), the staging link is removed.
+func (s *fileStore) relink(rel, abs, backup string) error {
+	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
+	s.noteDirs(created, false)
+	if err != nil {
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	staging := filepath.Join(filepath.Dir(abs), storeRestorePrefx+filepath.Base(abs))
+	if err := s.disk.Remove(staging); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	if err := s.disk.Link(backup, staging); err != nil {
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	if err := s.rename(staging, abs); err != nil {
+		s.disk.Remove(staging)
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	if _, err := s.disk.Lstat(staging); err == nil {
+		s.disk.Remove(staging)
+	}
+	s.mu.Lock()
+	delete(s.unsynced, abs) // a backup's bytes are durable
+	s.mu.Unlock()
+	return nil
+}
+
+// rewrite puts the given bytes at abs through a synced temp file in the
+// path's mount.
+func (s *fileStore) rewrite(rel, abs string, data []byte) error {
+	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
+	s.noteDirs(created, false)
+	if err != nil {
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	digest := DigestString(string(data))
+	if s.holds(abs, digest, int64(len(data))) {
+		return nil
+	}
+	f, err := s.stageWith(rel, abs, digest, int64(len(data)), func(w io.Writer) (int64, error) {
+		n, err := w.Write(data)
+		return int64(n), err
+	})
+	if err != nil {
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	if err := s.syncFile(f.tmp); err != nil {
+		f.discard(s.disk)
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	if err := s.rename(f.tmp, abs); err != nil {
+		f.discard(s.disk)
+		return fmt.Errorf("restore %q: %w", rel, err)
+	}
+	s.mu.Lock()
+	delete(s.unsynced, abs)
+	s.mu.Unlock()
+	return nil
 }
 
 // ---------------------------------------------------------------------------
-// Tree hashing.
+// Tree hashing and reading.
+
+// errTooLarge is a held file larger than the agent reads into memory.
+var errTooLarge = errors.New("file exceeds the size the agent reads whole")
+
+// ReadHeld reads a written file by its manifest path, for the ops that
+// carry a file's content (map_replace, cert_*, ca_*) and the read-back.
+func (s *fileStore) ReadHeld(rel string) ([]byte, error) {
+	abs, err := s.Abs(rel)
+	if err != nil {
+		return nil, err
+	}
+	b, err := readAllLimited(s.disk, abs, MaxApplyBodyBytes)
+	if errors.Is(err, errTooLarge) {
+		return nil, fmt.Errorf("%q exceeds %d bytes", rel, MaxApplyBodyBytes)
+	}
+	return b, err
+}
 
 // Digest observes one held file: its streaming XXH64 and size, no proof.
 // Anything but a regular file is errInvalidPath.
@@ -827,14 +1240,18 @@ func (s *fileStore) Digest(rel string) (FileAt, error) {
 	if err != nil {
 		return FileAt{}, err
 	}
-	fi, err := os.Lstat(abs)
+	fi, err := s.disk.Lstat(abs)
 	if err != nil {
 		return FileAt{}, err
 	}
 	if !fi.Mode().IsRegular() {
 		return FileAt{}, notRegular(rel)
 	}
-	f, err := os.Open(abs)
+	return s.digestAbs(abs)
+}
+
+func (s *fileStore) digestAbs(abs string) (FileAt, error) {
+	f, err := s.disk.Open(abs)
 	if err != nil {
 		return FileAt{}, err
 	}
@@ -848,7 +1265,10 @@ func (s *fileStore) Digest(rel string) (FileAt, error) {
 }
 
 // HashTree observes the given paths. A path that does not exist, is invalid
-// or is not a regular file is left out; any other error is fatal.
+// or is not a regular file is left out. So is a file the agent may not
+// read, with a warning: the tree then differs from what the state recorded,
+// the baseline is forgotten, and an apply that must read the file fails on
+// its own; the agent still starts and serves.
 func (s *fileStore) HashTree(paths []string) (map[string]FileAt, error) {
 	if len(paths) > MaxFiles {
 		return nil, fmt.Errorf("%d paths exceed the %d-file limit", len(paths), MaxFiles)
@@ -858,6 +1278,9 @@ func (s *fileStore) HashTree(paths []string) (map[string]FileAt, error) {
 		at, err := s.Digest(rel)
 		switch {
 		case errors.Is(err, fs.ErrNotExist), errors.Is(err, errInvalidPath), errors.Is(err, syscall.ENOTDIR):
+			continue
+		case errors.Is(err, fs.ErrPermission):
+			s.logger.Warn("a file of the tree cannot be read; it is left out of the tree", "path", rel, "err", err)
 			continue
 		case err != nil:
 			return nil, fmt.Errorf("hash %q: %w", rel, err)
@@ -890,44 +1313,55 @@ func treeDigest(tree map[string]FileAt) string {
 
 // SweepTemp empties every mount's .haptic-tmp and removes the .haptic-lkg
 // entries the persisted journal does not reference, at most MaxFiles
-// entries of each directory per call. It runs at startup, before any apply.
+// entries of each directory per call. It runs at startup, before any apply
+// and after any recovery, so no undo needs what it removes.
 func (s *fileStore) SweepTemp(j backupJournal) error {
 	keep := make(map[string]bool, len(j.Entries))
-	for _, e := range j.Entries {
-		if e.Backup != "" {
-			keep[e.Backup] = true
-		}
+	for _, b := range j.backups() {
+		keep[b] = true
 	}
 	var errs []error
 	for _, m := range s.mounts {
 		errs = append(errs,
-			sweepDir(filepath.Join(m, storeTempDir), nil),
-			sweepDir(filepath.Join(m, storeBackupDir), keep))
+			s.sweepDir(filepath.Join(m, storeTempDir), "", nil),
+			s.sweepDir(filepath.Join(m, storeBackupDir), "", keep))
 	}
 	return errors.Join(errs...)
 }
 
-// sweepDir removes up to MaxFiles entries of dir that keep does not name.
-func sweepDir(dir string, keep map[string]bool) error {
-	d, err := os.Open(dir)
+// sweepRestoreStaging removes the .haptic-restore-* links a restore
+// interrupted by a crash left in the directories of the given paths.
+func (s *fileStore) sweepRestoreStaging(paths []string) error {
+	dirs := map[string]bool{}
+	for _, rel := range paths {
+		if abs, err := s.Abs(rel); err == nil {
+			dirs[filepath.Dir(abs)] = true
+		}
+	}
+	var errs []error
+	for _, d := range slices.Sorted(maps.Keys(dirs)) {
+		errs = append(errs, s.sweepDir(d, storeRestorePrefx, nil))
+	}
+	return errors.Join(errs...)
+}
+
+// sweepDir removes up to MaxFiles entries of dir whose names start with
+// prefix and that keep does not name.
+func (s *fileStore) sweepDir(dir, prefix string, keep map[string]bool) error {
+	entries, err := s.disk.ReadDir(dir, MaxFiles)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	entries, err := d.ReadDir(MaxFiles)
-	d.Close()
-	if err != nil && err != io.EOF {
-		return err
-	}
 	var errs []error
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
-		if keep[p] {
+		if keep[p] || !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.disk.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}

@@ -294,7 +294,7 @@ func TestEachMountGetsItsOwnTempAndBackupDirs(t *testing.T) {
 		if err != nil || fi.Mode().Perm() != 0o644 {
 			t.Errorf("staged %s: %v %v", tc.rel, fi, err)
 		}
-		f.discard()
+		f.discard(ts.disk)
 	}
 	// A mount point that is a single bind-mounted file is skipped.
 	dir := t.TempDir()
@@ -464,7 +464,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 	if b, _ := os.ReadFile(f.tmp); string(b) != content {
 		t.Errorf("staged %q", b)
 	}
-	f.discard()
+	f.discard(ts.disk)
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("discard left %q", left)
 	}
@@ -484,7 +484,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	if b, _ := os.ReadFile(f.tmp); string(b) != want {
 		t.Errorf("spliced %q", b)
 	}
-	f.discard()
+	f.discard(ts.disk)
 
 	wrongBase := *p
 	wrongBase.BaseDigest = DigestString("other")
@@ -588,7 +588,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
 			continue
 		}
-		f.discard()
+		f.discard(ts.disk)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)

@@ -1,55 +1,44 @@
 // This file owns what happens to an apply after its answer, or between
-// applies (agent.md §9.20, §9.22, §9.23): the pacing window and the pending
-// reload, the pacer that fires it, and the background read-back that checks
-// HAProxy holds what a runtime apply meant and repairs a divergence with a
-// reload. Everything here takes the apply lock before touching files or
-// HAProxy, so it never interleaves with an apply.
+// applies: the pacer that fires a scheduled reload once the pacing window
+// has passed, and the background read-back that checks HAProxy holds what
+// a runtime apply meant and repairs a divergence with a reload. Both take
+// the apply lock before touching files or HAProxy, so they never
+// interleave with an apply, and both end the way an apply does: in the
+// run's commit or abort.
+
 package haptic
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
 const pacerInterval = 100 * time.Millisecond
 
-// schedulePendingReloadLocked queues a reload of ref for due and wakes the
-// pacer. Callers hold the apply lock and a.mu.
-func (a *Agent) schedulePendingReloadLocked(due time.Time, ref planRef) {
-	a.st.ReloadPendingAt = due
-	a.st.PendingReloadPlanID, a.st.PendingReloadPlanProof = ref.ID, ref.Proof
-	a.saveLocked()
-	a.wakePacer()
+// pacer fires scheduled reloads.
+type pacer struct {
+	deps  *applyDeps
+	ready func() bool
+	wake  chan struct{}
 }
 
-// coalesceIntoPendingReload re-points the pending reload at ref. The due
-// time never moves and the reload is never cancelled.
-func (a *Agent) coalesceIntoPendingReload(ref planRef) time.Time {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.st.PendingReloadPlanID, a.st.PendingReloadPlanProof = ref.ID, ref.Proof
-	a.saveLocked()
-	return a.st.ReloadPendingAt
+func newPacer(deps *applyDeps, ready func() bool) *pacer {
+	return &pacer{deps: deps, ready: ready, wake: make(chan struct{}, 1)}
 }
 
-// clearPendingLocked forgets the pending reload: any reload attempt consumes
-// it, and an abort rolls back the files it would load.
-func (a *Agent) clearPendingLocked() {
-	a.st.ReloadPendingAt = time.Time{}
-	a.st.PendingReloadPlanID, a.st.PendingReloadPlanProof = "", ""
-}
-
-func (a *Agent) wakePacer() {
+// poke wakes the pacer at once.
+func (p *pacer) poke() {
 	select {
-	case a.pacerWake <- struct{}{}:
+	case p.wake <- struct{}{}:
 	default:
 	}
 }
 
-// runPacer wakes every 100 ms, or at once when woken, until ctx ends.
-func (a *Agent) runPacer(ctx context.Context) {
+// run wakes every 100 ms, or at once when poked, until ctx ends.
+func (p *pacer) run(ctx context.Context) {
 	t := time.NewTicker(pacerInterval)
 	defer t.Stop()
 	for {
@@ -57,161 +46,176 @@ func (a *Agent) runPacer(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-a.pacerWake:
+		case <-p.wake:
 		}
-		a.firePendingReload(ctx)
+		p.fire(ctx)
 	}
 }
 
-// firePendingReload performs the pending reload once it is due. It never
-// runs before initialisation: rolling the tree back before HAProxy is up
-// would be guessing. The generation does not change; the controller learns
-// the verdict from last_apply.
+// fire performs the pending reload once it is due. It never runs before
+// initialisation: rolling the tree back before HAProxy is up would be
+// guessing. The generation does not change; the controller learns the
+// verdict from last_apply.
 //
-// Nor does it run once ctx has ended: runPacer's select may pick the ticker
+// Nor does it run once ctx has ended: run's select may pick the ticker
 // over ctx.Done(), and a reload attempted during shutdown fails on the
 // cancelled context, whose abort would roll back files an apply had
-// accepted. A pending reload does not survive a restart anyway (agent.md
-// §4.3). The check is repeated once the apply lock is held, since shutdown
-// may begin while an apply holds it.
-func (a *Agent) firePendingReload(ctx context.Context) {
-	if !a.Ready() || ctx.Err() != nil {
+// accepted; the pending reload survives the restart instead. The check is
+// repeated once the apply lock is held, since shutdown may begin while an
+// apply holds it.
+func (p *pacer) fire(ctx context.Context) {
+	d := p.deps
+	if !p.ready() || ctx.Err() != nil {
 		return
 	}
-	a.applyMu.Lock()
-	defer a.applyMu.Unlock()
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
 	if ctx.Err() != nil {
 		return
 	}
-	a.mu.Lock()
-	ref, due := a.st.pending(), a.st.ReloadPendingAt
-	a.mu.Unlock()
-	if ref.ID == "" || ref.Proof == "" || due.IsZero() || a.now().Before(due) {
+	ref, due := d.led.pending()
+	if !ref.complete() || due.IsZero() || d.now().Before(due) {
 		return
 	}
-	run := &applyRun{
-		m:      &Manifest{PlanID: ref.ID, Mode: ModeReload},
-		start:  a.now(),
-		result: ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: a.now().UTC().Format(time.RFC3339)},
-		reason: "scheduled",
-	}
-	info, err := a.performReload(ctx, ref)
+	run := newApplyRun(d, ctx, &Manifest{PlanID: ref.ID, Mode: ModeReload})
+	run.appliedProof = ref.Proof
+	run.reason = reasonScheduled
+	run.before = d.led.view()
+	run.beforeTree = d.led.treeCopy()
+	run.invalidations0 = d.led.invalidationCount()
+	run.result = ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
+	info, err := d.worker.reload(ctx, ref)
 	run.result.Reload = info
 	if err != nil && ctx.Err() != nil && !errors.Is(err, errReloadRejected) {
 		// Shutdown cut the reload short, so there is no verdict to act on
-		// (as for the read-back, §9.23): the accepted files stay, and the
-		// next process starts with an unknown baseline and reloads. Only
-		// HAProxy's own refusal still rolls back, so that a configuration
-		// it rejected is not left for the next start.
-		a.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
+		// (as for the read-back): the accepted files stay, and the pending
+		// reload stays for the next start. Only HAProxy's own refusal still
+		// rolls back, so that a configuration it rejected is not left for
+		// the next start.
+		d.led.schedule(ref, due)
+		d.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
 		return
 	}
 	if err != nil {
-		a.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
-		a.abort(ctx, run, StageScheduledReload, err)
+		d.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
+		run.refused = errors.Is(err, errReloadRejected)
+		run.abort(StageScheduledReload, err)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !run.result.OK {
-		a.st.setApplied(planRef{})
+	run.timing.OpsMs = d.msSince(run.start)
+	run.timing.TotalMs = run.timing.OpsMs
+	o := run.outcome()
+	o.scheduled = true
+	if err := d.led.finishRun(o, run.restored); err != nil {
+		d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
 	}
-	// abort left the phase "aborted"; a failed pacer reload is complete
-	// once its result is recorded, as finish does for an apply. A persisted
-	// "aborted" would make the next start run a crash recovery (§4.4): a
-	// reload and an invalidation for an apply that was not interrupted.
-	a.st.Phase, a.st.InFlightPlanID = phaseIdle, ""
-	run.result.Timing.OpsMs = a.msSince(run.start)
-	run.result.Timing.TotalMs = run.result.Timing.OpsMs
-	a.applyResultLocked(&run.result)
-	last := cloneResult(run.result)
-	a.st.LastApply = &last
-	a.saveLocked()
-	a.metrics.applyTotal.inc(run.result.Mode)
-	a.logger.Info("scheduled reload", "plan_id", ref.ID, "ok", run.result.OK)
+	run.result.Timing = run.timing
+	d.led.fillResult(&run.result)
+	d.metrics.applyTotal.inc(run.result.Mode)
+	d.logger.Info("scheduled reload", "plan_id", ref.ID, "ok", run.result.OK)
 }
 
-// startReadBack checks, in the background, that HAProxy holds what the
-// runtime apply of ref meant. Read-backs are counted and awaited at
-// shutdown; none starts once the agent is stopping.
-func (a *Agent) startReadBack(c *compiledOps, ref planRef) {
-	a.bgMu.Lock()
-	if a.stopping {
-		a.bgMu.Unlock()
+// ---------------------------------------------------------------------------
+// Read-back.
+
+// readBacks runs the background read-backs: counted, awaited at shutdown,
+// and none starts once the agent is stopping.
+type readBacks struct {
+	deps  *applyDeps
+	pacer *pacer
+	base  func() context.Context
+
+	mu       sync.Mutex
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// start checks, in the background, that HAProxy holds what the runtime
+// apply of ref meant.
+func (b *readBacks) start(c *compiledOps, ref planRef) {
+	b.mu.Lock()
+	if b.stopping {
+		b.mu.Unlock()
 		return
 	}
-	a.readbacks.Add(1)
-	a.bgMu.Unlock()
+	b.wg.Add(1)
+	b.mu.Unlock()
 	go func() {
-		defer a.readbacks.Done()
-		a.readBack(c, ref)
+		defer b.wg.Done()
+		b.check(c, ref)
 	}()
 }
 
-func (a *Agent) isStopping() bool {
-	a.bgMu.Lock()
-	defer a.bgMu.Unlock()
-	return a.stopping
+// stop refuses new read-backs and waits for the running ones.
+func (b *readBacks) stop() {
+	b.mu.Lock()
+	b.stopping = true
+	b.mu.Unlock()
+	b.wg.Wait()
 }
 
-// readBack runs under the apply lock, so no apply rewrites the files it
+func (b *readBacks) isStopping() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stopping
+}
+
+// check runs under the apply lock, so no apply rewrites the files it
 // compares. It gives no verdict when a later apply or an invalidation moved
 // the applied pair, or when the agent is stopping.
-func (a *Agent) readBack(c *compiledOps, ref planRef) {
-	if a.isStopping() {
+func (b *readBacks) check(c *compiledOps, ref planRef) {
+	d := b.deps
+	if b.isStopping() {
 		return
 	}
-	a.applyMu.Lock()
-	defer a.applyMu.Unlock()
-	a.mu.Lock()
-	current := a.st.applied()
-	a.mu.Unlock()
-	if current != ref {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	if st := d.led.view(); st.applied() != ref {
 		return
 	}
-	ctx := a.baseCtx
-	err := a.divergence(ctx, c)
+	ctx := b.base()
+	err := divergence(ctx, d.rt, d.files, c)
 	if err == nil || ctx.Err() != nil {
 		return
 	}
-	a.metrics.mapDivergence.inc()
-	a.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
-	a.mu.Lock()
-	due := a.lastReload.Add(a.cfg.ReloadIntervalMin)
-	if a.now().Before(due) {
-		a.schedulePendingReloadLocked(due, ref)
-		a.mu.Unlock()
+	d.metrics.mapDivergence.inc()
+	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
+	due := d.led.pacingDue(d.reloadIntervalMin)
+	if d.now().Before(due) {
+		if _, err := d.led.schedule(ref, due); err == nil {
+			b.pacer.poke()
+		}
 		return
 	}
-	a.mu.Unlock()
-	if _, err := a.performReload(ctx, ref); err != nil {
-		a.logger.Error("the repair reload failed; the baseline is invalidated", "err", err)
-		a.invalidateBaseline()
+	if _, err := d.worker.reload(ctx, ref); err != nil {
+		d.logger.Error("the repair reload failed; the baseline is invalidated", "err", err)
+		d.led.invalidate()
 	}
-	a.save()
+	// The reload cleared the journal; that is durable before the backups go.
+	d.led.save()
 }
 
 // divergence compares what the worker holds with what the batch touched:
 // every touched backend must still answer, and every touched map's keys
 // must match the map file on disk. A map too big to list is unverified,
 // not diverged.
-func (a *Agent) divergence(ctx context.Context, c *compiledOps) error {
+func divergence(ctx context.Context, rt *haproxyRuntime, files *fileStore, c *compiledOps) error {
 	for _, be := range c.backendsTouched {
 		if c.deleting[be] {
 			continue
 		}
-		if _, err := a.rt.serverNames(ctx, be); err != nil {
+		if _, err := rt.serverNames(ctx, be); err != nil {
 			return fmt.Errorf("backend %s: %w", be, err)
 		}
 	}
 	for _, path := range c.maps {
-		running, err := a.rt.mapEntries(ctx, path)
+		running, err := rt.mapEntries(ctx, path)
 		if errors.Is(err, errTooManyEntries) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("map %s: %w", path, err)
 		}
-		content, err := a.readHeld(path)
+		content, err := files.ReadHeld(path)
 		if err != nil {
 			return fmt.Errorf("map %s: %w", path, err)
 		}

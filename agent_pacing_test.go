@@ -267,7 +267,7 @@ func TestRuntimeBatchesDeleteAMapWithoutPartialReadBack(t *testing.T) {
 	if got := e.fake.MapEntries("maps/big.map"); len(got) != 0 {
 		t.Errorf("%d entries left", len(got))
 	}
-	e.a.readbacks.Wait()
+	e.a.reads.wg.Wait()
 	if metricValue(e.a, "map_divergence_total") != 0 {
 		t.Error("a divergence was found")
 	}
@@ -569,7 +569,7 @@ func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) 
 func scheduledThenStopped(t *testing.T, hook func()) (e *testEnv, fs2 fileSet) {
 	t.Helper()
 	e = newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, func(a *Agent, _ *FakeHAProxy) {
-		a.hooks.beforeReload = hook
+		a.worker.beforeReload = hook
 	})
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
@@ -630,11 +630,9 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		e.a.firePendingReload(ctx)
+		e.a.pacer.fire(ctx)
 		untouchedByThePacer(t, e, fs2, reloads)
-		e.a.mu.Lock()
-		pending := e.a.st.pending()
-		e.a.mu.Unlock()
+		pending, _ := e.a.led.pending()
 		if pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
 		}
@@ -643,11 +641,9 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		e, fs2 := scheduledThenStopped(t, nil)
 		var reloads int
 		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
-		e.a.firePendingReload(&endsWhileWaiting{Context: context.Background()})
+		e.a.pacer.fire(&endsWhileWaiting{Context: context.Background()})
 		untouchedByThePacer(t, e, fs2, reloads)
-		e.a.mu.Lock()
-		pending := e.a.st.pending()
-		e.a.mu.Unlock()
+		pending, _ := e.a.led.pending()
 		if pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
 		}
@@ -662,7 +658,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
 		cancel.Store(&stop)
-		e.a.firePendingReload(ctx)
+		e.a.pacer.fire(ctx)
 		// The reload was cut short with no verdict: nothing is rolled back
 		// and no result is recorded.
 		untouchedByThePacer(t, e, fs2, -1)
@@ -721,8 +717,8 @@ func TestReadBackSerializesRuntimeAndFileSnapshots(t *testing.T) {
 		m.Reject = func(cmd string) (string, bool) {
 			if cmd == "show map maps/host.map" {
 				checked.Store(true)
-				if e.a.applyMu.TryLock() {
-					e.a.applyMu.Unlock()
+				if e.a.deps.applyMu.TryLock() {
+					e.a.deps.applyMu.Unlock()
 				} else {
 					held.Store(true)
 				}
@@ -737,7 +733,7 @@ func TestReadBackSerializesRuntimeAndFileSnapshots(t *testing.T) {
 	if !held.Load() {
 		t.Error("the read-back read the map without the apply lock")
 	}
-	e.a.readbacks.Wait()
+	e.a.reads.wg.Wait()
 	if metricValue(e.a, "map_divergence_total") != 0 {
 		t.Error("a divergence was found")
 	}
@@ -908,7 +904,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	m := e.c.manifest("plan-3", fs2)
 	m.Token.LeaderEpoch = 0
 	e.c.post(applyRequest{manifest: m, files: fs2})
-	e.a.readbacks.Wait()
+	e.a.reads.wg.Wait()
 
 	families, err := parseExposition(scrape(t, e.a))
 	if err != nil {

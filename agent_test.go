@@ -79,7 +79,13 @@ func launchTestAgent(t testing.TB, cfg AgentConfig, waitReady bool) (*Agent, fun
 // before Run, where internal tests set agent hooks without racing Run.
 func launchPreparedAgent(t testing.TB, cfg AgentConfig, prepare func(*Agent), waitReady bool) (*Agent, func()) {
 	t.Helper()
-	a, err := NewAgent(cfg)
+	return launchAgentWith(t, cfg, agentOptions{}, prepare, waitReady)
+}
+
+// launchAgentWith is launchPreparedAgent on an agent built with opts.
+func launchAgentWith(t testing.TB, cfg AgentConfig, opts agentOptions, prepare func(*Agent), waitReady bool) (*Agent, func()) {
+	t.Helper()
+	a, err := newAgent(cfg, opts)
 	if err != nil {
 		t.Fatalf("NewAgent: %v", err)
 	}
@@ -568,7 +574,7 @@ func TestSeedFlowReloadsThenAddsAMapEntryAtRuntime(t *testing.T) {
 	if st.InvariantViolation != "" || totalInvariantViolations(a) != 0 {
 		t.Fatalf("invariant: %q", st.InvariantViolation)
 	}
-	a.readbacks.Wait()
+	a.reads.wg.Wait()
 	if metricValue(a, "map_divergence_total") != 0 {
 		t.Fatal("the read-back found a divergence")
 	}
@@ -702,7 +708,7 @@ func TestNewAgentFillsDefaults(t *testing.T) {
 	want := agentPaths{
 		config: filepath.Join(base, "haproxy.cfg"), state: filepath.Join(base, ".haptic-agent.json"),
 		master: filepath.Join(base, "haproxy-master.sock"), worker: filepath.Join(base, "haproxy-worker.sock"),
-		planBlob: filepath.Join(base, ".haptic-agent-plan.bin"),
+		planBlob: filepath.Join(base, ".haptic-agent-plan.bin"), log: filepath.Join(base, ".haptic-agent.log"),
 	}
 	if a.paths != want {
 		t.Errorf("paths = %+v\nwant %+v", a.paths, want)
@@ -844,8 +850,8 @@ func TestACorruptStateFileIsFatal(t *testing.T) {
 		t.Fatalf("unknown field: %v", err)
 	}
 	a.closeListeners()
-	if a.st.Generation != 3 {
-		t.Errorf("generation %d", a.st.Generation)
+	if gen := a.led.generation(); gen != 3 {
+		t.Errorf("generation %d", gen)
 	}
 }
 
@@ -939,13 +945,15 @@ func editState(t testing.TB, base string, edit func(m map[string]any)) {
 	}
 }
 
+// readStateFile reads the persisted state: the snapshot with the log
+// replayed on it, as the next start would read it.
 func readStateFile(t testing.TB, base string) agentState {
 	t.Helper()
-	st, err := loadState(filepath.Join(base, ".haptic-agent.json"))
+	loaded, err := loadLog(osDisk{}, filepath.Join(base, ".haptic-agent.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st
+	return loaded.st
 }
 
 func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
@@ -1084,12 +1092,14 @@ func TestARestartBetweenAppliesKeepsTheBaseline(t *testing.T) {
 	if st.AppliedPlanID != "plan-1" || st.AppliedToken != first.AppliedToken || st.Generation != 1 {
 		t.Errorf("after restart: %+v", st)
 	}
-	if st.AppliedPlanProof != "" || st.RunningPlanProof != "" || st.WorkerOpsPlanProof != "" || st.LKGPlanProof != "" {
-		t.Errorf("proofs survived the restart: %+v", st)
+	// The tree and the worker are unchanged: every proof still holds.
+	if st.AppliedPlanProof != first.AppliedPlanProof || st.RunningPlanProof != first.RunningPlanProof ||
+		st.WorkerOpsPlanProof != first.WorkerOpsPlanProof || st.LKGPlanProof != first.LKGPlanProof {
+		t.Errorf("proofs lost in the restart: %+v", st)
 	}
 	for p, at := range st.Files {
-		if at.Proof != "" {
-			t.Errorf("%s kept its proof", p)
+		if at.Proof == "" {
+			t.Errorf("%s lost its proof", p)
 		}
 	}
 	fs2 := fs.clone()
@@ -1105,34 +1115,37 @@ func TestARestartBetweenAppliesKeepsTheBaseline(t *testing.T) {
 	}
 }
 
-func TestAdoptDiskClearsProofsAndPending(t *testing.T) {
+// A restart with the same tree and the same worker keeps what both still
+// prove: the proofs, the stored blob's binding and a scheduled reload with
+// its due time. The known-bad cache is not kept: it lives in memory.
+func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 	fake := startTestFake(t, "")
 	cfg := testAgentConfig(t, fake)
 	a, stop := launchTestAgent(t, cfg, true)
 	c := newAgentClient(t, a)
 	fs := seedFiles()
 	c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
-	if st := c.state(""); !st.AppliedPlanStored {
-		t.Fatalf("blob not stored: %+v", st)
+	before := c.state("")
+	if !before.AppliedPlanStored {
+		t.Fatalf("blob not stored: %+v", before)
 	}
 	stop()
 	due := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
 	editState(t, cfg.BaseDir, func(m map[string]any) {
-		m["pending_reload_plan_id"], m["pending_reload_plan_proof"], m["reload_pending_at"] = "plan-9", "a:9", due
+		m["pending_reload_plan_id"], m["pending_reload_plan_proof"], m["reload_pending_at"] = "plan-1", before.AppliedPlanProof, due
 		m["nack"] = map[string]any{"manifest_digest": "0123456789abcdef", "reason": "reload", "until": due}
 	})
 
 	a, _ = launchTestAgent(t, cfg, true)
 	c = newAgentClient(t, a)
 	st := c.state("")
-	if st.AppliedPlanProof != "" || st.RunningPlanProof != "" || st.WorkerOpsPlanProof != "" || st.LKGPlanProof != "" ||
-		st.ReloadPendingAt != "" || st.AppliedPlanStored || len(st.AppliedPlan) != 0 {
+	if st.AppliedPlanProof != before.AppliedPlanProof || st.RunningPlanProof != before.RunningPlanProof ||
+		st.WorkerOpsPlanProof != before.WorkerOpsPlanProof || st.LKGPlanProof != before.LKGPlanProof ||
+		st.ReloadPendingAt == "" || !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
 		t.Errorf("state after restart: %+v", st)
 	}
-	ps := readStateFile(t, cfg.BaseDir)
-	if ps.PendingReloadPlanID != "" || ps.PendingReloadPlanProof != "" || !ps.ReloadPendingAt.IsZero() || ps.Nack != nil ||
-		ps.PlanBlobPlanProof != "" || ps.PlanBlobPlanID != "plan-1" {
-		t.Errorf("state file after restart: %+v", ps)
+	if a.led.nack != nil {
+		t.Error("the known-bad record survived the restart")
 	}
 }
 
@@ -1204,8 +1217,9 @@ func TestAnInterruptedBackedUpApplyRestoresTheJournal(t *testing.T) {
 	delete(next, "maps/host.map")
 	applyFileOnly(t, c, "plan-2", next)
 	stop()
-	// A third apply was cut half way through its writes.
-	os.WriteFile(filepath.Join(cfg.BaseDir, "haproxy.cfg"), []byte("half written\n"), 0o644)
+	// A third apply was cut half way through its writes (to journalled
+	// paths: an older agent journalled every path it was about to write).
+	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/readme.txt"), []byte("half written\n"), 0o644)
 	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/new.txt"), []byte("half\n"), 0o644)
 	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "backed_up"; m["in_flight_plan_id"] = "plan-3" })
 

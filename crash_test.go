@@ -431,3 +431,5 @@ func readPhase(path string) string {
 	json.Unmarshal(b, &s)
 	return s.Phase
 }
+
+const stopAtPhaseEnv = "HAPTIC_TEST_STOP_AT_PHASE"

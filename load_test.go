@@ -194,7 +194,7 @@ func TestLoadTwoLeadersAndReaders(t *testing.T) {
 		}
 	})
 	wg.Wait()
-	e.a.readbacks.Wait()
+	e.a.reads.wg.Wait()
 	heapAfter := heapAfterGC()
 
 	// Every attempt got an answer the contract allows.

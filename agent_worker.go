@@ -1,0 +1,187 @@
+// This file owns what the agent knows of the running HAProxy worker: which
+// one it expects, checking that the one answering is that one, adopting a
+// new one, and reloading. Everything here holds the worker-observation
+// lock from observing a worker to adopting it, so that a verified state
+// read never adopts a worker in the middle of a reload.
+//
+// It never changes files; it tells the ledger which worker runs what.
+
+package haptic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+const (
+	awaitWorkerPoll = 100 * time.Millisecond
+	msgNoNewWorker  = "the new worker did not answer show info after the reload"
+)
+
+// workerTracker checks, adopts and reloads the worker.
+type workerTracker struct {
+	rt            *haproxyRuntime
+	led           *ledger
+	queue         *deleteQueue
+	metrics       *agentMetrics
+	logger        *slog.Logger
+	reloadTimeout time.Duration
+	now           func() time.Time
+
+	// beforeReload lets internal tests act just before a master reload.
+	beforeReload func()
+
+	mu sync.Mutex // the worker-observation lock
+}
+
+// check reads the worker's identity and adopts a foreign worker, which
+// invalidates the baseline: the new worker loaded whatever was on disk.
+func (w *workerTracker) check(ctx context.Context) (HAProxyInfo, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	info, err := w.rt.info(ctx)
+	if err != nil {
+		return info, err
+	}
+	return info, w.observedLocked(ctx, info)
+}
+
+// observedLocked compares a worker identity read on the worker socket with
+// the expected one and adopts it as foreign when it differs.
+func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) error {
+	prev := w.led.expectedWorker()
+	if prev.SameWorker(info) {
+		return nil
+	}
+	inv := w.listInventory(ctx)
+	w.led.adoptForeignWorker(info, inv)
+	w.queue.SetWorker(info)
+	err := workerChangedError(prev, info)
+	w.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
+	return err
+}
+
+// recheck is the second worker check: the worker must still be the one the
+// ops were sent to (a concurrent verified read may have adopted a new one
+// already).
+func (w *workerTracker) recheck(ctx context.Context, captured HAProxyInfo) error {
+	observed, err := w.check(ctx)
+	if err != nil {
+		return err
+	}
+	if !observed.SameWorker(captured) {
+		return workerChangedError(captured, observed)
+	}
+	return nil
+}
+
+func workerChangedError(from, to HAProxyInfo) error {
+	return fmt.Errorf("worker changed from pid %d (start %d) to pid %d (start %d)",
+		from.WorkerPID, from.WorkerStartTimeUnixMicros, to.WorkerPID, to.WorkerStartTimeUnixMicros)
+}
+
+// listInventory reads the worker's runtime inventory, nil when it cannot.
+func (w *workerTracker) listInventory(ctx context.Context) *Inventory {
+	inv, err := w.rt.inventory(ctx, 0)
+	if err != nil {
+		w.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
+		return nil
+	}
+	return &inv
+}
+
+// reloadFailure is a reload HAProxy refused: its text is HAProxy's startup
+// log, and it wraps errReloadRejected so that the failure counts as
+// deterministic.
+type reloadFailure struct {
+	msg string
+	err error
+}
+
+func (e *reloadFailure) Error() string { return e.msg }
+func (e *reloadFailure) Unwrap() error { return e.err }
+
+// reload reloads HAProxy through the master and adopts the new worker,
+// holding the worker-observation lock throughout, then records the plan
+// the new worker loaded. An empty ref promotes nothing. Any reload attempt
+// consumes a pending one.
+func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, error) {
+	w.led.clearPending()
+	w.mu.Lock()
+	info, err := w.reloadAndAwait(ctx)
+	w.mu.Unlock()
+	if err != nil {
+		return info, err
+	}
+	w.led.recordReload(ref, w.now())
+	return info, nil
+}
+
+// reloadAndAwait sends the reload and waits for the new worker. The
+// reload timeout bounds the whole of it, but the runtime layer enforces it
+// on the reload itself and answers its own timeout verdicts ("reload: no
+// reply within <t>", "reload: no new worker within <t>"); a context of our
+// own around the reload would expire first, since the runtime's deadline
+// starts only after its show proc baseline, and turn those verdicts into
+// transport errors of varying text. So only the wait for the new worker
+// gets a deadline here: what remains of the timeout since the reload began.
+func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error) {
+	prev := w.led.expectedWorker()
+	if w.beforeReload != nil {
+		w.beforeReload()
+	}
+	start := time.Now()
+	log, err := w.rt.reload(ctx)
+	info := &ReloadInfo{Performed: true, OK: err == nil, Output: log}
+	if err != nil {
+		info.TookMs = time.Since(start).Milliseconds()
+		w.metrics.reloads.inc("failed")
+		if errors.Is(err, errReloadRejected) {
+			msg := log
+			if msg == "" {
+				msg = errReloadRejected.Error()
+			}
+			return info, &reloadFailure{msg: msg, err: err}
+		}
+		info.Performed = false
+		return info, err
+	}
+	w.metrics.reloads.inc("ok")
+	wctx, cancel := context.WithDeadline(ctx, start.Add(w.reloadTimeout))
+	worker, err := w.awaitNewWorker(wctx, prev)
+	cancel()
+	info.TookMs = time.Since(start).Milliseconds()
+	if err != nil {
+		info.OK = false
+		return info, err
+	}
+	// The inventory refresh is not part of the reload: it runs under the
+	// caller's context, not what is left of the reload timeout.
+	inv := w.listInventory(ctx)
+	w.led.adoptReloadedWorker(worker, inv)
+	w.queue.SetWorker(worker)
+	info.WorkerPID = worker.WorkerPID
+	return info, nil
+}
+
+// awaitNewWorker polls show info until a worker other than prev answers.
+// Ops are never sent to the outgoing worker.
+func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, error) {
+	t := time.NewTicker(awaitWorkerPoll)
+	defer t.Stop()
+	for {
+		info, err := w.rt.info(ctx)
+		if err == nil && info.HasWorkerIdentity() && !prev.SameWorker(info) {
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			return HAProxyInfo{}, errors.New(msgNoNewWorker)
+		case <-t.C:
+		}
+	}
+}
