@@ -56,11 +56,11 @@ const (
 type logRecord struct {
 	Seq  uint64                     `json:"seq"`
 	Kind string                     `json:"kind"`
-	Set  map[string]json.RawMessage `json:"set,omitempty"`   // state fields and their new values
-	Tree map[string]*FileAt         `json:"tree,omitempty"`  // tree entries; null removes one
-	Undo []undoEntry                `json:"undo,omitempty"`  // intent: how every touched path looked before
-	Redo []redoEntry                `json:"redo,omitempty"`  // commit: bytes installed without a sync
-	Gone []string                   `json:"gone,omitempty"`  // commit: paths the apply deleted
+	Set  map[string]json.RawMessage `json:"set,omitempty"`     // state fields and their new values
+	Tree map[string]*FileAt         `json:"tree,omitempty"`    // tree entries; null removes one
+	Undo []undoEntry                `json:"undo,omitempty"`    // intent: how every touched path looked before
+	Redo []redoEntry                `json:"redo,omitempty"`    // commit: bytes installed without a sync
+	Gone []string                   `json:"gone,omitempty"`    // commit: paths the apply deleted
 	Back *backupJournal             `json:"journal,omitempty"` // rollback: the journal being restored
 }
 
