@@ -381,7 +381,7 @@ func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
 	}
 	// LKG promotion runs only after every refusal point, because clearing
 	// the journal cannot be undone.
-	promoted, err := run.led.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
+	promoted, err := run.led.promoteLKGAndSettle(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
 	if err != nil {
 		return http.StatusInternalServerError, ApplyError{Stage: StageLKG, Message: err.Error()}
 	}
@@ -572,10 +572,12 @@ func (run *applyRun) transact() {
 	run.timing.OpsMs = run.msSince(opsStart)
 }
 
-// mayRunOps reports whether activation may change the worker: then a crash
-// before the commit must end in a reload, which an open intent asks for.
+// mayRunOps reports whether activation may send ops to the worker: then a
+// crash before the commit must end in a reload, which an open intent asks
+// for. A reload alone needs none: the worker it starts loads the committed
+// tree, which a restart recognises by the worker's start time.
 func (run *applyRun) mayRunOps() bool {
-	return run.m.Mode != ModeReload || len(run.m.InPlaceOps) > 0
+	return len(run.m.RuntimeOps()) > 0 || len(run.m.InPlaceOps) > 0
 }
 
 // treeDelta is what the transaction did to the tree: each sent path holds
@@ -1003,14 +1005,21 @@ func (run *applyRun) commit() error {
 	c := commitWrites{restored: run.restored}
 	if run.txn != nil {
 		c.delta = run.treeDelta()
+		var synced []*stagedFile
+		budget := maxInlinePerApply
 		for _, f := range run.txn.installs {
-			if f.installed && f.inline != nil {
+			switch {
+			case !f.installed:
+			case f.inline != nil && len(f.inline) <= budget:
 				c.redo = append(c.redo, redoEntry{Path: f.Rel, Data: f.inline})
+				budget -= len(f.inline)
+			default:
+				synced = append(synced, f)
 			}
 		}
 		c.gone = run.txn.deletes
 		c.dropAfter = undoLinks(run.txn.undo)
-		if err := run.files.syncDirs(run.txn.syncedDirs()); err != nil {
+		if err := run.files.syncInstalled(synced); err != nil {
 			return err
 		}
 	}

@@ -371,6 +371,11 @@ func notRegular(rel string) error {
 // before the commit.
 const maxInlineBytes = 64 << 10
 
+// maxInlinePerApply bounds the bytes one commit record carries: past it, an
+// apply's remaining small files are synced like large ones, so that no
+// record grows beyond what a restart reads back in one go.
+const maxInlinePerApply = 4 << 20
+
 // stagedFile is one verified part waiting in its mount's .haptic-tmp.
 type stagedFile struct {
 	Rel       string
@@ -387,6 +392,8 @@ type stagedFile struct {
 	// a file is not synced when staged, since its bytes go into the commit
 	// record.
 	inline []byte
+	// createdDirs are the directories its install created.
+	createdDirs []string
 }
 
 // discard removes the temp file unless it was installed.
@@ -425,14 +432,78 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// stageWith creates the temp file in abs's mount, fills it with fill (which
-// reports the byte count), verifies size and digest and leaves the file at
-// mode 0644. On any error the temp file is gone.
-func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (_ *stagedFile, err error) {
-	dir := filepath.Join(s.mountFor(abs), storeTempDir)
-	f, err := s.disk.CreateTemp(dir, storePartPattern)
+// stageWith fills a part with fill (which reports the byte count),
+// verifies size and digest, and leaves it in a temp file of abs's mount at
+// mode 0644. A part small enough to ride in the commit record is built in
+// memory first: when the live file already holds its bytes it needs no temp
+// file at all, and when it does not, its temp file is not synced. On any
+// error no temp file is left.
+func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
+	if size < 0 || size > maxInlineBytes {
+		return s.stageStream(rel, abs, digest, size, fill)
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(size))
+	h := newDigestHasher()
+	n, err := fill(io.MultiWriter(&buf, h))
 	if err != nil {
 		return nil, err
+	}
+	if err := verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest); err != nil {
+		return nil, err
+	}
+	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, inline: buf.Bytes()}
+	if s.holds(abs, digest, size) {
+		sf.unchanged = true
+		return sf, nil
+	}
+	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+		_, err := w.Write(sf.inline)
+		return err
+	}, false)
+	if err != nil {
+		return nil, err
+	}
+	sf.tmp = tmp
+	return sf, nil
+}
+
+// stageStream stages a large part straight into its temp file, synced: its
+// rename is only as durable as its bytes.
+func (s *fileStore) stageStream(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
+	var n int64
+	h := newDigestHasher()
+	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+		var err error
+		n, err = fill(io.MultiWriter(w, h))
+		if err != nil {
+			return err
+		}
+		return verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
+	}, true)
+	if err != nil {
+		return nil, err
+	}
+	return &stagedFile{Rel: rel, abs: abs, tmp: tmp, Digest: digest, Size: size}, nil
+}
+
+// verifyPart checks a part's byte count and digest against the manifest's.
+func verifyPart(rel string, n, size int64, got, digest string) error {
+	if n != size {
+		return fmt.Errorf("%w: %q is %d bytes, manifest says %d", errDigestMismatch, rel, n, size)
+	}
+	if got != digest {
+		return fmt.Errorf("%w: %q hashes to %s, manifest says %s", errDigestMismatch, rel, got, digest)
+	}
+	return nil
+}
+
+// writeTemp creates a temp file in abs's mount, fills it, sets mode 0644,
+// syncs it when asked and closes it. On any error the file is gone.
+func (s *fileStore) writeTemp(abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
+	f, err := s.disk.CreateTemp(filepath.Join(s.mountFor(abs), storeTempDir), storePartPattern)
+	if err != nil {
+		return "", err
 	}
 	tmp := f.Name()
 	defer func() {
@@ -441,56 +512,18 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 			s.disk.Remove(tmp)
 		}
 	}()
-	h := newDigestHasher()
-	var inline *bytes.Buffer
-	w := io.MultiWriter(f, h)
-	if size <= maxInlineBytes {
-		inline = bytes.NewBuffer(make([]byte, 0, max(size, 0)))
-		w = io.MultiWriter(f, h, &limitedBuffer{b: inline, limit: maxInlineBytes})
-	}
-	n, err := fill(w)
-	if err != nil {
-		return nil, err
-	}
-	if n != size {
-		return nil, fmt.Errorf("%w: %q is %d bytes, manifest says %d", errDigestMismatch, rel, n, size)
-	}
-	if got := FormatDigest(h.Sum64()); got != digest {
-		return nil, fmt.Errorf("%w: %q hashes to %s, manifest says %s", errDigestMismatch, rel, got, digest)
+	if err = fill(f); err != nil {
+		return "", err
 	}
 	if err = f.Chmod(storeFileMode); err != nil {
-		return nil, err
+		return "", err
 	}
-	// A large file's rename is only as durable as its bytes; a small one's
-	// bytes ride in the commit record instead.
-	if inline == nil {
+	if sync {
 		if err = f.Sync(); err != nil {
-			return nil, err
+			return "", err
 		}
 	}
-	if err = f.Close(); err != nil {
-		return nil, err
-	}
-	sf := &stagedFile{Rel: rel, abs: abs, tmp: tmp, Digest: digest, Size: size}
-	if inline != nil {
-		sf.inline = inline.Bytes()
-	}
-	return sf, nil
-}
-
-// limitedBuffer keeps at most limit bytes; the staging copy never asks it
-// for more, since it is used only for parts no larger than the limit.
-type limitedBuffer struct {
-	b     *bytes.Buffer
-	limit int
-}
-
-func (l *limitedBuffer) Write(p []byte) (int, error) {
-	if room := l.limit - l.b.Len(); room < len(p) {
-		l.b.Write(p[:max(room, 0)])
-		return len(p), nil
-	}
-	return l.b.Write(p)
+	return tmp, f.Close()
 }
 
 // markUnchanged drops from the transaction's installs every part whose
@@ -500,7 +533,7 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 func (s *fileStore) markUnchanged(t *fileTxn) error {
 	kept := t.installs[:0]
 	for _, f := range t.installs {
-		if s.holds(f.abs, f.Digest, f.Size) {
+		if f.unchanged || s.holds(f.abs, f.Digest, f.Size) {
 			f.discard(s.disk)
 			f.tmp, f.unchanged = "", true
 			continue
@@ -857,18 +890,27 @@ func (t *fileTxn) discardStaged() {
 	}
 }
 
-// syncedDirs lists the directories whose entries must be durable before
-// the commit: those of installs whose bytes do not ride in the commit
-// record, and the parents of the directories such an install created.
-func (t *fileTxn) syncedDirs() []string {
+// syncInstalled makes installed files durable without a record: their
+// bytes (a large file's were synced when it was staged), then the entries
+// of their directories.
+func (s *fileStore) syncInstalled(files []*stagedFile) error {
 	var dirs []string
-	for _, f := range t.installs {
-		if f.inline == nil && f.installed {
-			dirs = append(dirs, filepath.Dir(f.abs))
+	for _, f := range files {
+		if f.inline != nil {
+			if err := s.syncFile(f.abs); err != nil {
+				return err
+			}
+		}
+		s.mu.Lock()
+		delete(s.unsynced, f.abs)
+		s.mu.Unlock()
+		dirs = append(dirs, filepath.Dir(f.abs))
+		for _, d := range f.createdDirs {
+			dirs = append(dirs, filepath.Dir(d))
 		}
 	}
 	slices.Sort(dirs)
-	return slices.Compact(dirs)
+	return s.syncDirs(slices.Compact(dirs))
 }
 
 func (s *fileStore) refuseNonRegular(rel, abs string) error {
@@ -886,7 +928,8 @@ func (s *fileStore) install(f *stagedFile) error {
 		return err
 	}
 	created, err := mkdirAll(s.disk, filepath.Dir(f.abs), storeDirMode)
-	s.noteDirs(created, f.inline == nil)
+	s.noteDirs(created)
+	f.createdDirs = created
 	if err != nil {
 		return err
 	}
@@ -906,8 +949,6 @@ func (s *fileStore) install(f *stagedFile) error {
 	s.mu.Lock()
 	if f.inline != nil {
 		s.unsynced[f.abs] = true
-	} else {
-		delete(s.unsynced, f.abs)
 	}
 	s.unsyncedDirs[filepath.Dir(f.abs)] = true
 	s.mu.Unlock()
@@ -915,9 +956,8 @@ func (s *fileStore) install(f *stagedFile) error {
 }
 
 // noteDirs records directories mkdirAll created: their parents' entries are
-// not durable yet. For an install that syncs its own directory, the parents
-// of what it created must be synced with it, and are then durable too.
-func (s *fileStore) noteDirs(created []string, _ bool) {
+// not durable yet.
+func (s *fileStore) noteDirs(created []string) {
 	if len(created) == 0 {
 		return
 	}
@@ -1156,7 +1196,7 @@ func (s *fileStore) undoPath(u undoEntry) error {
 // nothing), the staging link is removed.
 func (s *fileStore) relink(rel, abs, backup string) error {
 	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
-	s.noteDirs(created, false)
+	s.noteDirs(created)
 	if err != nil {
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
@@ -1184,27 +1224,22 @@ func (s *fileStore) relink(rel, abs, backup string) error {
 // path's mount.
 func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
-	s.noteDirs(created, false)
+	s.noteDirs(created)
 	if err != nil {
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
-	digest := DigestString(string(data))
-	if s.holds(abs, digest, int64(len(data))) {
+	if s.holds(abs, DigestString(string(data)), int64(len(data))) {
 		return nil
 	}
-	f, err := s.stageWith(rel, abs, digest, int64(len(data)), func(w io.Writer) (int64, error) {
-		n, err := w.Write(data)
-		return int64(n), err
-	})
+	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}, true)
 	if err != nil {
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
-	if err := s.syncFile(f.tmp); err != nil {
-		f.discard(s.disk)
-		return fmt.Errorf("restore %q: %w", rel, err)
-	}
-	if err := s.rename(f.tmp, abs); err != nil {
-		f.discard(s.disk)
+	if err := s.rename(tmp, abs); err != nil {
+		s.disk.Remove(tmp)
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
 	s.mu.Lock()

@@ -773,6 +773,15 @@ func (l *ledger) promoteLKG(v planRef) (bool, error) {
 	return true, nil
 }
 
+// promoteLKGAndSettle is promoteLKG, then settleFiles outside the lock.
+func (l *ledger) promoteLKGAndSettle(v planRef) (bool, error) {
+	promoted, err := l.promoteLKG(v)
+	if promoted {
+		l.settleFiles()
+	}
+	return promoted, err
+}
+
 // reserveProofs issues the applied proof, and the worker proof when asked.
 // The counter reaches the disk with the apply's own record, which is
 // synced before any answer reports a proof, so a proof is never reported
@@ -946,7 +955,7 @@ func (l *ledger) setInventoryLocked(inv *Inventory) {
 // the journal and its backups are still what a rollback restores, and
 // they lead back to the old LKG, not to ref. The reload itself happened,
 // so the running and worker-ops pairs stay either way.
-func (l *ledger) recordReload(ref planRef, now time.Time) {
+func (l *ledger) recordReload(ref planRef, now time.Time) (promoted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastReload = now
@@ -956,19 +965,31 @@ func (l *ledger) recordReload(ref planRef, now time.Time) {
 	next.setPending(planRef{}, time.Time{})
 	if !ref.complete() {
 		l.forget(next)
-		return
+		return false
 	}
 	old := next.Journal
-	promoted := next
-	promoted.setLKG(ref)
-	promoted.Journal = backupJournal{}
-	if err := l.promise(recordState, promoted, false); err != nil {
+	withLKG := next
+	withLKG.setLKG(ref)
+	withLKG.Journal = backupJournal{}
+	if err := l.promise(recordState, withLKG, false); err != nil {
 		l.logger.Error("the reloaded plan is not the last-known-good: its journal could not be cleared",
 			"plan_id", ref.ID, "lkg_plan_id", next.LKGPlanID, "err", err)
 		l.st = next
-		return
+		return false
 	}
 	l.dropAfterSync = append(l.dropAfterSync, old.backups()...)
+	return true
+}
+
+// settleFiles makes every file the store installed without a sync durable.
+// It runs when a plan becomes the last-known-good: its files are what the
+// next apply links into the journal, and a link is only as durable as the
+// bytes it leads to. Syncing here, on a reload's path, keeps those syncs off
+// the next runtime apply's.
+func (l *ledger) settleFiles() {
+	if err := l.files.flush(); err != nil {
+		l.logger.Warn("could not make the tree durable", "err", err)
+	}
 }
 
 // recordWorkerOps notes in-place ops that brought the worker to ref.

@@ -35,8 +35,9 @@ import (
 const (
 	logFileName      = ".haptic-agent.log"
 	logHeaderBytes   = 8
-	maxRecordBytes   = MaxFiles*(maxInlineBytes/16) + 64<<20 // far above any real record; a bound for a corrupt length
+	maxRecordBytes   = 2*maxInlinePerApply + MaxPlanBlobBytes + 16<<20 // far above any real record; a bound for a corrupt length
 	maxLogBytes      = 8 << 20
+	maxLogReadBytes  = maxLogBytes + 4*maxRecordBytes // what a restart reads: a full log and the records past the threshold
 	maxLogRecords    = 4096
 	stateTempPattern = ".haptic-agent-state-*"
 )
@@ -234,7 +235,7 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	out.seq = out.st.LogSeq
 
 	logPath := logPathFor(statePath)
-	raw, err := readAllLimited(d, logPath, maxLogBytes*4)
+	raw, err := readAllLimited(d, logPath, maxLogReadBytes)
 	if errors.Is(err, fs.ErrNotExist) {
 		return out, nil
 	}

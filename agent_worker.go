@@ -117,7 +117,9 @@ func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, e
 	if err != nil {
 		return info, err
 	}
-	w.led.recordReload(ref, w.now())
+	if w.led.recordReload(ref, w.now()) {
+		w.led.settleFiles()
+	}
 	return info, nil
 }
 

@@ -1,0 +1,482 @@
+// Tests of the ledger: what an apply syncs, the log's framing and replay,
+// the decisions (settle, the worker found at a start) as tables, and what
+// survives a restart. The power-loss simulation is in powerloss_test.go.
+
+package haptic
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncCounter counts the syncs a hookDisk sees, by kind.
+type syncCounter struct {
+	mu               sync.Mutex
+	logSyncs, others int
+	dirSyncs         int
+	ops              []diskOp
+}
+
+func (c *syncCounter) hook(logPath string) func(diskOp) error {
+	return func(op diskOp) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		switch op.Op {
+		case "sync":
+			if op.Path == logPath {
+				c.logSyncs++
+			} else {
+				c.others++
+			}
+			c.ops = append(c.ops, op)
+		case "syncdir":
+			c.dirSyncs++
+			c.ops = append(c.ops, op)
+		}
+		return nil
+	}
+}
+
+func (c *syncCounter) reset() (log, dirs, others int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	log, dirs, others = c.logSyncs, c.dirSyncs, c.others
+	c.logSyncs, c.dirSyncs, c.others, c.ops = 0, 0, 0, nil
+	return
+}
+
+// TestAnApplySyncsOnlyAtItsDurablePoints counts the syncs of each kind of
+// apply through the file layer. A one-entry runtime apply makes at most two
+// log syncs and two directory syncs (the intent before its first rename,
+// the commit before its answer, and the backup directory the first time the
+// map is journalled since the last reload); nothing else on its path syncs.
+func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	var c syncCounter
+	d.setHook(c.hook(filepath.Join(e.cfg.BaseDir, logFileName)))
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	c.reset()
+
+	type step struct {
+		name           string
+		mode           string
+		maxLog, maxDir int
+	}
+	mapEntry := func(i int) (fileSet, Op) {
+		next := fs.clone()
+		key := "k" + string(rune('a'+i)) + ".example"
+		next["maps/host.map"] += key + " be-k\n"
+		fs = next
+		return next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: key, Value: "be-k"}
+	}
+	for i, s := range []step{
+		{"runtime, the map journalled for the first time", ResultRuntime, 2, 2},
+		{"runtime, the map already journalled", ResultRuntime, 2, 2},
+		{"runtime, again", ResultRuntime, 2, 2},
+	} {
+		next, op := mapEntry(i)
+		res := e.land(t, "plan-r"+string(rune('0'+i)), next, op)
+		e.a.reads.wg.Wait()
+		log, dirs, others := c.reset()
+		t.Logf("%s: %d log syncs, %d directory syncs, %d other syncs", s.name, log, dirs, others)
+		if res.Mode != s.mode || log > s.maxLog || dirs > s.maxDir || others != 0 {
+			t.Errorf("%s: mode %s, %d log syncs, %d directory syncs, %d other syncs; want at most %d and %d and no other",
+				s.name, res.Mode, log, dirs, others, s.maxLog, s.maxDir)
+		}
+	}
+
+	// A noop: nothing sent, nothing written, one synced commit for its new
+	// generation.
+	all := map[string]bool{}
+	for p := range fs {
+		all[p] = true
+	}
+	var res ApplyResult
+	code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-noop", fs), files: fs, omit: all})
+	if code != 200 || json.Unmarshal(body, &res) != nil {
+		t.Fatalf("noop: %d %s", code, body)
+	}
+	log, dirs, others := c.reset()
+	t.Logf("noop: %d log syncs, %d directory syncs, %d other syncs", log, dirs, others)
+	if res.Mode != ResultNoop || log != 1 || dirs != 0 || others != 0 {
+		t.Errorf("noop: mode %s, %d log syncs, %d directory syncs, %d other", res.Mode, log, dirs, others)
+	}
+
+	// A file_only and a reload apply, for the record.
+	next := fs.clone()
+	next["notes/readme.txt"] = "file only\n"
+	applyFileOnly(t, e.c, "plan-fo", next)
+	log, dirs, others = c.reset()
+	t.Logf("file_only: %d log syncs, %d directory syncs, %d other syncs", log, dirs, others)
+	next = next.clone()
+	next["haproxy.cfg"] += "# reload\n"
+	e.c.apply(reloadManifest(e, "plan-rl", next), next)
+	log, dirs, others = c.reset()
+	// A reload makes its plan the last-known-good: its files are synced
+	// then, so that the next apply may link them into the journal at once.
+	t.Logf("reload: %d log syncs, %d directory syncs, %d file syncs", log, dirs, others)
+	if log > 2 {
+		t.Errorf("reload: %d log syncs", log)
+	}
+}
+
+func TestLogRecordsAreFramedAndATornTailIsCut(t *testing.T) {
+	var b bytes.Buffer
+	for i := range 3 {
+		rec, err := encodeRecord(&logRecord{Seq: uint64(i + 1), Kind: recordState,
+			Set: map[string]json.RawMessage{"generation": json.RawMessage(`7`)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(rec)
+	}
+	whole := b.Bytes()
+	recs, good := decodeRecords(whole)
+	if len(recs) != 3 || good != len(whole) {
+		t.Fatalf("decoded %d records, %d of %d bytes", len(recs), good, len(whole))
+	}
+	for cut := 1; cut < len(whole); cut++ {
+		recs, good := decodeRecords(whole[:cut])
+		if good > cut || len(recs) > 3 {
+			t.Fatalf("cut at %d: %d records, good %d", cut, len(recs), good)
+		}
+		for i, r := range recs {
+			if r.Seq != uint64(i+1) {
+				t.Fatalf("cut at %d: record %d has seq %d", cut, i, r.Seq)
+			}
+		}
+	}
+	// A flipped byte in the second record's payload ends the log there.
+	bad := bytes.Clone(whole)
+	first, _ := encodeRecord(&recs[0])
+	bad[len(first)+logHeaderBytes+3] ^= 0x20
+	recs, good = decodeRecords(bad)
+	if len(recs) != 1 || good != len(first) {
+		t.Errorf("corrupt second record: %d records, good %d", len(recs), good)
+	}
+}
+
+// TestChangedFieldsRoundTrip: a record carries exactly the fields that
+// changed, and replaying it onto the old state gives the new one, zero
+// values included.
+func TestChangedFieldsRoundTrip(t *testing.T) {
+	prev := agentState{Generation: 3, AppliedPlanID: "p", AppliedPlanProof: "a:3", ManifestPaths: []string{"a", "b"},
+		Journal: backupJournal{Entries: []journalEntry{{Path: "a", Kind: journalModified, Backup: "/x"}}},
+		ReloadPendingAt: time.Unix(100, 0).UTC()}
+	next := cloneState(prev)
+	next.Generation = 4
+	next.AppliedPlanProof = ""
+	next.Journal = backupJournal{}
+	next.ReloadPendingAt = time.Time{}
+	next.LastApply = &ApplyResult{PlanID: "p", OK: true}
+	set, err := changedFields(&prev, &next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for k := range set {
+		names = append(names, k)
+	}
+	want := "applied_plan_proof generation journal last_apply reload_pending_at"
+	if got := strings.Join(sortedStrings(names), " "); got != want {
+		t.Errorf("changed fields %q, want %q", got, want)
+	}
+	replayed := cloneState(prev)
+	if err := applyFields(&replayed, set); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(replayed, next) {
+		t.Errorf("replayed\n%+v\nwant\n%+v", replayed, next)
+	}
+}
+
+func sortedStrings(s []string) []string {
+	out := append([]string(nil), s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+// TestSettle is the table of how a run's end changes the state.
+func TestSettle(t *testing.T) {
+	base := agentState{Generation: 5, AppliedPlanID: "p1", AppliedPlanProof: "a:1",
+		RunningPlanID: "p1", RunningPlanProof: "a:1", WorkerOpsPlanID: "p1", WorkerOpsPlanProof: "a:1",
+		LKGPlanID: "p1", LKGPlanProof: "a:1", AppliedToken: Token{1, 4}, TreeDigest: "t1"}
+	before := base
+	ok := ApplyResult{OK: true}
+	nack := ApplyResult{OK: false}
+	tests := []struct {
+		name          string
+		st            agentState
+		o             outcome
+		invalidations uint64
+		check         func(s agentState) string
+	}{
+		{"an OK apply records its pair, token and tree", base,
+			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}, landsTree: true, paths: []string{"x"}, tree: "t2"}, 0,
+			func(s agentState) string {
+				if s.Generation != 6 || s.applied() != (planRef{"p2", "a:2"}) || s.workerOps() != (planRef{"p2", "a:2"}) ||
+					s.AppliedToken != (Token{1, 5}) || s.TreeDigest != "t2" || s.running() != (planRef{"p1", "a:1"}) {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"an overtaken apply records its tree but not its pair", base,
+			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}, landsTree: true, tree: "t2", invalidations0: 0}, 1,
+			func(s agentState) string {
+				if s.Generation != 6 || s.AppliedPlanID != "" || s.AppliedToken != (Token{1, 4}) || s.TreeDigest != "t2" {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a pending reload keeps the worker baseline", func() agentState {
+			s := base
+			s.ReloadPendingAt = time.Unix(1, 0)
+			return s
+		}(),
+			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}}, 0,
+			func(s agentState) string {
+				if s.applied() != (planRef{"p2", "a:2"}) || s.workerOps() != (planRef{"p1", "a:1"}) {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a revert records the LKG pair", base,
+			outcome{result: ok, ok: true, revert: true, token: Token{1, 5}}, 0,
+			func(s agentState) string {
+				if s.applied() != (planRef{"p1", "a:1"}) || s.Generation != 6 {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a failed apply clears the applied pair and keeps the token", base,
+			outcome{result: nack}, 0,
+			func(s agentState) string {
+				if s.AppliedPlanID != "" || s.AppliedToken != (Token{1, 4}) || s.Generation != 5 || s.running() != (planRef{"p1", "a:1"}) {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a refused reload that put the tree back restores the baseline", func() agentState {
+			s := base
+			s.setApplied(planRef{})
+			s.setWorkerOps(planRef{})
+			return s
+		}(),
+			outcome{result: nack, refused: true, restoredTree: true, before: before}, 0,
+			func(s agentState) string {
+				if s.applied() != (planRef{"p1", "a:1"}) || s.workerOps() != (planRef{"p1", "a:1"}) || s.Generation != 5 {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a refused reload over another tree forgets", base,
+			outcome{result: nack, refused: true, restoredTree: false, before: before}, 0,
+			func(s agentState) string {
+				if s.AppliedPlanID != "" {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a scheduled reload never moves the generation", base,
+			outcome{result: ok, ok: true, scheduled: true}, 0,
+			func(s agentState) string {
+				if s.Generation != 5 || s.applied() != (planRef{"p1", "a:1"}) {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a failed scheduled reload clears the applied pair", base,
+			outcome{result: nack, scheduled: true}, 0,
+			func(s agentState) string {
+				if s.Generation != 5 || s.AppliedPlanID != "" {
+					return "wrong"
+				}
+				return ""
+			}},
+		{"a re-landed plan re-binds its stored blob", func() agentState {
+			s := base
+			s.PlanBlobPlanID, s.PlanBlobPlanProof = "p1", "a:1"
+			return s
+		}(),
+			outcome{result: ok, ok: true, ref: planRef{"p1", "a:7"}, token: Token{1, 5}}, 0,
+			func(s agentState) string {
+				if s.PlanBlobPlanID != "p1" || s.PlanBlobPlanProof != "a:7" {
+					return "wrong"
+				}
+				return ""
+			}},
+	}
+	for _, tc := range tests {
+		got := settle(tc.st, tc.o, tc.invalidations)
+		if msg := tc.check(got); msg != "" {
+			t.Errorf("%s: %+v", tc.name, got)
+		}
+		if got.LastApply == nil {
+			t.Errorf("%s: no last_apply", tc.name)
+		}
+	}
+}
+
+// TestWorkerAtStart is the table of what a start keeps of the worker
+// baseline.
+func TestWorkerAtStart(t *testing.T) {
+	changed := time.UnixMicro(2_000_000)
+	expected := HAProxyInfo{WorkerPID: 10, WorkerStartTimeUnixMicros: 1_000_000}
+	base := agentState{AppliedPlanID: "p1", AppliedPlanProof: "a:1", RunningPlanID: "p0", RunningPlanProof: "a:0",
+		WorkerOpsPlanID: "p1", WorkerOpsPlanProof: "a:1", ExpectedWorker: expected, TreeChangedAt: changed,
+		PendingReloadPlanID: "p1", PendingReloadPlanProof: "a:1", ReloadPendingAt: time.Unix(5, 0)}
+	tests := []struct {
+		name             string
+		st               agentState
+		observed         HAProxyInfo
+		running, workOps planRef
+		pending          bool
+	}{
+		{"the same worker keeps everything", base, expected, planRef{"p0", "a:0"}, planRef{"p1", "a:1"}, true},
+		{"a worker that started after the tree changed loaded it", base,
+			HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, planRef{"p1", "a:1"}, planRef{"p1", "a:1"}, false},
+		{"a worker that started before the tree changed runs something else", base,
+			HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 1_500_000}, planRef{}, planRef{}, true},
+		{"a new worker without a known applied plan runs something unknown", func() agentState {
+			s := base
+			s.setApplied(planRef{})
+			return s
+		}(), HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, planRef{}, planRef{}, true},
+		{"an unknown change time vouches for nothing", func() agentState {
+			s := base
+			s.TreeChangedAt = time.Time{}
+			return s
+		}(), HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, planRef{}, planRef{}, true},
+	}
+	for _, tc := range tests {
+		got := workerAtStart(tc.st, tc.observed)
+		if got.running() != tc.running || got.workerOps() != tc.workOps || got.reloadPending() != tc.pending ||
+			got.ExpectedWorker != tc.observed || got.applied() != tc.st.applied() {
+			t.Errorf("%s: running %+v worker ops %+v pending %v", tc.name, got.running(), got.workerOps(), got.reloadPending())
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// What survives a restart.
+
+// TestRestartKeepsTheBaselineWhenNothingChanged: after a restart over the
+// same tree and worker, a one-entry change is a runtime apply that sends
+// one part.
+func TestRestartKeepsTheBaselineWhenNothingChanged(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.restart(t)
+	st := e.c.state("")
+	next := fs.clone()
+	next["maps/host.map"] += "r.example be-r\n"
+	m := e.c.manifestFrom(st, "plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "r.example", Value: "be-r"})
+	sent := partsNeeded(st, m)
+	if len(sent) != 1 || sent[0] != "maps/host.map" {
+		t.Fatalf("after the restart the agent holds no proof for %v", sent)
+	}
+	res := e.c.apply(m, next)
+	if !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("%+v", res)
+	}
+}
+
+// partsNeeded lists the files of m the agent does not hold with the quoted
+// proof: the parts a controller must send.
+func partsNeeded(st State, m *Manifest) []string {
+	var out []string
+	for _, f := range m.Files {
+		if held, ok := st.Files[f.Path]; !ok || held.Proof == "" || held.Proof != f.Proof || held.Digest != f.Digest {
+			out = append(out, f.Path)
+		}
+	}
+	return out
+}
+
+// TestRestartWithANewWorkerAdoptsTheTree: HAProxy reloaded while the agent
+// was away; the new worker loaded the tree, so it runs the applied plan.
+func TestRestartWithANewWorkerAdoptsTheTree(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	before := e.c.state("")
+	e.stop()
+	// The fake's clock is its own; a real worker started now.
+	e.fake.With(func(m *FakeModel) { m.Pid, m.StartTimeUnixMicros = m.Pid+1, time.Now().UnixMicro() })
+	e.restartStopped(t)
+	st := e.c.state("")
+	if st.AppliedPlanID != before.AppliedPlanID || st.RunningPlanID != before.AppliedPlanID ||
+		st.WorkerOpsPlanID != before.AppliedPlanID || st.WorkerOpsPlanProof != before.AppliedPlanProof ||
+		st.HAProxy.WorkerPID == before.HAProxy.WorkerPID {
+		t.Errorf("after a restart over a new worker: %+v", st)
+	}
+}
+
+// TestRestartAfterTreeDriftForgets: a file changed while the agent was
+// away, so the applied plan is unknown, and no file keeps its proof.
+func TestRestartAfterTreeDriftForgets(t *testing.T) {
+	e, _ := landedEnv(t, nil, nil)
+	e.stop()
+	os.WriteFile(filepath.Join(e.cfg.BaseDir, "maps/host.map"), []byte("drifted.example be-x\n"), 0o644)
+	e.restartStopped(t)
+	st := e.c.state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("the baseline survived a drifted tree: %+v", st)
+	}
+	for p, at := range st.Files {
+		if at.Proof != "" {
+			t.Errorf("%s kept its proof", p)
+		}
+	}
+}
+
+// TestRefusedReloadKeepsThePreviousBaseline: HAProxy refused a config and
+// kept serving the previous one, unchanged; the next push of a good plan
+// diffs against it, and a one-entry change is a runtime apply.
+func TestRefusedReloadKeepsThePreviousBaseline(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	before := e.c.state("")
+	e.fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	bad := fs.clone()
+	bad["haproxy.cfg"] += "bogus\n"
+	res := e.c.apply(reloadManifest(e, "plan-bad", bad), bad)
+	if res.OK || res.Error == nil || res.Error.Stage != StageReload {
+		t.Fatalf("%+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	st := e.c.state("")
+	if st.AppliedPlanID != before.AppliedPlanID || st.AppliedPlanProof != before.AppliedPlanProof ||
+		st.RunningPlanID != before.RunningPlanID || st.WorkerOpsPlanProof != before.WorkerOpsPlanProof {
+		t.Fatalf("the baseline was not restored: %+v", st)
+	}
+	next := fs.clone()
+	next["maps/host.map"] += "g.example be-g\n"
+	m := e.c.manifestFrom(st, "plan-good", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "g.example", Value: "be-g"})
+	if sent := partsNeeded(st, m); len(sent) != 1 {
+		t.Errorf("parts needed %v", sent)
+	}
+	if res := e.c.apply(m, next); !res.OK || res.Mode != ResultRuntime {
+		t.Errorf("the next good push: %+v", res)
+	}
+}
+
+// restartStopped starts a new agent on the directory of a stopped one.
+func (e *testEnv) restartStopped(t testing.TB) {
+	t.Helper()
+	seq := e.c.seq
+	e.a, e.stop = launchTestAgent(t, e.cfg, true)
+	e.c = newAgentClient(t, e.a)
+	e.c.seq = seq
+}
