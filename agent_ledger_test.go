@@ -170,7 +170,7 @@ func TestLogRecordsAreFramedAndATornTailIsCut(t *testing.T) {
 // values included.
 func TestChangedFieldsRoundTrip(t *testing.T) {
 	prev := agentState{Generation: 3, AppliedPlanID: "p", AppliedPlanProof: "a:3", ManifestPaths: []string{"a", "b"},
-		Journal: backupJournal{Entries: []journalEntry{{Path: "a", Kind: journalModified, Backup: "/x"}}},
+		Journal:         backupJournal{Entries: []journalEntry{{Path: "a", Kind: journalModified, Backup: "/x"}}},
 		ReloadPendingAt: time.Unix(100, 0).UTC()}
 	next := cloneState(prev)
 	next.Generation = 4
