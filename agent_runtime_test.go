@@ -2786,3 +2786,72 @@ func TestALevelThreeReplyIsARejection(t *testing.T) {
 		t.Errorf("err = %v, results %+v", err, results)
 	}
 }
+
+// TestARuntimeTransportErrorAfterTheWriteIsNotRetried pins the runtime
+// layer's retry rule from the worker's side: once a line was written the
+// worker may have run it, so a transport error while the reply is read (a
+// reset, or the deadline) fails the op and the line is never sent again;
+// only a failed dial is retried, once.
+func TestARuntimeTransportErrorAfterTheWriteIsNotRetried(t *testing.T) {
+	op := []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-z"}}
+	for _, tc := range []struct {
+		name  string
+		serve func(conn net.Conn, done <-chan struct{})
+		want  string // in the error
+	}{
+		// Closing with unread bytes makes the reader see a reset.
+		{"reset after the worker read the line", func(conn net.Conn, _ <-chan struct{}) {
+			conn.Read(make([]byte, 1))
+			conn.Close()
+		}, "connection reset by peer"},
+		{"no reply within the deadline", func(conn net.Conn, done <-chan struct{}) {
+			bufio.NewReader(conn).ReadString('\n')
+			<-done // the worker never answers
+			conn.Close()
+		}, "i/o timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "hp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			path := filepath.Join(dir, "w.sock")
+			ln, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu       sync.Mutex
+				accepted int
+				wg       sync.WaitGroup
+			)
+			done := make(chan struct{})
+			t.Cleanup(func() { close(done); ln.Close(); wg.Wait() })
+			wg.Go(func() {
+				for {
+					conn, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					accepted++
+					mu.Unlock()
+					wg.Go(func() { tc.serve(conn, done) })
+				}
+			})
+			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path, IOTimeout: 200 * time.Millisecond})
+			results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+			mu.Lock()
+			n := accepted
+			mu.Unlock()
+			if n != 1 {
+				t.Errorf("the worker accepted %d connections, want 1 (error %v)", n, err)
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), "runtime socket: ") || !strings.Contains(err.Error(), tc.want) ||
+				len(results) != 1 || results[0].OK {
+				t.Errorf("err = %v, results %+v", err, results)
+			}
+		})
+	}
+}
