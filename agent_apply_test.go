@@ -1609,3 +1609,209 @@ func TestRoleProofSequenceExhaustionIsAnIdentityError(t *testing.T) {
 		t.Error("files landed")
 	}
 }
+
+// TestFenceReasonTable pins the fence rules as a pure function of the
+// manifest, the agent's state and whether in-place ops will run. "held" is
+// an agent whose last apply landed plan-1; "aborted" is the same agent after
+// an aborted apply: the applied plan and its proof are forgotten while the
+// worker reference is kept, because the worker still runs plan-1.
+func TestFenceReasonTable(t *testing.T) {
+	held := agentState{
+		AppliedPlanID: "plan-1", AppliedPlanProof: "a:1", RunningPlanID: "plan-1", RunningPlanProof: "a:1",
+		WorkerOpsPlanID: "plan-1", WorkerOpsPlanProof: "a:1", LKGPlanID: "plan-1", LKGPlanProof: "a:1",
+		AppliedToken: Token{LeaderEpoch: 1, RenderSeq: 1},
+	}
+	aborted := held
+	aborted.AppliedPlanID, aborted.AppliedPlanProof = "", ""
+	inPlace := func(m *Manifest) {
+		m.InPlaceOps = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}}
+		m.WorkerOpsPlanID = "plan-2w"
+	}
+	wrongWorker := func(m *Manifest) { m.ExpectedWorkerOpsPlanProof = "a:99" }
+	for _, tc := range []struct {
+		name        string
+		state       agentState
+		mode        string
+		mutate      []func(*Manifest)
+		inPlaceRuns bool
+		want        string
+	}{
+		{"auto against the held plan passes", held, ModeAuto, nil, false, ""},
+		{"reload against the held plan passes", held, ModeReload, nil, false, ""},
+		{"1 an older epoch", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.Token.LeaderEpoch = 0 }}, false, ReasonStaleEpoch},
+		{"2 a revert of the running plan", held, ModeRevertLKG, []func(*Manifest){func(m *Manifest) {
+			m.PlanID, m.PlanProof = "plan-1", "a:1"
+		}}, false, ReasonRevertTargetMismatch},
+		{"3 another previous plan", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevPlanID = "plan-0" }}, false, ReasonPrevMismatch},
+		{"3 a previous plan the agent does not hold", aborted, ModeAuto, []func(*Manifest){func(m *Manifest) {
+			m.ExpectedPrevPlanID = "plan-1"
+		}}, false, ReasonUnknownBaseline},
+		{"4 another previous token", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevToken.RenderSeq++ }}, false, ReasonPrevMismatch},
+		{"5 auto without the previous proof", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevPlanProof = "" }}, false, ReasonPrevMismatch},
+		{"5 auto with another previous proof", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevPlanProof = "a:9" }}, false, ReasonPrevMismatch},
+		// The agent holds no applied proof: the manifest quotes exactly
+		// what it holds (no plan, no proof) and the right worker, and an
+		// exact auto apply must still be refused.
+		{"5 auto after an abort", aborted, ModeAuto, nil, false, ReasonPrevMismatch},
+		{"5 auto after an abort with in-place ops", aborted, ModeAuto, []func(*Manifest){inPlace}, true, ReasonPrevMismatch},
+		{"6 a reload needs no applied proof the agent does not hold", aborted, ModeReload, nil, false, ""},
+		{"6 reload with another previous proof", held, ModeReload, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevPlanProof = "a:9" }}, false, ReasonPrevMismatch},
+		{"6 reload without the previous proof the agent holds", held, ModeReload, []func(*Manifest){func(m *Manifest) { m.ExpectedPrevPlanProof = "" }}, false, ReasonPrevMismatch},
+		{"7 auto against another worker proof", held, ModeAuto, []func(*Manifest){wrongWorker}, false, ReasonWorkerOpsMismatch},
+		{"7 auto against another worker plan", held, ModeAuto, []func(*Manifest){func(m *Manifest) { m.ExpectedWorkerOpsPlanID = "plan-0" }}, false, ReasonWorkerOpsMismatch},
+		// A reload's in-place ops run on the current worker when a reload
+		// is pending or the pacing window is open: they need its exact
+		// baseline like an auto apply's ops.
+		{"7 reload whose in-place ops will run, another worker proof", held, ModeReload, []func(*Manifest){inPlace, wrongWorker}, true, ReasonWorkerOpsMismatch},
+		{"7 reload whose in-place ops will run, another worker plan", held, ModeReload, []func(*Manifest){inPlace, func(m *Manifest) {
+			m.ExpectedWorkerOpsPlanID = "plan-0"
+		}}, true, ReasonWorkerOpsMismatch},
+		{"7 reload whose in-place ops will run, the right worker", held, ModeReload, []func(*Manifest){inPlace}, true, ""},
+		{"7 reload whose in-place ops will not run", held, ModeReload, []func(*Manifest){inPlace, wrongWorker}, false, ""},
+		{"7 reload without in-place ops ignores the worker", held, ModeReload, []func(*Manifest){wrongWorker}, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.state
+			m := &Manifest{
+				IdentityVersion: ExactIdentityVersion, PlanID: "plan-2", Mode: tc.mode,
+				Token:              Token{LeaderEpoch: 1, RenderSeq: 2},
+				ExpectedPrevPlanID: s.AppliedPlanID, ExpectedPrevPlanProof: s.AppliedPlanProof, ExpectedPrevToken: s.AppliedToken,
+				ExpectedWorkerOpsPlanID: s.WorkerOpsPlanID, ExpectedWorkerOpsPlanProof: s.WorkerOpsPlanProof,
+			}
+			for _, f := range tc.mutate {
+				f(m)
+			}
+			if got := fenceReason(m, &s, tc.inPlaceRuns); got != tc.want {
+				t.Errorf("fenceReason = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestInPlaceWillRun pins when a manifest's in-place ops run: only when it
+// carries some, and a reload is pending or this reload lands inside the
+// pacing window.
+func TestInPlaceWillRun(t *testing.T) {
+	with := &Manifest{Mode: ModeReload, InPlaceOps: []Op{{Kind: OpMapAdd, Path: "m", Key: "k", Value: "v"}}}
+	withAuto := &Manifest{Mode: ModeAuto, InPlaceOps: with.InPlaceOps}
+	without := &Manifest{Mode: ModeReload}
+	for _, tc := range []struct {
+		name            string
+		m               *Manifest
+		pending, window bool
+		want            bool
+	}{
+		{"reload, pending", with, true, false, true},
+		{"reload, window open", with, false, true, true},
+		{"reload, neither", with, false, false, false},
+		{"auto, pending", withAuto, true, false, true},
+		{"auto, window open", withAuto, false, true, false},
+		{"no in-place ops", without, true, true, false},
+	} {
+		if got := inPlaceWillRun(tc.m, tc.pending, tc.window); got != tc.want {
+			t.Errorf("%s: inPlaceWillRun = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// wantFenced posts m and requires a 409 Conflict with reason, nothing
+// written, the baseline unchanged and no map command sent to the worker.
+func (e *testEnv) wantFenced(t *testing.T, m *Manifest, fs fileSet, reason string) {
+	t.Helper()
+	before := e.snapshot(t)
+	sent := len(e.fake.Sent())
+	code, body := e.c.post(applyRequest{manifest: m, files: fs})
+	var c Conflict
+	json.Unmarshal(body, &c)
+	if code != http.StatusConflict || c.Reason != reason {
+		t.Errorf("got %d %s, want 409 %s", code, body, reason)
+	}
+	e.unchanged(t, before)
+	for _, cmd := range e.fake.Sent()[sent:] {
+		if strings.Contains(cmd, " map ") {
+			t.Errorf("a fenced apply sent %q", cmd)
+		}
+	}
+}
+
+// TestAnExactAutoApplyAfterAnAbortIsFenced: an aborted apply leaves no
+// applied proof while the worker reference is kept. An exact auto apply
+// must quote the previous plan's proof, so one composed against that state
+// is refused with prev_mismatch and runs nothing; a reload, which needs no
+// proof the agent does not hold, lands.
+func TestAnExactAutoApplyAfterAnAbortIsFenced(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	// A directory stands where the apply writes a file: the write fails,
+	// the apply aborts, and the applied plan is unknown.
+	os.MkdirAll(filepath.Join(e.cfg.BaseDir, "blocked.txt", "x"), 0o755)
+	fs2 := fs.clone()
+	fs2["haproxy.cfg"] += "# 2\n"
+	fs2["blocked.txt"] = "never written\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2); res.OK || res.Mode != ResultRejected {
+		t.Fatalf("the aborted apply: %+v", res)
+	}
+	st := e.c.state("")
+	if st.AppliedPlanID != "" || st.AppliedPlanProof != "" || st.WorkerOpsPlanID != "plan-1" || st.WorkerOpsPlanProof == "" {
+		t.Fatalf("after the abort: applied %q/%q, worker ops %q/%q", st.AppliedPlanID, st.AppliedPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof)
+	}
+	fs3 := fs.clone()
+	fs3["maps/host.map"] += "x.example be-x\n"
+	m := e.c.manifest("plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-x"})
+	if m.Mode != ModeAuto || m.ExpectedPrevPlanID != "" || m.ExpectedPrevPlanProof != "" || m.ExpectedWorkerOpsPlanProof != st.WorkerOpsPlanProof {
+		t.Fatalf("manifest %+v", m)
+	}
+	e.wantFenced(t, m, fs3, ReasonPrevMismatch)
+	if res := e.c.apply(reloadManifest(e, "plan-3", fs3), fs3); !res.OK || res.Mode != ResultReload {
+		t.Errorf("the reload after the fence: %+v", res)
+	}
+}
+
+// TestAReloadWhoseInPlaceOpsWillRunNeedsTheWorkerBaseline: a reload whose
+// in-place ops will run on the current worker (a reload is pending, or the
+// reload lands inside the pacing window) is refused with
+// worker_ops_mismatch when it quotes another worker proof; quoting the right
+// one, the same apply is taken and its in-place op runs.
+func TestAReloadWhoseInPlaceOpsWillRunNeedsTheWorkerBaseline(t *testing.T) {
+	paced := func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }
+	withInPlace := func(e *testEnv, planID string, fs fileSet) *Manifest {
+		m := reloadManifest(e, planID, fs)
+		m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "ip.example", Value: "be-ip"}}, planID+"w"
+		return m
+	}
+	check := func(t *testing.T, e *testEnv, planID string, fs fileSet) {
+		t.Helper()
+		m := withInPlace(e, planID, fs)
+		right := m.ExpectedWorkerOpsPlanProof
+		m.ExpectedWorkerOpsPlanProof = "a:99"
+		e.wantFenced(t, m, fs, ReasonWorkerOpsMismatch)
+		m = withInPlace(e, planID, fs)
+		if m.ExpectedWorkerOpsPlanProof != right {
+			t.Fatalf("the fence moved the worker proof: %q → %q", right, m.ExpectedWorkerOpsPlanProof)
+		}
+		res := e.c.apply(m, fs)
+		if !res.OK || res.Mode != ResultScheduled || res.Error != nil || len(res.OpResults) != 1 {
+			t.Errorf("with the right worker proof: %+v %+v", res, res.Error)
+		}
+		if !slices.ContainsFunc(e.fake.MapEntries("maps/host.map"), func(me MapEntry) bool { return me.Key == "ip.example" }) {
+			t.Errorf("the in-place op did not reach the worker: %v", e.fake.MapEntries("maps/host.map"))
+		}
+	}
+	t.Run("a reload is pending", func(t *testing.T) {
+		e := newTestEnv(t, paced, nil)
+		_, fs2, _ := e.landThenSchedule(t)
+		fs3 := fs2.clone()
+		fs3["maps/host.map"] += "ip.example be-ip\n"
+		fs3["haproxy.cfg"] += "# 3\n"
+		check(t, e, "plan-3", fs3)
+	})
+	t.Run("inside the pacing window", func(t *testing.T) {
+		e, fs := landedEnv(t, paced, nil)
+		if st := e.c.state(""); st.ReloadPendingAt != "" {
+			t.Fatalf("a reload is pending: %q", st.ReloadPendingAt)
+		}
+		fs2 := fs.clone()
+		fs2["maps/host.map"] += "ip.example be-ip\n"
+		fs2["haproxy.cfg"] += "# 2\n"
+		check(t, e, "plan-2", fs2)
+	})
+}

@@ -2201,3 +2201,69 @@ func TestDeployOverTheAdminSocketIsRefused(t *testing.T) {
 		t.Fatalf("Deploy over the admin socket: %v, want *HTTPError 404", err)
 	}
 }
+
+// TestOnlyAConnectErrorIsRetried pins the client's retry rule through the
+// transport: a request the agent received may have been acted on, so a
+// connection closed after the request was read (a non-connect transport
+// error) is returned at once, even for a call whose body can be replayed;
+// a refused or reset connection is retried up to ConnectRetries times.
+func TestOnlyAConnectErrorIsRetried(t *testing.T) {
+	// The server reads the whole request, body included, and closes the
+	// connection without answering.
+	readThenClose := func(_ int, conn *net.TCPConn) {
+		req, err := http.ReadRequest(bufio.NewReader(conn))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	calls := map[string]func(c *Client) error{
+		"State":  func(c *Client) error { _, err := c.State(context.Background(), StateRead{}); return err },
+		"Health": func(c *Client) error { return c.Health(context.Background()) },
+		"PutPlan": func(c *Client) error {
+			return c.PutPlan(context.Background(), "plan-1", "a:1", []byte("zstd-blob"))
+		},
+	}
+	for name, call := range calls {
+		t.Run(name+", closed after the request", func(t *testing.T) {
+			addr, accepted := startRawServer(t, readThenClose)
+			err := call(newTestClient(t, "http://"+addr, nil))
+			if n := accepted.Load(); n != 1 {
+				t.Errorf("%d requests reached the server, want 1 (error %v)", n, err)
+			}
+			if err == nil || isConnectError(err) || strings.Contains(err.Error(), "connect attempts failed") {
+				t.Errorf("error %v, want the transport's own non-connect error", err)
+			}
+		})
+	}
+	t.Run("State, reset", func(t *testing.T) {
+		addr, accepted := startRawServer(t, func(_ int, conn *net.TCPConn) {
+			if readRequestHead(bufio.NewReader(conn)) == nil {
+				resetConn(conn)
+			}
+		})
+		_, err := newTestClient(t, "http://"+addr, nil).State(context.Background(), StateRead{})
+		if !errors.Is(err, syscall.ECONNRESET) || !strings.HasPrefix(err.Error(), "agent client: 4 connect attempts failed: ") {
+			t.Fatalf("error %v", err)
+		}
+		if n := accepted.Load(); n != 4 {
+			t.Fatalf("%d connections, want 4", n)
+		}
+	})
+	t.Run("State, refused", func(t *testing.T) {
+		c := newTestClient(t, "http://"+closedAddr(t), nil)
+		var dials atomic.Int32
+		dial := c.transport.DialContext
+		c.transport.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dial(ctx, network, addr)
+		}
+		_, err := c.State(context.Background(), StateRead{})
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("error %v", err)
+		}
+		if n := dials.Load(); n != 4 {
+			t.Fatalf("%d dials, want 4", n)
+		}
+	})
+}

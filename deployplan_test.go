@@ -2716,3 +2716,38 @@ func BenchmarkDiff(b *testing.B) {
 	b.StopTimer()
 	check(d)
 }
+
+// TestDiffOpCapAtExactlyEightApplies pins the op-batch cap at its edge: a
+// change that fits in exactly MaxOpBatches applies goes through the runtime
+// API, and one op more reloads with the "op cap" reason.
+func TestDiffOpCapAtExactlyEightApplies(t *testing.T) {
+	changed := func(n int) (prev, next *Plan) {
+		before := make([]string, 0, 2*n)
+		after := make([]string, 0, 2*n)
+		for i := range n {
+			before = append(before, fmt.Sprint("k", i), "old")
+			after = append(after, fmt.Sprint("k", i), "new")
+		}
+		return basePlan(withMap(routeMap, false, mapEntries(before...)...)),
+			basePlan(withMap(routeMap, false, mapEntries(after...)...))
+	}
+	limit := MaxOpBatches * MaxOpsPerApply
+	for _, tc := range []struct {
+		n, chunks int
+	}{{limit - MaxOpsPerApply + 1, MaxOpBatches}, {limit, MaxOpBatches}} {
+		t.Run(fmt.Sprint("N=", tc.n), func(t *testing.T) {
+			prev, next := changed(tc.n)
+			d := Diff(next, withMapsLoaded(baseOf(prev), routeMap))
+			wantVerdict(t, d, VerdictRuntime)
+			if len(d.Ops) != tc.n || d.Chunks != tc.chunks || len(d.Chunk()) != tc.chunks {
+				t.Fatalf("%d ops in %d chunks (Chunk() has %d), want %d in %d", len(d.Ops), d.Chunks, len(d.Chunk()), tc.n, tc.chunks)
+			}
+		})
+	}
+	t.Run(fmt.Sprint("N=", limit+1), func(t *testing.T) {
+		prev, next := changed(limit + 1)
+		d := Diff(next, withMapsLoaded(baseOf(prev), routeMap))
+		wantVerdict(t, d, VerdictReload)
+		wantReason(t, d, fmt.Sprintf("op cap: %d ops need more than %d applies", limit+1, MaxOpBatches))
+	})
+}
