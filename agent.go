@@ -172,7 +172,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		hooks:       agentHooks{stopAtPhase: os.Getenv(stopAtPhaseEnv)},
 	}
 	if cfg.TLSDir != "" {
-		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)
+		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-dir: %w", err)
 		}
@@ -528,6 +528,11 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /metrics", a.handleMetrics)
+		// The probes too: with mutual TLS the API port completes no
+		// handshake without a client certificate, which a kubelet's probe
+		// cannot present.
+		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
+		mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, BaseContext: base}
 		disableHTTP2(srv)
 		out = append(out, agentServer{name: "metrics", ln: a.metricsLn, srv: srv, grace: serverGrace})
