@@ -53,6 +53,7 @@ func runAgent(ctx context.Context, args []string, s stdio) int {
 		return exitFailure
 	}
 	cfg.Logger.Info("agent started", "version", cfg.AgentVersion, "listen", agent.Addr(), "base_dir", cfg.BaseDir)
+	setMemoryLimitFromCgroup(cfg.Logger, s.getenv, cgroupRoot, procSelfCgroup, debug.SetMemoryLimit)
 	if err := agent.Run(ctx); err != nil {
 		cfg.Logger.Error("agent stopped", "err", err)
 		fmt.Fprintf(s.err, "haptic agent: %v\n", err)
