@@ -27,9 +27,12 @@ import (
 	"time"
 )
 
-// AgentConfig configures one agent. Empty names get the flag defaults of
-// agent.md §2.2; AdminSocket, DrainSocket, MetricsListen and TLSDir stay off
-// when empty.
+// AgentConfig configures one agent. Empty file and socket names of HAProxy
+// and the state file, and the listen address, get the `haptic agent`
+// defaults. AdminSocket, DrainSocket, MetricsListen and TLSDir stay off when
+// empty, although the command turns the first three on by default: a
+// program that embeds agents (tests run many in one process) binds only the
+// listeners it asks for, and no two of them fight over :9101.
 type AgentConfig struct {
 	BaseDir              string        // --base-dir
 	ConfigFile           string        // --config; manifest path of the HAProxy config
@@ -159,7 +162,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		stallTimeout: uploadStallTimeout,
 	}
 	if cfg.TLSDir != "" {
-		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)
+		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-dir: %w", err)
 		}
@@ -172,11 +175,12 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	}
 	a.paths = paths
 	files, err := newFileStore(fileStoreConfig{
-		Base:     cfg.BaseDir,
-		Config:   cfg.ConfigFile,
-		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob},
-		Logger:   cfg.Logger,
-		Disk:     opts.disk,
+		Base:   cfg.BaseDir,
+		Config: cfg.ConfigFile,
+		Reserved: append([]string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob},
+			defaultSocketPaths(cfg.BaseDir)...),
+		Logger: cfg.Logger,
+		Disk:   opts.disk,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
@@ -211,6 +215,20 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// defaultSocketNames are the admin and drain socket names `haptic agent`
+// binds by default. No manifest may write them, even on an agent that binds
+// other paths or none: the file would refuse its socket to the next agent
+// started with the defaults.
+var defaultSocketNames = []string{"haptic-agent.sock", "haptic-drain.sock"}
+
+func defaultSocketPaths(base string) []string {
+	var out []string
+	for _, name := range defaultSocketNames {
+		out = append(out, filepath.Join(base, name))
+	}
+	return out
 }
 
 // fillAgentDefaults fills empty names and zero durations with the flag defaults.
@@ -530,6 +548,11 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /metrics", a.handleMetrics)
+		// The probes too: with mutual TLS the API port completes no
+		// handshake without a client certificate, which a kubelet's probe
+		// cannot present.
+		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
+		mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, BaseContext: base}
 		disableHTTP2(srv)
 		out = append(out, agentServer{name: "metrics", ln: a.metricsLn, srv: srv, grace: serverGrace})

@@ -1,9 +1,10 @@
-// This file owns how the agent authenticates the controller (agent.md §7,
-// README decision 9): HTTP Basic with constant-time comparison, or mutual
-// TLS whose certificate files are re-read when they change, so a rotation
-// needs no restart. It never authenticates the probes (/healthz, /readyz)
-// and never touches the admin or drain sockets, which file permissions
-// protect.
+// This file owns how the agent authenticates the controller: HTTP Basic
+// with constant-time comparison, or mutual TLS 1.3 that verifies the client
+// certificate in the handshake and checks its name on every request, with
+// certificate files re-read when they change (so a rotation needs no
+// restart) and an overlap during which the previous client CA is still
+// trusted. The admin and drain sockets never authenticate: file permissions
+// protect them.
 package haptic
 
 import (
@@ -11,7 +12,9 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -29,6 +32,9 @@ const (
 	tlsCertFile         = "tls.crt"
 	tlsKeyFile          = "tls.key"
 	tlsCAFile           = "ca.crt"
+	// The CA rotation overlap: the CA ca.crt replaced, and when its trust ends.
+	tlsPreviousCAFile    = "previous-ca.crt"
+	tlsPreviousUntilFile = "previous-ca-until"
 )
 
 // authenticated wraps a handler of the network API with the configured
@@ -64,50 +70,88 @@ func basicMatches(r *http.Request, user, pass string) bool {
 	return ok && userOK&passOK == 1
 }
 
-// fileStamp identifies one version of a file by modification time and size.
+// fileStamp identifies one version of a file by modification time and size;
+// the zero stamp is an optional file that does not exist.
 type fileStamp struct {
 	mod  time.Time
 	size int64
 }
 
-// tlsMaterial is the agent's serving identity and the CA pool of controller
+// The files of --tls-dir, in stamp order. The first three are required;
+// the last two are the CA rotation overlap and optional.
+const (
+	tlsFileCert = iota
+	tlsFileKey
+	tlsFileCA
+	tlsFilePreviousCA
+	tlsFilePreviousUntil
+	tlsFileCount
+)
+
+// tlsMaterial is the agent's serving identity and the trust of controller
 // client certificates, re-read from --tls-dir when the files change.
+//
+// A CA rotation has an overlap: while previous-ca.crt and previous-ca-until
+// (an RFC 3339 time) are present, certificates of the previous CA are
+// trusted beside those of ca.crt until that time, then ignored, without a
+// restart. Controllers can so move to certificates of the new CA one by one
+// while every agent already trusts both. A previous-ca.crt without a
+// readable previous-ca-until is refused like any broken file: an overlap
+// with no end would trust the old CA for ever.
 type tlsMaterial struct {
 	dir    string
 	logger *slog.Logger
+	now    func() time.Time // the clock of the overlap and of handshake verification
 
-	mu         sync.Mutex
-	cert       *tls.Certificate
-	pool       *x509.CertPool
-	stamps     [3]fileStamp // of tls.crt, tls.key, ca.crt as loaded
-	failedAt   [3]fileStamp // the last change whose reload failed, logged once
-	haveFailed bool
+	mu            sync.Mutex
+	cert          *tls.Certificate
+	pool          *x509.CertPool // ca.crt
+	overlap       *x509.CertPool // ca.crt and previous-ca.crt; nil without a previous CA
+	previousUntil time.Time
+	overlapEnded  bool // the end of the overlap was logged
+	stamps        [tlsFileCount]fileStamp
+	failedAt      [tlsFileCount]fileStamp // the last change whose reload failed, logged once
+	haveFailed    bool
 }
 
-func loadTLSMaterial(dir string, logger *slog.Logger) (*tlsMaterial, error) {
-	m := &tlsMaterial{dir: dir, logger: logger}
+// tlsMaterialFiles is what one read of --tls-dir yields.
+type tlsMaterialFiles struct {
+	cert          *tls.Certificate
+	pool, overlap *x509.CertPool
+	previousUntil time.Time
+}
+
+func loadTLSMaterial(dir string, logger *slog.Logger, now func() time.Time) (*tlsMaterial, error) {
+	m := &tlsMaterial{dir: dir, logger: logger, now: now}
 	stamps, err := m.stat()
 	if err != nil {
 		return nil, err
 	}
-	cert, pool, err := m.read()
+	f, err := m.read()
 	if err != nil {
 		return nil, err
 	}
-	m.cert, m.pool, m.stamps = cert, pool, stamps
+	m.adoptLocked(f, stamps)
 	return m, nil
 }
 
-func (m *tlsMaterial) files() [3]string {
-	return [3]string{filepath.Join(m.dir, tlsCertFile), filepath.Join(m.dir, tlsKeyFile), filepath.Join(m.dir, tlsCAFile)}
+func (m *tlsMaterial) files() [tlsFileCount]string {
+	return [tlsFileCount]string{
+		filepath.Join(m.dir, tlsCertFile), filepath.Join(m.dir, tlsKeyFile), filepath.Join(m.dir, tlsCAFile),
+		filepath.Join(m.dir, tlsPreviousCAFile), filepath.Join(m.dir, tlsPreviousUntilFile),
+	}
 }
 
 // stat follows symlinks, so that Kubernetes' secret swaps (a symlinked
-// directory replaced atomically) are seen.
-func (m *tlsMaterial) stat() ([3]fileStamp, error) {
-	var out [3]fileStamp
+// directory replaced atomically) are seen. A missing optional file has the
+// zero stamp.
+func (m *tlsMaterial) stat() ([tlsFileCount]fileStamp, error) {
+	var out [tlsFileCount]fileStamp
 	for i, p := range m.files() {
 		fi, err := os.Stat(p)
+		if i >= tlsFilePreviousCA && errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			return out, err
 		}
@@ -116,25 +160,57 @@ func (m *tlsMaterial) stat() ([3]fileStamp, error) {
 	return out, nil
 }
 
-func (m *tlsMaterial) read() (*tls.Certificate, *x509.CertPool, error) {
+func (m *tlsMaterial) read() (tlsMaterialFiles, error) {
+	var out tlsMaterialFiles
 	f := m.files()
-	cert, err := tls.LoadX509KeyPair(f[0], f[1])
+	cert, err := tls.LoadX509KeyPair(f[tlsFileCert], f[tlsFileKey])
 	if err != nil {
-		return nil, nil, err
+		return out, err
 	}
-	caPEM, err := os.ReadFile(f[2])
+	caPEM, err := os.ReadFile(f[tlsFileCA])
 	if err != nil {
-		return nil, nil, err
+		return out, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, nil, fmt.Errorf("%s holds no PEM certificate", f[2])
+		return out, fmt.Errorf("%s holds no PEM certificate", f[tlsFileCA])
 	}
-	return &cert, pool, nil
+	out.cert, out.pool = &cert, pool
+
+	previousPEM, err := os.ReadFile(f[tlsFilePreviousCA])
+	if errors.Is(err, fs.ErrNotExist) {
+		return out, nil
+	}
+	if err != nil {
+		return out, err
+	}
+	untilText, err := os.ReadFile(f[tlsFilePreviousUntil])
+	if err != nil {
+		return out, fmt.Errorf("%s needs %s, the RFC 3339 time its trust ends: %w", tlsPreviousCAFile, tlsPreviousUntilFile, err)
+	}
+	until, err := time.Parse(time.RFC3339, strings.TrimSpace(string(untilText)))
+	if err != nil {
+		return out, fmt.Errorf("%s: not an RFC 3339 time: %w", f[tlsFilePreviousUntil], err)
+	}
+	overlap := x509.NewCertPool()
+	overlap.AppendCertsFromPEM(caPEM)
+	if !overlap.AppendCertsFromPEM(previousPEM) {
+		return out, fmt.Errorf("%s holds no PEM certificate", f[tlsFilePreviousCA])
+	}
+	out.overlap, out.previousUntil = overlap, until
+	return out, nil
 }
 
-// refresh reloads all three files when any of them changed. A reload that
-// fails keeps the previous material and is logged once per change.
+func (m *tlsMaterial) adoptLocked(f tlsMaterialFiles, stamps [tlsFileCount]fileStamp) {
+	m.cert, m.pool, m.overlap, m.previousUntil, m.stamps = f.cert, f.pool, f.overlap, f.previousUntil, stamps
+	m.overlapEnded = false
+	if f.overlap != nil {
+		m.logger.Info("trusting the previous client CA beside the current one", "dir", m.dir, "until", f.previousUntil)
+	}
+}
+
+// refresh reloads all files when any of them changed. A reload that fails
+// keeps the previous material and is logged once per change.
 func (m *tlsMaterial) refresh() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -143,10 +219,9 @@ func (m *tlsMaterial) refresh() {
 		return
 	}
 	if err == nil {
-		var cert *tls.Certificate
-		var pool *x509.CertPool
-		if cert, pool, err = m.read(); err == nil {
-			m.cert, m.pool, m.stamps = cert, pool, stamps
+		var f tlsMaterialFiles
+		if f, err = m.read(); err == nil {
+			m.adoptLocked(f, stamps)
 			m.haveFailed = false
 			m.logger.Info("reloaded the TLS material", "dir", m.dir)
 			return
@@ -159,36 +234,66 @@ func (m *tlsMaterial) refresh() {
 	m.logger.Error("could not reload the TLS material; keeping the previous one", "dir", m.dir, "err", err)
 }
 
-func (m *tlsMaterial) current() (*tls.Certificate, *x509.CertPool) {
+// current returns the serving identity and the CA pool trusted at now: the
+// overlap pool strictly before previous-ca-until, ca.crt alone from then on.
+func (m *tlsMaterial) current(now time.Time) (*tls.Certificate, *x509.CertPool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.overlap == nil {
+		return m.cert, m.pool
+	}
+	if now.Before(m.previousUntil) {
+		return m.cert, m.overlap
+	}
+	if !m.overlapEnded {
+		m.overlapEnded = true
+		m.logger.Info("the previous client CA is no longer trusted", "dir", m.dir, "until", m.previousUntil)
+	}
 	return m.cert, m.pool
 }
 
-// serverConfig requests (does not require) a client certificate, so that
-// probes reach /healthz and /readyz without one; authenticated routes
-// verify the peer themselves on every request.
+// serverConfig requires TLS 1.3 and a client certificate that verifies
+// against the trusted CAs in the handshake, so that a client no CA vouches
+// for never reaches an HTTP handler. Each handshake builds its own
+// configuration from the files as they are now (rotation needs no restart)
+// and the CA pool trusted at this moment (the overlap ends on time). Session
+// tickets are off: a resumed session would skip that verification.
+//
+// Probes cannot present a client certificate, so the API port serves them
+// nothing; /healthz and /readyz are also served on --metrics-listen, which
+// is where a kubelet's probes go.
 func (m *tlsMaterial) serverConfig() *tls.Config {
 	return &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		ClientAuth: tls.RequestClientCert,
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAndVerifyClientCert,
 		NextProtos: []string{"http/1.1"},
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			m.refresh()
-			cert, _ := m.current()
-			return cert, nil
+			cert, pool := m.current(m.now())
+			return &tls.Config{
+				MinVersion:             tls.VersionTLS13,
+				Certificates:           []tls.Certificate{*cert},
+				ClientAuth:             tls.RequireAndVerifyClientCert,
+				ClientCAs:              pool,
+				NextProtos:             []string{"http/1.1"},
+				Time:                   m.now,
+				SessionTicketsDisabled: true,
+			}, nil
 		},
 	}
 }
 
-// verifyPeer accepts a client whose leaf verifies against the current CA
-// pool for client auth and carries clientName as a DNS SAN (ASCII
-// case-insensitive, wildcards not expanded).
+// verifyPeer accepts a client whose leaf verifies against the CA pool
+// trusted at now for client auth and carries clientName as a DNS SAN (ASCII
+// case-insensitive, wildcards not expanded). The handshake already checked
+// the chain; checking it again on every request ends a keep-alive
+// connection's trust when its CA stops being trusted (a rotation, the end
+// of the overlap), not only the next connection's.
 func (m *tlsMaterial) verifyPeer(cs *tls.ConnectionState, clientName string, now time.Time) bool {
 	if cs == nil || len(cs.PeerCertificates) == 0 {
 		return false
 	}
-	_, pool := m.current()
+	_, pool := m.current(now)
 	leaf := cs.PeerCertificates[0]
 	inter := x509.NewCertPool()
 	for _, c := range cs.PeerCertificates[1:] {

@@ -60,20 +60,25 @@ type Caps struct {
 	DynamicServers  bool            // add server / del server          (HAProxy >= 3.0)
 	DynamicBackends bool            // add/del backend, publish/unpublish (HAProxy >= 3.4)
 	ServerInitState bool            // add server ... init-state up      (HAProxy >= 3.1)
-	AgentOps        map[string]bool // op kinds the agent executes; nil = every kind
+	AgentOps        map[string]bool // op kinds the agent executes; nil = every kind, empty = none (CapsFor)
 }
 
 // CapsFor reads the capabilities from an HAProxy version string and the op
 // kinds an agent advertises. Only major.minor is read ("v3.4.3-1ppa" is
 // 3.4); a version with no leading number has no capability at all, so
 // every dynamic add or delete reloads.
+//
+// agentOps is read as the agent's own list, and a nil or empty list (JSON
+// null, [] or a missing agent_ops) as an agent that executes no op: Diff
+// then composes none for it and reloads, the same reading CheckSkew makes
+// when it lists every kind as missing. Reading it as "every kind" would
+// send runtime ops to an agent that never said it runs them. A caller with
+// no agent to ask (an offline diff) passes ComposedOps(), or leaves
+// AgentOps nil in a Caps it builds itself.
 func CapsFor(haproxyVersion string, agentOps []string) Caps {
-	var c Caps
-	if len(agentOps) > 0 {
-		c.AgentOps = make(map[string]bool, len(agentOps))
-		for _, kind := range agentOps {
-			c.AgentOps[kind] = true
-		}
+	c := Caps{AgentOps: make(map[string]bool, len(agentOps))}
+	for _, kind := range agentOps {
+		c.AgentOps[kind] = true
 	}
 	fields := strings.SplitN(strings.TrimPrefix(strings.TrimSpace(haproxyVersion), "v"), ".", 3)
 	major, ok := leadingNumber(fields[0])

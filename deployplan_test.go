@@ -27,8 +27,8 @@ const (
 )
 
 var (
-	on34 = CapsFor("3.4.3", nil)
-	on33 = CapsFor("3.3.13", nil)
+	on34 = CapsFor("3.4.3", ComposedOps())
+	on33 = CapsFor("3.3.13", ComposedOps())
 )
 
 // planBuilder holds what a fixture plan states before basePlan derives its
@@ -381,8 +381,9 @@ func TestCapsFor(t *testing.T) {
 		{"an empty version has none", "", false, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want := Caps{DynamicServers: tc.servers, ServerInitState: tc.initState, DynamicBackends: tc.backends}
-			if got := CapsFor(tc.version, nil); !reflect.DeepEqual(got, want) {
+			want := Caps{DynamicServers: tc.servers, ServerInitState: tc.initState, DynamicBackends: tc.backends,
+				AgentOps: map[string]bool{OpMapSet: true}}
+			if got := CapsFor(tc.version, []string{OpMapSet}); !reflect.DeepEqual(got, want) {
 				t.Fatalf("CapsFor(%q) = %+v, want %+v", tc.version, got, want)
 			}
 		})
@@ -394,8 +395,46 @@ func TestCapsForAgentOps(t *testing.T) {
 	if want := map[string]bool{OpMapSet: true, OpMapAdd: true}; !reflect.DeepEqual(c.AgentOps, want) {
 		t.Fatalf("AgentOps = %v, want %v", c.AgentOps, want)
 	}
-	if c := CapsFor("3.4.3", []string{}); c.AgentOps != nil {
-		t.Fatalf("an empty list gives AgentOps %v, want nil", c.AgentOps)
+}
+
+// An agent that advertises no op kind (agent_ops null, [] or absent) gets
+// none composed for it: Diff reloads, and CheckSkew lists every kind as
+// missing. The two read the same state the same way.
+func TestAgentAdvertisingNoOpsGetsNoneComposed(t *testing.T) {
+	prev := basePlan(withMap(routeMap, false, mapEntries("a", "be-a")...))
+	next := basePlan(withMap(routeMap, false, mapEntries("a", "be-a", "b", "be-b")...))
+	for _, tc := range []struct {
+		name string
+		json string
+	}{
+		{"null", `{"api_version":1,"haproxy":{"version":"3.4.3"},"agent_ops":null}`},
+		{"empty", `{"api_version":1,"haproxy":{"version":"3.4.3"},"agent_ops":[]}`},
+		{"absent", `{"api_version":1,"haproxy":{"version":"3.4.3"}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var st State
+			if err := json.Unmarshal([]byte(tc.json), &st); err != nil {
+				t.Fatal(err)
+			}
+			read, err := BaselineFromState(&st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := withMapsLoaded(baseOf(prev), routeMap)
+			base.Caps = read.Caps
+			d := Diff(next, base)
+			if d.Verdict != VerdictReload || len(d.Ops) != 0 || len(d.InPlace) != 0 {
+				t.Fatalf("Diff = %s with ops %v, in place %v; want a reload composing nothing", d.Verdict, d.Ops, d.InPlace)
+			}
+			if _, missing := CheckSkew(&st); !slices.Equal(missing, ComposableOps()) {
+				t.Fatalf("CheckSkew missing = %v, want every kind %v", missing, ComposableOps())
+			}
+			// The same change on an agent that lists map_add composes it.
+			base.Caps = CapsFor(st.HAProxy.Version, []string{OpMapAdd})
+			if d := Diff(next, base); d.Verdict != VerdictRuntime {
+				t.Fatalf("with map_add advertised: %s %v", d.Verdict, d.Reasons)
+			}
+		})
 	}
 }
 
@@ -1077,7 +1116,7 @@ func TestDiffServerAdded(t *testing.T) {
 			reason: "the port is outside 1-65535"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := serverDiff(tc.prev, tc.next, func(b *Baseline) { b.Caps = CapsFor(tc.version, nil) })
+			d := serverDiff(tc.prev, tc.next, func(b *Baseline) { b.Caps = CapsFor(tc.version, ComposedOps()) })
 			if tc.reason != "" {
 				wantVerdict(t, d, VerdictReload)
 				wantReason(t, d, tc.reason)
@@ -2483,8 +2522,9 @@ func (r shapeRand) mutate(s planShape) planShape {
 
 func (r shapeRand) baseline(prev, worker *Plan) *Baseline {
 	version := r.pick("3.4.3", "3.4.3", "3.0.26", "3.1.17", "2.9.0", "unknown")
-	var agentOps []string
+	agentOps := ComposedOps()
 	if r.IntN(4) == 0 {
+		agentOps = nil
 		for _, k := range ComposedOps() {
 			if r.IntN(5) != 0 {
 				agentOps = append(agentOps, k)

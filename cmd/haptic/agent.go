@@ -1,8 +1,16 @@
-// agent.go owns `haptic agent` (agent.md §2.2): flags and environment into
-// an AgentConfig, the JSON logger, and the process lifetime around
-// (*Agent).Run. It checks nothing NewAgent checks (agent.md §2.3), so the
-// command and a program embedding the agent refuse the same configurations
-// with the same words.
+// agent.go owns `haptic agent`: flags and environment into an AgentConfig,
+// the JSON logger, the Go memory limit, and the process lifetime around
+// (*Agent).Run. It checks nothing NewAgent checks, so the command and a
+// program embedding the agent refuse the same configurations with the same
+// words.
+//
+// The command's defaults are the upstream agent's, so that a manifest
+// written for one runs the other: reloads paced 5 s apart (a burst of
+// renders cannot turn into a reload storm), metrics on :9101, the admin
+// socket haptic-agent.sock and the drain socket haptic-drain.sock that
+// preStop hooks call. AgentConfig keeps "empty = off" for the listeners and
+// sockets, so that agents embedded in a program (tests run many in one
+// process) bind only what they ask for.
 package main
 
 import (
@@ -19,13 +27,22 @@ import (
 	"github.com/haptic-agent/haptic"
 )
 
+// Defaults of `haptic agent` where AgentConfig's zero value is off or
+// different (see the file comment).
+const (
+	defaultReloadIntervalMin = 5 * time.Second
+	defaultMetricsListen     = ":9101"
+	defaultDrainSocket       = "haptic-drain.sock"
+)
+
 // errUsage is returned by a parser that has already printed the error and
 // the usage.
 var errUsage = errors.New("usage error")
 
 func runAgent(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("agent", "haptic agent [flags]\n"+
-		"Environment: DATAPLANE_USERNAME and DATAPLANE_PASSWORD (HTTP Basic), LOG_LEVEL (debug, info, warn, error).", s)
+		"Environment: DATAPLANE_USERNAME and DATAPLANE_PASSWORD (HTTP Basic), AGENT_TLS_DIR and AGENT_TLS_CLIENT_NAME\n"+
+		"(--tls-dir and --tls-client-name when those are not given), LOG_LEVEL (debug, info, warn, error), GOMEMLIMIT.", s)
 	cfg, err := parseAgentFlags(fs, args, s)
 	if err != nil {
 		return usageStatus(err)
@@ -36,6 +53,7 @@ func runAgent(ctx context.Context, args []string, s stdio) int {
 		return exitFailure
 	}
 	cfg.Logger.Info("agent started", "version", cfg.AgentVersion, "listen", agent.Addr(), "base_dir", cfg.BaseDir)
+	setMemoryLimitFromCgroup(cfg.Logger, s.getenv, cgroupRoot, procSelfCgroup, debug.SetMemoryLimit)
 	if err := agent.Run(ctx); err != nil {
 		cfg.Logger.Error("agent stopped", "err", err)
 		fmt.Fprintf(s.err, "haptic agent: %v\n", err)
@@ -57,14 +75,14 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	fs.StringVar(&cfg.MasterSocket, "master-socket", "haproxy-master.sock", "HAProxy master CLI socket (show proc, reload)")
 	fs.StringVar(&cfg.WorkerSocket, "worker-socket", "haproxy-worker.sock", "HAProxy worker stats socket (runtime ops, inventory)")
 	fs.StringVar(&cfg.Listen, "listen", ":5555", "TCP address of the API (HTTPS with --tls-dir)")
-	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", `TCP address serving GET /metrics without auth; "" is off`)
-	fs.StringVar(&cfg.TLSDir, "tls-dir", "", "directory of tls.crt, tls.key and ca.crt; turns on mutual TLS")
-	fs.StringVar(&cfg.TLSClientName, "tls-client-name", "", "DNS SAN a client certificate must carry (required with --tls-dir)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", defaultMetricsListen, `TCP address serving GET /metrics, /healthz and /readyz without auth; "" is off`)
+	fs.StringVar(&cfg.TLSDir, "tls-dir", "", "directory of tls.crt, tls.key and ca.crt (and previous-ca.crt, previous-ca-until during a CA rotation); turns on mutual TLS (default $AGENT_TLS_DIR)")
+	fs.StringVar(&cfg.TLSClientName, "tls-client-name", "", "DNS SAN a client certificate must carry, required with --tls-dir (default $AGENT_TLS_CLIENT_NAME)")
 	fs.StringVar(&cfg.StateFile, "state-file", ".haptic-agent.json", "the agent's state file")
-	fs.DurationVar(&cfg.ReloadIntervalMin, "reload-interval-min", 0, "minimum time between two reloads, 0s..60s")
+	fs.DurationVar(&cfg.ReloadIntervalMin, "reload-interval-min", defaultReloadIntervalMin, "minimum time between two reloads, 0s..60s")
 	fs.DurationVar(&cfg.ReloadTimeout, "reload-timeout", time.Duration(haptic.MaxReloadMs)*time.Millisecond, "how long a reload may take; 0 means the default")
 	fs.StringVar(&cfg.AdminSocket, "admin-socket", defaultAdminSocket, `unix socket serving GET /healthz and GET /v1/state without auth; "" is off`)
-	fs.StringVar(&cfg.DrainSocket, "drain-socket", "", `unix socket serving GET /drain for preStop hooks; "" is off`)
+	fs.StringVar(&cfg.DrainSocket, "drain-socket", defaultDrainSocket, `unix socket serving GET /drain for preStop hooks; "" is off`)
 	fs.DurationVar(&cfg.DrainQuietPeriod, "drain-quiet-period", 2*time.Second, "a drain ends once no new connection arrived for this long")
 	fs.DurationVar(&cfg.DrainMaxWait, "drain-max-wait", 10*time.Second, "upper bound of one drain, at most 5m")
 	fs.Func("drain-ignore-frontend", "frontend left out of the drain's connection count; repeatable, comma-separated lists allowed",
@@ -100,6 +118,18 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	}
 	for _, p := range []*string{&cfg.MasterSocket, &cfg.WorkerSocket, &cfg.AdminSocket, &cfg.DrainSocket, &cfg.StateFile} {
 		*p = localPath(base, *p)
+	}
+	// The environment names the TLS directory and client name only where
+	// the flags do not: an explicit --tls-dir "" still means no TLS.
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, e := range []struct {
+		flag, env string
+		value     *string
+	}{{"tls-dir", "AGENT_TLS_DIR", &cfg.TLSDir}, {"tls-client-name", "AGENT_TLS_CLIENT_NAME", &cfg.TLSClientName}} {
+		if !given[e.flag] {
+			*e.value = s.getenv(e.env)
+		}
 	}
 	cfg.Username = s.getenv("DATAPLANE_USERNAME")
 	cfg.Password = s.getenv("DATAPLANE_PASSWORD")

@@ -42,17 +42,20 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 		}
 		cfg.Logger = nil
 		want := haptic.AgentConfig{
-			BaseDir:          "/etc/haproxy",
-			ConfigFile:       "haproxy.cfg",
-			MasterSocket:     "/etc/haproxy/haproxy-master.sock",
-			WorkerSocket:     "/etc/haproxy/haproxy-worker.sock",
-			StateFile:        "/etc/haproxy/.haptic-agent.json",
-			Listen:           ":5555",
-			ReloadTimeout:    60 * time.Second,
-			AdminSocket:      "/etc/haproxy/.haptic-agent.sock",
-			DrainQuietPeriod: 2 * time.Second,
-			DrainMaxWait:     10 * time.Second,
-			AgentVersion:     agentVersion(),
+			BaseDir:           "/etc/haproxy",
+			ConfigFile:        "haproxy.cfg",
+			MasterSocket:      "/etc/haproxy/haproxy-master.sock",
+			WorkerSocket:      "/etc/haproxy/haproxy-worker.sock",
+			StateFile:         "/etc/haproxy/.haptic-agent.json",
+			Listen:            ":5555",
+			MetricsListen:     ":9101",
+			ReloadIntervalMin: 5 * time.Second,
+			ReloadTimeout:     60 * time.Second,
+			AdminSocket:       "/etc/haproxy/haptic-agent.sock",
+			DrainSocket:       "/etc/haproxy/haptic-drain.sock",
+			DrainQuietPeriod:  2 * time.Second,
+			DrainMaxWait:      10 * time.Second,
+			AgentVersion:      agentVersion(),
 		}
 		if !reflect.DeepEqual(cfg, want) {
 			t.Errorf("defaults:\n%+v\nwant\n%+v", cfg, want)
@@ -132,10 +135,31 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 		}
 	})
 
-	t.Run("empty sockets stay off", func(t *testing.T) {
-		cfg, err, _ := parseAgent(t, nil, "--admin-socket=", "--drain-socket", "")
-		if err != nil || cfg.AdminSocket != "" || cfg.DrainSocket != "" {
-			t.Errorf("admin %q drain %q err %v, want both off", cfg.AdminSocket, cfg.DrainSocket, err)
+	t.Run("empty sockets and metrics stay off", func(t *testing.T) {
+		cfg, err, _ := parseAgent(t, nil, "--admin-socket=", "--drain-socket", "", "--metrics-listen", "")
+		if err != nil || cfg.AdminSocket != "" || cfg.DrainSocket != "" || cfg.MetricsListen != "" {
+			t.Errorf("admin %q drain %q metrics %q err %v, want all off", cfg.AdminSocket, cfg.DrainSocket, cfg.MetricsListen, err)
+		}
+		if cfg, _, _ := parseAgent(t, nil, "--reload-interval-min", "0s"); cfg.ReloadIntervalMin != 0 {
+			t.Errorf("--reload-interval-min 0s gives %s, want no pacing", cfg.ReloadIntervalMin)
+		}
+	})
+
+	t.Run("AGENT_TLS_DIR and AGENT_TLS_CLIENT_NAME stand in for absent flags", func(t *testing.T) {
+		env := map[string]string{"AGENT_TLS_DIR": "/etc/haptic/tls", "AGENT_TLS_CLIENT_NAME": "controller.example.com"}
+		for _, c := range []struct {
+			name                string
+			args                []string
+			wantDir, wantClient string
+		}{
+			{"no flags", nil, "/etc/haptic/tls", "controller.example.com"},
+			{"the flags win", []string{"--tls-dir", "/srv/tls", "--tls-client-name", "ctl"}, "/srv/tls", "ctl"},
+			{"an explicit empty --tls-dir turns TLS off", []string{"--tls-dir="}, "", "controller.example.com"},
+		} {
+			cfg, err, _ := parseAgent(t, env, c.args...)
+			if err != nil || cfg.TLSDir != c.wantDir || cfg.TLSClientName != c.wantClient {
+				t.Errorf("%s: dir %q client %q err %v, want %q %q", c.name, cfg.TLSDir, cfg.TLSClientName, err, c.wantDir, c.wantClient)
+			}
 		}
 	})
 
@@ -205,7 +229,7 @@ func TestAgentCommandRunsAndStopsCleanly(t *testing.T) {
 	logs, logWriter := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		code := run(ctx, []string{"agent", "--base-dir", base, "--listen", "127.0.0.1:0"},
+		code := run(ctx, []string{"agent", "--base-dir", base, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"},
 			stdio{out: io.Discard, err: logWriter, getenv: func(k string) string {
 				return map[string]string{"DATAPLANE_USERNAME": "u", "DATAPLANE_PASSWORD": "p"}[k]
 			}})
@@ -250,7 +274,7 @@ func TestAgentCommandStopsOnSIGTERMAndSIGINT(t *testing.T) {
 
 			// The test binary runs main itself (see TestMain), so the signal
 			// reaches the real signal handling of the command.
-			cmd := exec.Command(os.Args[0], "agent", "--base-dir", base, "--listen", "127.0.0.1:0")
+			cmd := exec.Command(os.Args[0], "agent", "--base-dir", base, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
 			cmd.Env = append(os.Environ(), runMainEnv+"=1", "DATAPLANE_USERNAME=u", "DATAPLANE_PASSWORD=p", "LOG_LEVEL=info")
 			stderr, err := cmd.StderrPipe()
 			if err != nil {

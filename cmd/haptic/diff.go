@@ -131,7 +131,7 @@ func offlineBaseline(old *haptic.Plan, haproxyVersion string) *haptic.Baseline {
 		Running:   old,
 		WorkerOps: old,
 		Inventory: haptic.InventoryOf(old),
-		Caps:      haptic.CapsFor(haproxyVersion, nil),
+		Caps:      haptic.CapsFor(haproxyVersion, haptic.ComposedOps()),
 	}
 }
 

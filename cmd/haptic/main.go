@@ -3,11 +3,13 @@
 //	haptic agent [flags]                    run the agent beside HAProxy
 //	haptic agent state [flags]              print the agent's state
 //	haptic agent health [flags]             liveness probe over the admin socket
+//	haptic agent drain [flags]              preStop hook: wait on the drain socket
 //	haptic plan DIR                         print the plan of a directory
 //	haptic diff [flags] OLD NEW             does this change reload, and why?
 //	haptic diff --agent URL [flags] DIR     the same, against a live agent
 //	haptic push --agent URL [flags] DIR     push a directory to agents
 //	haptic demo [--haproxy PATH]            the whole flow in one process
+//	haptic install DIR                      copy this binary into DIR (an initContainer)
 //
 // This file owns the dispatch and what every subcommand shares: exit
 // statuses, flag parsing, local path resolution and the logger. Each
@@ -56,11 +58,13 @@ const usageText = `Usage:
   haptic agent [flags]                  run the agent beside HAProxy
   haptic agent state [flags]            print the agent's state
   haptic agent health [flags]           exit 0 when the agent answers on its admin socket
+  haptic agent drain [flags]            wait until HAProxy is quiet (a preStop hook)
   haptic plan DIR                       print the plan of a directory as JSON
   haptic diff [flags] OLD NEW           what the change from OLD to NEW does to a pod
   haptic diff --agent URL [flags] DIR   what pushing DIR does to a live agent
   haptic push --agent URL [flags] DIR   push DIR to one or many agents
   haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
+  haptic install DIR                    copy this binary into DIR, for another container's hooks
 
 Run "haptic <command> -h" for a command's flags.
 `
@@ -80,6 +84,8 @@ func run(ctx context.Context, args []string, s stdio) int {
 				return runAgentState(ctx, rest[1:], s)
 			case "health":
 				return runAgentHealth(ctx, rest[1:], s)
+			case "drain":
+				return runAgentDrain(ctx, rest[1:], s)
 			}
 		}
 		return runAgent(ctx, rest, s)
@@ -91,6 +97,8 @@ func run(ctx context.Context, args []string, s stdio) int {
 		return runPush(ctx, rest, s)
 	case "demo":
 		return runDemo(ctx, rest, s)
+	case "install":
+		return runInstall(rest, s)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(s.out, usageText)
 		return exitOK

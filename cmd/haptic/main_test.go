@@ -118,7 +118,7 @@ func startCLIAgent(t testing.TB, mutate func(*haptic.AgentConfig)) *testAgent {
 		MasterSocket: fake.MasterSocket(),
 		WorkerSocket: fake.WorkerSocket(),
 		Listen:       "127.0.0.1:0",
-		AdminSocket:  ".haptic-agent.sock",
+		AdminSocket:  defaultAdminSocket,
 		Username:     testAgentUser,
 		Password:     testAgentPass,
 		Logger:       discardLogger(),

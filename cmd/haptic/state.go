@@ -19,10 +19,10 @@ import (
 	"github.com/haptic-agent/haptic"
 )
 
-// Defaults that locate the admin socket, the agent's own (agent.md §2.2).
+// Defaults that locate the admin socket, those of `haptic agent`.
 const (
 	defaultBaseDir     = "/etc/haproxy"
-	defaultAdminSocket = ".haptic-agent.sock"
+	defaultAdminSocket = "haptic-agent.sock"
 	healthTimeout      = 5 * time.Second
 )
 

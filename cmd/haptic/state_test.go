@@ -112,7 +112,7 @@ func (s *stateServer) last() (query, auth string) {
 	return s.queries[len(s.queries)-1], s.auths[len(s.auths)-1]
 }
 
-// serveAdminSocket serves h on <base>/.haptic-agent.sock, the default admin
+// serveAdminSocket serves h on <base>/haptic-agent.sock, the default admin
 // socket of an agent whose --base-dir is base.
 func serveAdminSocket(t *testing.T, h http.Handler) (base string) {
 	t.Helper()

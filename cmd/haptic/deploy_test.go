@@ -1,0 +1,653 @@
+// Tests that keep the deployment files true: deploy/kubernetes, the systemd
+// unit and its HAProxy drop-in, and the Dockerfile. Each file is read and
+// held to the command it runs: every flag it passes exists in `haptic
+// agent` (or `haptic agent drain`), every path agrees with what the agent's
+// defaults resolve to, the probes and the drain point at endpoints the agent
+// serves, and the boot haproxy.cfg passes `haproxy -c` when HAPTIC_HAPROXY
+// names a binary.
+
+package main
+
+import (
+	"bufio"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/haptic-agent/haptic"
+)
+
+const deployDir = "../../deploy"
+
+// ---------------------------------------------------------------------------
+// Navigating the manifests.
+
+// yamlAt follows keys (string) and indices (int) from node; nil when the
+// path does not exist.
+func yamlAt(node any, keys ...any) any {
+	for _, k := range keys {
+		switch k := k.(type) {
+		case string:
+			m, ok := node.(map[string]any)
+			if !ok {
+				return nil
+			}
+			node = m[k]
+		case int:
+			l, ok := node.([]any)
+			if !ok || k >= len(l) {
+				return nil
+			}
+			node = l[k]
+		}
+	}
+	return node
+}
+
+func yamlString(t *testing.T, node any, keys ...any) string {
+	t.Helper()
+	s, ok := yamlAt(node, keys...).(string)
+	if !ok {
+		t.Fatalf("%v: not a string", keys)
+	}
+	return s
+}
+
+func yamlStrings(t *testing.T, node any, keys ...any) []string {
+	t.Helper()
+	l, _ := yamlAt(node, keys...).([]any)
+	var out []string
+	for _, v := range l {
+		s, ok := v.(string)
+		if !ok {
+			t.Fatalf("%v: %v is not a string", keys, v)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// named returns the element of the list at keys whose "name" is name.
+func named(t *testing.T, node any, name string, keys ...any) map[string]any {
+	t.Helper()
+	l, _ := yamlAt(node, keys...).([]any)
+	for _, v := range l {
+		if m, ok := v.(map[string]any); ok && m["name"] == name {
+			return m
+		}
+	}
+	t.Fatalf("%v: nothing named %q", keys, name)
+	return nil
+}
+
+// k8sObjects reads every manifest of deploy/kubernetes, keyed "Kind/name",
+// and checks that kustomization.yaml lists exactly the other files.
+func k8sObjects(t *testing.T) map[string]map[string]any {
+	t.Helper()
+	dir := filepath.Join(deployDir, "kubernetes")
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in %s: %v", dir, err)
+	}
+	objects := map[string]map[string]any{}
+	var resources, others []string
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs, err := parseYAMLDocuments(string(src))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		if filepath.Base(f) == "kustomization.yaml" {
+			resources = yamlStrings(t, docs[0], "resources")
+			continue
+		}
+		others = append(others, filepath.Base(f))
+		for _, d := range docs {
+			m, _ := d.(map[string]any)
+			key := yamlString(t, m, "kind") + "/" + yamlString(t, m, "metadata", "name")
+			objects[key] = m
+		}
+	}
+	slices.Sort(resources)
+	if !slices.Equal(resources, others) {
+		t.Errorf("kustomization.yaml lists %v, the directory holds %v", resources, others)
+	}
+	return objects
+}
+
+// mountOf is where container mounts the volume named volume, "" if it does
+// not.
+func mountOf(container map[string]any, volume string) string {
+	l, _ := container["volumeMounts"].([]any)
+	for _, v := range l {
+		if m, ok := v.(map[string]any); ok && m["name"] == volume {
+			s, _ := m["mountPath"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+// volumeAt is the name of the volume container mounts at path.
+func volumeAt(t *testing.T, container map[string]any, mountPath string) string {
+	t.Helper()
+	l, _ := container["volumeMounts"].([]any)
+	for _, v := range l {
+		if m, ok := v.(map[string]any); ok && m["mountPath"] == mountPath {
+			return m["name"].(string)
+		}
+	}
+	t.Fatalf("container %v mounts nothing at %s", container["name"], mountPath)
+	return ""
+}
+
+// portNamed is the containerPort of the named port.
+func portNamed(t *testing.T, container map[string]any, name string) string {
+	t.Helper()
+	return yamlString(t, named(t, container, name, "ports"), "containerPort")
+}
+
+// listenPort is the port of a listen address such as ":9101".
+func listenPort(t *testing.T, addr string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("listen address %q: %v", addr, err)
+	}
+	return port
+}
+
+// agentConfigOf parses a command line of `haptic agent` (args after
+// "agent") with an environment, as the command does. An unknown flag or a
+// malformed value fails the test.
+func agentConfigOf(t *testing.T, args []string, env map[string]string) haptic.AgentConfig {
+	t.Helper()
+	var errOut strings.Builder
+	s := stdio{out: io.Discard, err: &errOut, getenv: func(k string) string { return env[k] }}
+	cfg, err := parseAgentFlags(newFlagSet("agent", "haptic agent [flags]", s), args, s)
+	if err != nil {
+		t.Fatalf("haptic agent %q: %v\n%s", args, err, errOut.String())
+	}
+	return cfg
+}
+
+// drainSocketOf parses a preStop command `<bin> agent drain [flags]` and
+// returns the binary and the drain socket it calls.
+func drainSocketOf(t *testing.T, command []string) (bin, socket string) {
+	t.Helper()
+	if len(command) < 3 || command[1] != "agent" || command[2] != "drain" {
+		t.Fatalf("preStop %q is not `haptic agent drain`", command)
+	}
+	var errOut strings.Builder
+	s := stdio{out: io.Discard, err: &errOut, getenv: func(string) string { return "" }}
+	fs := newFlagSet("agent drain", "haptic agent drain", s)
+	var f drainFlags
+	f.register(fs)
+	positional, err := parseArgs(fs, command[3:])
+	if err != nil || len(positional) > 0 {
+		t.Fatalf("preStop %q: %v %q\n%s", command, err, positional, errOut.String())
+	}
+	return command[0], localPath(f.baseDir, f.socket)
+}
+
+// ---------------------------------------------------------------------------
+// The Dockerfile.
+
+// dockerImage is what the Dockerfile promises the manifests.
+type dockerImage struct {
+	binary string // the path ENTRYPOINT runs
+}
+
+func readDockerfile(t *testing.T) dockerImage {
+	t.Helper()
+	src, err := os.ReadFile("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Instructions, with continuation lines joined and comments dropped.
+	var instructions []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(string(src), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "#") || trimmed == "" && cur.Len() == 0 {
+			continue
+		}
+		if strings.HasSuffix(trimmed, "\\") {
+			cur.WriteString(strings.TrimSuffix(trimmed, "\\") + " ")
+			continue
+		}
+		cur.WriteString(trimmed)
+		instructions = append(instructions, cur.String())
+		cur.Reset()
+	}
+	var stages [][]string // instructions per stage
+	for _, in := range instructions {
+		if strings.HasPrefix(in, "FROM ") {
+			stages = append(stages, nil)
+		}
+		if len(stages) == 0 {
+			t.Fatalf("Dockerfile: %q before any FROM", in)
+		}
+		stages[len(stages)-1] = append(stages[len(stages)-1], in)
+	}
+	if len(stages) < 2 {
+		t.Fatalf("Dockerfile has %d stage(s), want a build stage and a runtime stage", len(stages))
+	}
+
+	// The build stage: the Go of go.mod, a static binary of ./cmd/haptic.
+	goMod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var goVersion string
+	for line := range strings.SplitSeq(string(goMod), "\n") {
+		if v, ok := strings.CutPrefix(line, "go "); ok {
+			goVersion = strings.TrimSpace(v)
+		}
+	}
+	build := stages[0]
+	fields := strings.Fields(build[0])
+	if len(fields) != 4 || fields[1] != "golang:"+goVersion || fields[2] != "AS" {
+		t.Errorf("Dockerfile builds with %q, want FROM golang:%s AS <name> (go.mod's Go)", build[0], goVersion)
+	}
+	buildName := fields[len(fields)-1]
+	var builtTo string
+	for _, in := range build {
+		if strings.HasPrefix(in, "RUN ") && strings.Contains(in, "go build") {
+			args := strings.Fields(in)
+			if !strings.Contains(in, "CGO_ENABLED=0") || args[len(args)-1] != "./cmd/haptic" {
+				t.Errorf("Dockerfile: %q is not a static build of ./cmd/haptic", in)
+			}
+			if i := slices.Index(args, "-o"); i > 0 {
+				builtTo = args[i+1]
+			}
+		}
+	}
+
+	// The runtime stage: only the binary, a non-root user, the entrypoint.
+	runtime := stages[len(stages)-1]
+	var img dockerImage
+	var user string
+	for _, in := range runtime[1:] {
+		verb, rest, _ := strings.Cut(in, " ")
+		switch verb {
+		case "COPY":
+			f := strings.Fields(rest)
+			if len(f) != 3 || f[0] != "--from="+buildName || f[1] != builtTo {
+				t.Errorf("Dockerfile runtime stage: %q copies something else than the built binary %s", in, builtTo)
+			}
+		case "USER":
+			user = rest
+		case "ENTRYPOINT":
+			if !strings.HasPrefix(rest, `["`) {
+				t.Errorf("ENTRYPOINT %s is not in exec form", rest)
+			}
+			img.binary = strings.Trim(rest, `[]"`)
+		case "RUN":
+			t.Errorf("Dockerfile runtime stage runs %q: it must hold the binary alone", in)
+		}
+	}
+	if uid, _, _ := strings.Cut(user, ":"); uid == "" || uid == "0" || uid == "root" {
+		t.Errorf("Dockerfile runtime user %q, want a non-root uid", user)
+	}
+	if img.binary == "" {
+		t.Fatal("Dockerfile has no ENTRYPOINT")
+	}
+	return img
+}
+
+func TestDockerfile(t *testing.T) {
+	readDockerfile(t)
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes.
+
+func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
+	img := readDockerfile(t)
+	objects := k8sObjects(t)
+	deploy := objects["Deployment/haproxy"]
+	if deploy == nil {
+		t.Fatalf("no Deployment haproxy among %v", slices.Collect(maps.Keys(objects)))
+	}
+	pod := yamlAt(deploy, "spec", "template", "spec")
+	haproxy := named(t, pod, "haproxy", "containers")
+	agent := named(t, pod, "agent", "containers")
+	volumes := map[string]map[string]any{}
+	for _, v := range yamlAt(pod, "volumes").([]any) {
+		m := v.(map[string]any)
+		volumes[m["name"].(string)] = m
+	}
+
+	// The agent's command line, in the image's entrypoint.
+	if c := yamlStrings(t, agent, "command"); c != nil && !slices.Equal(c, []string{img.binary}) {
+		t.Errorf("agent command %q, want the image's entrypoint %s", c, img.binary)
+	}
+	args := yamlStrings(t, agent, "args")
+	if len(args) == 0 || args[0] != "agent" {
+		t.Fatalf("agent args %q, want `agent [flags]`", args)
+	}
+	env := map[string]string{}
+	for _, e := range yamlAt(agent, "env").([]any) {
+		env[yamlString(t, e, "name")] = yamlString(t, e, "value")
+	}
+	cfg := agentConfigOf(t, args[1:], env)
+	if cfg.BaseDir != defaultBaseDir {
+		t.Errorf("agent base directory %s, want the default %s", cfg.BaseDir, defaultBaseDir)
+	}
+
+	// One emptyDir at the base directory, in both containers.
+	base := volumeAt(t, agent, cfg.BaseDir)
+	if yamlAt(volumes[base], "emptyDir") == nil {
+		t.Errorf("the base directory volume %q is not an emptyDir", base)
+	}
+	if got := mountOf(haproxy, base); got != cfg.BaseDir {
+		t.Errorf("HAProxy mounts the base directory at %q, the agent at %q", got, cfg.BaseDir)
+	}
+
+	// HAProxy: master-worker, its master CLI and configuration where the
+	// agent looks for them.
+	cmd := yamlStrings(t, haproxy, "command")
+	configPath := filepath.Join(cfg.BaseDir, cfg.ConfigFile)
+	if !slices.Contains(cmd, "-W") {
+		t.Errorf("HAProxy %q does not run in master-worker mode (-W)", cmd)
+	}
+	if i := slices.Index(cmd, "-S"); i < 0 || i+1 >= len(cmd) {
+		t.Errorf("HAProxy %q has no master CLI (-S)", cmd)
+	} else if sock, opts, _ := strings.Cut(cmd[i+1], ","); sock != cfg.MasterSocket || !strings.Contains(opts, "level,admin") {
+		t.Errorf("HAProxy master CLI %q, want %s at level admin", cmd[i+1], cfg.MasterSocket)
+	}
+	if i := slices.Index(cmd, "-f"); i < 0 || i+1 >= len(cmd) || cmd[i+1] != configPath {
+		t.Errorf("HAProxy %q does not read %s", cmd, configPath)
+	}
+
+	// The boot configuration: copied from the ConfigMap to the config path,
+	// and declaring the worker socket and default-path the agent needs.
+	boot := named(t, pod, "boot-config", "initContainers")
+	bootVolume := volumes[volumeAt(t, boot, mountOf(boot, "boot-config"))]
+	cm := objects["ConfigMap/"+yamlString(t, bootVolume, "configMap", "name")]
+	if cm == nil {
+		t.Fatalf("the boot-config volume names no ConfigMap of the directory")
+	}
+	copyCmd := "cp " + path.Join(mountOf(boot, "boot-config"), "haproxy.cfg") + " " + configPath
+	if script := strings.Join(yamlStrings(t, boot, "command"), " "); !strings.Contains(script, copyCmd) {
+		t.Errorf("boot-config runs %q, want it to %q", script, copyCmd)
+	}
+	if got := mountOf(boot, base); got != cfg.BaseDir {
+		t.Errorf("boot-config mounts the base directory at %q, want %s", got, cfg.BaseDir)
+	}
+	checkBootConfig(t, yamlString(t, cm, "data", "haproxy.cfg"), cfg)
+
+	// The drain: both preStop hooks call the agent's drain socket.
+	for _, c := range []map[string]any{haproxy, agent} {
+		bin, socket := drainSocketOf(t, yamlStrings(t, c, "lifecycle", "preStop", "exec", "command"))
+		if socket != cfg.DrainSocket || cfg.DrainSocket == "" {
+			t.Errorf("%s preStop drains %q, the agent serves %q", c["name"], socket, cfg.DrainSocket)
+		}
+		switch c["name"] {
+		case "agent":
+			if bin != img.binary {
+				t.Errorf("agent preStop runs %s, the image holds %s", bin, img.binary)
+			}
+		case "haproxy":
+			// HAProxy's image has no haptic: an init container installs it.
+			install := named(t, pod, "haptic-bin", "initContainers")
+			dir := mountOf(install, "haptic-bin")
+			if got := yamlStrings(t, install, "command"); !slices.Equal(got, []string{img.binary, "install", dir}) {
+				t.Errorf("haptic-bin runs %q, want %q", got, []string{img.binary, "install", dir})
+			}
+			if want := path.Join(mountOf(haproxy, "haptic-bin"), "haptic"); bin != want {
+				t.Errorf("HAProxy preStop runs %s, the installed binary is %s", bin, want)
+			}
+			if yamlAt(volumes["haptic-bin"], "emptyDir") == nil {
+				t.Error("haptic-bin is not an emptyDir")
+			}
+		}
+	}
+
+	// Probes on the metrics listener, which serves them without TLS.
+	metricsPort := listenPort(t, cfg.MetricsListen)
+	for _, p := range []struct{ probe, path string }{{"livenessProbe", haptic.PathHealthz}, {"readinessProbe", haptic.PathReadyz}} {
+		get := yamlAt(agent, p.probe, "httpGet")
+		if got := yamlString(t, get, "path"); got != p.path {
+			t.Errorf("%s path %s, want %s", p.probe, got, p.path)
+		}
+		if port := portNamed(t, agent, yamlString(t, get, "port")); port != metricsPort {
+			t.Errorf("%s port %s, the agent serves probes on %s", p.probe, port, metricsPort)
+		}
+	}
+	if got := portNamed(t, agent, "metrics"); got != metricsPort {
+		t.Errorf("port metrics is %s, the agent listens on %s", got, metricsPort)
+	}
+	if got := yamlAt(deploy, "spec", "template", "metadata", "annotations", "prometheus.io/port"); got != metricsPort {
+		t.Errorf("prometheus.io/port %v, want %s", got, metricsPort)
+	}
+	if got := portNamed(t, agent, "api"); got != listenPort(t, cfg.Listen) {
+		t.Errorf("port api is %s, the agent listens on %s", got, cfg.Listen)
+	}
+
+	// Mutual TLS from the Secret, mounted as the TLS directory.
+	if cfg.TLSDir == "" || cfg.TLSClientName == "" {
+		t.Fatalf("the agent runs without mutual TLS (dir %q, client name %q)", cfg.TLSDir, cfg.TLSClientName)
+	}
+	tlsVolume := volumeAt(t, agent, cfg.TLSDir)
+	if yamlAt(volumes[tlsVolume], "secret", "secretName") == nil {
+		t.Errorf("the TLS directory %s is not a Secret volume", cfg.TLSDir)
+	}
+
+	// Memory limits, and no root anywhere.
+	for _, c := range []map[string]any{haproxy, agent} {
+		if yamlAt(c, "resources", "limits", "memory") == nil {
+			t.Errorf("container %s has no memory limit", c["name"])
+		}
+		if u := yamlAt(c, "securityContext", "runAsUser"); u != nil {
+			t.Errorf("container %s sets its own uid %v: both must share the pod's", c["name"], u)
+		}
+	}
+	sc := yamlAt(pod, "securityContext")
+	if yamlAt(sc, "runAsNonRoot") != "true" || yamlAt(sc, "runAsUser") == "0" || yamlAt(sc, "runAsUser") == nil || yamlAt(sc, "fsGroup") == nil {
+		t.Errorf("pod securityContext %v: want runAsNonRoot, a non-zero runAsUser and an fsGroup", sc)
+	}
+
+	// The Services point at named ports of the right containers.
+	labels := yamlAt(deploy, "spec", "template", "metadata", "labels").(map[string]any)
+	for key, container := range map[string]map[string]any{"Service/haproxy": haproxy, "Service/haptic-agent": agent} {
+		svc := objects[key]
+		if svc == nil {
+			t.Errorf("no %s", key)
+			continue
+		}
+		for k, v := range yamlAt(svc, "spec", "selector").(map[string]any) {
+			if labels[k] != v {
+				t.Errorf("%s selects %s=%v, the pods carry %v", key, k, v, labels[k])
+			}
+		}
+		for _, p := range yamlAt(svc, "spec", "ports").([]any) {
+			portNamed(t, container, yamlString(t, p, "targetPort"))
+		}
+	}
+}
+
+// checkBootConfig holds the boot haproxy.cfg to what the agent needs: the
+// worker's stats socket at admin level and default-path origin at the base
+// directory, both in the global section.
+func checkBootConfig(t *testing.T, text string, cfg haptic.AgentConfig) {
+	t.Helper()
+	var socket, origin string
+	section := ""
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		if line[0] != ' ' {
+			section = f[0]
+			continue
+		}
+		if section != "global" {
+			continue
+		}
+		switch {
+		case len(f) >= 3 && f[0] == "stats" && f[1] == "socket":
+			if !strings.Contains(line, "level admin") {
+				t.Errorf("boot stats socket %q is not at level admin", line)
+			}
+			socket = f[2]
+		case len(f) == 3 && f[0] == "default-path" && f[1] == "origin":
+			origin = f[2]
+		}
+	}
+	if socket != cfg.WorkerSocket {
+		t.Errorf("boot configuration's stats socket %q, the agent uses %q", socket, cfg.WorkerSocket)
+	}
+	if origin != cfg.BaseDir {
+		t.Errorf("boot configuration's default-path origin %q, want the base directory %q", origin, cfg.BaseDir)
+	}
+}
+
+func TestKubernetesBootConfigRealHAProxy(t *testing.T) {
+	bin := os.Getenv("HAPTIC_HAPROXY")
+	if bin == "" {
+		t.Skip("HAPTIC_HAPROXY is not set: no HAProxy binary to check the boot configuration with")
+	}
+	cm := k8sObjects(t)["ConfigMap/haproxy-boot"]
+	file := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(file, []byte(yamlString(t, cm, "data", "haproxy.cfg")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "-c", "-f", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s -c refuses the boot configuration: %v\n%s", bin, err, out)
+	}
+	// The check is a real one: a broken copy is refused.
+	if err := os.WriteFile(file, []byte(yamlString(t, cm, "data", "haproxy.cfg")+"    no-such-keyword\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-f", file).CombinedOutput(); err == nil {
+		t.Fatalf("%s -c accepts a broken configuration:\n%s", bin, out)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// systemd.
+
+// systemdUnit is a unit file: section → key → values in order. Lines
+// continued with a backslash are joined; comments dropped.
+type systemdUnit map[string]map[string][]string
+
+func readSystemdUnit(t *testing.T, file string) systemdUnit {
+	t.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := systemdUnit{}
+	section := ""
+	var pending string
+	for line := range strings.SplitSeq(string(src), "\n") {
+		line = strings.TrimSpace(line)
+		if pending == "" && (line == "" || line[0] == '#' || line[0] == ';') {
+			continue
+		}
+		if strings.HasSuffix(line, "\\") {
+			pending += strings.TrimSuffix(line, "\\") + " "
+			continue
+		}
+		line, pending = pending+line, ""
+		if strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]") {
+			section = line[1 : len(line)-1]
+			if u[section] == nil {
+				u[section] = map[string][]string{}
+			}
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok || section == "" {
+			t.Fatalf("%s: %q is not a setting of a section", file, line)
+		}
+		u[section][strings.TrimSpace(key)] = append(u[section][strings.TrimSpace(key)], strings.TrimSpace(value))
+	}
+	return u
+}
+
+// systemdWords splits a command line or an Environment= value into words,
+// honouring double quotes, as systemd does for the simple cases used here.
+func systemdWords(s string) []string {
+	var out []string
+	var cur strings.Builder
+	inQuote, inWord := false, false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			inQuote, inWord = !inQuote, true
+		case r == ' ' && !inQuote:
+			if inWord {
+				out = append(out, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteRune(r)
+			inWord = true
+		}
+	}
+	if inWord {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+func TestSystemdUnitAgreesWithTheAgent(t *testing.T) {
+	img := readDockerfile(t)
+	unit := readSystemdUnit(t, filepath.Join(deployDir, "systemd", "haptic-agent.service"))
+	svc := unit["Service"]
+	if len(svc["ExecStart"]) != 1 {
+		t.Fatalf("ExecStart %q, want one", svc["ExecStart"])
+	}
+	words := systemdWords(svc["ExecStart"][0])
+	if len(words) < 2 || words[0] != img.binary || words[1] != "agent" {
+		t.Fatalf("ExecStart %q, want %s agent [flags]", words, img.binary)
+	}
+	cfg := agentConfigOf(t, words[2:], nil)
+	if cfg.BaseDir != defaultBaseDir {
+		t.Errorf("the unit's base directory %s, want the default %s", cfg.BaseDir, defaultBaseDir)
+	}
+	if rw := strings.Fields(strings.Join(svc["ReadWritePaths"], " ")); svc["ProtectSystem"] != nil && !slices.Contains(rw, cfg.BaseDir) {
+		t.Errorf("ReadWritePaths %q leaves the base directory %s read-only", rw, cfg.BaseDir)
+	}
+	if !slices.Contains(strings.Fields(strings.Join(unit["Unit"]["After"], " ")), "haproxy.service") {
+		t.Errorf("After %q does not order the agent after haproxy.service", unit["Unit"]["After"])
+	}
+	if svc["MemoryMax"] == nil {
+		t.Error("no MemoryMax: the agent's memory limit follows the unit's cgroup")
+	}
+
+	// The drop-in gives HAProxy its master CLI where the agent looks.
+	dropIn := readSystemdUnit(t, filepath.Join(deployDir, "systemd", "haproxy.service.d", "haptic.conf"))
+	var master string
+	for _, env := range dropIn["Service"]["Environment"] {
+		for _, w := range systemdWords(env) {
+			if opts, ok := strings.CutPrefix(w, "EXTRAOPTS="); ok {
+				f := strings.Fields(opts)
+				if i := slices.Index(f, "-S"); i >= 0 && i+1 < len(f) {
+					master = f[i+1]
+				}
+			}
+		}
+	}
+	if sock, opts, _ := strings.Cut(master, ","); sock != cfg.MasterSocket || !strings.Contains(opts, "level,admin") {
+		t.Errorf("the drop-in's master CLI %q, want %s at level admin", master, cfg.MasterSocket)
+	}
+}
