@@ -703,29 +703,27 @@ func appendUnique(s []string, v string) []string {
 	return append(s, v)
 }
 
-// runOps runs the manifest's ops between two worker checks.
+// runOps runs the manifest's ops on the worker the agent expects. Each
+// line of commands reads the worker's identity on its own connection before
+// its commands, so the check and the ops are one exchange: a line that
+// reached another worker (HAProxy reloaded behind the agent) adopts that
+// worker and falls back to a reload.
 func (run *applyRun) runOps(c *compiledOps) {
-	if _, err := run.worker.check(run.ctx); err != nil {
-		run.logger.Warn("worker check before the ops failed", "err", err)
+	worker, results, err := run.execute(c.programs)
+	run.result.OpResults = append(run.result.OpResults, results...)
+	switch {
+	case errors.Is(err, errWorkerMoved):
+		run.logger.Warn("the ops reached another worker", "err", err)
 		run.reload(reasonWorkerChanged)
 		return
-	}
-	captured := run.led.expectedWorker()
-	results, err := run.executeChunks(c.programs)
-	run.result.OpResults = append(run.result.OpResults, results...)
-	if err != nil {
+	case err != nil:
 		run.led.clearWorkerOps() // part of a batch may have landed
 		run.metrics.opErrors.inc(firstFailedKind(results))
 		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", err)
 		run.reload(reasonOpRejected)
 		return
 	}
-	if err := run.worker.recheck(run.ctx, captured); err != nil {
-		run.logger.Warn("worker check after the ops failed", "err", err)
-		run.reload(reasonWorkerChanged)
-		return
-	}
-	if err := run.enqueueDeletes(captured, c); err != nil {
+	if err := run.enqueueDeletes(worker, c); err != nil {
 		run.logger.Warn("deferred deletes could not be queued", "err", err)
 		run.reload(reasonDeferredDeleteCommit)
 		return
@@ -735,20 +733,40 @@ func (run *applyRun) runOps(c *compiledOps) {
 	run.readBack = c
 }
 
-// executeChunks runs the programs MaxOpsPerApply at a time, stopping at the
-// first failing chunk.
-func (run *applyRun) executeChunks(programs []program) ([]OpResult, error) {
+// execute runs the programs MaxOpsPerApply at a time on the expected
+// worker, stopping at the first failing chunk, and returns the worker they
+// ran on. A batch of deletes alone sends no line, so the worker is checked
+// on its own. A worker other than the expected one is adopted (which
+// invalidates the baseline) and reported as errWorkerMoved, and so is a
+// worker a concurrent verified read adopted while the ops ran; ops that
+// reached a worker the agent then reloads away are not reported.
+func (run *applyRun) execute(programs []program) (HAProxyInfo, []OpResult, error) {
+	expected := run.led.expectedWorker()
+	if len(programs) == 0 {
+		observed, err := run.worker.check(run.ctx)
+		if err == nil {
+			return observed, nil, nil
+		}
+		return observed, nil, fmt.Errorf("%w: %w", errWorkerMoved, err)
+	}
 	var results []OpResult
 	for start := 0; start < len(programs); start += MaxOpsPerApply {
 		chunk := programs[start:min(start+MaxOpsPerApply, len(programs))]
 		run.opsRan = true
-		res, err := run.rt.execute(run.ctx, chunk)
+		res, observed, err := run.rt.executeAs(run.ctx, chunk, &expected)
+		if errors.Is(err, errWorkerMoved) {
+			run.worker.adopt(run.ctx, observed)
+			return observed, results, err
+		}
 		results = append(results, res...)
 		if err != nil {
-			return results, err
+			return observed, results, err
 		}
 	}
-	return results, nil
+	if now := run.led.expectedWorker(); !now.SameWorker(expected) {
+		return now, results, fmt.Errorf("%w: %w", errWorkerMoved, workerChangedError(expected, now))
+	}
+	return expected, results, nil
 }
 
 // firstFailedKind attributes a failed batch to its first failed op.
@@ -775,8 +793,9 @@ func (run *applyRun) enqueueDeletes(worker HAProxyInfo, c *compiledOps) error {
 }
 
 // runInPlace runs the in-place ops against the worker that keeps serving
-// until the pending reload fires. Any failure invalidates the baseline; the
-// apply stays OK and never triggers a second reload.
+// until the pending reload fires, in a single execution. Any failure
+// invalidates the baseline; the apply stays OK and never triggers a second
+// reload.
 func (run *applyRun) runInPlace() {
 	m := run.m
 	if len(m.InPlaceOps) == 0 {
@@ -798,26 +817,16 @@ func (run *applyRun) runInPlace() {
 		fail(err)
 		return
 	}
-	captured := run.led.expectedWorker()
-	if _, err := run.worker.check(run.ctx); err != nil {
-		fail(err)
-		return
-	}
-	if len(c.programs) > 0 {
-		run.opsRan = true
-		results, err := run.rt.execute(run.ctx, c.programs)
-		run.result.OpResults = append(run.result.OpResults, results...)
-		if err != nil {
+	worker, results, err := run.execute(c.programs)
+	run.result.OpResults = append(run.result.OpResults, results...)
+	if err != nil {
+		if !errors.Is(err, errWorkerMoved) {
 			run.metrics.opErrors.inc(firstFailedKind(results))
-			fail(err)
-			return
 		}
-	}
-	if err := run.worker.recheck(run.ctx, captured); err != nil {
 		fail(err)
 		return
 	}
-	if err := run.enqueueDeletes(captured, c); err != nil {
+	if err := run.enqueueDeletes(worker, c); err != nil {
 		fail(err)
 		return
 	}

@@ -10,6 +10,7 @@
 package haptic
 
 import (
+	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -26,6 +27,9 @@ type disk interface {
 	OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error)
 	CreateTemp(dir, pattern string) (diskFile, error)
 	Rename(oldpath, newpath string) error
+	// Exchange swaps two existing names atomically (renameat2 with
+	// RENAME_EXCHANGE): each name then refers to the other's file.
+	Exchange(oldpath, newpath string) error
 	Link(oldname, newname string) error
 	Remove(name string) error
 	Mkdir(name string, perm fs.FileMode) error
@@ -51,19 +55,41 @@ type diskFile interface {
 // osDisk is the operating system's filesystem.
 type osDisk struct{}
 
-func (osDisk) Open(name string) (diskFile, error) { return os.Open(name) }
+func (osDisk) Open(name string) (diskFile, error) { return osFileOf(os.Open(name)) }
 
 func (osDisk) OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error) {
-	return os.OpenFile(name, flag, perm)
+	return osFileOf(os.OpenFile(name, flag, perm))
 }
 
-func (osDisk) CreateTemp(dir, pattern string) (diskFile, error) { return os.CreateTemp(dir, pattern) }
-func (osDisk) Rename(oldpath, newpath string) error             { return os.Rename(oldpath, newpath) }
-func (osDisk) Link(oldname, newname string) error               { return os.Link(oldname, newname) }
-func (osDisk) Remove(name string) error                         { return os.Remove(name) }
-func (osDisk) Mkdir(name string, perm fs.FileMode) error        { return os.Mkdir(name, perm) }
-func (osDisk) Chmod(name string, mode fs.FileMode) error        { return os.Chmod(name, mode) }
-func (osDisk) Lstat(name string) (fs.FileInfo, error)           { return os.Lstat(name) }
+func (osDisk) CreateTemp(dir, pattern string) (diskFile, error) {
+	return osFileOf(os.CreateTemp(dir, pattern))
+}
+
+// osFile is an operating-system file whose Sync is fdatasync: it makes the
+// bytes and the size durable, which is all a reader after a power loss
+// needs, without also writing times the agent never reads.
+type osFile struct{ *os.File }
+
+func osFileOf(f *os.File, err error) (diskFile, error) {
+	if err != nil {
+		return nil, err
+	}
+	return osFile{f}, nil
+}
+
+func (f osFile) Sync() error                        { return datasync(f.File) }
+func (osDisk) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+func (osDisk) Link(oldname, newname string) error   { return os.Link(oldname, newname) }
+
+// Exchange is renameat2(RENAME_EXCHANGE) where the system has it
+// (agent_disk_linux.go). A kernel or filesystem without it answers ENOSYS or
+// EINVAL, which callers treat as "use Rename".
+func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
+
+func (osDisk) Remove(name string) error                  { return os.Remove(name) }
+func (osDisk) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }
+func (osDisk) Chmod(name string, mode fs.FileMode) error { return os.Chmod(name, mode) }
+func (osDisk) Lstat(name string) (fs.FileInfo, error)    { return os.Lstat(name) }
 
 // ReadDir reads at most n entries (all of them when n <= 0), unsorted.
 func (osDisk) ReadDir(name string, n int) ([]fs.DirEntry, error) {
@@ -88,26 +114,10 @@ func (osDisk) SyncDir(name string) error {
 		return err
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil && !isErrno(err, syscall.EINVAL) {
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
 		return err
 	}
 	return nil
-}
-
-func isErrno(err error, errno syscall.Errno) bool {
-	var e syscall.Errno
-	for err != nil {
-		if v, ok := err.(syscall.Errno); ok {
-			e = v
-			break
-		}
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		err = u.Unwrap()
-	}
-	return e == errno
 }
 
 // mkdirAll creates dir and its missing parents on d, like os.MkdirAll, and

@@ -12,7 +12,7 @@ import (
 
 // diskOp names one file operation: the method and its path.
 type diskOp struct {
-	Op   string // open, create, rename, link, remove, mkdir, chmod, write, sync, syncdir, truncate
+	Op   string // create, rename, exchange, link, remove, mkdir, write, sync, syncdir, truncate
 	Path string
 }
 
@@ -65,6 +65,13 @@ func (d *hookDisk) Rename(oldpath, newpath string) error {
 		return err
 	}
 	return d.osDisk.Rename(oldpath, newpath)
+}
+
+func (d *hookDisk) Exchange(oldpath, newpath string) error {
+	if err := d.before("exchange", newpath); err != nil {
+		return err
+	}
+	return d.osDisk.Exchange(oldpath, newpath)
 }
 
 func (d *hookDisk) Link(oldname, newname string) error {

@@ -139,6 +139,7 @@ type fileStore struct {
 	logger   *slog.Logger
 	disk     disk
 	rename   func(oldpath, newpath string) error
+	exchange func(oldpath, newpath string) error // nil: every install renames
 
 	// What a power loss could still undo: files whose bytes were installed
 	// without a sync (their content rides in a ledger record instead) and
@@ -194,6 +195,7 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	}
 	if s.rename == nil {
 		s.rename = d.Rename
+		s.exchange = d.Exchange
 	}
 	for _, r := range cfg.Reserved {
 		if r != "" { // an optional socket that is off
@@ -933,7 +935,7 @@ func (s *fileStore) install(f *stagedFile) error {
 	if err != nil {
 		return err
 	}
-	err = s.rename(f.tmp, f.abs)
+	err = s.replaceLive(f.tmp, f.abs)
 	if errors.Is(err, syscall.EXDEV) {
 		s.crossDevice.Add(1)
 		s.logger.Warn("rename crossed a mount the probe did not find; copying instead", "path", f.Rel)
@@ -953,6 +955,29 @@ func (s *fileStore) install(f *stagedFile) error {
 	s.unsyncedDirs[filepath.Dir(f.abs)] = true
 	s.mu.Unlock()
 	return nil
+}
+
+// replaceLive puts tmp at abs atomically. Over an existing file it swaps the
+// two names and removes the temp name, which now holds the old file: a
+// rename over an existing file makes ext4 flush the new file's data first
+// (its protection for programs that never sync), which costs more than the
+// apply's own syncs, and the agent's durability comes from its log anyway.
+func (s *fileStore) replaceLive(tmp, abs string) error {
+	if s.exchange != nil {
+		if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
+			err := s.exchange(tmp, abs)
+			if err == nil {
+				if err := s.disk.Remove(tmp); err != nil {
+					s.logger.Warn("could not remove a replaced file's temp name", "path", tmp, "err", err)
+				}
+				return nil
+			}
+			if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) {
+				return err
+			}
+		}
+	}
+	return s.rename(tmp, abs)
 }
 
 // noteDirs records directories mkdirAll created: their parents' entries are
@@ -1221,7 +1246,9 @@ func (s *fileStore) relink(rel, abs, backup string) error {
 }
 
 // rewrite puts the given bytes at abs through a synced temp file in the
-// path's mount.
+// path's mount. A file that already holds them may hold them only in the
+// page cache (a process crash after an install whose bytes rode in a
+// record), so it is marked for the next flush rather than trusted.
 func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
 	s.noteDirs(created)
@@ -1229,6 +1256,10 @@ func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 		return fmt.Errorf("restore %q: %w", rel, err)
 	}
 	if s.holds(abs, DigestString(string(data)), int64(len(data))) {
+		s.mu.Lock()
+		s.unsynced[abs] = true
+		s.unsyncedDirs[filepath.Dir(abs)] = true
+		s.mu.Unlock()
 		return nil
 	}
 	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
@@ -1244,6 +1275,7 @@ func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 	}
 	s.mu.Lock()
 	delete(s.unsynced, abs)
+	s.unsyncedDirs[filepath.Dir(abs)] = true
 	s.mu.Unlock()
 	return nil
 }

@@ -314,9 +314,18 @@ type stateLog struct {
 // tail is cut off first, so that a later record never follows garbage.
 func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, error) {
 	w := &stateLog{disk: d, statePath: statePath, logPath: logPathFor(statePath), bytes: good, count: count}
+	_, statErr := d.Lstat(w.logPath)
 	f, err := d.OpenFile(w.logPath, os.O_RDWR|os.O_CREATE, privateFileMode)
 	if err != nil {
 		return nil, err
+	}
+	if errors.Is(statErr, fs.ErrNotExist) {
+		// A record synced into a log whose own name is not durable could
+		// vanish with it.
+		if err := d.SyncDir(filepath.Dir(w.logPath)); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	fi, err := f.Stat()
 	if err == nil && fi.Size() != good {

@@ -71,6 +71,7 @@ var (
 	errReloadBusy         = errors.New("another reload is still in progress")
 	errTooManyEntries     = errors.New("runtime listing exceeds the entry limit")
 	errWorkerGone         = errors.New("the deferred delete's HAProxy worker has changed")
+	errWorkerMoved        = errors.New("the commands reached another HAProxy worker than expected")
 	errDeferralOverflow   = errors.New("deferred delete queue is full")
 )
 
@@ -1053,15 +1054,30 @@ func mapVersion(segment string) (string, bool) {
 // reload. A line whose reply cannot be read is outcome unknown, never
 // refused.
 func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpResult, error) {
-	results := make([]OpResult, len(programs))
+	results, _, err := r.executeAs(ctx, programs, nil)
+	return results, err
+}
+
+// executeAs is execute that also reads, on every line's own connection and
+// before its commands, which worker answers (a connection to the worker
+// socket reaches exactly one process). observed is the worker that ran the
+// last line sent. When expected is set and a line reached another worker,
+// the execution stops after that line with errWorkerMoved: checking the
+// worker in the same exchange as the ops costs no round trip, and it names
+// exactly the process the ops ran on.
+func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expected *HAProxyInfo) (results []OpResult, observed HAProxyInfo, err error) {
+	results = make([]OpResult, len(programs))
 	for i, p := range programs {
 		results[i] = OpResult{Kind: p.Kind, OK: true}
 	}
 	if len(programs) > MaxOpsPerApply {
-		return results, fmt.Errorf("%d ops exceed the %d-op limit", len(programs), MaxOpsPerApply)
+		return results, observed, fmt.Errorf("%d ops exceed the %d-op limit", len(programs), MaxOpsPerApply)
 	}
-	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1}
-	err := run.all()
+	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1, expect: expected}
+	err = run.all()
+	if errors.Is(err, errWorkerMoved) {
+		return results, run.observed, err
+	}
 	if err != nil && run.failedProg >= 0 {
 		failed := programs[run.failedProg]
 		if failed.Kind == OpMapReplace {
@@ -1071,7 +1087,7 @@ func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpR
 		}
 		run.abort(failed)
 	}
-	return results, err
+	return results, run.observed, err
 }
 
 // execution is the state of one execute call.
@@ -1082,6 +1098,65 @@ type execution struct {
 	results    []OpResult
 	version    string // the last captured map version
 	failedProg int    // the first program that failed, -1 if none
+
+	expect   *HAProxyInfo // the worker every line must reach; nil checks nothing
+	observed HAProxyInfo  // the worker the last line reached
+}
+
+// identityCommand reads the worker's identity at the front of a line.
+const identityCommand = "show info float"
+
+// line sends one rendered line (which starts with linePrefix). With an
+// expected worker, the line reads the worker's identity first, the reply to
+// that read is cut out before the commands are judged, and a line that
+// reached another worker fails with errWorkerMoved once its reply is
+// judged.
+func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
+	if e.expect == nil {
+		return e.r.exchange(e.ctx, text, budget)
+	}
+	raw, err := e.r.exchange(e.ctx, linePrefix+identityCommand+";"+strings.TrimPrefix(text, linePrefix), budget)
+	if err != nil {
+		return nil, err
+	}
+	rest, info, err := cutIdentity(raw)
+	if err != nil {
+		return nil, err
+	}
+	e.observed = info
+	e.r.version.Store(&info.Version)
+	return rest, nil
+}
+
+// cutIdentity takes the third response of a reply (the identity read after
+// the two prefix commands) out of it and parses it.
+func cutIdentity(raw []byte) ([]byte, HAProxyInfo, error) {
+	ends := make([]int, 0, 3)
+	for pos := 0; len(ends) < 3 && pos < len(raw); {
+		end, complete := nextResponse(raw, pos)
+		if !complete {
+			break
+		}
+		ends = append(ends, end)
+		pos = end
+	}
+	if len(ends) < 3 {
+		return nil, HAProxyInfo{}, incompleteReply(len(ends), 3)
+	}
+	info, err := parseWorkerInfo(trimReply(string(raw[ends[1]:ends[2]])))
+	if err != nil {
+		return nil, HAProxyInfo{}, err
+	}
+	rest := append(slices.Clone(raw[:ends[1]]), raw[ends[2]:]...)
+	return rest, info, nil
+}
+
+// moved reports a line that reached another worker than expected.
+func (e *execution) moved() error {
+	if e.expect == nil || e.expect.SameWorker(e.observed) {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", errWorkerMoved, workerChangedError(*e.expect, e.observed))
 }
 
 func (e *execution) all() error {
@@ -1114,7 +1189,7 @@ func (e *execution) send(line []lineCommand) error {
 		return nil
 	}
 	term := e.programs[line[len(line)-1].prog].Terminator
-	raw, err := e.r.exchange(e.ctx, renderLine(line, term), lineWaitBudget(line))
+	raw, err := e.line(renderLine(line, term), lineWaitBudget(line))
 	if err != nil {
 		// The line may have landed: every command is outcome unknown.
 		for _, c := range line {
@@ -1144,6 +1219,9 @@ func (e *execution) send(line []lineCommand) error {
 	if v.Version != "" {
 		e.version = v.Version
 	}
+	if err := e.moved(); err != nil {
+		return err
+	}
 	return lineErr
 }
 
@@ -1165,10 +1243,13 @@ func (e *execution) fail(prog int, output string) {
 func (e *execution) repeat(prog int, c command) error {
 	removals := 0
 	for range MaxMapDelRepeat {
-		raw, err := e.r.exchange(e.ctx, linePrefix+c.Text+"\n", 0)
+		raw, err := e.line(linePrefix+c.Text+"\n", 0)
 		if err != nil {
 			e.fail(prog, err.Error())
 			return &runtimeError{msg: err.Error(), kind: []error{err, errUnreadableResponse}}
+		}
+		if err := e.moved(); err != nil {
+			return err
 		}
 		v := judgeLine(raw, []command{c})
 		if v.Errs[0] == nil {

@@ -65,18 +65,15 @@ func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) er
 	return err
 }
 
-// recheck is the second worker check: the worker must still be the one the
-// ops were sent to (a concurrent verified read may have adopted a new one
-// already).
-func (w *workerTracker) recheck(ctx context.Context, captured HAProxyInfo) error {
-	observed, err := w.check(ctx)
-	if err != nil {
-		return err
+// adopt adopts a worker an exchange found answering instead of the
+// expected one.
+func (w *workerTracker) adopt(ctx context.Context, info HAProxyInfo) {
+	if !info.HasWorkerIdentity() {
+		return
 	}
-	if !observed.SameWorker(captured) {
-		return workerChangedError(captured, observed)
-	}
-	return nil
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.observedLocked(ctx, info)
 }
 
 func workerChangedError(from, to HAProxyInfo) error {

@@ -456,22 +456,34 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PerPodApplyTimeout)
 	defer cancel()
 
-	// Every reader is wrapped once for the whole call: the first read that
-	// yields bytes marks the call consumed, and from then on a refused or
-	// reset connection is not retried, because the bytes cannot be read
-	// again.
+	// The first read of the body that yields bytes marks the call consumed,
+	// and from then on a refused or reset connection is not retried: the
+	// agent may have acted on what it read.
 	var consumed atomic.Bool
-	body := &applyBody{manifest: manifestJSON, parts: ordered}
-	if plan != nil {
-		body.plan = &firstReadMark{r: plan, consumed: &consumed}
-	}
-	for i := range body.parts {
-		body.parts[i].r = &firstReadMark{r: body.parts[i].r, consumed: &consumed}
+	body := &applyBody{manifest: manifestJSON, parts: ordered, plan: plan}
+	attempt := func(ctx context.Context) (int, []byte, error) { return c.applyAttempt(ctx, body) }
+	if body.small() {
+		// A small body is built once in memory and sent with its length, in
+		// one write: streaming it through a pipe in chunks costs a
+		// goroutine hand-off and a write per part on both ends, which is
+		// most of what a one-entry change costs besides HAProxy itself.
+		buffered, contentType, err := body.buffer()
+		if err != nil {
+			return nil, err
+		}
+		attempt = func(ctx context.Context) (int, []byte, error) {
+			return c.send(ctx, bytes.NewReader(buffered), int64(len(buffered)), contentType, &consumed)
+		}
+	} else {
+		if plan != nil {
+			body.plan = &firstReadMark{r: plan, consumed: &consumed}
+		}
+		for i := range body.parts {
+			body.parts[i].r = &firstReadMark{r: body.parts[i].r, consumed: &consumed}
+		}
 	}
 
-	status, answer, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		return c.applyAttempt(ctx, body)
-	}, func() bool { return !consumed.Load() })
+	status, answer, err := c.exchange(ctx, attempt, func() bool { return !consumed.Load() })
 	if err != nil {
 		return nil, err
 	}
@@ -601,6 +613,55 @@ type applyBody struct {
 	manifest []byte
 	plan     io.Reader
 	parts    []applyPart
+}
+
+// maxBufferedApplyBytes is the largest body (manifest and parts, as the
+// manifest declares them) sent from memory in one piece; larger ones stream.
+const maxBufferedApplyBytes = 1 << 20
+
+// small reports whether the body is sent from memory: its parts fit
+// maxBufferedApplyBytes and it carries no plan blob, whose size is unknown
+// until read.
+func (b *applyBody) small() bool {
+	if b.plan != nil {
+		return false
+	}
+	n := int64(len(b.manifest))
+	for _, p := range b.parts {
+		n += p.expected
+	}
+	return n <= maxBufferedApplyBytes
+}
+
+// buffer writes the whole multipart body into memory.
+func (b *applyBody) buffer() ([]byte, string, error) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	if err := b.writeTo(mw); err != nil {
+		return nil, "", err
+	}
+	if err := mw.Close(); err != nil {
+		return nil, "", err
+	}
+	return buf.Bytes(), mw.FormDataContentType(), nil
+}
+
+// send posts a body of known length once.
+func (c *Client) send(ctx context.Context, body io.Reader, length int64, contentType string, consumed *atomic.Bool) (int, []byte, error) {
+	req, err := c.newRequest(ctx, http.MethodPost, PathApply, &firstReadMark{r: body, consumed: consumed}, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.ContentLength = length
+	req.GetBody = nil
+	req.Header.Set("Content-Type", contentType)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	status, answer, err := readAnswer(resp)
+	resp.Body.Close()
+	return status, answer, err
 }
 
 // errAttemptOver closes an attempt's pipe once the attempt has its answer
