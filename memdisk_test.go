@@ -404,6 +404,39 @@ func (d *memDisk) renameLocked(oldpath, newpath string) error {
 	return nil
 }
 
+// Exchange swaps two existing names atomically, as renameat2 with
+// RENAME_EXCHANGE does: one metadata operation touching both directories.
+func (d *memDisk) Exchange(oldpath, newpath string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	op, ob, ino, err := d.existing(oldpath)
+	if err == nil {
+		var np uint64
+		var nb string
+		var nino uint64
+		np, nb, nino, err = d.existing(newpath)
+		switch {
+		case err != nil:
+		case ino == memRootIno || nino == memRootIno:
+			err = syscall.EBUSY
+		case d.inodes[ino].dir || d.inodes[nino].dir:
+			err = syscall.EINVAL // directories are never exchanged by the agent
+		case ino == nino:
+		default:
+			touches := []uint64{op}
+			if np != op {
+				touches = append(touches, np)
+			}
+			d.log(memOp{desc: "exchange " + oldpath + " " + newpath, touches: touches,
+				entries: []memEntryChange{{dir: op, name: ob, ino: nino}, {dir: np, name: nb, ino: ino}}})
+		}
+	}
+	if err != nil {
+		return &os.LinkError{Op: "renameat2", Old: oldpath, New: newpath, Err: err}
+	}
+	return nil
+}
+
 // Link adds newname as another name of oldname's file.
 func (d *memDisk) Link(oldname, newname string) error {
 	d.mu.Lock()
