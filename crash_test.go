@@ -295,6 +295,12 @@ type crashKind struct {
 	mode     string
 	ops      []Op
 	wantMode string
+
+	// warmup, when set, is a runtime apply from the set landed first to
+	// before, so that the interrupted apply finds its paths journalled
+	// already (the steady state of a pod taking runtime changes).
+	warmup []Op
+	landed fileSet
 }
 
 func crashKinds() []crashKind {
@@ -315,9 +321,14 @@ func crashKinds() []crashKind {
 		"errors/503.http": "HTTP/1.0 503 render 1\r\n\r\n",
 		"lua/new/x.lua":   "-- created in a new directory\n",
 	}
+	second := runtime.clone()
+	second["maps/host.map"] += "c.example.com be-c\n"
 	return []crashKind{
 		{name: "runtime", before: before, after: runtime, mode: ModeAuto,
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
+		{name: "runtime_again", landed: before, before: runtime, after: second, mode: ModeAuto,
+			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
+			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
 		{name: "file_only", before: before, after: fileOnly, mode: ModeAuto, wantMode: ResultFileOnly},
 		{name: "reload", before: before, after: reload, mode: ModeReload, wantMode: ResultReload},
 	}
@@ -359,12 +370,30 @@ func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 	cfg := agentChildConfig{BaseDir: base, MasterSocket: fake.MasterSocket(), WorkerSocket: fake.WorkerSocket(),
 		AddrFile: filepath.Join(dir, "addr"), StopMarker: filepath.Join(dir, "stopped")}
 	a := startAgentChild(t, cfg)
-	code, b, err := a.postApply(a.state(t), "plan-1", k.before, ModeReload)
+	k.landBefore(t, a.state, a.postApply)
+	a.kill()
+	return &crashEnv{fake: fake, cfg: cfg, base: base}
+}
+
+// landBefore brings an agent to the set before: a reload, and the warmup's
+// runtime apply when there is one.
+func (k crashKind) landBefore(t testing.TB, state func(testing.TB) *State, post func(*State, string, fileSet, string, ...Op) (int, []byte, error)) {
+	t.Helper()
+	first, firstID := k.before, "plan-1"
+	if k.warmup != nil {
+		first, firstID = k.landed, "plan-0"
+	}
+	code, b, err := post(state(t), firstID, first, ModeReload)
 	if err != nil || code != http.StatusOK || !bytes.Contains(b, []byte(`"ok":true`)) {
 		t.Fatalf("landing the set before: %d %v %s", code, err, b)
 	}
-	a.kill()
-	return &crashEnv{fake: fake, cfg: cfg, base: base}
+	if k.warmup == nil {
+		return
+	}
+	code, b, err = post(state(t), "plan-1", k.before, ModeAuto, k.warmup...)
+	if err != nil || code != http.StatusOK || !bytes.Contains(b, []byte(`"mode":"runtime"`)) {
+		t.Fatalf("the warmup: %d %v %s", code, err, b)
+	}
 }
 
 // countApplyOps runs the apply once, to its end, and counts its file

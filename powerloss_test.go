@@ -1,0 +1,269 @@
+// The machine-crash simulation: an agent runs its applies on the recording
+// disk of memdisk_test.go, and before every file operation of a runtime, a
+// file_only and a reload apply (and after the last), the disk images a power
+// loss could leave there are forked. On each image a ledger and a file
+// store start afresh and recover, exactly as a restarting agent does, and
+// the four requirements of the agent's durability are checked:
+//
+//  1. the tree is the set before the apply or the apply's set, never a mix;
+//  2. a plan the state names has its files on disk;
+//  3. an apply whose commit was durable (so it may have been answered OK)
+//     is still the applied plan;
+//  4. the generation and the proof counter never fall below what the agent
+//     may have reported.
+//
+// HAPTIC_POWERLOSS=1 forks up to maxCrashImages images per operation
+// instead of the quick run's few.
+
+package haptic
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// powerLossImagesPerOp is how many images the quick run forks per file
+// operation; the extremes (nothing unsynced survives, everything does) are
+// always among them.
+const powerLossImagesPerOp = 12
+
+// forkingDisk is a memDisk that calls before(op) ahead of every operation
+// that changes something or syncs, outside the memDisk's lock, so that
+// before can fork crash images of the instant between two operations.
+type forkingDisk struct {
+	*memDisk
+	before func(op diskOp)
+}
+
+func (d *forkingDisk) at(op, path string) {
+	if d.before != nil {
+		d.before(diskOp{Op: op, Path: path})
+	}
+}
+
+func (d *forkingDisk) OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error) {
+	if flag&(os.O_CREATE|os.O_TRUNC) != 0 {
+		d.at("create", name)
+	}
+	f, err := d.memDisk.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &forkingFile{diskFile: f, d: d}, nil
+}
+
+func (d *forkingDisk) CreateTemp(dir, pattern string) (diskFile, error) {
+	d.at("create", dir)
+	f, err := d.memDisk.CreateTemp(dir, pattern)
+	if err != nil {
+		return nil, err
+	}
+	return &forkingFile{diskFile: f, d: d}, nil
+}
+
+func (d *forkingDisk) Rename(o, n string) error   { d.at("rename", n); return d.memDisk.Rename(o, n) }
+func (d *forkingDisk) Exchange(o, n string) error { d.at("exchange", n); return d.memDisk.Exchange(o, n) }
+func (d *forkingDisk) Link(o, n string) error     { d.at("link", n); return d.memDisk.Link(o, n) }
+func (d *forkingDisk) Remove(name string) error   { d.at("remove", name); return d.memDisk.Remove(name) }
+func (d *forkingDisk) SyncDir(name string) error  { d.at("syncdir", name); return d.memDisk.SyncDir(name) }
+
+func (d *forkingDisk) Mkdir(name string, perm fs.FileMode) error {
+	d.at("mkdir", name)
+	return d.memDisk.Mkdir(name, perm)
+}
+
+type forkingFile struct {
+	diskFile
+	d *forkingDisk
+}
+
+func (f *forkingFile) Write(p []byte) (int, error) {
+	op := "write"
+	if bytes.Contains(p, []byte(`"kind":"commit"`)) {
+		op = "write-commit"
+	}
+	f.d.at(op, f.Name())
+	return f.diskFile.Write(p)
+}
+
+func (f *forkingFile) Sync() error {
+	f.d.at("sync", f.Name())
+	return f.diskFile.Sync()
+}
+
+func (f *forkingFile) Truncate(size int64) error {
+	f.d.at("truncate", f.Name())
+	return f.diskFile.Truncate(size)
+}
+
+// TestPowerLossAtEveryFileOperation runs the simulation for each kind of
+// apply the kill -9 test interrupts.
+func TestPowerLossAtEveryFileOperation(t *testing.T) {
+	perOp := powerLossImagesPerOp
+	if os.Getenv("HAPTIC_POWERLOSS") != "" {
+		perOp = maxCrashImages
+	}
+	for _, k := range crashKinds() {
+		t.Run(k.name, func(t *testing.T) { runPowerLoss(t, k, perOp) })
+	}
+}
+
+func runPowerLoss(t *testing.T, k crashKind, perOp int) {
+	base := t.TempDir() // exists on the real disk too: the store resolves it there
+	md := newMemDisk()
+	if err := md.mkdirAll(base); err != nil {
+		t.Fatal(err)
+	}
+	fd := &forkingDisk{memDisk: md}
+	fake := startTestFake(t, "")
+	// A reload "loads" the maps of the recording disk, as a worker would.
+	fake.With(func(m *FakeModel) {
+		m.OnReload = func(m *FakeModel) {
+			m.Maps = map[string][]MapEntry{}
+			if b, err := md.readFile(filepath.Join(base, "maps/host.map")); err == nil {
+				m.Maps["maps/host.map"] = ParseMapEntries(string(b))
+			}
+		}
+	})
+	cfg := testAgentConfig(t, fake)
+	cfg.BaseDir = base
+	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd}, nil, true)
+	c := newAgentClient(t, a)
+	if k.warmup == nil {
+		if res := c.apply(c.manifest("plan-1", k.before), k.before); !res.OK {
+			t.Fatalf("landing the set before: %+v", res)
+		}
+	} else {
+		if res := c.apply(c.manifest("plan-0", k.landed), k.landed); !res.OK {
+			t.Fatalf("landing the first set: %+v", res)
+		}
+		if res := c.apply(c.manifest("plan-1", k.before, k.warmup...), k.before); res.Mode != ResultRuntime {
+			t.Fatalf("the warmup: %+v", res)
+		}
+		a.reads.wg.Wait()
+	}
+	st := c.state("")
+	before := struct {
+		gen, proof uint64
+	}{st.Generation, proofNumber(st.AppliedPlanProof)}
+
+	// Fork images before every operation of the apply, and check each on
+	// the spot. Once the commit record is synced, the apply counts as
+	// answered.
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(1, uint64(len(k.name))))
+	seen := map[string]bool{}
+	var committed, acked atomic.Bool
+	var ops, images int
+	var failures []string
+	check := func(op diskOp) {
+		mu.Lock()
+		defer mu.Unlock()
+		ops++
+		for _, img := range md.crashImages(perOp, rng) {
+			key := img.canonical()
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			images++
+			if msg := checkRecovery(img, cfg, k, before.gen, before.proof, acked.Load()); msg != "" && len(failures) < 10 {
+				failures = append(failures, fmt.Sprintf("before %s %s (op %d): %s", op.Op, op.Path, ops, msg))
+			}
+		}
+		switch {
+		case op.Op == "write-commit":
+			committed.Store(true)
+		case op.Op == "sync" && committed.Load():
+			acked.Store(true)
+		}
+	}
+	fd.before = check
+	m := c.manifestFrom(c.state(""), "plan-2", k.after, k.ops...)
+	m.Mode = k.mode
+	res := c.apply(m, k.after)
+	a.reads.wg.Wait()
+	fd.before = nil
+	check(diskOp{Op: "end", Path: "after the answer"})
+	if !res.OK || res.Mode != k.wantMode {
+		t.Fatalf("the apply: %+v", res)
+	}
+	t.Logf("%s apply: %d file operations, %d distinct power-loss images checked", k.name, ops, images)
+	for _, f := range failures {
+		t.Error(f)
+	}
+}
+
+// checkRecovery recovers a fresh ledger and file store on img, as a
+// restarting agent does before it probes HAProxy, and checks the four
+// requirements. It returns what failed, or "".
+func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofBefore uint64, acked bool) string {
+	logger := testLogger()
+	paths, err := resolveAgentPaths(&cfg)
+	if err != nil {
+		return err.Error()
+	}
+	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, Logger: logger, Disk: img,
+		Reserved: []string{paths.state, paths.log, paths.planBlob}})
+	if err != nil {
+		return "file store: " + err.Error()
+	}
+	queue := newDeleteQueue(newHAProxyRuntime(runtimeConfig{Logger: logger}), logger, func(string, string) {})
+	led, loaded, err := newLedger(img, paths, files, queue, logger)
+	if err != nil {
+		return "ledger: " + err.Error()
+	}
+	defer led.log.close()
+	led.recoverTree(loaded)
+	st := led.view()
+	tree, err := files.HashTree(st.ManifestPaths)
+	if err != nil {
+		return "hash: " + err.Error()
+	}
+	led.adoptTree(tree)
+	st = led.view()
+
+	got := treeOf(img, cfg.BaseDir)
+	isBefore, isAfter := sameSet(got, k.before), sameSet(got, k.after)
+	switch {
+	case !isBefore && !isAfter:
+		return fmt.Sprintf("requirement 1: the tree is a mix: %v", got.paths())
+	case st.AppliedPlanID == "plan-1" && !isBefore:
+		return "requirement 2: plan-1 is applied over the apply's set"
+	case st.AppliedPlanID == "plan-2" && !isAfter:
+		return "requirement 2: plan-2 is applied over the set before"
+	case acked && st.AppliedPlanID != "plan-2":
+		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.AppliedPlanID)
+	case st.Generation < genBefore || (acked && st.Generation < genBefore+1):
+		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
+	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):
+		return fmt.Sprintf("requirement 4: proof counter %d, reported a:%d (answered: %v)", st.ProofGeneration, proofBefore, acked)
+	}
+	return ""
+}
+
+// treeOf reads the files under base on img, leaving out the agent's own
+// dot-prefixed names.
+func treeOf(img *memDisk, base string) fileSet {
+	out := fileSet{}
+	for p, content := range img.dump() {
+		rel, err := filepath.Rel(base, p)
+		if err != nil || strings.HasPrefix(rel, "..") || strings.HasSuffix(p, "/") {
+			continue
+		}
+		if slices.ContainsFunc(strings.Split(rel, "/"), func(c string) bool { return strings.HasPrefix(c, ".") }) {
+			continue
+		}
+		out[rel] = content
+	}
+	return out
+}
