@@ -905,9 +905,9 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 		return bytes.NewReader(blob)
 	}
 
-	// The first apply carries only the patches: the agent lacks a changed
-	// file anyway, and a patch small enough to send is cheaper than the
-	// round trip that would ask for it.
+	// The first apply carries the patches and no whole file: the agent
+	// lacks a changed file anyway, and a patch small enough to send costs
+	// less than the round trip that would ask for it.
 	patches := deployPatches(state, m.Files, next, opts.Applied)
 	sent, parts := patchedManifest(m, patches, nil)
 	result, err := c.Apply(ctx, sent, parts, planPart())
