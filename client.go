@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime/multipart"
 	"net"
 	"net/http"
@@ -852,7 +853,7 @@ func CheckSkew(state *State) (majorMismatch bool, missingOps []string) {
 // DeployOptions tunes one Deploy.
 type DeployOptions struct {
 	LeaderEpoch uint64 // the caller's leadership epoch; the token epoch of every apply
-	Applied     *Plan  // optional: the caller's own copy of the plan the pod last applied
+	Applied     *Plan  // optional: the caller's own copy of the plan the pod last applied; its contents enable patches
 	PlanBlob    []byte // optional: EncodePlanBlob(next), computed once for a fleet; nil or empty = Deploy encodes it
 	Verify      bool   // read state with verify=1
 }
@@ -865,8 +866,16 @@ const maxDeployRounds = 4
 // Deploy brings one pod to next: it reads the pod's state, diffs next
 // against the pod's baseline, applies, resends the file parts the agent
 // asks for, re-diffs when the pod's baseline moved, and stores the plan
-// blob after an apply that did not carry it (wire.md §10). Run one Deploy
-// per pod, in parallel across pods, each with that pod's Client.
+// blob after an apply that did not carry it. Run one Deploy per pod, in
+// parallel across pods, each with that pod's Client.
+//
+// A changed file travels as a patch (only the replaced byte range) when
+// the agent advertises file_patch, its state lists the file's previous
+// bytes with a proof, opts.Applied holds exactly those bytes, and the
+// replacement is much smaller than the file (see patchFor). The pod's
+// stored blob carries no file contents, so only the caller's own plan can
+// be the base: without opts.Applied every changed file travels whole, as
+// does a patched file whose base the agent no longer holds.
 //
 // A 200 answer is returned with a nil error whether it is an ACK or a NACK;
 // a NACK is not retried. A stale_epoch conflict (a newer leader exists),
@@ -926,8 +935,9 @@ func needsRediff(err error) bool {
 	return errors.As(err, &me)
 }
 
-// deployRound is one round of wire.md §10.2: read state, decide, apply,
-// resend the missing parts once, and store the blob after an ACK.
+// deployRound is one round: read state, decide, apply (with the patched
+// files' parts, if any), resend the missing parts once, and store the blob
+// after an ACK.
 func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, blob []byte) (*ApplyResult, error) {
 	state, err := c.deployState(ctx, opts)
 	if err != nil {
@@ -956,14 +966,24 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 		return bytes.NewReader(blob)
 	}
 
-	result, err := c.Apply(ctx, m, nil, planPart())
+	// The first apply carries the patches and no whole file: the agent
+	// lacks a changed file anyway, and a patch small enough to send costs
+	// less than the round trip that would ask for it.
+	patches := deployPatches(state, m.Files, next, opts.Applied)
+	sent, parts := patchedManifest(m, patches, nil)
+	result, err := c.Apply(ctx, sent, parts, planPart())
 	var me *MissingError
 	if errors.As(err, &me) {
-		parts, perr := missingParts(next, me.Missing.Missing)
+		whole, perr := missingParts(next, me.Missing.Missing)
 		if perr != nil {
 			return nil, perr
 		}
-		result, err = c.Apply(ctx, m, parts, planPart())
+		// A patched path the agent lists has lost its base (the file on
+		// disk is not the one its state named): it travels whole, and the
+		// other patches stand.
+		sent, parts = patchedManifest(m, patches, me.Missing.Missing)
+		maps.Copy(parts, whole)
+		result, err = c.Apply(ctx, sent, parts, planPart())
 	}
 	if err != nil {
 		return nil, err
@@ -1040,4 +1060,170 @@ func missingParts(next *Plan, missing []string) (map[string]io.Reader, error) {
 		parts[p] = strings.NewReader(f.Content)
 	}
 	return parts, nil
+}
+
+// ---------------------------------------------------------------------------
+// File patches.
+
+// minPatchFileBytes is the smallest file Deploy sends as a patch. Below it
+// the whole file is a few packets, and a patch would only add the chance
+// of a second apply when the agent has lost the base.
+const minPatchFileBytes = 8 << 10
+
+// filePatch is one file ready to travel as a patch: the manifest's
+// FilePatch and the replacement bytes its part carries.
+type filePatch struct {
+	patch       FilePatch
+	replacement string
+}
+
+// patchFor returns the patch that turns base into next by replacing one
+// byte range of base, the smallest such range (the longest common prefix,
+// then the longest common suffix of what is left), or nil when next is
+// better sent whole: next is shorter than minPatchFileBytes, or the
+// replacement is more than half of next. Past half a patch saves little,
+// and a patch whose base turns out to be gone costs its bytes on top of the
+// whole file's.
+//
+// The patch names base by its digest and size, so the agent applies it only
+// to exactly these bytes; the new content is
+// base[:Offset] + replacement + base[Offset+Length:].
+func patchFor(base, next string) *filePatch {
+	if len(next) < minPatchFileBytes {
+		return nil
+	}
+	prefix := commonPrefixLen(base, next)
+	suffix := commonSuffixLen(base[prefix:], next[prefix:])
+	replacement := next[prefix : len(next)-suffix]
+	if len(replacement) > len(next)/2 {
+		return nil
+	}
+	return &filePatch{
+		patch: FilePatch{
+			BaseDigest: DigestString(base),
+			BaseSize:   int64(len(base)),
+			Offset:     int64(prefix),
+			Length:     int64(len(base) - prefix - suffix),
+		},
+		replacement: replacement,
+	}
+}
+
+// patchCompareBlock is the stride of the prefix and suffix scans: whole
+// blocks compare as strings (a vectorised memory compare), and only the
+// block that differs is scanned byte by byte.
+const patchCompareBlock = 4 << 10
+
+// commonPrefixLen is the length of the longest common prefix of a and b.
+func commonPrefixLen(a, b string) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i+patchCompareBlock <= n && a[i:i+patchCompareBlock] == b[i:i+patchCompareBlock] {
+		i += patchCompareBlock
+	}
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
+}
+
+// commonSuffixLen is the length of the longest common suffix of a and b.
+func commonSuffixLen(a, b string) int {
+	n := min(len(a), len(b))
+	i := 0
+	for i+patchCompareBlock <= n && a[len(a)-i-patchCompareBlock:len(a)-i] == b[len(b)-i-patchCompareBlock:len(b)-i] {
+		i += patchCompareBlock
+	}
+	for i < n && a[len(a)-1-i] == b[len(b)-1-i] {
+		i++
+	}
+	return i
+}
+
+// deployPatches chooses the files of one apply that travel as patches, by
+// path. A file qualifies only when all of these hold:
+//   - the agent advertises file_patch (an agent that ignores the field
+//     would take the replacement bytes for the whole file);
+//   - the agent's state lists the path with a proof, that is a file an
+//     apply landed, and not the file the manifest wants (the agent would
+//     not need its bytes at all);
+//   - prev, the caller's copy of an earlier plan, holds the path's content,
+//     and that content has exactly the digest and size the state lists, so
+//     the agent splices the patch into the very bytes it was computed from;
+//   - next holds the new content, of the manifest's size;
+//   - patchFor finds the patch worth sending.
+//
+// prev need not be the pod's applied plan: the digest check alone decides
+// whether its bytes are the agent's.
+func deployPatches(state *State, files []ManifestFile, next, prev *Plan) map[string]*filePatch {
+	if prev == nil || next == nil || !slices.Contains(state.Features, FeatureFilePatch) {
+		return nil
+	}
+	nextFiles, prevFiles := planFilesByPath(next), planFilesByPath(prev)
+	var patches map[string]*filePatch
+	for _, f := range files {
+		held, ok := state.Files[f.Path]
+		if !ok || held.Proof == "" {
+			continue
+		}
+		if held.Proof == f.Proof && held.Digest == f.Digest && held.Size == f.Size {
+			continue
+		}
+		nf, pf := nextFiles[f.Path], prevFiles[f.Path]
+		if nf == nil || !nf.ContentKnown || int64(len(nf.Content)) != f.Size {
+			continue
+		}
+		// The plan's own digest is a cheap first filter; patchFor hashes
+		// the bytes themselves.
+		if pf == nil || !pf.ContentKnown || pf.Digest != held.Digest || int64(len(pf.Content)) != held.Size {
+			continue
+		}
+		p := patchFor(pf.Content, nf.Content)
+		if p == nil || p.patch.BaseDigest != held.Digest {
+			continue
+		}
+		if patches == nil {
+			patches = make(map[string]*filePatch)
+		}
+		patches[f.Path] = p
+	}
+	return patches
+}
+
+// planFilesByPath indexes p's files by path.
+func planFilesByPath(p *Plan) map[string]*PlanFile {
+	files := make(map[string]*PlanFile, len(p.Files))
+	for i := range p.Files {
+		files[p.Files[i].Path] = &p.Files[i]
+	}
+	return files
+}
+
+// patchedManifest returns m with its patched files carrying their patch,
+// and the parts of those files; a path listed in whole keeps no patch and
+// gets no part here (the caller sends it whole). Without a patch to set, m
+// itself is returned, so the manifest is byte for byte the one NewManifest
+// built. m's files are shared with the decision, so they are copied before
+// a patch is set.
+func patchedManifest(m *Manifest, patches map[string]*filePatch, whole []string) (*Manifest, map[string]io.Reader) {
+	parts := make(map[string]io.Reader)
+	var files []ManifestFile
+	for i, f := range m.Files {
+		p, ok := patches[f.Path]
+		if !ok || slices.Contains(whole, f.Path) {
+			continue
+		}
+		if files == nil {
+			files = slices.Clone(m.Files)
+		}
+		patch := p.patch
+		files[i].Patch = &patch
+		parts[f.Path] = strings.NewReader(p.replacement)
+	}
+	if files == nil {
+		return m, parts
+	}
+	patched := *m
+	patched.Files = files
+	return &patched, parts
 }
