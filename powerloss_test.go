@@ -70,11 +70,17 @@ func (d *forkingDisk) CreateTemp(dir, pattern string) (diskFile, error) {
 	return &forkingFile{diskFile: f, d: d}, nil
 }
 
-func (d *forkingDisk) Rename(o, n string) error   { d.at("rename", n); return d.memDisk.Rename(o, n) }
-func (d *forkingDisk) Exchange(o, n string) error { d.at("exchange", n); return d.memDisk.Exchange(o, n) }
-func (d *forkingDisk) Link(o, n string) error     { d.at("link", n); return d.memDisk.Link(o, n) }
-func (d *forkingDisk) Remove(name string) error   { d.at("remove", name); return d.memDisk.Remove(name) }
-func (d *forkingDisk) SyncDir(name string) error  { d.at("syncdir", name); return d.memDisk.SyncDir(name) }
+func (d *forkingDisk) Rename(o, n string) error { d.at("rename", n); return d.memDisk.Rename(o, n) }
+func (d *forkingDisk) Exchange(o, n string) error {
+	d.at("exchange", n)
+	return d.memDisk.Exchange(o, n)
+}
+func (d *forkingDisk) Link(o, n string) error   { d.at("link", n); return d.memDisk.Link(o, n) }
+func (d *forkingDisk) Remove(name string) error { d.at("remove", name); return d.memDisk.Remove(name) }
+func (d *forkingDisk) SyncDir(name string) error {
+	d.at("syncdir", name)
+	return d.memDisk.SyncDir(name)
+}
 
 func (d *forkingDisk) Mkdir(name string, perm fs.FileMode) error {
 	d.at("mkdir", name)
