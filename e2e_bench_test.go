@@ -7,6 +7,7 @@
 package haptic
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 type benchSamples struct {
 	agent, raw []time.Duration
 	timing     []ApplyTiming
+	datasync   []time.Duration // the disk's own cost of one durable record, when measured
 }
 
 func median(d []time.Duration) time.Duration {
@@ -46,6 +48,16 @@ func (s *benchSamples) report(b *testing.B) {
 	b.ReportMetric(float64(r.Microseconds())/1000, "raw-ms")
 	if r > 0 {
 		b.ReportMetric(float64(a)/float64(r), "ratio")
+	}
+	if len(s.datasync) > 0 {
+		// The budget of a durable one-entry change: the raw round trip,
+		// two durable records (the intent before the first rename, the
+		// commit before the answer), and half a millisecond for the rest.
+		d := median(s.datasync)
+		budget := r + 2*d + 500*time.Microsecond
+		b.ReportMetric(float64(d.Microseconds())/1000, "fdatasync-ms")
+		b.ReportMetric(float64(budget.Microseconds())/1000, "budget-ms")
+		b.ReportMetric(float64(a)/float64(budget), "of-budget")
 	}
 	if len(s.timing) > 0 {
 		part := func(f func(ApplyTiming) int64) float64 {
@@ -145,6 +157,7 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
 	rawAdd := linePrefix + frameCommand("add map "+e2eHostMap, "bench-raw.test be-b\n", terminatorFor(e.h.Version()))
 	rawDel := linePrefix + "del map " + e2eHostMap + " bench-raw.test\n"
+	log := openDatasyncProbe(b, e)
 	var s benchSamples
 	for b.Loop() {
 		s.add(e.applyTimed(b, with, []Op{addOp}, ModeAuto, ResultRuntime))
@@ -155,8 +168,35 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 		}
 		s.raw = append(s.raw, took)
 		rawLine(b, e.h.WorkerSocket(), rawDel)
+		s.datasync = append(s.datasync, appendDatasync(b, log))
 	}
 	s.report(b)
+}
+
+// openDatasyncProbe opens a file beside the agent's state, where a record
+// of the same size as an apply's commit is appended and fdatasync'ed once
+// per iteration: the disk's cost of one durable record, measured in the
+// same run as the agent.
+func openDatasyncProbe(b *testing.B, e *e2eEnv) *os.File {
+	f, err := os.OpenFile(filepath.Join(e.a.cfg.BaseDir, ".bench-datasync"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
+	return f
+}
+
+var datasyncRecord = bytes.Repeat([]byte("r"), 512)
+
+func appendDatasync(b *testing.B, f *os.File) time.Duration {
+	start := time.Now()
+	if _, err := f.Write(datasyncRecord); err != nil {
+		b.Fatal(err)
+	}
+	if err := datasync(f); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
 }
 
 // BenchmarkRealReloadApply: a reload apply (a changed frontend section)
