@@ -114,6 +114,11 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
 	mr, err := r.MultipartReader()
+	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
+		// MultipartReader also takes multipart/mixed; the apply body is a
+		// form, and only a form's parts carry the names it is read by.
+		err = http.ErrNotMultipart
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, StageRequest, err.Error())
 		return
@@ -132,6 +137,12 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
 	code, body := a.admitAndRun(run, mr)
 	writeJSON(w, code, body)
+}
+
+// isFormData reports whether a Content-Type is multipart/form-data.
+func isFormData(contentType string) bool {
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "multipart/form-data"
 }
 
 // readManifest reads the first part, which must be the manifest.
@@ -201,6 +212,9 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
 		if _, err := abs(f.Path); err != nil {
+			return err
+		}
+		if err := checkRuntimePath(f.Kind, f.Path); err != nil {
 			return err
 		}
 		if seen[f.Path] {

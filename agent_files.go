@@ -60,9 +60,12 @@ const (
 
 // validatePath applies the manifest path rules of agent.md §6.1. The dot
 // rule keeps the state file, the store's own directories, restore staging
-// files and the default admin socket out of any manifest's reach.
+// files and the default admin socket out of any manifest's reach. The
+// character rules (valid UTF-8, no control or bidirectional control
+// character) are shared with the client (pathCharProblem).
 func validatePath(rel string) error {
 	why := ""
+	chars := pathCharProblem(rel)
 	switch {
 	case rel == "":
 		why = "is empty"
@@ -74,6 +77,8 @@ func validatePath(rel string) error {
 		why = "is not canonical"
 	case strings.IndexByte(rel, 0) >= 0:
 		why = "contains NUL"
+	case chars != "":
+		why = chars
 	case hasDotComponent(rel):
 		why = "has a component starting with a dot"
 	default:
@@ -490,7 +495,11 @@ func (s *fileStore) openBase(abs string, p *FilePatch) (*os.File, error) {
 // The transaction.
 
 // deletions returns the owned paths the manifest no longer lists, sorted:
-// absence means delete, but only for paths the agent owns.
+// absence means delete, but only for paths the agent owns. An owned path the
+// current path rules refuse (written by an older agent with laxer rules) is
+// left on disk and drops out of the ownership set: deleting it would fail
+// the path check and abort every apply that omits it, while no manifest may
+// name it any more.
 func deletions(owned []string, files []ManifestFile) []string {
 	want := make(map[string]bool, len(files))
 	for _, f := range files {
@@ -498,7 +507,7 @@ func deletions(owned []string, files []ManifestFile) []string {
 	}
 	var out []string
 	for _, p := range owned {
-		if !want[p] {
+		if !want[p] && validatePath(p) == nil {
 			out = append(out, p)
 		}
 	}

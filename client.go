@@ -566,8 +566,10 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	return ordered, nil
 }
 
-// checkManifestPath checks one manifest path in the order of wire.md §9.11.
-// Dot-name components other than ".." are left to the agent.
+// checkManifestPath checks one manifest path in the order of wire.md §9.11,
+// plus the character rules the agent applies too (pathCharProblem), right
+// after the NUL check. Dot-name components other than ".." are left to the
+// agent.
 func checkManifestPath(p string) error {
 	switch {
 	case p == "":
@@ -578,6 +580,8 @@ func checkManifestPath(p string) error {
 		return fmt.Errorf("agent client: file path %q must be relative to the base dir", p)
 	case strings.IndexByte(p, 0) >= 0:
 		return fmt.Errorf("agent client: file path %q contains a NUL byte", p)
+	case pathCharProblem(p) != "":
+		return fmt.Errorf("agent client: file path %q %s", p, pathCharProblem(p))
 	case path.Clean(p) != p:
 		return fmt.Errorf("agent client: file path %q is not in cleaned form", p)
 	case p == ".." || strings.HasPrefix(p, "../"):
