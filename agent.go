@@ -194,6 +194,11 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
 	a.files = files
+	for _, p := range []string{paths.state, paths.planBlob} {
+		if err := checkOwnedPath(p, false); err != nil {
+			return nil, fmt.Errorf("--state-file: %w", err)
+		}
+	}
 	if a.st, err = loadState(paths.state); err != nil {
 		return nil, err
 	}

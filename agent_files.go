@@ -179,18 +179,57 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	s.mounts = s.probeMounts(cfg.MountInfo)
 	for _, m := range s.mounts {
 		for _, d := range []string{storeTempDir, storeBackupDir} {
-			p := filepath.Join(m, d)
-			if err := os.MkdirAll(p, storeDirMode); err != nil {
-				return nil, err
-			}
-			// MkdirAll leaves an existing directory's mode alone and the
-			// umask narrows a new one; the mode is part of the contract.
-			if err := os.Chmod(p, storeDirMode); err != nil {
+			if err := ensureStoreDir(filepath.Join(m, d)); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return s, nil
+}
+
+// ensureStoreDir creates one of the store's own directories, or checks the
+// one already there, and sets its mode. The agent deletes every entry of
+// .haptic-tmp, links backups into .haptic-lkg and chmods both, so a link
+// planted in their place would carry those deletes, links and chmods to
+// wherever it points: such a directory is refused, never followed.
+func ensureStoreDir(p string) error {
+	if err := os.Mkdir(p, storeDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if err := checkOwnedPath(p, true); err != nil {
+		return err
+	}
+	// Mkdir leaves an existing directory's mode alone and the umask
+	// narrows a new one; the mode is part of the contract.
+	return os.Chmod(p, storeDirMode)
+}
+
+// checkOwnedPath refuses a path the agent keeps for itself (its store's
+// directories, its state file, its plan blob) when it is a symbolic link,
+// is not a directory (wantDir) or a regular file (!wantDir), or is not
+// owned by the agent's effective uid: the agent reads, replaces, deletes
+// and chmods these paths, and must do so only on files that are its own.
+// A path that does not exist passes: the agent creates it itself.
+func checkOwnedPath(p string, wantDir bool) error {
+	fi, err := os.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%s is a symbolic link; the agent's own files and directories must be real ones, so that it never writes, deletes or changes modes elsewhere", p)
+	case wantDir && !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", p)
+	case !wantDir && !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", p)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not by the agent's uid %d", p, st.Uid, os.Geteuid())
+	}
+	return nil
 }
 
 // probeMounts lists the mount roots at or below the base, deepest first.
@@ -916,8 +955,13 @@ func (s *fileStore) SweepTemp(j backupJournal) error {
 	return errors.Join(errs...)
 }
 
-// sweepDir removes up to MaxFiles entries of dir that keep does not name.
+// sweepDir removes up to MaxFiles entries of dir that keep does not name. A
+// dir that is no longer the agent's own (a link planted since startup) is
+// not swept.
 func sweepDir(dir string, keep map[string]bool) error {
+	if err := checkOwnedPath(dir, true); err != nil {
+		return err
+	}
 	d, err := os.Open(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
