@@ -257,8 +257,13 @@ func (a *Agent) admitAndRun(run *applyRun, mr *multipart.Reader) (int, any) {
 	}
 	if err := a.stageParts(run, mr); err != nil {
 		a.metrics.applyRejected.inc(StageParts)
-		a.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
-		return http.StatusBadRequest, ApplyError{Stage: StageParts, Message: err.Error()}
+		code := stagingStatus(err)
+		if code >= http.StatusInternalServerError {
+			a.logger.Error("apply failed: the agent could not stage the parts", "plan_id", m.PlanID, "err", err)
+		} else {
+			a.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
+		}
+		return code, ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	run.timing.StageMs = a.msSince(run.start)
 	admitStart := a.now()

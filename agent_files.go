@@ -430,7 +430,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 	dir := filepath.Join(s.mountFor(abs), storeTempDir)
 	f, err := os.CreateTemp(dir, storePartPattern)
 	if err != nil {
-		return nil, err
+		return nil, diskFault(rel, err)
 	}
 	tmp := f.Name()
 	defer func() {
@@ -440,7 +440,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 		}
 	}()
 	h := newDigestHasher()
-	n, err := fill(io.MultiWriter(f, h))
+	n, err := fill(io.MultiWriter(faultWriter{rel, f}, h))
 	if err != nil {
 		return nil, err
 	}
@@ -451,16 +451,63 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 		return nil, fmt.Errorf("%w: %q hashes to %s, manifest says %s", errDigestMismatch, rel, got, digest)
 	}
 	if err = f.Chmod(storeFileMode); err != nil {
-		return nil, err
+		return nil, diskFault(rel, err)
 	}
 	// The rename that installs this file is only as durable as its bytes.
 	if err = f.Sync(); err != nil {
-		return nil, err
+		return nil, diskFault(rel, err)
 	}
 	if err = f.Close(); err != nil {
-		return nil, err
+		return nil, diskFault(rel, err)
 	}
 	return &stagedFile{Rel: rel, abs: abs, tmp: tmp, Digest: digest, Size: size}, nil
+}
+
+// stagingFault is a failure of the agent's own disk while it stages a part
+// (creating, writing, syncing the temp file, or reading a patch's held
+// base): the part may well be fine, the agent could not keep it. The apply
+// handler answers it as the agent's fault, so that a controller retries
+// later instead of treating its render as broken.
+type stagingFault struct {
+	rel string
+	err error
+}
+
+func (e *stagingFault) Error() string {
+	what := "the agent's disk failed"
+	if isNoSpace(e.err) {
+		what = "the agent's disk is full"
+	}
+	return fmt.Sprintf("cannot stage %q: %s: %v", e.rel, what, e.err)
+}
+
+func (e *stagingFault) Unwrap() error { return e.err }
+
+// isNoSpace reports a full filesystem or an exhausted quota.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// diskFault marks err as a staging fault of rel, unless it already is one.
+func diskFault(rel string, err error) error {
+	var fault *stagingFault
+	if err == nil || errors.As(err, &fault) {
+		return err
+	}
+	return &stagingFault{rel: rel, err: err}
+}
+
+// faultWriter marks the write errors of a staging temp file as staging
+// faults, so that they are told apart from the errors of the part's reader
+// (the client's body) that the same copy returns.
+type faultWriter struct {
+	rel string
+	w   io.Writer
+}
+
+func (w faultWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	return n, diskFault(w.rel, err)
 }
 
 // StagePatch builds the new file from the held base and the replacement
@@ -488,23 +535,25 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 	}
 	repl := size - (p.BaseSize - p.Length)
 	return s.stageWith(rel, abs, digest, size, func(w io.Writer) (int64, error) {
+		// Only the replacement bytes come from the client; every other
+		// error here is the held base's, on the agent's own disk.
 		if _, err := base.Seek(0, io.SeekStart); err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		head, err := io.CopyN(w, base, p.Offset)
 		if err != nil {
-			return 0, fmt.Errorf("read patch base %q: %w", rel, err)
+			return 0, diskFault(rel, err)
 		}
 		mid, err := copyAtMostOneMore(w, r, repl)
 		if err != nil {
 			return 0, err
 		}
 		if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		tail, err := io.Copy(w, base)
 		if err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		return head + mid + tail, nil
 	})
