@@ -96,6 +96,7 @@ type Agent struct {
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
 	ran         atomic.Bool
+	applySlots  chan struct{} // the apply gate: maxAppliesInFlight slots
 	initialized chan struct{}
 	pacerWake   chan struct{}
 	drainStop   chan struct{}
@@ -164,6 +165,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		cfg:         cfg,
 		logger:      cfg.Logger,
 		initialized: make(chan struct{}),
+		applySlots:  make(chan struct{}, maxAppliesInFlight),
 		pacerWake:   make(chan struct{}, 1),
 		drainStop:   make(chan struct{}),
 		metrics:     newAgentMetrics(),

@@ -112,6 +112,10 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
+	if !a.enterApply(r.Context()) {
+		return // the client gave up while applies ahead of it ran
+	}
+	defer a.leaveApply()
 	r.Body = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
 	mr, err := r.MultipartReader()
 	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
@@ -145,7 +149,8 @@ func isFormData(contentType string) bool {
 	return err == nil && mediaType == "multipart/form-data"
 }
 
-// readManifest reads the first part, which must be the manifest.
+// readManifest reads the first part, which must be the manifest, and
+// decodes it (decodeManifest).
 func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
@@ -162,11 +167,7 @@ func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	if len(b) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("manifest exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	var m Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("invalid manifest: %w", err)
-	}
-	return &m, nil
+	return decodeManifest(b)
 }
 
 // normaliseLegacy forces a manifest without exact identity to reload and
@@ -195,9 +196,9 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	inPlace := len(m.InPlaceOps) > 0
 	switch {
 	case m.PlanID == "":
-		return errors.New("plan_id is empty")
+		return errPlanIDEmpty
 	case len(m.Files) > MaxFiles:
-		return fmt.Errorf("%d files exceed the %d-file limit", len(m.Files), MaxFiles)
+		return tooManyFiles(len(m.Files))
 	case inPlace && (m.ExpectedWorkerOpsPlanID == "" || m.WorkerOpsPlanID == ""):
 		return errors.New("in-place ops need expected_worker_ops_plan_id and worker_ops_plan_id")
 	case inPlace && m.ExpectedWorkerOpsPlanProof == "":
