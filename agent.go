@@ -91,6 +91,8 @@ type Agent struct {
 	metrics *agentMetrics
 	tls     *tlsMaterial // nil without --tls-dir
 
+	authFail *authFailures // failed authentication: counted, logged, slowed
+
 	drainIgnore map[string]bool // frontends the drain's counter leaves out
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
@@ -173,6 +175,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		drainIgnore: drainIgnoreSet(cfg.DrainIgnoreFrontends),
 		hooks:       agentHooks{stopAtPhase: os.Getenv(stopAtPhaseEnv)},
 	}
+	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
 	if cfg.TLSDir != "" {
 		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger)
 		if err != nil {

@@ -44,6 +44,7 @@ type agentMetrics struct {
 	opErrors            *counterVec // label kind
 	mapDivergence       *counterVec // no label
 	generation          *gauge
+	authFailures        *counterVec // label scheme
 
 	// families is the exposition order: the order of the agent.md §13 table.
 	families []metricFamily
@@ -95,10 +96,16 @@ func newAgentMetrics() *agentMetrics {
 			nil),
 		generation: newGauge("haptic_agent_generation",
 			"The apply generation of the state the agent serves."),
+		authFailures: newCounterVec("haptic_agent_auth_failures_total",
+			"Requests to the API that failed authentication, by scheme.",
+			[]string{"scheme"},
+			[]string{authSchemeBasic, authSchemeTLS}),
 	}
+	// The agent's own additions follow the contract's families.
 	m.families = []metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
+		m.authFailures,
 	}
 	return m
 }
