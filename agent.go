@@ -93,6 +93,8 @@ type Agent struct {
 
 	authFail *authFailures // failed authentication: counted, logged, slowed
 
+	limits map[string]listenerLimits // per listener name; tests shorten them before Run
+
 	drainIgnore map[string]bool // frontends the drain's counter leaves out
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
@@ -168,6 +170,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 		logger:      cfg.Logger,
 		initialized: make(chan struct{}),
 		applySlots:  make(chan struct{}, maxAppliesInFlight),
+		limits:      defaultListenerLimits(cfg.DrainMaxWait),
 		pacerWake:   make(chan struct{}, 1),
 		drainStop:   make(chan struct{}),
 		metrics:     newAgentMetrics(),
@@ -515,41 +518,34 @@ type agentServer struct {
 	after func() // runs once the server has shut down
 }
 
+// buildServers builds the four servers, each with its own limits and each
+// listener capped on its own (agent_listeners.go), so that no listener's
+// clients can take another's connections.
 func (a *Agent) buildServers(gctx context.Context) []agentServer {
 	base := func(net.Listener) context.Context { return gctx }
 	var out []agentServer
 
-	api := &http.Server{
-		Handler:           a.apiMux(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute,
-		WriteTimeout:      3 * time.Minute,
-		IdleTimeout:       2 * time.Minute,
-		BaseContext:       base,
-		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
-	}
-	disableHTTP2(api)
-	apiLn := a.apiLn
+	api := a.newServer(listenerAPI, a.apiMux(), base)
+	apiLn := a.capped(listenerAPI, a.apiLn)
 	if a.tls != nil {
+		// Under the cap, so that a handshake holds a slot too.
 		apiLn = tlsListener(apiLn, a.tls.serverConfig())
 	}
-	out = append(out, agentServer{name: "api", ln: apiLn, srv: api, grace: serverGrace})
+	out = append(out, agentServer{name: listenerAPI, ln: apiLn, srv: api, grace: serverGrace})
 
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /metrics", a.handleMetrics)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, BaseContext: base}
-		disableHTTP2(srv)
-		out = append(out, agentServer{name: "metrics", ln: a.metricsLn, srv: srv, grace: serverGrace})
+		srv := a.newServer(listenerMetrics, mux, base)
+		out = append(out, agentServer{name: listenerMetrics, ln: a.capped(listenerMetrics, a.metricsLn), srv: srv, grace: serverGrace})
 	}
 	if a.adminLn != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
 		mux.HandleFunc("GET "+PathState, a.handleState)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 15 * time.Second, BaseContext: base}
-		disableHTTP2(srv)
+		srv := a.newServer(listenerAdmin, mux, base)
 		path := a.paths.admin
-		out = append(out, agentServer{name: "admin", ln: a.adminLn, srv: srv, grace: serverGrace,
+		out = append(out, agentServer{name: listenerAdmin, ln: a.capped(listenerAdmin, a.adminLn), srv: srv, grace: serverGrace,
 			after: func() { removeSocketFile(path) }})
 	}
 	if a.drainLn != nil {
@@ -562,11 +558,9 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		// The drain's context is not the group's: an in-flight drain finishes
 		// within its grace instead of ending the moment the agent stops.
 		drainBase := context.WithoutCancel(gctx)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: grace,
-			BaseContext: func(net.Listener) context.Context { return drainBase }}
-		disableHTTP2(srv)
+		srv := a.newServer(listenerDrain, mux, func(net.Listener) context.Context { return drainBase })
 		path := a.paths.drain
-		out = append(out, agentServer{name: "drain", ln: a.drainLn, srv: srv, grace: grace,
+		out = append(out, agentServer{name: listenerDrain, ln: a.capped(listenerDrain, a.drainLn), srv: srv, grace: grace,
 			after: func() { close(a.drainStop); removeSocketFile(path) }})
 	}
 	return out

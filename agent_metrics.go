@@ -45,6 +45,7 @@ type agentMetrics struct {
 	mapDivergence       *counterVec // no label
 	generation          *gauge
 	authFailures        *counterVec // label scheme
+	connsRefused        *counterVec // label listener
 
 	// families is the exposition order: the order of the agent.md §13 table.
 	families []metricFamily
@@ -100,12 +101,16 @@ func newAgentMetrics() *agentMetrics {
 			"Requests to the API that failed authentication, by scheme.",
 			[]string{"scheme"},
 			[]string{authSchemeBasic, authSchemeTLS}),
+		connsRefused: newCounterVec("haptic_agent_connections_refused_total",
+			"Connections closed at once because their listener held its cap of connections, by listener.",
+			[]string{"listener"},
+			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
 	}
 	// The agent's own additions follow the contract's families.
 	m.families = []metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures,
+		m.authFailures, m.connsRefused,
 	}
 	return m
 }
