@@ -576,10 +576,10 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	return ordered, nil
 }
 
-// checkManifestPath checks one manifest path in the order of wire.md §9.11,
-// plus the character rules the agent applies too (pathCharProblem), right
-// after the NUL check. Dot-name components other than ".." are left to the
-// agent.
+// checkManifestPath checks one manifest path: empty, too long, absolute,
+// NUL, the character rules the agent applies too (pathCharProblem), not
+// clean, escaping the base, first failure wins. Dot-name components other
+// than ".." are left to the agent.
 func checkManifestPath(p string) error {
 	switch {
 	case p == "":
