@@ -101,11 +101,16 @@ type Agent struct {
 	reads   *readBacks
 	loaded  *loadedLog // what the log said at startup, until initialise has recovered it
 
+	authFail *authFailures // failed authentication: counted, logged, slowed
+
+	limits map[string]listenerLimits // per listener name; tests shorten them before Run
+
 	drainIgnore map[string]bool // frontends the drain's counter leaves out
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
 	ran         atomic.Bool
+	applySlots  chan struct{} // the apply gate: maxAppliesInFlight slots
 	initialized chan struct{}
 	drainStop   chan struct{}
 	baseCtx     context.Context // the group context of Run; set before any goroutine starts
@@ -155,12 +160,15 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		cfg:          cfg,
 		logger:       cfg.Logger,
 		initialized:  make(chan struct{}),
+		applySlots:   make(chan struct{}, maxAppliesInFlight),
+		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
 		metrics:      newAgentMetrics(),
 		baseCtx:      context.Background(),
 		drainIgnore:  drainIgnoreSet(cfg.DrainIgnoreFrontends),
 		stallTimeout: uploadStallTimeout,
 	}
+	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
 	if cfg.TLSDir != "" {
 		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now)
 		if err != nil {
@@ -186,6 +194,11 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
 	a.files = files
+	for _, p := range []string{paths.state, paths.planBlob, paths.log} {
+		if err := checkOwnedPath(opts.disk, p, false); err != nil {
+			return nil, fmt.Errorf("--state-file: %w", err)
+		}
+	}
 	a.rt = newHAProxyRuntime(runtimeConfig{
 		WorkerSocket:  paths.worker,
 		MasterSocket:  paths.master,
@@ -525,25 +538,20 @@ type agentServer struct {
 	after func() // runs once the server has shut down
 }
 
+// buildServers builds the four servers, each with its own limits and each
+// listener capped on its own (agent_listeners.go), so that no listener's
+// clients can take another's connections.
 func (a *Agent) buildServers(gctx context.Context) []agentServer {
 	base := func(net.Listener) context.Context { return gctx }
 	var out []agentServer
 
-	api := &http.Server{
-		Handler:           a.apiMux(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       2 * time.Minute,
-		WriteTimeout:      3 * time.Minute,
-		IdleTimeout:       2 * time.Minute,
-		BaseContext:       base,
-		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
-	}
-	disableHTTP2(api)
-	apiLn := a.apiLn
+	api := a.newServer(listenerAPI, a.apiMux(), base)
+	apiLn := a.capped(listenerAPI, a.apiLn)
 	if a.tls != nil {
+		// Under the cap, so that a handshake holds a slot too.
 		apiLn = tlsListener(apiLn, a.tls.serverConfig())
 	}
-	out = append(out, agentServer{name: "api", ln: apiLn, srv: api, grace: serverGrace})
+	out = append(out, agentServer{name: listenerAPI, ln: apiLn, srv: api, grace: serverGrace})
 
 	if a.metricsLn != nil {
 		mux := http.NewServeMux()
@@ -553,18 +561,16 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		// cannot present.
 		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
 		mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, BaseContext: base}
-		disableHTTP2(srv)
-		out = append(out, agentServer{name: "metrics", ln: a.metricsLn, srv: srv, grace: serverGrace})
+		srv := a.newServer(listenerMetrics, mux, base)
+		out = append(out, agentServer{name: listenerMetrics, ln: a.capped(listenerMetrics, a.metricsLn), srv: srv, grace: serverGrace})
 	}
 	if a.adminLn != nil {
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
 		mux.HandleFunc("GET "+PathState, a.handleState)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: 15 * time.Second, BaseContext: base}
-		disableHTTP2(srv)
+		srv := a.newServer(listenerAdmin, mux, base)
 		path := a.paths.admin
-		out = append(out, agentServer{name: "admin", ln: a.adminLn, srv: srv, grace: serverGrace,
+		out = append(out, agentServer{name: listenerAdmin, ln: a.capped(listenerAdmin, a.adminLn), srv: srv, grace: serverGrace,
 			after: func() { removeSocketFile(path) }})
 	}
 	if a.drainLn != nil {
@@ -577,11 +583,9 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		// The drain's context is not the group's: an in-flight drain finishes
 		// within its grace instead of ending the moment the agent stops.
 		drainBase := context.WithoutCancel(gctx)
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: grace,
-			BaseContext: func(net.Listener) context.Context { return drainBase }}
-		disableHTTP2(srv)
+		srv := a.newServer(listenerDrain, mux, func(net.Listener) context.Context { return drainBase })
 		path := a.paths.drain
-		out = append(out, agentServer{name: "drain", ln: a.drainLn, srv: srv, grace: grace,
+		out = append(out, agentServer{name: listenerDrain, ln: a.capped(listenerDrain, a.drainLn), srv: srv, grace: grace,
 			after: func() { close(a.drainStop); removeSocketFile(path) }})
 	}
 	return out

@@ -169,9 +169,18 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
+	if !a.enterApply(r.Context()) {
+		return // the client gave up while applies ahead of it ran
+	}
+	defer a.leaveApply()
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
 		rc: http.NewResponseController(w), stall: a.stallTimeout}
 	mr, err := r.MultipartReader()
+	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
+		// MultipartReader also takes multipart/mixed; the apply body is a
+		// form, and only a form's parts carry the names it is read by.
+		err = http.ErrNotMultipart
+	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, StageRequest, err.Error())
 		return
@@ -216,7 +225,14 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 // ---------------------------------------------------------------------------
 // Reading and checking the manifest.
 
-// readManifest reads the first part, which must be the manifest.
+// isFormData reports whether a Content-Type is multipart/form-data.
+func isFormData(contentType string) bool {
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "multipart/form-data"
+}
+
+// readManifest reads the first part, which must be the manifest, and
+// decodes it (decodeManifest).
 func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
@@ -233,11 +249,7 @@ func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	if len(b) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("manifest exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	var m Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, fmt.Errorf("invalid manifest: %w", err)
-	}
-	return &m, nil
+	return decodeManifest(b)
 }
 
 // normaliseLegacy forces a manifest without exact identity to reload and
@@ -266,9 +278,9 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	inPlace := len(m.InPlaceOps) > 0
 	switch {
 	case m.PlanID == "":
-		return errors.New("plan_id is empty")
+		return errPlanIDEmpty
 	case len(m.Files) > MaxFiles:
-		return fmt.Errorf("%d files exceed the %d-file limit", len(m.Files), MaxFiles)
+		return tooManyFiles(len(m.Files))
 	case inPlace && (m.ExpectedWorkerOpsPlanID == "" || m.WorkerOpsPlanID == ""):
 		return errors.New("in-place ops need expected_worker_ops_plan_id and worker_ops_plan_id")
 	case inPlace && m.ExpectedWorkerOpsPlanProof == "":
@@ -283,6 +295,9 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
 		if _, err := abs(f.Path); err != nil {
+			return err
+		}
+		if err := checkRuntimePath(f.Kind, f.Path); err != nil {
 			return err
 		}
 		if seen[f.Path] {
@@ -360,8 +375,13 @@ func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
 	}
 	if err := run.stageParts(mr); err != nil {
 		run.metrics.applyRejected.inc(StageParts)
-		run.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
-		return http.StatusBadRequest, ApplyError{Stage: StageParts, Message: err.Error()}
+		code := stagingStatus(err)
+		if code >= http.StatusInternalServerError {
+			run.logger.Error("apply failed: the agent could not stage the parts", "plan_id", m.PlanID, "err", err)
+		} else {
+			run.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
+		}
+		return code, ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	run.timing.StageMs = run.msSince(run.start)
 	admitStart := run.now()

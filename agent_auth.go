@@ -39,21 +39,26 @@ const (
 
 // authenticated wraps a handler of the network API with the configured
 // authentication. With --insecure-no-auth and nothing configured, every
-// request passes.
+// request passes. A failure is counted, logged (rate-limited) and, for an
+// address that keeps failing, answered late (agent_authfail.go).
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case a.tls != nil:
 			if !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()) {
+				waitBeforeRefusal(r.Context(), a.authFail.failed(r, authSchemeTLS))
 				writeText(w, http.StatusUnauthorized, msgClientCertDenied)
 				return
 			}
+			a.authFail.succeeded(r)
 		case a.cfg.Username != "":
 			if !basicMatches(r, a.cfg.Username, a.cfg.Password) {
+				waitBeforeRefusal(r.Context(), a.authFail.failed(r, authSchemeBasic))
 				w.Header().Set("WWW-Authenticate", basicRealmHeader)
 				writeText(w, http.StatusUnauthorized, msgUnauthorized)
 				return
 			}
+			a.authFail.succeeded(r)
 		}
 		h(w, r)
 	}

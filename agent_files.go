@@ -69,9 +69,12 @@ const (
 
 // validatePath applies the manifest path rules of agent.md §6.1. The dot
 // rule keeps the state file, the store's own directories, restore staging
-// files and the default admin socket out of any manifest's reach.
+// files and the default admin socket out of any manifest's reach. The
+// character rules (valid UTF-8, no control or bidirectional control
+// character) are shared with the client (pathCharProblem).
 func validatePath(rel string) error {
 	why := ""
+	chars := pathCharProblem(rel)
 	switch {
 	case rel == "":
 		why = "is empty"
@@ -83,6 +86,8 @@ func validatePath(rel string) error {
 		why = "is not canonical"
 	case strings.IndexByte(rel, 0) >= 0:
 		why = "contains NUL"
+	case chars != "":
+		why = chars
 	case hasDotComponent(rel):
 		why = "has a component starting with a dot"
 	default:
@@ -205,18 +210,57 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	s.mounts = s.probeMounts(cfg.MountInfo)
 	for _, m := range s.mounts {
 		for _, name := range []string{storeTempDir, storeBackupDir} {
-			p := filepath.Join(m, name)
-			if _, err := mkdirAll(s.disk, p, storeDirMode); err != nil {
-				return nil, err
-			}
-			// An existing directory keeps its mode and the umask narrows a
-			// new one; the mode is part of the contract.
-			if err := s.disk.Chmod(p, storeDirMode); err != nil {
+			if err := ensureStoreDir(s.disk, filepath.Join(m, name)); err != nil {
 				return nil, err
 			}
 		}
 	}
 	return s, nil
+}
+
+// ensureStoreDir creates one of the store's own directories, or checks the
+// one already there, and sets its mode. The agent deletes every entry of
+// .haptic-tmp, links backups into .haptic-lkg and chmods both, so a link
+// planted in their place would carry those deletes, links and chmods to
+// wherever it points: such a directory is refused, never followed.
+func ensureStoreDir(d disk, p string) error {
+	if err := d.Mkdir(p, storeDirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	if err := checkOwnedPath(d, p, true); err != nil {
+		return err
+	}
+	// Mkdir leaves an existing directory's mode alone and the umask
+	// narrows a new one; the mode is part of the contract.
+	return d.Chmod(p, storeDirMode)
+}
+
+// checkOwnedPath refuses a path the agent keeps for itself (its store's
+// directories, its state file, its plan blob) when it is a symbolic link,
+// is not a directory (wantDir) or a regular file (!wantDir), or is not
+// owned by the agent's effective uid: the agent reads, replaces, deletes
+// and chmods these paths, and must do so only on files that are its own.
+// A path that does not exist passes: the agent creates it itself.
+func checkOwnedPath(d disk, p string, wantDir bool) error {
+	fi, err := d.Lstat(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return fmt.Errorf("%s is a symbolic link; the agent's own files and directories must be real ones, so that it never writes, deletes or changes modes elsewhere", p)
+	case wantDir && !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", p)
+	case !wantDir && !fi.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", p)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not by the agent's uid %d", p, st.Uid, os.Geteuid())
+	}
+	return nil
 }
 
 // probeMounts lists the mount roots at or below the base, deepest first.
@@ -459,7 +503,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 		sf.unchanged = true
 		return sf, nil
 	}
-	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
 		_, err := w.Write(sf.inline)
 		return err
 	}, false)
@@ -475,7 +519,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 func (s *fileStore) stageStream(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
 	var n int64
 	h := newDigestHasher()
-	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
 		var err error
 		n, err = fill(io.MultiWriter(w, h))
 		if err != nil {
@@ -501,11 +545,13 @@ func verifyPart(rel string, n, size int64, got, digest string) error {
 }
 
 // writeTemp creates a temp file in abs's mount, fills it, sets mode 0644,
-// syncs it when asked and closes it. On any error the file is gone.
-func (s *fileStore) writeTemp(abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
+// syncs it when asked and closes it. On any error the file is gone. The
+// errors of the agent's own disk are staging faults of rel; fill's own
+// (the client's body) are returned as they are.
+func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
 	f, err := s.disk.CreateTemp(filepath.Join(s.mountFor(abs), storeTempDir), storePartPattern)
 	if err != nil {
-		return "", err
+		return "", diskFault(rel, err)
 	}
 	tmp := f.Name()
 	defer func() {
@@ -514,18 +560,21 @@ func (s *fileStore) writeTemp(abs string, fill func(io.Writer) error, sync bool)
 			s.disk.Remove(tmp)
 		}
 	}()
-	if err = fill(f); err != nil {
+	if err = fill(faultWriter{rel, f}); err != nil {
 		return "", err
 	}
 	if err = f.Chmod(storeFileMode); err != nil {
-		return "", err
+		return "", diskFault(rel, err)
 	}
 	if sync {
 		if err = f.Sync(); err != nil {
-			return "", err
+			return "", diskFault(rel, err)
 		}
 	}
-	return tmp, f.Close()
+	if err = f.Close(); err != nil {
+		return "", diskFault(rel, err)
+	}
+	return tmp, nil
 }
 
 // markUnchanged drops from the transaction's installs every part whose
@@ -559,6 +608,53 @@ func (s *fileStore) holds(abs, digest string, size int64) bool {
 	return err == nil && at.Digest == digest && at.Size == size
 }
 
+// stagingFault is a failure of the agent's own disk while it stages a part
+// (creating, writing, syncing the temp file, or reading a patch's held
+// base): the part may well be fine, the agent could not keep it. The apply
+// handler answers it as the agent's fault, so that a controller retries
+// later instead of treating its render as broken.
+type stagingFault struct {
+	rel string
+	err error
+}
+
+func (e *stagingFault) Error() string {
+	what := "the agent's disk failed"
+	if isNoSpace(e.err) {
+		what = "the agent's disk is full"
+	}
+	return fmt.Sprintf("cannot stage %q: %s: %v", e.rel, what, e.err)
+}
+
+func (e *stagingFault) Unwrap() error { return e.err }
+
+// isNoSpace reports a full filesystem or an exhausted quota.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// diskFault marks err as a staging fault of rel, unless it already is one.
+func diskFault(rel string, err error) error {
+	var fault *stagingFault
+	if err == nil || errors.As(err, &fault) {
+		return err
+	}
+	return &stagingFault{rel: rel, err: err}
+}
+
+// faultWriter marks the write errors of a staging temp file as staging
+// faults, so that they are told apart from the errors of the part's reader
+// (the client's body) that the same copy returns.
+type faultWriter struct {
+	rel string
+	w   io.Writer
+}
+
+func (w faultWriter) Write(p []byte) (int, error) {
+	n, err := w.w.Write(p)
+	return n, diskFault(w.rel, err)
+}
+
 // StagePatch builds the new file from the held base and the replacement
 // bytes in r. A base the agent does not hold is errPatchBaseMissing: the
 // path goes into the 409 Missing answer.
@@ -584,23 +680,25 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 	}
 	repl := size - (p.BaseSize - p.Length)
 	return s.stageWith(rel, abs, digest, size, func(w io.Writer) (int64, error) {
+		// Only the replacement bytes come from the client; every other
+		// error here is the held base's, on the agent's own disk.
 		if _, err := base.Seek(0, io.SeekStart); err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		head, err := io.CopyN(w, base, p.Offset)
 		if err != nil {
-			return 0, fmt.Errorf("read patch base %q: %w", rel, err)
+			return 0, diskFault(rel, err)
 		}
 		mid, err := copyAtMostOneMore(w, r, repl)
 		if err != nil {
 			return 0, err
 		}
 		if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		tail, err := io.Copy(w, base)
 		if err != nil {
-			return 0, err
+			return 0, diskFault(rel, err)
 		}
 		return head + mid + tail, nil
 	})
@@ -630,7 +728,11 @@ func (s *fileStore) openBase(abs string, p *FilePatch) (diskFile, error) {
 // The transaction.
 
 // deletions returns the owned paths the manifest no longer lists, sorted:
-// absence means delete, but only for paths the agent owns.
+// absence means delete, but only for paths the agent owns. An owned path the
+// current path rules refuse (written by an older agent with laxer rules) is
+// left on disk and drops out of the ownership set: deleting it would fail
+// the path check and abort every apply that omits it, while no manifest may
+// name it any more.
 func deletions(owned []string, files []ManifestFile) []string {
 	want := make(map[string]bool, len(files))
 	for _, f := range files {
@@ -638,7 +740,7 @@ func deletions(owned []string, files []ManifestFile) []string {
 	}
 	var out []string
 	for _, p := range owned {
-		if !want[p] {
+		if !want[p] && validatePath(p) == nil {
 			out = append(out, p)
 		}
 	}
@@ -1262,7 +1364,7 @@ func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 		s.mu.Unlock()
 		return nil
 	}
-	tmp, err := s.writeTemp(abs, func(w io.Writer) error {
+	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
 	}, true)
@@ -1413,8 +1515,12 @@ func (s *fileStore) sweepRestoreStaging(paths []string) error {
 }
 
 // sweepDir removes up to MaxFiles entries of dir whose names start with
-// prefix and that keep does not name.
+// prefix and that keep does not name. A dir that is no longer the agent's
+// own (a link planted since startup) is not swept.
 func (s *fileStore) sweepDir(dir, prefix string, keep map[string]bool) error {
+	if err := checkOwnedPath(s.disk, dir, true); err != nil {
+		return err
+	}
 	entries, err := s.disk.ReadDir(dir, MaxFiles)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -44,6 +44,8 @@ type agentMetrics struct {
 	opErrors            *counterVec // label kind
 	mapDivergence       *counterVec // no label
 	generation          *gauge
+	authFailures        *counterVec // label scheme
+	connsRefused        *counterVec // label listener
 
 	// families is the exposition order: the order of the agent.md §13 table.
 	families []metricFamily
@@ -95,10 +97,20 @@ func newAgentMetrics() *agentMetrics {
 			nil),
 		generation: newGauge("haptic_agent_generation",
 			"The apply generation of the state the agent serves."),
+		authFailures: newCounterVec("haptic_agent_auth_failures_total",
+			"Requests to the API that failed authentication, by scheme.",
+			[]string{"scheme"},
+			[]string{authSchemeBasic, authSchemeTLS}),
+		connsRefused: newCounterVec("haptic_agent_connections_refused_total",
+			"Connections closed at once because their listener held its cap of connections, by listener.",
+			[]string{"listener"},
+			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
 	}
+	// The agent's own additions follow the contract's families.
 	m.families = []metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
+		m.authFailures, m.connsRefused,
 	}
 	return m
 }

@@ -27,6 +27,9 @@ func TestMetricsTextFormat(t *testing.T) {
 	m.opErrors.inc(OpBackendAdd)
 	m.mapDivergence.inc()
 	m.generation.set(7)
+	m.authFailures.inc(authSchemeBasic)
+	m.authFailures.inc(authSchemeBasic)
+	m.connsRefused.inc(listenerMetrics)
 
 	want := `# HELP haptic_agent_apply_total Applies finished and reloads fired by the pacer, by result mode.
 # TYPE haptic_agent_apply_total counter
@@ -85,6 +88,16 @@ haptic_agent_map_divergence_total 1
 # HELP haptic_agent_generation The apply generation of the state the agent serves.
 # TYPE haptic_agent_generation gauge
 haptic_agent_generation 7
+# HELP haptic_agent_auth_failures_total Requests to the API that failed authentication, by scheme.
+# TYPE haptic_agent_auth_failures_total counter
+haptic_agent_auth_failures_total{scheme="basic"} 2
+haptic_agent_auth_failures_total{scheme="tls"} 0
+# HELP haptic_agent_connections_refused_total Connections closed at once because their listener held its cap of connections, by listener.
+# TYPE haptic_agent_connections_refused_total counter
+haptic_agent_connections_refused_total{listener="admin"} 0
+haptic_agent_connections_refused_total{listener="api"} 0
+haptic_agent_connections_refused_total{listener="drain"} 0
+haptic_agent_connections_refused_total{listener="metrics"} 1
 `
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -129,6 +142,9 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 	m.mapDivergence.inc()
 	m.mapDivergence.inc()
 	m.generation.set(1<<63 + 5)
+	m.authFailures.inc(authSchemeTLS)
+	m.connsRefused.inc(listenerAPI)
+	m.connsRefused.inc(listenerAPI)
 
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -144,7 +160,8 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_invariant_violations_total", "haptic_agent_reloads_total",
 		"haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total",
-		"haptic_agent_generation",
+		"haptic_agent_generation", "haptic_agent_auth_failures_total",
+		"haptic_agent_connections_refused_total",
 	}
 	var order []string
 	for _, f := range families {
@@ -181,6 +198,9 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 			"kind=a\\b\"c\nd": 1, `kind=unknown`: 1}},
 		"haptic_agent_map_divergence_total": {"counter", map[string]uint64{``: 3}},
 		"haptic_agent_generation":           {"gauge", map[string]uint64{``: 1<<63 + 5}},
+		"haptic_agent_auth_failures_total":  {"counter", map[string]uint64{`scheme=basic`: 0, `scheme=tls`: 1}},
+		"haptic_agent_connections_refused_total": {"counter", map[string]uint64{
+			`listener=admin`: 0, `listener=api`: 2, `listener=drain`: 0, `listener=metrics`: 0}},
 	}
 	for _, f := range families {
 		w := want[f.name]

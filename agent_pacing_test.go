@@ -912,7 +912,8 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	}
 	want := []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total", "haptic_agent_invariant_violations_total",
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
-		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation"}
+		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
+		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {

@@ -224,6 +224,15 @@ func (e *HTTPError) Error() string {
 	return fmt.Sprintf("agent returned HTTP %d: %s", e.Status, e.Body)
 }
 
+// ServerFault reports a 5xx answer: the agent failed on its side (its disk
+// is full or read-only, it is still initialising, a proxy in front of it
+// failed), and the request itself may well be fine. The call is not retried
+// by the client, because an apply may have been acted on and its body may
+// not be replayable; a controller should retry it later, with a backoff,
+// rather than treat its render as refused. A 4xx answer is the request's
+// fault and would be refused again as is.
+func (e *HTTPError) ServerFault() bool { return e.Status >= 500 && e.Status <= 599 }
+
 func newHTTPError(status int, body []byte) *HTTPError {
 	text := strings.TrimSpace(string(body))
 	if len(text) > maxErrorBodyBytes {
@@ -267,7 +276,8 @@ type attemptFunc func(ctx context.Context) (status int, body []byte, err error)
 // ConnectRetries+1 attempts, a retry only after a refused or reset
 // connection and only while replayable says the body can be sent again,
 // with ConnectRetryBackoff before each retry. Every HTTP status returns at
-// once: a 5xx is the agent's answer, not a transport fault.
+// once: a 5xx is the agent's answer, not a transport fault, and
+// (*HTTPError).ServerFault marks it for the caller's own, later retry.
 func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable func() bool) (int, []byte, error) {
 	attempts := c.cfg.ConnectRetries + 1
 	var lastErr error
@@ -579,8 +589,10 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	return ordered, nil
 }
 
-// checkManifestPath checks one manifest path in the order of wire.md §9.11.
-// Dot-name components other than ".." are left to the agent.
+// checkManifestPath checks one manifest path: empty, too long, absolute,
+// NUL, the character rules the agent applies too (pathCharProblem), not
+// clean, escaping the base, first failure wins. Dot-name components other
+// than ".." are left to the agent.
 func checkManifestPath(p string) error {
 	switch {
 	case p == "":
@@ -591,6 +603,8 @@ func checkManifestPath(p string) error {
 		return fmt.Errorf("agent client: file path %q must be relative to the base dir", p)
 	case strings.IndexByte(p, 0) >= 0:
 		return fmt.Errorf("agent client: file path %q contains a NUL byte", p)
+	case pathCharProblem(p) != "":
+		return fmt.Errorf("agent client: file path %q %s", p, pathCharProblem(p))
 	case path.Clean(p) != p:
 		return fmt.Errorf("agent client: file path %q is not in cleaned form", p)
 	case p == ".." || strings.HasPrefix(p, "../"):

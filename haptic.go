@@ -439,15 +439,24 @@ func (m *Manifest) ValidateOpBatches() error {
 	if m == nil {
 		return nil
 	}
-	if n := len(m.Ops) + len(m.InPlaceOps); n > MaxOpsPerApply {
-		return fmt.Errorf("%d ops exceed the %d-op limit", n, MaxOpsPerApply)
+	return validateOpCounts(len(m.Ops)+len(m.InPlaceOps), len(m.OpBatches), func(i int) int { return len(m.OpBatches[i]) })
+}
+
+// validateOpCounts is ValidateOpBatches on counts alone: first is the size
+// of the first batch, batches the number of continuation batches and
+// batchLen(i) the size of continuation batch i (asked only for i below
+// batches, and only once batches is within the limit). The agent also runs
+// it on a manifest it has counted but not decoded.
+func validateOpCounts(first, batches int, batchLen func(i int) int) error {
+	if first > MaxOpsPerApply {
+		return fmt.Errorf("%d ops exceed the %d-op limit", first, MaxOpsPerApply)
 	}
-	if len(m.OpBatches) >= MaxOpBatches {
-		return fmt.Errorf("%d operation batches exceed the %d-batch limit", 1+len(m.OpBatches), MaxOpBatches)
+	if batches >= MaxOpBatches {
+		return fmt.Errorf("%d operation batches exceed the %d-batch limit", 1+batches, MaxOpBatches)
 	}
-	for i, batch := range m.OpBatches {
-		if len(batch) == 0 || len(batch) > MaxOpsPerApply {
-			return fmt.Errorf("operation batch %d must contain 1 to %d ops; got %d", i+2, MaxOpsPerApply, len(batch))
+	for i := range batches {
+		if n := batchLen(i); n == 0 || n > MaxOpsPerApply {
+			return fmt.Errorf("operation batch %d must contain 1 to %d ops; got %d", i+2, MaxOpsPerApply, n)
 		}
 	}
 	return nil

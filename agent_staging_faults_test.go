@@ -1,0 +1,225 @@
+package haptic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestStagingStatusTellsTheAgentsFaultFromTheClients(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"disk full", diskFault("a", &os.PathError{Op: "write", Path: "/b/.haptic-tmp/part-1", Err: syscall.ENOSPC}), 507},
+		{"quota", diskFault("a", &os.PathError{Op: "write", Path: "/b/.haptic-tmp/part-1", Err: syscall.EDQUOT}), 507},
+		{"read-only", diskFault("a", &os.PathError{Op: "open", Path: "/b/.haptic-tmp/part-1", Err: syscall.EROFS}), 500},
+		{"immutable", diskFault("a", &os.PathError{Op: "open", Path: "/b/.haptic-tmp/part-1", Err: syscall.EPERM}), 500},
+		{"permission", diskFault("a", &os.PathError{Op: "open", Path: "/b/.haptic-tmp/part-1", Err: syscall.EACCES}), 500},
+		{"I/O error", diskFault("a", &os.PathError{Op: "fsync", Path: "/b/.haptic-tmp/part-1", Err: syscall.EIO}), 500},
+		{"wrapped once more", fmt.Errorf("staging: %w", diskFault("a", syscall.ENOSPC)), 507},
+		{"digest mismatch", fmt.Errorf("%w: %q hashes to x", errDigestMismatch, "a"), 400},
+		{"body too large", &http.MaxBytesError{Limit: MaxApplyBodyBytes}, 400},
+		{"body cut short", io.ErrUnexpectedEOF, 400},
+		// ENOSPC that is not the staging disk's (it came with the client's
+		// body, say) is not the agent's fault by itself.
+		{"unmarked errno", syscall.ENOSPC, 400},
+	}
+	for _, tc := range tests {
+		if got := stagingStatus(tc.err); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAStagingFaultIsAServerErrorEndToEnd breaks the agent's staging
+// directory (a regular file where .haptic-tmp should be), which works on
+// any machine and as any user: the apply is answered 500 with a message
+// naming the cause, the client sees a server fault, and nothing moves.
+func TestAStagingFaultIsAServerErrorEndToEnd(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	before := e.snapshot(t)
+
+	tmp := filepath.Join(e.a.files.base, storeTempDir)
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, tmp, "not a directory")
+
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "b.example be-b\n"
+	he := clientApply(t, e, "plan-2", fs2)
+	if he.Status != http.StatusInternalServerError || !he.ServerFault() {
+		t.Fatalf("got %+v, want a 500 server fault", he)
+	}
+	want := `{"stage":"parts","message":"cannot stage \"maps/host.map\": the agent's disk failed: open ` + tmp
+	if !strings.HasPrefix(he.Body, want) || !strings.HasSuffix(he.Body, `: not a directory"}`) {
+		t.Errorf("body %s\nwant it to start %s", he.Body, want)
+	}
+	if got := metricValue(e.a, "apply_rejected_total", StageParts); got != 1 {
+		t.Errorf("apply_rejected_total{stage=parts} = %d", got)
+	}
+	e.unchanged(t, before)
+}
+
+// clientApply applies fs as planID through the package's Client, sending
+// every part, and returns the *HTTPError it must fail with.
+func clientApply(t *testing.T, e *testEnv, planID string, fs fileSet) *HTTPError {
+	t.Helper()
+	c, err := NewClient(&ClientConfig{BaseURL: "http://" + e.a.Addr(), Username: "haptic", Password: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	parts := map[string]io.Reader{}
+	for p, content := range fs {
+		parts[p] = strings.NewReader(content)
+	}
+	_, err = c.Apply(context.Background(), e.c.manifest(planID, fs), parts, nil)
+	var he *HTTPError
+	if !errors.As(err, &he) {
+		t.Fatalf("Apply = %v, want an *HTTPError", err)
+	}
+	return he
+}
+
+func TestHTTPErrorServerFault(t *testing.T) {
+	for status, want := range map[int]bool{500: true, 503: true, 507: true, 599: true, 400: false, 401: false, 404: false, 409: false, 302: false} {
+		if got := newHTTPError(status, nil).ServerFault(); got != want {
+			t.Errorf("%d: ServerFault() = %v, want %v", status, got, want)
+		}
+	}
+}
+
+// mountNamespaceEnv marks the child process of
+// TestStagingFaultsOnARealFilesystem, which runs in its own mount
+// namespace.
+const mountNamespaceEnv = "HAPTIC_TEST_IN_MOUNT_NAMESPACE"
+
+// TestStagingFaultsOnARealFilesystem puts the base directory on a tiny
+// tmpfs in a private mount namespace and makes the kernel refuse staging
+// for real: a full disk is 507, a read-only one and an immutable staging
+// directory are 500, each with the kernel's reason in the message, and the
+// agent applies again once the disk is repaired. It re-runs itself as a
+// child process in a new mount namespace, and skips where the machine
+// cannot make one or mount a tmpfs.
+func TestStagingFaultsOnARealFilesystem(t *testing.T) {
+	if os.Getenv(mountNamespaceEnv) == "" {
+		runInMountNamespace(t, "TestStagingFaultsOnARealFilesystem")
+		return
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=512k,mode=0755"); err != nil {
+		t.Skipf("cannot mount a tmpfs here (%v)", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+
+	e := newTestEnv(t, func(c *AgentConfig) { c.BaseDir = dir }, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "b.example be-b\n"
+
+	t.Run("disk full", func(t *testing.T) {
+		filler := filepath.Join(dir, ".filler")
+		fillDisk(t, filler)
+		before := e.snapshot(t)
+		he := clientApply(t, e, "plan-2", fs2)
+		if he.Status != http.StatusInsufficientStorage || !he.ServerFault() ||
+			!strings.Contains(he.Body, `"stage":"parts"`) ||
+			!strings.Contains(he.Body, `cannot stage \"maps/host.map\": the agent's disk is full: write `) ||
+			!strings.Contains(he.Body, "no space left on device") {
+			t.Errorf("got %d %s", he.Status, he.Body)
+		}
+		e.unchanged(t, before)
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("read-only", func(t *testing.T) {
+		if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+			t.Skipf("cannot remount read-only (%v): the agent holds its state log open for writing on this filesystem, which Linux refuses to remount read-only; the immutable case below covers a staging area that refuses writes", err)
+		}
+		he := clientApply(t, e, "plan-2", fs2)
+		if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT, ""); err != nil {
+			t.Fatalf("remount read-write: %v", err)
+		}
+		if he.Status != http.StatusInternalServerError || !strings.Contains(he.Body, "the agent's disk failed: open ") ||
+			!strings.Contains(he.Body, "read-only file system") {
+			t.Errorf("got %d %s", he.Status, he.Body)
+		}
+	})
+	t.Run("immutable staging directory", func(t *testing.T) {
+		tmp := filepath.Join(dir, storeTempDir)
+		if out, err := exec.Command("chattr", "+i", tmp).CombinedOutput(); err != nil {
+			t.Skipf("chattr +i is not available here: %v %s", err, out)
+		}
+		he := clientApply(t, e, "plan-2", fs2)
+		if out, err := exec.Command("chattr", "-i", tmp).CombinedOutput(); err != nil {
+			t.Fatalf("chattr -i: %v %s", err, out)
+		}
+		if he.Status != http.StatusInternalServerError || !strings.Contains(he.Body, "operation not permitted") {
+			t.Errorf("got %d %s", he.Status, he.Body)
+		}
+	})
+	if res := e.c.apply(e.c.manifest("plan-2", fs2), fs2); !res.OK {
+		t.Errorf("the apply after the repair: %+v", res)
+	}
+}
+
+// maxFillChunks bounds fillDisk: the tmpfs holds 512 KiB, filled 64 KiB at
+// a time.
+const maxFillChunks = 64
+
+// fillDisk writes p until the filesystem is full.
+func fillDisk(t *testing.T, p string) {
+	t.Helper()
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for range maxFillChunks {
+		if _, err := f.Write(chunk); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return
+			}
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("the filesystem never filled up")
+}
+
+// runInMountNamespace re-runs the named test of this binary in a child
+// process with its own mount namespace (Go makes its mounts private), and
+// reports the child's outcome; it skips when the child cannot be started
+// there or skipped itself.
+func runInMountNamespace(t *testing.T, name string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), mountNamespaceEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	var exitErr *exec.ExitError
+	switch {
+	case err != nil && !errors.As(err, &exitErr):
+		t.Skipf("cannot start a process in a new mount namespace here (%v)", err)
+	case err != nil:
+		t.Fatalf("the child in its own mount namespace failed:\n%s", out)
+	case strings.Contains(string(out), "--- SKIP: "+name+" "):
+		t.Skipf("the child skipped:\n%s", out)
+	}
+	t.Logf("child:\n%s", out)
+}
