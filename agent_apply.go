@@ -117,16 +117,20 @@ type applyRun struct {
 	before                    agentState // the state when the run began
 	beforeTree                map[string]FileAt
 
-	txn      *fileTxn
-	result   ApplyResult
-	opsRan   bool
-	reason   string
-	readBack *compiledOps
-	restored *restoredTree // what an abort put back
+	txn         *fileTxn
+	finishStart time.Time
+	result      ApplyResult
+	opsRan      bool
+	reason      string
+	readBack    *compiledOps
+	restored    *restoredTree // what an abort put back
 
 	remember   bool // a deterministic refusal to cache once the result is final
 	abortStage string
 	refused    bool // HAProxy refused the reload itself
+	// reloadUnknown: a reload failed without HAProxy's verdict (a timeout,
+	// a master that went away), so it may still take effect.
+	reloadUnknown bool
 }
 
 // restoredTree is the tree a rollback left: its ownership set and hashes,
@@ -528,13 +532,11 @@ func (run *applyRun) runApply() ApplyResult {
 	} else {
 		run.transact()
 	}
-	finishStart := run.now()
+	run.finishStart = run.now()
 	run.finish()
 	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
 		run.applyDeps.readBack(run.readBack, run.appliedRef())
 	}
-	run.result.Timing.FinishMs = run.msSince(finishStart)
-	run.result.Timing.TotalMs = run.msSince(run.start)
 	run.logApply()
 	return cloneResult(run.result)
 }
@@ -883,6 +885,7 @@ func (run *applyRun) reload(reason string) {
 	run.result.Reload = info
 	if err != nil {
 		run.refused = errors.Is(err, errReloadRejected)
+		run.reloadUnknown = !run.refused
 		run.abort(StageReload, err)
 		return
 	}
@@ -928,11 +931,16 @@ func (run *applyRun) abort(stage string, cause error) {
 		return
 	}
 	r.Rollback.Performed = true
-	if run.opsRan {
+	// The worker holds what the rollback undid when ops ran, or when a
+	// reload's outcome is unknown (HAProxy may still be loading the set the
+	// rollback took away): it must load the restored set again. Until it
+	// has, the agent vouches for no running plan.
+	if run.opsRan || run.reloadUnknown {
 		st := run.led.view()
-		if _, err := run.worker.reload(run.ctx, st.lkg()); err != nil {
+		if _, err := run.worker.reloadToRecover(run.ctx, st.lkg()); err != nil {
 			run.invariant(false, invRecoveryReload)
-			run.logger.Error("the recovery reload after the abort failed", "err", err)
+			run.led.forgetRunning()
+			run.logger.Error("the recovery reload after the abort failed; the running plan is unknown", "err", err)
 		} else {
 			r.Rollback.Reloaded = true
 		}
@@ -1055,8 +1063,15 @@ func (run *applyRun) commit() error {
 	return run.led.commit(o, c)
 }
 
-// outcome describes how the run ended, for the ledger's settle.
+// outcome describes how the run ended, for the ledger's settle. The
+// result's timing is final here: the record keeps it as last_apply, and the
+// answer says the same.
 func (run *applyRun) outcome() outcome {
+	run.result.Timing = run.timing
+	if !run.finishStart.IsZero() {
+		run.result.Timing.FinishMs = run.msSince(run.finishStart)
+	}
+	run.result.Timing.TotalMs = run.msSince(run.start)
 	o := outcome{
 		result: run.result, ok: run.result.OK, ref: run.appliedRef(), token: run.m.Token,
 		schema: run.m.PlanSchemaVersion, revert: run.revert, invalidations0: run.invalidations0,
@@ -1097,7 +1112,6 @@ func manifestPaths(files []ManifestFile) []string {
 // invariants.
 func (run *applyRun) afterFinish() {
 	prevGen := run.before.Generation
-	run.result.Timing = run.timing
 	run.led.fillResult(&run.result)
 	run.metrics.applyTotal.inc(run.result.Mode)
 	st := run.led.view()

@@ -1322,6 +1322,14 @@ func (s *fileStore) undoPath(u undoEntry) error {
 // path already is that backup (two links to one inode, where rename does
 // nothing), the staging link is removed.
 func (s *fileStore) relink(rel, abs, backup string) error {
+	// A path still holding its backup's very file (the apply never got to
+	// replace it) needs nothing: a rollback of a tree left intact must
+	// succeed even where the directory refuses new entries.
+	if cur, err := s.disk.Lstat(abs); err == nil {
+		if bak, err := s.disk.Lstat(backup); err == nil && os.SameFile(cur, bak) {
+			return nil
+		}
+	}
 	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
 	s.noteDirs(created)
 	if err != nil {

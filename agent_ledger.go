@@ -992,6 +992,18 @@ func (l *ledger) settleFiles() {
 	}
 }
 
+// forgetRunning forgets what the worker runs: a reload may be taking
+// effect that the agent has no verdict on.
+func (l *ledger) forgetRunning() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := cloneState(l.st)
+	next.setRunning(planRef{})
+	next.setWorkerOps(planRef{})
+	l.invalidations++
+	l.forget(next)
+}
+
 // recordWorkerOps notes in-place ops that brought the worker to ref.
 func (l *ledger) recordWorkerOps(ref planRef) {
 	l.mu.Lock()

@@ -99,16 +99,15 @@ func (p *pacer) fire(ctx context.Context) {
 	if err != nil {
 		d.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
 		run.refused = errors.Is(err, errReloadRejected)
+		run.reloadUnknown = !run.refused
 		run.abort(StageScheduledReload, err)
 	}
 	run.timing.OpsMs = d.msSince(run.start)
-	run.timing.TotalMs = run.timing.OpsMs
 	o := run.outcome()
 	o.scheduled = true
 	if err := d.led.finishRun(o, run.restored); err != nil {
 		d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
 	}
-	run.result.Timing = run.timing
 	d.led.fillResult(&run.result)
 	d.metrics.applyTotal.inc(run.result.Mode)
 	d.logger.Info("scheduled reload", "plan_id", ref.ID, "ok", run.result.OK)

@@ -1487,13 +1487,22 @@ func procVersion(fields []string) string {
 // >= 2.7 the reply's Success= line decides; before that (README decision 8)
 // show proc does: a new worker PID is success, a risen failed counter is a
 // rejection, neither within the reload timeout is a timeout.
+//
+// The reload timeout bounds all of it, the show proc baseline included: a
+// master that stopped answering must cost the apply the configured reload
+// timeout, not the socket's own I/O timeout.
 func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
-	base, err := r.showProc(ctx)
+	deadline := time.Now().Add(r.reloadTimeout)
+	bctx, cancel := context.WithDeadline(ctx, deadline)
+	base, err := r.showProc(bctx)
+	cancel()
 	if err != nil {
+		if ctx.Err() == nil && time.Now().After(deadline) {
+			return "", &runtimeError{msg: fmt.Sprintf("reload: the master did not answer show proc within %v", r.reloadTimeout),
+				kind: []error{errReloadTimeout}}
+		}
 		return "", err
 	}
-	start := time.Now()
-	deadline := start.Add(r.reloadTimeout)
 	raw, delivered, err := r.roundTrip(ctx, r.masterSocket, "reload;quit\n", deadline)
 	if err != nil {
 		switch {

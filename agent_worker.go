@@ -120,6 +120,38 @@ func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, e
 	return info, nil
 }
 
+// maxRecoveryReloads bounds the attempts of a recovery reload while the
+// master is still busy with an earlier reload (or re-executing itself).
+const maxRecoveryReloads = 64
+
+// recoveryReloadPause is the pause between two such attempts.
+const recoveryReloadPause = 200 * time.Millisecond
+
+// reloadToRecover reloads ref after a rollback, when the worker may hold
+// what the rollback undid: ops that ran, or a reload whose outcome is
+// unknown (no verdict within the reload timeout: HAProxy may still be
+// loading the set the rollback took off the disk). A master still busy with
+// that reload answers "another reload is in progress", or does not answer
+// while it re-executes, so the attempt is repeated until the reload timeout
+// has passed once more. Only HAProxy's own refusal ends it early.
+func (w *workerTracker) reloadToRecover(ctx context.Context, ref planRef) (*ReloadInfo, error) {
+	deadline := time.Now().Add(w.reloadTimeout)
+	var info *ReloadInfo
+	var err error
+	for range maxRecoveryReloads {
+		info, err = w.reload(ctx, ref)
+		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, err
+		case <-time.After(recoveryReloadPause):
+		}
+	}
+	return info, err
+}
+
 // reloadAndAwait sends the reload and waits for the new worker. The
 // reload timeout bounds the whole of it, but the runtime layer enforces it
 // on the reload itself and answers its own timeout verdicts ("reload: no

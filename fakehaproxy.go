@@ -62,6 +62,11 @@ type FakeModel struct {
 	ReloadLog      string        // replaces the default startup log of a reload reply
 	ReloadHangs    bool          // reload never answers (3.0/3.4) and never produces a worker
 	ReloadDelay    time.Duration // 2.6 dialect: delay before a reload takes effect, default 50 ms
+	// ReloadTakes, on 3.0/3.4, makes a reload as slow as one that parses a
+	// huge map: its Success= reply and its new worker come this late, and
+	// a reload asked for meanwhile is answered "Another reload is still in
+	// progress." A client that gives up earlier still gets the new worker.
+	ReloadTakes time.Duration
 	// OnReload runs under the lock after each successful reload: it sets
 	// what the new worker "loaded", since the fake reads no configuration.
 	OnReload func(m *FakeModel)
@@ -114,7 +119,9 @@ type FakeHAProxy struct {
 	conns      map[net.Conn]bool // open connections → is a master connection
 	masterDown bool
 	timers     []*time.Timer
-	wg         sync.WaitGroup
+	// reloadBusyUntil is when a slow reload (ReloadTakes) ends.
+	reloadBusyUntil time.Time
+	wg              sync.WaitGroup
 }
 
 // fakeDialect is the HAProxy release line the fake answers as (§8.2).
@@ -2204,6 +2211,16 @@ func (f *FakeHAProxy) reload() (reply string, hang bool) {
 	}
 	if m.ReloadHangs {
 		return "", true
+	}
+	if m.ReloadTakes > 0 {
+		if time.Now().Before(f.reloadBusyUntil) {
+			return "Success=0\n--\nAnother reload is still in progress.\n\n", false
+		}
+		takes := m.ReloadTakes
+		f.reloadBusyUntil = time.Now().Add(takes)
+		f.mu.Unlock()
+		time.Sleep(takes)
+		f.mu.Lock()
 	}
 	ok := !m.ReloadFails
 	f.applyReload(ok)
