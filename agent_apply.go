@@ -557,6 +557,12 @@ func (run *applyRun) logApply() {
 // the journal keeps how every touched path looked under the LKG plan, and
 // an intent record, synced, keeps how it looked just before this apply; so
 // a crash at any later point is put back at the next start.
+//
+// Runtime ops run while the intent reaches the disk: the record is written
+// (a process crash finds it) before the first command is sent, and a power
+// loss takes the worker's runtime state with it, so the ops need no durable
+// intent; only the renames do, and they wait for it. The ops read the new
+// files' bytes from what was staged.
 func (run *applyRun) transact() {
 	dels := deletions(run.before.ManifestPaths, run.m.Files)
 	run.txn = run.files.begin(run.stagedList(), dels)
@@ -565,6 +571,9 @@ func (run *applyRun) transact() {
 		return
 	}
 	writeStart := run.now()
+	st := run.led.view()
+	act := chooseActivation(&st, run.m)
+	synced := func() error { return nil }
 	if run.txn.touches() || run.mayRunOps() {
 		journal := run.before.Journal.clone()
 		err := run.txn.Backup(&journal)
@@ -575,23 +584,33 @@ func (run *applyRun) transact() {
 			err = run.files.syncDirs(run.txn.linkDirs)
 		}
 		if err == nil {
-			err = run.led.intend(run.m.PlanID, run.txn.undo)
+			synced, err = run.led.intend(run.m.PlanID, run.txn.undo)
 		}
 		if err != nil {
 			run.abort(StageBackup, err)
 			return
 		}
 	}
+	opsStart := run.now()
+	var early *opsOutcome
+	if act == activateOps {
+		early = run.runtimeOps()
+	}
+	run.timing.OpsMs = run.msSince(opsStart)
+	if err := synced(); err != nil {
+		run.abort(StageBackup, err)
+		return
+	}
 	if err := run.txn.Write(); err != nil {
 		run.abort(StageWrite, err)
 		return
 	}
-	run.timing.WriteMs = run.msSince(writeStart)
+	run.timing.WriteMs = run.msSince(writeStart) - run.timing.OpsMs
 	run.led.observe(run.treeDelta())
 
-	opsStart := run.now()
-	run.activate()
-	run.timing.OpsMs = run.msSince(opsStart)
+	activateStart := run.now()
+	run.activate(act, early)
+	run.timing.OpsMs += run.msSince(activateStart)
 }
 
 // mayRunOps reports whether activation may send ops to the worker: then a
@@ -624,11 +643,35 @@ func (run *applyRun) treeDelta() map[string]*FileAt {
 // ---------------------------------------------------------------------------
 // Activation.
 
-// activate picks what the written files need, first match wins.
-func (run *applyRun) activate() {
-	st := run.led.view()
+// activation is what an apply's files need from HAProxy.
+type activation int
+
+const (
+	activateScheduled       activation = iota // a reload is pending: join it, and run the in-place ops
+	activateReload                            // the manifest asks for a reload
+	activateUnknownBaseline                   // no applied plan to run ops against: reload
+	activateOps                               // run the runtime ops; with none, nothing to do
+)
+
+// chooseActivation picks what the written files need, first match wins.
+func chooseActivation(st *agentState, m *Manifest) activation {
 	switch {
 	case st.reloadPending():
+		return activateScheduled
+	case m.Mode == ModeReload:
+		return activateReload
+	case !st.applied().complete():
+		return activateUnknownBaseline
+	}
+	return activateOps
+}
+
+// activate does what act needs, once the files are written. ops is the
+// outcome of the runtime ops when they already ran.
+func (run *applyRun) activate(act activation, ops *opsOutcome) {
+	switch act {
+	case activateScheduled:
+		st := run.led.view()
 		due, err := run.led.schedule(run.appliedRef(), st.ReloadPendingAt)
 		if err != nil {
 			run.abort(StageWrite, err)
@@ -637,24 +680,76 @@ func (run *applyRun) activate() {
 		run.result.Mode = ResultScheduled
 		run.result.Reload = &ReloadInfo{ScheduledAt: formatDue(due)}
 		run.runInPlace()
-	case run.m.Mode == ModeReload:
+	case activateReload:
 		run.reload(reasonMode)
-	case !st.applied().complete():
+	case activateUnknownBaseline:
 		run.reload(reasonUnknownBaseline)
 	default:
-		c, err := run.compile(run.m.RuntimeOps())
-		if err != nil {
-			run.invariant(false, invOpsExecutable)
-			run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", err)
-			run.reload(reasonUnknownOp)
-			return
-		}
-		if c.empty() {
-			run.settle()
-			return
-		}
-		run.runOps(c)
+		run.afterOps(ops)
 	}
+}
+
+// opsOutcome is how the runtime ops ended.
+type opsOutcome struct {
+	compileErr error
+	c          *compiledOps
+	worker     HAProxyInfo
+	results    []OpResult
+	err        error
+}
+
+// runtimeOps compiles the manifest's runtime ops and runs them on the
+// worker the agent expects. Each line of commands reads the worker's
+// identity on its own connection before its commands, so the check and the
+// ops are one exchange.
+func (run *applyRun) runtimeOps() *opsOutcome {
+	c, err := run.compile(run.m.RuntimeOps())
+	if err != nil {
+		return &opsOutcome{compileErr: err}
+	}
+	if c.empty() {
+		return &opsOutcome{c: c}
+	}
+	worker, results, err := run.execute(c.programs)
+	return &opsOutcome{c: c, worker: worker, results: results, err: err}
+}
+
+// afterOps finishes a runtime apply once its files are written: a batch
+// that could not be compiled, was refused, or reached another worker (which
+// is adopted) falls back to a reload; a good one hands its deletes to the
+// queue.
+func (run *applyRun) afterOps(o *opsOutcome) {
+	if o.compileErr != nil {
+		run.invariant(false, invOpsExecutable)
+		run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", o.compileErr)
+		run.reload(reasonUnknownOp)
+		return
+	}
+	if o.c.empty() {
+		run.settle()
+		return
+	}
+	run.result.OpResults = append(run.result.OpResults, o.results...)
+	switch {
+	case errors.Is(o.err, errWorkerMoved):
+		run.logger.Warn("the ops reached another worker", "err", o.err)
+		run.reload(reasonWorkerChanged)
+		return
+	case o.err != nil:
+		run.led.clearWorkerOps() // part of a batch may have landed
+		run.metrics.opErrors.inc(firstFailedKind(o.results))
+		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", o.err)
+		run.reload(reasonOpRejected)
+		return
+	}
+	if err := run.enqueueDeletes(o.worker, o.c); err != nil {
+		run.logger.Warn("deferred deletes could not be queued", "err", err)
+		run.reload(reasonDeferredDeleteCommit)
+		return
+	}
+	run.led.foldCreated(o.c.certs, o.c.caFiles)
+	run.result.Mode = ResultRuntime
+	run.readBack = o.c
 }
 
 func formatDue(due time.Time) string { return due.UTC().Format(time.RFC3339Nano) }
@@ -693,7 +788,7 @@ func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
 	term := run.rt.terminator()
 	for i := range inline {
-		p, err := compileOp(&inline[i], run.files.ReadHeld, term)
+		p, err := compileOp(&inline[i], run.content, term)
 		if err != nil {
 			return nil, err
 		}
@@ -718,41 +813,26 @@ func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	return c, nil
 }
 
+// content is the bytes an op carries for a file (map_replace, cert_*,
+// ca_*): what this apply staged for it, which may not be renamed into the
+// tree yet, or else the held file.
+func (run *applyRun) content(rel string) ([]byte, error) {
+	if f := run.staged[rel]; f != nil && !f.unchanged {
+		if f.inline != nil {
+			return f.inline, nil
+		}
+		if f.tmp != "" && !f.installed {
+			return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
+		}
+	}
+	return run.files.ReadHeld(rel)
+}
+
 func appendUnique(s []string, v string) []string {
 	if v == "" || slices.Contains(s, v) {
 		return s
 	}
 	return append(s, v)
-}
-
-// runOps runs the manifest's ops on the worker the agent expects. Each
-// line of commands reads the worker's identity on its own connection before
-// its commands, so the check and the ops are one exchange: a line that
-// reached another worker (HAProxy reloaded behind the agent) adopts that
-// worker and falls back to a reload.
-func (run *applyRun) runOps(c *compiledOps) {
-	worker, results, err := run.execute(c.programs)
-	run.result.OpResults = append(run.result.OpResults, results...)
-	switch {
-	case errors.Is(err, errWorkerMoved):
-		run.logger.Warn("the ops reached another worker", "err", err)
-		run.reload(reasonWorkerChanged)
-		return
-	case err != nil:
-		run.led.clearWorkerOps() // part of a batch may have landed
-		run.metrics.opErrors.inc(firstFailedKind(results))
-		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", err)
-		run.reload(reasonOpRejected)
-		return
-	}
-	if err := run.enqueueDeletes(worker, c); err != nil {
-		run.logger.Warn("deferred deletes could not be queued", "err", err)
-		run.reload(reasonDeferredDeleteCommit)
-		return
-	}
-	run.led.foldCreated(c.certs, c.caFiles)
-	run.result.Mode = ResultRuntime
-	run.readBack = c
 }
 
 // execute runs the programs MaxOpsPerApply at a time on the expected
@@ -885,7 +965,7 @@ func (run *applyRun) reload(reason string) {
 	run.result.Reload = info
 	if err != nil {
 		run.refused = errors.Is(err, errReloadRejected)
-		run.reloadUnknown = !run.refused
+		run.reloadUnknown = reloadWithoutVerdict(err)
 		run.abort(StageReload, err)
 		return
 	}

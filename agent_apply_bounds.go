@@ -60,11 +60,15 @@ func tooManyFiles(n int) error {
 // is refused there, with the text validation would have used, and is never
 // decoded. The second pass is a plain json.Unmarshal into Manifest, so every
 // manifest within the bounds decodes, and is refused, exactly as before.
+//
+// A manifest of at most smallManifestBytes skips the first pass: it cannot
+// build much, it cannot hold more files than validation accepts, and
+// validation refuses its other lists with the same words.
 func decodeManifest(b []byte) (*Manifest, error) {
 	var shape manifestShape
 	// A first pass that fails (bad syntax, not an object) decodes nothing
 	// large; the second pass reports that failure in its usual words.
-	if json.Unmarshal(b, &shape) == nil {
+	if len(b) > smallManifestBytes && json.Unmarshal(b, &shape) == nil {
 		if err := shape.refusal(); err != nil {
 			return nil, err
 		}
@@ -75,6 +79,10 @@ func decodeManifest(b []byte) (*Manifest, error) {
 	}
 	return &m, nil
 }
+
+// smallManifestBytes is the size below which a manifest is decoded in one
+// pass: MaxFiles entries of even the shortest file object do not fit in it.
+const smallManifestBytes = 64 << 10
 
 // manifestShape is the first pass's view of a manifest: its plan id and
 // the measures of its lists. The JSON names are Manifest's.

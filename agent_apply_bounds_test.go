@@ -127,7 +127,13 @@ func TestAManifestOverItsBoundsIsRefusedInValidationOrder(t *testing.T) {
 		{"files twice, the larger counts", `{"plan_id":"p",` + files + `,"files":[]}`, "5000 files exceed the 4096-file limit"},
 	}
 	for _, tc := range tests {
-		if _, err := decodeManifest([]byte(tc.manifest)); err == nil || err.Error() != tc.want {
+		// A small manifest is decoded and then refused by validation, with
+		// the same words.
+		m, err := decodeManifest([]byte(tc.manifest))
+		if err == nil {
+			err = validateManifest(m, ConfigFilePath, func(rel string) (string, error) { return rel, nil })
+		}
+		if err == nil || err.Error() != tc.want {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}

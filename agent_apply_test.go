@@ -753,7 +753,7 @@ func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
 	res := e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
-	if res.OK || res.Error == nil || res.Error.Stage != StageReload || res.Error.Message != msgNoNewWorker {
+	if res.OK || res.Error == nil || res.Error.Stage != StageReload || res.Error.Message != errNoNewWorker.Error() {
 		t.Fatalf("result %+v error %+v", res, res.Error)
 	}
 	if res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.Reload.WorkerPID != 0 {

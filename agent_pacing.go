@@ -99,7 +99,7 @@ func (p *pacer) fire(ctx context.Context) {
 	if err != nil {
 		d.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
 		run.refused = errors.Is(err, errReloadRejected)
-		run.reloadUnknown = !run.refused
+		run.reloadUnknown = reloadWithoutVerdict(err)
 		run.abort(StageScheduledReload, err)
 	}
 	run.timing.OpsMs = d.msSince(run.start)

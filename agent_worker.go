@@ -17,10 +17,20 @@ import (
 	"time"
 )
 
-const (
-	awaitWorkerPoll = 100 * time.Millisecond
-	msgNoNewWorker  = "the new worker did not answer show info after the reload"
-)
+const awaitWorkerPoll = 100 * time.Millisecond
+
+// errNoNewWorker: HAProxy reported the reload done, but no new worker
+// answered within the reload timeout.
+var errNoNewWorker = errors.New("the new worker did not answer show info after the reload")
+
+// reloadWithoutVerdict reports a reload that HAProxy may still carry out
+// although the agent got no verdict: it timed out, HAProxy said it was busy
+// with another one, or it reported success without a new worker answering.
+// A reload that never reached the master (a transport error) or that
+// HAProxy refused did nothing.
+func reloadWithoutVerdict(err error) bool {
+	return errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadBusy) || errors.Is(err, errNoNewWorker)
+}
 
 // workerTracker checks, adopts and reloads the worker.
 type workerTracker struct {
@@ -211,7 +221,7 @@ func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (H
 		}
 		select {
 		case <-ctx.Done():
-			return HAProxyInfo{}, errors.New(msgNoNewWorker)
+			return HAProxyInfo{}, errNoNewWorker
 		case <-t.C:
 		}
 	}
