@@ -157,12 +157,12 @@ func TestPushOverMutualTLS(t *testing.T) {
 
 	r := runCLI(t, nil, append(append([]string{"push", "--agent", url}, tlsFlags...),
 		"--tls-cert", pki.clientCert, "--tls-key", pki.clientKey, testDir("shop-v1"))...)
-	if r.code != exitOK || !strings.HasPrefix(r.out, url+": reload, 0 op(s), reloaded in ") {
+	if r.code != exitOK || !strings.HasPrefix(r.out, url+": reload: no baseline; reloaded in ") {
 		t.Errorf("with the client certificate: code %d stderr %q stdout %q", r.code, r.err, r.out)
 	}
 	// The agent refuses a client without a certificate.
 	r = runCLI(t, nil, append(append([]string{"push", "--agent", url}, tlsFlags...), testDir("shop-v2"))...)
-	if r.code != exitFailure || !strings.Contains(r.out, "error: agent returned HTTP 401: client certificate rejected") {
+	if r.code != exitFailure || !strings.Contains(r.out, "error: the agent refused the request (HTTP 401: client certificate rejected)") {
 		t.Errorf("without a client certificate: code %d stderr %q stdout %q", r.code, r.err, r.out)
 	}
 }
