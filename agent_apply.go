@@ -984,7 +984,7 @@ func (a *Agent) runInPlace(ctx context.Context, run *applyRun) {
 
 // reload reloads now, or schedules the reload when the pacing window is open.
 func (a *Agent) reload(ctx context.Context, run *applyRun, reason string) {
-	run.reason = reason
+	run.reason = a.reloadReason(run, reason)
 	a.mu.Lock()
 	due := a.lastReload.Add(a.cfg.ReloadIntervalMin)
 	open := a.now().Before(due)
