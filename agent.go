@@ -2,7 +2,9 @@
 // its configuration and the validation NewAgent runs, the listeners, Run and
 // its error group, startup and readiness, and the HTTP handlers except the
 // apply pipeline (agent_apply.go). Authentication is in agent_auth.go, the
-// persistent state in agent_state.go, the file store in agent_files.go.
+// persistent state in agent_state.go, the file store in agent_files.go,
+// and whether HAProxy is reachable after startup (/readyz) in
+// agent_readiness.go.
 //
 // It must never make an HAProxy decision (the controller does, through Diff)
 // and never panic: a broken invariant is counted, logged and reported.
