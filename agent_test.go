@@ -1029,6 +1029,23 @@ func TestStateWaitRespectsCancellation(t *testing.T) {
 	dir := shortTempDir(t)
 	cfg := testAgentConfig(t, fake)
 	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	// A worker socket that accepts and never answers: the startup probe
+	// neither succeeds nor fails, so a state read waits out its grace
+	// (one whose probe fails is answered at once, with why).
+	ln, err := net.Listen("unix", cfg.WorkerSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
 	a, _ := launchTestAgent(t, cfg, false)
 
 	ctx, cancel := context.WithCancel(context.Background())
