@@ -2,7 +2,9 @@
 // its configuration and the validation NewAgent runs, the listeners, Run and
 // its error group, startup and readiness, and the HTTP handlers except the
 // apply pipeline (agent_apply.go). Authentication is in agent_auth.go, the
-// persistent state in agent_state.go, the file store in agent_files.go.
+// persistent state in agent_state.go, the file store in agent_files.go,
+// and whether HAProxy is reachable after startup (/readyz) in
+// agent_readiness.go.
 //
 // It must never make an HAProxy decision (the controller does, through Diff)
 // and never panic: a broken invariant is counted, logged and reported.
@@ -113,6 +115,7 @@ type Agent struct {
 	applySlots  chan struct{} // the apply gate: maxAppliesInFlight slots
 	initialized chan struct{}
 	drainStop   chan struct{}
+	haproxy     haproxyWatch    // reaching HAProxy now (agent_readiness.go)
 	baseCtx     context.Context // the group context of Run; set before any goroutine starts
 
 	// stallTimeout ends an upload that sends nothing for this long.
@@ -502,6 +505,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	g.Go(func() error { a.queue.Start(gctx); return nil })
 	g.Go(func() error { a.pacer.run(gctx); return nil })
 	g.Go(func() error { return a.initialise(gctx) })
+	g.Go(func() error { a.watchHAProxy(gctx); return nil })
 	for _, s := range servers {
 		g.Go(func() error {
 			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -705,10 +709,14 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 	var lastErr string
 	for {
 		info, inv, err := a.rt.probe(ctx)
-		if err == nil && info.HasWorkerIdentity() {
+		if err == nil && !info.HasWorkerIdentity() {
+			err = errors.New("show info: the worker reports no identity")
+		}
+		a.setWaiting(err)
+		if err == nil {
 			return info, inv, nil
 		}
-		if err != nil && err.Error() != lastErr {
+		if err.Error() != lastErr {
 			lastErr = err.Error()
 			a.logger.Info("waiting for HAProxy", "err", err)
 		}
@@ -760,14 +768,6 @@ func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
 	writeText(w, http.StatusOK, "ok")
 }
 
-func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	if a.Ready() {
-		writeText(w, http.StatusOK, "ready")
-		return
-	}
-	writeText(w, http.StatusServiceUnavailable, "initialising")
-}
-
 func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", metricsContentType)
 	if err := a.metrics.writeText(w); err != nil {
@@ -776,11 +776,16 @@ func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleState answers GET /v1/state: after initialisation, optionally after
-// re-hashing the tree and re-checking the worker (verify=1).
+// re-hashing the tree and re-checking the worker (verify=1). Before
+// initialisation it answers 503 with what the agent waits for
+// (awaitInitialised), so that an operator learns at once that HAProxy is
+// not there. A verified read that cannot reach HAProxy answers 503: it
+// must not vouch for a worker that is gone.
 func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
-	select {
-	case <-a.initialized:
-	case <-r.Context().Done():
+	if message, ok := a.awaitInitialised(r.Context()); !ok {
+		return
+	} else if message != "" {
+		writeError(w, http.StatusServiceUnavailable, StageStartup, message)
 		return
 	}
 	q := r.URL.Query()
@@ -789,8 +794,18 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusInternalServerError, StageState, err.Error())
 			return
 		}
-		if _, err := a.worker.check(r.Context()); err != nil {
+		if err := a.verifyReachable(r.Context()); err != nil {
+			writeError(w, http.StatusServiceUnavailable, StageState, err.Error())
+			return
+		}
+		if info, err := a.worker.check(r.Context()); err != nil {
 			a.logger.Warn("verified state read: worker check", "err", err)
+			if !info.HasWorkerIdentity() {
+				// A foreign worker is adopted and reported; a worker that
+				// does not answer cannot be.
+				writeError(w, http.StatusServiceUnavailable, StageState, "cannot verify the HAProxy worker: "+err.Error())
+				return
+			}
 		}
 	}
 	writeJSON(w, http.StatusOK, a.led.stateAnswer(a.cfg.AgentVersion, q.Get("plan") != "0"))

@@ -943,7 +943,7 @@ func (run *applyRun) runInPlace() {
 // open. Only for the reason "mode" do in-place ops run too: a fallback
 // reload has no valid in-place subset.
 func (run *applyRun) reload(reason string) {
-	run.reason = reason
+	run.reason = run.reloadReason(reason)
 	due := run.led.pacingDue(run.reloadIntervalMin)
 	open := run.now().Before(due)
 	run.logger.Info("reload decided", "plan_id", run.m.PlanID, "reason", reason, "scheduled", open)

@@ -992,29 +992,43 @@ func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
 	}
 }
 
-func TestStateWaitsForInitializedBaseline(t *testing.T) {
+// While HAProxy does not answer the startup probe, a state read answers at
+// once with a 503 that names what the agent waits for; once HAProxy is
+// there, the same read answers the initialised state.
+func TestStateSaysWhatTheAgentWaitsFor(t *testing.T) {
 	fake := startTestFake(t, "")
 	dir := shortTempDir(t)
 	cfg := testAgentConfig(t, fake)
 	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
 	a, _ := launchTestAgent(t, cfg, false)
 	c := newAgentClient(t, a)
-	answered := make(chan State, 1)
-	go func() { answered <- c.state("") }()
-	select {
-	case st := <-answered:
-		t.Fatalf("state answered before initialisation: %+v", st)
-	case <-time.After(400 * time.Millisecond):
+	var code int
+	var body []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		start := time.Now()
+		code, _, body = c.do("GET", PathState, nil, "")
+		if took := time.Since(start); took > stateInitGrace/2 {
+			t.Errorf("the read took %s while HAProxy is away", took)
+		}
+		if code != http.StatusServiceUnavailable || !bytes.Contains(body, []byte(msgAgentInitialising)) {
+			break // the first probe has failed: the read now says why
+		}
+	}
+	var e ApplyError
+	if code != http.StatusServiceUnavailable || json.Unmarshal(body, &e) != nil || e.Stage != StageStartup ||
+		!strings.HasPrefix(e.Message, "agent is waiting for HAProxy (worker socket "+cfg.WorkerSocket) ||
+		!strings.Contains(e.Message, "no such file or directory") {
+		t.Fatalf("state while HAProxy is away: %d %s", code, body)
 	}
 	os.Symlink(fake.WorkerSocket(), cfg.WorkerSocket)
 	os.Symlink(fake.MasterSocket(), cfg.MasterSocket)
-	select {
-	case st := <-answered:
-		if st.HAProxy.WorkerPID != fake.Worker().WorkerPID || st.APIVersion != 1 {
-			t.Errorf("state: %+v", st)
+	for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never became ready")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("state never answered")
+	}
+	if st := c.state(""); st.HAProxy.WorkerPID != fake.Worker().WorkerPID || st.APIVersion != 1 {
+		t.Errorf("state: %+v", st)
 	}
 }
 
@@ -1023,6 +1037,23 @@ func TestStateWaitRespectsCancellation(t *testing.T) {
 	dir := shortTempDir(t)
 	cfg := testAgentConfig(t, fake)
 	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	// A worker socket that accepts and never answers: the startup probe
+	// neither succeeds nor fails, so a state read waits out its grace
+	// (one whose probe fails is answered at once, with why).
+	ln, err := net.Listen("unix", cfg.WorkerSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
 	a, _ := launchTestAgent(t, cfg, false)
 
 	ctx, cancel := context.WithCancel(context.Background())

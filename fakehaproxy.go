@@ -522,7 +522,16 @@ func (f *FakeHAProxy) serveWorker(conn net.Conn) {
 	f.mu.Lock()
 	pid, start := f.model.Pid, f.model.StartTimeUnixMicros
 	f.mu.Unlock()
-	r := bufio.NewReaderSize(conn, 64<<10)
+	// The 64 KiB buffer is allocated once the client sends its first byte:
+	// a connection that closes without a command (a liveness probe, once a
+	// second per agent) must not cost it, or an in-process fleet of fakes
+	// spends its time collecting garbage.
+	var first [1]byte
+	n, err := conn.Read(first[:])
+	if n == 0 || err != nil && !errors.Is(err, io.EOF) {
+		return
+	}
+	r := bufio.NewReaderSize(io.MultiReader(bytes.NewReader(first[:n]), conn), 64<<10)
 	s := &fakeSession{}
 	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		if n > 0 && !s.prompt {

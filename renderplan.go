@@ -69,8 +69,9 @@ type Plan struct {
 	Files         []PlanFile         `json:"files"`
 }
 
-// Section is one run of haproxy.cfg. The sections of a plan, joined in
-// order, are the config file byte for byte.
+// Section is one run of haproxy.cfg. A generator's sections, joined in
+// order, are the config file byte for byte; PlanFromDir's leave out the
+// blank and comment lines between sections (configSections says why).
 type Section struct {
 	Kind       string `json:"kind"`
 	Name       string `json:"name"`
@@ -1162,9 +1163,11 @@ func inflateError(err error) error {
 //     into one core section per top-level section, each named by its header
 //     line with runs of blanks folded ("global", "defaults web",
 //     "frontend http-in", "backend web"), so a reason names the section that
-//     changed. Lines before the first header belong to the first section;
-//     a repeated header gets "#2", "#3", ... so that names stay unique. No
-//     section is a backend record: every change to haproxy.cfg reloads.
+//     changed. A section ends at its last line that is neither blank nor a
+//     comment: the lines between sections belong to none (configSections
+//     says why). A repeated header gets "#2", "#3", ... so that names stay
+//     unique. No section is a backend record: every change to haproxy.cfg
+//     reloads.
 //   - *.map files are maps (kind map), their entries parsed with
 //     ParseMapEntries. They are declared Ordered, the fail-closed choice: a
 //     directory does not say whether a map is matched by prefix or regex, so
@@ -1182,43 +1185,14 @@ func inflateError(err error) error {
 //     only when it starts, so a change to one must reload.
 //
 // Names with a component starting with a dot and anything that is not a
-// regular file (directories are walked, symlinks are not followed) are
-// skipped. Files are sorted by path, contents are kept (ContentKnown, and
+// regular file or a directory are skipped; directories are walked, and a
+// symbolic link is followed when it resolves inside dir (walkDir says why).
+// Files are sorted by path, contents are kept (ContentKnown, and
 // TextKnown for the sections) so that Diff compares exact bytes, and the id
 // is computed. Collections the directory does not use are nil.
 func PlanFromDir(dir string) (*Plan, error) {
 	p := &Plan{SchemaVersion: PlanSchemaVersion}
-	err := filepath.WalkDir(dir, func(abs string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if abs == dir {
-			return nil
-		}
-		if strings.HasPrefix(d.Name(), ".") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		if len(p.Files) >= MaxFiles {
-			return fmt.Errorf("more than %d files", MaxFiles)
-		}
-		rel, err := filepath.Rel(dir, abs)
-		if err != nil {
-			return err
-		}
-		content, err := os.ReadFile(abs)
-		if err != nil {
-			return err
-		}
-		p.addDirFile(filepath.ToSlash(rel), string(content))
-		return nil
-	})
-	if err != nil {
+	if err := p.walkDir(dir); err != nil {
 		return nil, fmt.Errorf("haptic: plan from %s: %w", dir, err)
 	}
 	var config *PlanFile
@@ -1234,12 +1208,99 @@ func PlanFromDir(dir string) (*Plan, error) {
 	if len(p.Sections) > MaxSections {
 		return nil, fmt.Errorf("haptic: plan from %s: %d sections exceed the %d-section limit", dir, len(p.Sections), MaxSections)
 	}
-	// WalkDir visits in lexical order of each directory's entries, which is
-	// not the order of the joined paths ("a-b" sorts before "a/b" as a path
-	// but after it as a walk).
+	// The walk visits in lexical order of each directory's entries, which
+	// is not the order of the joined paths ("a-b" sorts before "a/b" as a
+	// path but after it as a walk).
 	slices.SortFunc(p.Files, func(a, b PlanFile) int { return strings.Compare(a.Path, b.Path) })
 	p.ComputeID()
 	return p, nil
+}
+
+// walkDir adds every file under dir by the convention of PlanFromDir.
+//
+// A symbolic link is followed when it resolves inside dir, to a file or to
+// a directory: that is how Kubernetes mounts a ConfigMap or a Secret (each
+// name a link into "..data/", itself a link to a timestamped directory
+// that the kubelet swaps atomically), and a controller's pod has nothing
+// else to read. A link that resolves outside dir, or to nothing, is an
+// error rather than a silent skip: pushing a file from elsewhere on the
+// controller's disk, or silently leaving one out, is never what a
+// rendered directory meant. Names starting with a dot are skipped, which
+// skips the mount's own "..data" and "..<timestamp>" entries. A directory
+// reached twice through links is walked once.
+func (p *Plan) walkDir(dir string) error {
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(root)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	visited := map[string]bool{root: true}
+	var walk func(abs, rel string) error
+	walk = func(abs, rel string) error {
+		entries, err := os.ReadDir(abs)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			path, name := filepath.Join(abs, e.Name()), e.Name()
+			if rel != "" {
+				name = rel + "/" + e.Name()
+			}
+			mode := e.Type()
+			if mode&fs.ModeSymlink != 0 {
+				target, err := filepath.EvalSymlinks(path)
+				if err != nil {
+					return fmt.Errorf("%s is a symbolic link that does not resolve: %w", name, err)
+				}
+				if !insideDir(root, target) {
+					return fmt.Errorf("%s is a symbolic link to %s, outside the directory", name, target)
+				}
+				fi, err := os.Stat(target)
+				if err != nil {
+					return err
+				}
+				path, mode = target, fi.Mode().Type()
+			}
+			switch {
+			case mode.IsDir():
+				if resolved, err := filepath.EvalSymlinks(path); err != nil || visited[resolved] {
+					continue
+				} else {
+					visited[resolved] = true
+				}
+				if err := walk(path, name); err != nil {
+					return err
+				}
+			case mode.IsRegular():
+				if len(p.Files) >= MaxFiles {
+					return fmt.Errorf("more than %d files", MaxFiles)
+				}
+				content, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				p.addDirFile(name, string(content))
+			}
+		}
+		return nil
+	}
+	return walk(root, "")
+}
+
+// insideDir reports whether path, already free of symbolic links, is dir
+// or lies below it.
+func insideDir(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
 }
 
 // addDirFile records one file of PlanFromDir by the convention above.
@@ -1270,16 +1331,23 @@ func (p *Plan) addDirFile(rel, content string) {
 }
 
 // configSections cuts haproxy.cfg into core sections at every line whose
-// first word opens a top-level section (configSectionKeywords). The texts
-// join back into the file byte for byte.
+// first word opens a top-level section (configSectionKeywords). A section
+// runs from its header to its last line that is neither blank nor only a
+// comment; the blank and comment lines between two sections (and before
+// the first, and after the last) belong to no section. A reason then names
+// only the section whose own lines changed: appending a section after the
+// usual blank line adds that section and changes none, and a blank line or
+// a comment added between two sections changes neither neighbour. Diff
+// still sees such an edit, as a change of the config file that no section
+// explains, so it reloads and says exactly that. This gives up the rule
+// that the sections of a plan join back into the file: nothing compares
+// the joined texts, and a cut that kept it would have to give the lines
+// between two sections to one of them, which an edit there then "changes".
+// Content lines before the first header open the first section.
 func configSections(config string) []Section {
 	var sections []Section
 	seen := map[string]int{}
-	start, name := 0, ""
-	flush := func(end int) {
-		if end == start && name == "" {
-			return
-		}
+	add := func(name, text string) {
 		if name == "" {
 			name = ConfigFilePath // a config with no section header at all
 		}
@@ -1287,10 +1355,12 @@ func configSections(config string) []Section {
 		if n := seen[name]; n > 1 {
 			name = fmt.Sprintf("%s#%d", name, n)
 		}
-		text := config[start:end]
 		sections = append(sections, Section{Kind: SectionKindCore, Name: name,
 			TextDigest: DigestString(text), Length: len(text), Text: text, TextKnown: true})
 	}
+	// start opens the current section (-1: none open yet), last ends its
+	// last line that is not a gap line.
+	start, last, name := -1, -1, ""
 	for pos := 0; pos < len(config); {
 		end := strings.IndexByte(config[pos:], '\n')
 		if end < 0 {
@@ -1298,17 +1368,37 @@ func configSections(config string) []Section {
 		} else {
 			end += pos + 1
 		}
-		if header := sectionHeader(config[pos:end]); header != "" {
-			if name != "" {
-				flush(pos)
+		line := config[pos:end]
+		switch header := sectionHeader(line); {
+		case header != "":
+			switch {
+			case name != "":
+				add(name, config[start:last])
+				start = pos
+			case start < 0:
 				start = pos
 			}
-			name = header
+			last, name = end, header
+		case isGapLine(line):
+		default:
+			if start < 0 {
+				start = pos
+			}
+			last = end
 		}
 		pos = end
 	}
-	flush(len(config))
+	if start >= 0 {
+		add(name, config[start:last])
+	}
 	return sections
+}
+
+// isGapLine reports whether a config line is blank or only a comment: a
+// line that separates sections rather than belonging to one.
+func isGapLine(line string) bool {
+	t := strings.TrimSpace(line)
+	return t == "" || t[0] == '#'
 }
 
 // configSectionKeywords are the keywords that open a top-level section of

@@ -14,8 +14,9 @@
 //     /etc/haproxy.
 //
 // Configuration, each used only when non-empty: HAPTIC_AGENT_URL (default
-// http://localhost:5555), HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS (default
-// admin and admin, the agent's DATAPLANE_USERNAME and DATAPLANE_PASSWORD).
+// http://localhost:5555), HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS, else
+// the agent's own DATAPLANE_USERNAME and DATAPLANE_PASSWORD, else admin and
+// admin.
 //
 // The program never writes a Manifest by hand: NewManifest copies the proofs
 // and expectations the agent fences on from the state it read, and an agent
@@ -101,10 +102,11 @@ func main() {
 
 // run applies the two renders in order and prints what the agent did.
 func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
+	user, pass, source := credentials(getenv)
 	client, err := haptic.NewClient(&haptic.ClientConfig{
 		BaseURL:  envOr(getenv, "HAPTIC_AGENT_URL", "http://localhost:5555"),
-		Username: envOr(getenv, "HAPTIC_AGENT_USER", "admin"),
-		Password: envOr(getenv, "HAPTIC_AGENT_PASS", "admin"),
+		Username: user,
+		Password: pass,
 	})
 	if err != nil {
 		return fmt.Errorf("failed to create the agent client: %w", err)
@@ -112,6 +114,11 @@ func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
 	defer client.Close()
 
 	state, err := client.State(ctx, haptic.StateRead{})
+	var refused *haptic.HTTPError
+	if errors.As(err, &refused) && refused.Status == 401 {
+		return fmt.Errorf("the agent refused the credentials from %s (HTTP 401); set HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS "+
+			"or DATAPLANE_USERNAME/DATAPLANE_PASSWORD to the agent's", source)
+	}
 	if err != nil {
 		return fmt.Errorf("failed to read the agent's state: %w", err)
 	}
@@ -136,6 +143,19 @@ func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
 
 	fmt.Fprint(out, "\nExample completed successfully!\n")
 	return nil
+}
+
+// credentials are the HTTP Basic credentials and where they came from:
+// the example's own pair, else the pair the agent itself reads, else the
+// defaults. A pair is taken whole.
+func credentials(getenv func(string) string) (user, pass, source string) {
+	if user, pass = getenv("HAPTIC_AGENT_USER"), getenv("HAPTIC_AGENT_PASS"); user != "" || pass != "" {
+		return user, pass, "HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS"
+	}
+	if user, pass = getenv("DATAPLANE_USERNAME"), getenv("DATAPLANE_PASSWORD"); user != "" || pass != "" {
+		return user, pass, "DATAPLANE_USERNAME/DATAPLANE_PASSWORD"
+	}
+	return "admin", "admin", "the defaults admin/admin"
 }
 
 // envOr returns the variable's value, or def when it is empty.

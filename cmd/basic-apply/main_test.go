@@ -104,24 +104,26 @@ func TestBasicApplyPlans(t *testing.T) {
 }
 
 func TestBasicApplyGetenv(t *testing.T) {
-	defaults := map[string]string{
-		"HAPTIC_AGENT_URL":  "http://localhost:5555",
-		"HAPTIC_AGENT_USER": "admin",
-		"HAPTIC_AGENT_PASS": "admin",
+	empty := func(string) string { return "" }
+	if got := envOr(empty, "HAPTIC_AGENT_URL", "http://localhost:5555"); got != "http://localhost:5555" {
+		t.Errorf("HAPTIC_AGENT_URL unset: %q, want the default", got)
 	}
-	for name, def := range defaults {
-		empty := func(string) string { return "" }
-		if got := envOr(empty, name, def); got != def {
-			t.Errorf("%s unset: %q, want the default %q", name, got, def)
-		}
-		set := func(n string) string {
-			if n == name {
-				return "from-env"
-			}
-			return ""
-		}
-		if got := envOr(set, name, def); got != "from-env" {
-			t.Errorf("%s set: %q, want the variable's value", name, got)
+	if got := envOr(func(string) string { return "from-env" }, "HAPTIC_AGENT_URL", "x"); got != "from-env" {
+		t.Errorf("HAPTIC_AGENT_URL set: %q, want the variable's value", got)
+	}
+	// The example's pair first, then the agent's own, then admin/admin.
+	for _, c := range []struct {
+		env                  map[string]string
+		user, pass, variable string
+	}{
+		{nil, "admin", "admin", "the defaults admin/admin"},
+		{map[string]string{"DATAPLANE_USERNAME": "ops", "DATAPLANE_PASSWORD": "pw"}, "ops", "pw", "DATAPLANE_USERNAME/DATAPLANE_PASSWORD"},
+		{map[string]string{"HAPTIC_AGENT_USER": "me", "HAPTIC_AGENT_PASS": "x", "DATAPLANE_USERNAME": "ops", "DATAPLANE_PASSWORD": "pw"},
+			"me", "x", "HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS"},
+	} {
+		user, pass, source := credentials(func(k string) string { return c.env[k] })
+		if user != c.user || pass != c.pass || source != c.variable {
+			t.Errorf("%v: %q %q from %q, want %q %q from %q", c.env, user, pass, source, c.user, c.pass, c.variable)
 		}
 	}
 }

@@ -16,8 +16,9 @@ import (
 )
 
 // agentClientFlags are the flags `haptic push` and `haptic diff --agent`
-// share. Credentials are HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS, the
-// example's variables, so that one shell session drives both.
+// share. Credentials come from credentialsFrom: HAPTIC_AGENT_USER and
+// HAPTIC_AGENT_PASS, the example's variables, else the agent's own
+// DATAPLANE_USERNAME and DATAPLANE_PASSWORD.
 type agentClientFlags struct {
 	urls                                  []string
 	tlsCert, tlsKey, tlsCA, tlsServerName string
@@ -39,11 +40,11 @@ func (f *agentClientFlags) register(fs *flag.FlagSet, agentUsage string) {
 
 // clientConfig is the configuration of a client for one agent URL. The TLS
 // configuration is shared between agents: NewClient clones it.
-func (f *agentClientFlags) clientConfig(url string, tlsConfig *tls.Config, getenv func(string) string) *haptic.ClientConfig {
+func (f *agentClientFlags) clientConfig(url string, tlsConfig *tls.Config, creds agentCredentials) *haptic.ClientConfig {
 	return &haptic.ClientConfig{
 		BaseURL:  url,
-		Username: getenv("HAPTIC_AGENT_USER"),
-		Password: getenv("HAPTIC_AGENT_PASS"),
+		Username: creds.user,
+		Password: creds.pass,
 		TLS:      tlsConfig,
 	}
 }

@@ -157,7 +157,7 @@ func TestPushOverMutualTLS(t *testing.T) {
 
 	r := runCLI(t, nil, append(append([]string{"push", "--agent", url}, tlsFlags...),
 		"--tls-cert", pki.clientCert, "--tls-key", pki.clientKey, testDir("shop-v1"))...)
-	if r.code != exitOK || !strings.HasPrefix(r.out, url+": reload, 0 op(s), reloaded in ") {
+	if r.code != exitOK || !strings.HasPrefix(r.out, url+": reload: no baseline; reloaded in ") {
 		t.Errorf("with the client certificate: code %d stderr %q stdout %q", r.code, r.err, r.out)
 	}
 	// The agent refuses a client without a certificate in the handshake.

@@ -100,12 +100,21 @@ func runDemo(ctx context.Context, args []string, s stdio) int {
 	if err != nil {
 		return usageError(fs, "%v", err)
 	}
+	if *haproxyBin == "" {
+		// The first line of the output names the fake's HAProxy version,
+		// which reads like a real one; stdout stays the example's output.
+		fmt.Fprint(s.err, demoFakeNote)
+	}
 	if err := demo(ctx, s.out, *haproxyBin, logger); err != nil {
 		fmt.Fprintf(s.err, "haptic demo: %v\n", err)
 		return exitFailure
 	}
 	return exitOK
 }
+
+// demoFakeNote tells the operator that the demo's HAProxy is not a real one.
+const demoFakeNote = "haptic demo: the HAProxy here is the in-process fake (haptic.FakeHAProxy), which serves no traffic; " +
+	"run haptic demo --haproxy /path/to/haproxy for a real one\n"
 
 // demo runs the whole flow. Every resource is released by a deferred call
 // registered right after it is acquired, so an error at any step cleans up

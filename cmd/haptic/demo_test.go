@@ -65,7 +65,7 @@ func demoLeftovers(t *testing.T) []string {
 func TestDemoCommand(t *testing.T) {
 	before := demoLeftovers(t)
 	r := runCLI(t, nil, "demo")
-	if r.code != exitOK || r.err != "" {
+	if r.code != exitOK || r.err != demoFakeNote {
 		t.Fatalf("code %d stderr %q stdout\n%s", r.code, r.err, r.out)
 	}
 	checkDemoOutput(t, r.out)

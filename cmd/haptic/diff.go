@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/haptic-agent/haptic"
 )
@@ -34,16 +35,16 @@ func runPlan(args []string, s stdio) int {
 		return usageStatus(err)
 	}
 	if len(positional) != 1 {
-		return usageError(fs, "want one directory, got %d arguments", len(positional))
+		return usageError(fs, "want one directory, got %s", countOf(len(positional), "argument"))
 	}
 	p, err := haptic.PlanFromDir(positional[0])
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic plan: %v\n", err)
+		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
 		return exitFailure
 	}
 	out, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic plan: %v\n", err)
+		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
 		return exitFailure
 	}
 	s.out.Write(append(out, '\n'))
@@ -52,12 +53,12 @@ func runPlan(args []string, s stdio) int {
 
 // runDiff prints what a pod would do to go from one plan to another, and
 // answers with its exit status: 0 when the change reaches the running
-// worker (runtime) or needs no HAProxy action (file_only), 1 when it
-// reloads, 2 when it could not tell.
+// worker (runtime), needs no HAProxy action (file_only) or is no change at
+// all (noop), 1 when it reloads, 2 when it could not tell.
 func runDiff(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("diff", "haptic diff [--haproxy-version V] OLD NEW | haptic diff --agent URL [flags] DIR\n"+
 		"OLD, NEW and DIR are each a directory of rendered files, a plan JSON file (haptic plan) or a plan blob.\n"+
-		"Environment, with --agent: HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS (HTTP Basic).", s)
+		"Environment, with --agent: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	version := fs.String("haproxy-version", defaultDiffHAProxyVersion,
 		"HAProxy version an offline diff assumes (what it can change at runtime); with --agent the agent's own version is used")
 	var agent agentClientFlags
@@ -80,29 +81,31 @@ func runDiff(ctx context.Context, args []string, s stdio) int {
 	case len(agent.urls) == 1 && versionSet:
 		return usageError(fs, "--haproxy-version is the agent's own with --agent")
 	case len(agent.urls) == 1 && len(positional) != 1:
-		return usageError(fs, "with --agent, want one directory or plan file, got %d arguments", len(positional))
+		return usageError(fs, "with --agent, want one directory or plan file, got %s", countOf(len(positional), "argument"))
 	case len(agent.urls) == 0 && len(positional) != 2:
-		return usageError(fs, "want OLD and NEW, got %d arguments", len(positional))
+		return usageError(fs, "want OLD and NEW, got %s", countOf(len(positional), "argument"))
 	case len(agent.urls) == 0 && !readableVersion(*version):
 		return usageError(fs, "--haproxy-version %q is not a version such as 3.0 or 3.4.3", *version)
 	}
 	last := positional[len(positional)-1]
 	next, err := loadPlan(last)
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic diff: %v\n", err)
+		fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
 		return exitUsage
 	}
 	if len(agent.urls) == 0 {
 		old, err := loadPlan(positional[0])
 		if err != nil {
-			fmt.Fprintf(s.err, "haptic diff: %v\n", err)
+			fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
 			return exitUsage
 		}
 		from, decision = old.ID, haptic.Diff(next, offlineBaseline(old, *version))
 	} else {
-		state, err := readAgentState(ctx, &agent, s.getenv)
+		creds := credentialsFrom(s.getenv)
+		start := time.Now()
+		state, err := readAgentState(ctx, &agent, creds)
 		if err != nil {
-			fmt.Fprintf(s.err, "haptic diff: %v\n", err)
+			fmt.Fprintf(s.err, "haptic diff: %s\n", explainErr(err, creds, time.Since(start)))
 			return exitUsage
 		}
 		from = state.AppliedPlanID
@@ -137,12 +140,12 @@ func offlineBaseline(old *haptic.Plan, haproxyVersion string) *haptic.Baseline {
 
 // readAgentState reads one agent's state with its stored plan, the
 // baseline a live diff needs.
-func readAgentState(ctx context.Context, agent *agentClientFlags, getenv func(string) string) (*haptic.State, error) {
+func readAgentState(ctx context.Context, agent *agentClientFlags, creds agentCredentials) (*haptic.State, error) {
 	tlsConfig, err := agent.tlsConfig()
 	if err != nil {
 		return nil, err
 	}
-	client, err := haptic.NewClient(agent.clientConfig(agent.urls[0], tlsConfig, getenv))
+	client, err := haptic.NewClient(agent.clientConfig(agent.urls[0], tlsConfig, creds))
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +191,35 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 	return decision, notes
 }
 
+// verdictNoop is what the command calls a render identical to the
+// baseline. Diff itself answers file_only for it: its verdicts are runtime,
+// file_only and reload, and a render with no reload cause and no op is
+// file_only by contract, so that a controller sends it (the agent then
+// answers noop, having nothing to write). An operator asking "what will
+// this push do?" should read the same word the push then prints, so the
+// command says noop where the plans are the same.
+const verdictNoop = "noop"
+
+// cliVerdict is the verdict the command prints: noop for a plan whose id
+// is the baseline's (the ids are digests of the whole content, so the
+// files are byte for byte the same) when Diff found nothing to do, Diff's
+// own verdict otherwise.
+func cliVerdict(from, to string, d haptic.Decision) string {
+	if from != "" && from == to && d.Verdict == haptic.VerdictFileOnly &&
+		len(d.Ops) == 0 && len(d.InPlace) == 0 && len(d.Reasons) == 0 {
+		return verdictNoop
+	}
+	return d.Verdict
+}
+
+// countOf is "1 argument", "2 arguments".
+func countOf(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // printDecision prints a decision one fact per line, each line starting
 // with its kind so that scripts can grep it: the plans, notes, the verdict,
 // each op and in-place op as its wire JSON, then every reason.
@@ -196,7 +228,7 @@ func printDecision(w io.Writer, from, to string, d haptic.Decision, notes []stri
 	for _, n := range notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
-	fmt.Fprintf(w, "verdict: %s\n", d.Verdict)
+	fmt.Fprintf(w, "verdict: %s\n", cliVerdict(from, to, d))
 	for _, op := range d.Ops {
 		fmt.Fprintf(w, "op: %s\n", opJSON(op))
 	}

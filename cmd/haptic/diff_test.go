@@ -34,9 +34,13 @@ func TestPlanCommand(t *testing.T) {
 		t.Errorf("not indented JSON with a trailing newline: %q", r.out[:min(80, len(r.out))])
 	}
 
-	r = runCLI(t, nil, "plan", testDir("no-config"))
-	if r.code != exitFailure || !strings.HasPrefix(r.err, "haptic plan: ") || !strings.Contains(r.err, "no haproxy.cfg") {
+	r = runBinary(t, nil, "plan", testDir("no-config"))
+	if r.code != exitFailure || r.err != "haptic plan: plan from "+testDir("no-config")+": no haproxy.cfg\n" {
 		t.Errorf("no config: code %d stderr %q", r.code, r.err)
+	}
+	r = runBinary(t, nil, "plan", testDir("no-config"), testDir("shop-v1"))
+	if r.code != exitUsage || !strings.HasPrefix(r.err, "haptic plan: want one directory, got 2 arguments\n") {
+		t.Errorf("two directories: code %d stderr %q", r.code, r.err)
 	}
 }
 
@@ -57,9 +61,9 @@ func TestDiffCommand(t *testing.T) {
 			"plan " + v2 + " -> " + v1 + "\n" +
 				"verdict: runtime\n" +
 				`op: {"kind":"map_del","path":"maps/host.map","key":"blog.example.com"}` + "\n"},
-		{"nothing changed: file_only", []string{testDir("shop-v1"), testDir("shop-v1")}, exitOK,
+		{"nothing changed: noop", []string{testDir("shop-v1"), testDir("shop-v1")}, exitOK,
 			"plan " + v1 + " -> " + v1 + "\n" +
-				"verdict: file_only\n"},
+				"verdict: noop\n"},
 		{"config changed: reload naming the section", []string{testDir("shop-v2"), testDir("shop-v3")}, exitFailure,
 			"plan " + v2 + " -> " + v3 + "\n" +
 				"verdict: reload\n" +
@@ -115,7 +119,7 @@ func TestDiffCommand(t *testing.T) {
 		args []string
 		err  string
 	}{
-		{"one argument", []string{testDir("shop-v1")}, "want OLD and NEW, got 1 arguments"},
+		{"one argument", []string{testDir("shop-v1")}, "want OLD and NEW, got 1 argument\n"},
 		{"missing directory", []string{testDir("shop-v1"), testDir("absent")}, "haptic diff: stat "},
 		{"no config", []string{testDir("no-config"), testDir("shop-v1")}, "no haproxy.cfg"},
 		{"stale plan id", []string{stale, testDir("shop-v1")}, "does not match its content"},
@@ -159,10 +163,28 @@ func TestDiffCommandAgainstAnAgent(t *testing.T) {
 	if st := agentState(t, agent); st.AppliedPlanID != v1 {
 		t.Errorf("applied %s after a diff, want %s", st.AppliedPlanID, v1)
 	}
+	// The plan the pod holds is noop, the word push then prints, here
+	// read with the agent's own credential variables.
+	r = runBinary(t, map[string]string{"DATAPLANE_USERNAME": testAgentUser, "DATAPLANE_PASSWORD": testAgentPass},
+		"diff", "--agent", agent.URL(), testDir("shop-v1"))
+	if r.code != exitOK || r.out != "plan "+v1+" -> "+v1+"\nverdict: noop\n" {
+		t.Errorf("the held plan: code %d stderr %q stdout %q", r.code, r.err, r.out)
+	}
+	r = runBinary(t, map[string]string{"DATAPLANE_USERNAME": testAgentUser, "DATAPLANE_PASSWORD": testAgentPass},
+		"push", "--agent", agent.URL(), testDir("shop-v1"))
+	if r.code != exitOK || !strings.Contains(r.out, ": noop: the pod already holds this plan\n") {
+		t.Errorf("push with DATAPLANE_* credentials: code %d stderr %q stdout %q", r.code, r.err, r.out)
+	}
+	r = runBinary(t, nil, "push", "--agent", agent.URL(), testDir("shop-v1"))
+	if r.code != exitFailure || !strings.Contains(r.out, "error: the agent refused the request (HTTP 401: unauthorized); no HTTP Basic credentials were sent: "+
+		"neither HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS nor DATAPLANE_USERNAME/DATAPLANE_PASSWORD is set\n") {
+		t.Errorf("push without credentials: code %d stdout %q", r.code, r.out)
+	}
 
 	r = runCLI(t, map[string]string{"HAPTIC_AGENT_USER": testAgentUser, "HAPTIC_AGENT_PASS": "wrong"},
 		"diff", "--agent", agent.URL(), testDir("shop-v2"))
-	if r.code != exitUsage || !strings.Contains(r.err, "HTTP 401") {
+	if r.code != exitUsage || r.err != "haptic diff: the agent refused the credentials from HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS (HTTP 401: unauthorized); "+
+		"client commands read HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS first, then DATAPLANE_USERNAME/DATAPLANE_PASSWORD\n" {
 		t.Errorf("wrong password: code %d stderr %q", r.code, r.err)
 	}
 }

@@ -43,13 +43,14 @@ const (
 type stdio struct {
 	out, err io.Writer
 	getenv   func(string) string
+	terminal bool // out is a terminal: a command may redraw a progress line in place
 }
 
 func main() {
 	// SIGINT and SIGTERM cancel the context: the agent shuts down cleanly
 	// and the demo removes what it started.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], stdio{out: os.Stdout, err: os.Stderr, getenv: os.Getenv})
+	code := run(ctx, os.Args[1:], stdio{out: os.Stdout, err: os.Stderr, getenv: os.Getenv, terminal: isTerminal(os.Stdout)})
 	stop()
 	os.Exit(code)
 }
@@ -105,6 +106,12 @@ func run(ctx context.Context, args []string, s stdio) int {
 	}
 	fmt.Fprintf(s.err, "haptic: unknown command %q\n%s", cmd, usageText)
 	return exitUsage
+}
+
+// isTerminal reports whether f is a character device, as a terminal is.
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // newFlagSet returns a flag set that reports to stderr and never exits the

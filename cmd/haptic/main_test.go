@@ -7,9 +7,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -47,6 +49,30 @@ func runCLIContext(t testing.TB, ctx context.Context, env map[string]string, arg
 	t.Helper()
 	var out, errOut bytes.Buffer
 	code := run(ctx, args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }})
+	return cliResult{code: code, out: out.String(), err: errOut.String()}
+}
+
+// runBinary runs the command as a process, the test binary running main
+// (see TestMain), with only the given environment besides the process's
+// own PATH and HOME, and returns its exit status and output.
+func runBinary(t testing.TB, env map[string]string, args ...string) cliResult {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = []string{runMainEnv + "=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("running %v: %v", args, err)
+	}
 	return cliResult{code: code, out: out.String(), err: errOut.String()}
 }
 

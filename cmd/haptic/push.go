@@ -1,32 +1,91 @@
 // push.go owns `haptic push`: a one-off push of a directory of rendered
 // files to one or many agents. Each agent gets its own Deploy (the whole
 // state → diff → apply → resend → re-diff loop), at most --parallel at a
-// time, and one line as it finishes. It decides nothing itself: what each
-// pod does is Diff's answer for that pod's own baseline.
+// time, each within --timeout and all within --deadline. It prints one line
+// per agent as it finishes (what the pod did and why), then a summary by
+// outcome with the agents that failed or did not do what --expect says.
+// It decides nothing itself: what each pod does is Diff's answer for that
+// pod's own baseline.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/haptic-agent/haptic"
 )
 
-// defaultPushParallel bounds how many agents one push reaches at a time:
-// enough to roll a large fleet quickly, few enough that a bad render
-// reaches a handful of pods before the operator sees the first answers.
-const defaultPushParallel = 8
+// Defaults of a push, and why.
+const (
+	// defaultPushParallel is how many agents one push reaches at a time.
+	// An agent spends most of a push waiting (on HAProxy, on its disk's
+	// fsyncs, on a reload), not computing, and the push itself only sends
+	// bytes; so the bound is what keeps a fleet push short when some
+	// agents are slow or hung: with 20 ms per HAProxy command, 1,000 agents
+	// took 21 s at 8 and 12 s at 64, and 24 hung agents among 300 cost
+	// 32 s at 8, since they held the few slots in turn. A bad render
+	// reaching 64 pods at once is bounded by the agent: HAProxy refuses it
+	// at the reload and each pod rolls back to its last-known-good files.
+	defaultPushParallel = 64
+	// defaultPushTimeout bounds one agent's whole push (state, apply,
+	// resend, plan store). It is above the longest apply an agent may
+	// legitimately take, a reload within the agent's --reload-timeout
+	// (60 s by default) plus its writes, so that a slow reload is reported
+	// as what it did rather than as a timeout.
+	defaultPushTimeout = 90 * time.Second
+	// pushStateTimeout bounds each state read within an agent's push. A
+	// state read needs no HAProxy work, so an agent that accepts the
+	// connection and does not answer it within this is hung, and costs
+	// this long rather than the whole --timeout.
+	pushStateTimeout = 10 * time.Second
+	// defaultPushDeadline bounds the whole push: agents not reached by
+	// then are reported as not pushed, those in flight are stopped.
+	defaultPushDeadline = 10 * time.Minute
+	// progressInterval is how often the progress line on a terminal is
+	// redrawn while nothing finishes, so that the elapsed times move.
+	progressInterval = 500 * time.Millisecond
+)
+
+// Outcomes of one agent's push, in the order the summary prints them.
+// The first five are the agent's result modes; failed is every error and
+// every NACK.
+const outcomeFailed = "failed"
+
+var pushOutcomes = []string{haptic.ResultRuntime, haptic.ResultFileOnly, haptic.ResultReload,
+	haptic.ResultScheduled, haptic.ResultNoop, outcomeFailed}
+
+// expectable are the outcomes --expect accepts.
+var expectable = []string{haptic.ResultRuntime, haptic.ResultFileOnly, haptic.ResultReload, haptic.ResultScheduled, haptic.ResultNoop}
+
+// pushOptions is how a push runs and reports.
+type pushOptions struct {
+	parallel int
+	timeout  time.Duration   // per agent
+	deadline time.Duration   // the whole push
+	expect   map[string]bool // expected outcomes; nil = any
+	quiet    bool            // only exceptions and the summary
+	terminal bool            // stdout is a terminal: draw progress in place
+	columns  int             // terminal width for the progress line
+}
 
 func runPush(ctx context.Context, args []string, s stdio) int {
-	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--leader-epoch N] [TLS flags] DIR\n"+
-		"Environment: HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS (HTTP Basic).", s)
+	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [TLS flags] DIR\n"+
+		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	var agents agentClientFlags
 	agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
-	parallel := fs.Int("parallel", defaultPushParallel, "how many agents are pushed to at the same time")
+	o := pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}
+	fs.IntVar(&o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
+	fs.DurationVar(&o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
+	fs.DurationVar(&o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
+	expect := fs.String("expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
+		"; an agent with another outcome fails the push")
+	fs.BoolVar(&o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
 	epoch := fs.Uint64("leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
 	positional, err := parseArgs(fs, args)
 	if err != nil {
@@ -35,10 +94,23 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	switch {
 	case len(agents.urls) == 0:
 		return usageError(fs, "at least one --agent is required")
-	case *parallel < 1:
-		return usageError(fs, "--parallel must be at least 1, got %d", *parallel)
+	case o.parallel < 1:
+		return usageError(fs, "--parallel must be at least 1, got %d", o.parallel)
+	case o.timeout <= 0:
+		return usageError(fs, "--timeout must be positive, got %s", o.timeout)
+	case o.deadline <= 0:
+		return usageError(fs, "--deadline must be positive, got %s", o.deadline)
 	case len(positional) != 1:
-		return usageError(fs, "want one directory, got %d arguments", len(positional))
+		return usageError(fs, "want one directory, got %s", countOf(len(positional), "argument"))
+	}
+	if *expect != "" {
+		o.expect = map[string]bool{}
+		for v := range strings.SplitSeq(*expect, ",") {
+			if v = strings.TrimSpace(v); !slices.Contains(expectable, v) {
+				return usageError(fs, "--expect %q is not one of %s", v, strings.Join(expectable, ", "))
+			}
+			o.expect[v] = true
+		}
 	}
 	for i, u := range agents.urls {
 		// Two Deploys against one pod would fence each other.
@@ -50,12 +122,12 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	// bytes, and only a directory has them.
 	next, err := haptic.PlanFromDir(positional[0])
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic push: %v\n", err)
+		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
 	}
 	blob, err := haptic.EncodePlanBlob(next)
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic push: %v\n", err)
+		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
 	}
 	tlsConfig, err := agents.tlsConfig()
@@ -63,38 +135,108 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		fmt.Fprintf(s.err, "haptic push: %v\n", err)
 		return exitFailure
 	}
+	creds := credentialsFrom(s.getenv)
 
-	took := pushAll(ctx, s.out, agents.urls, *parallel, func(ctx context.Context, url string) (*haptic.ApplyResult, error) {
-		return pushOne(ctx, agents.clientConfig(url, tlsConfig, s.getenv), next, blob, *epoch)
-	})
-	fmt.Fprintf(s.out, "plan %s: %d of %d agent(s) took it\n", next.ID, took, len(agents.urls))
-	if took != len(agents.urls) {
+	r := pushAll(ctx, s.out, agents.urls, o, func(ctx context.Context, url string) pushResult {
+		cfg := agents.clientConfig(url, tlsConfig, creds)
+		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
+		return pushOne(ctx, cfg, next, blob, *epoch)
+	}, creds)
+	r.printSummary(s.out, next.ID, o)
+	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
 		return exitFailure
 	}
 	return exitOK
 }
 
-// pushAll runs push for every URL on at most parallel goroutines, prints
-// one line per agent as it finishes, and returns how many took the plan.
-func pushAll(ctx context.Context, out io.Writer, urls []string, parallel int,
-	push func(ctx context.Context, url string) (*haptic.ApplyResult, error)) int {
+// pushResult is what one agent's push returns: the agent's answer (nil
+// when there is none), the decision the push expects the pod to follow
+// (nil when it could not read the pod's state), and the error.
+type pushResult struct {
+	result   *haptic.ApplyResult
+	decision *haptic.Decision
+	err      error
+}
+
+// pushOne deploys next to one agent. It reads the pod's state with its
+// stored plan first, to know the pod's epoch and what Diff will decide for
+// it (the reasons a reload prints), and hands the decoded plan to Deploy,
+// which then reads the state without the blob.
+//
+// Without an explicit epoch it takes the pod's own (at least 1), as the
+// example does: an operator's push then continues the pod's token rather
+// than being fenced as stale, and a pod a newer controller leads still
+// refuses it (stale_epoch) if the controller moves on meanwhile.
+func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next *haptic.Plan, blob []byte, epoch uint64) pushResult {
+	client, err := haptic.NewClient(cfg)
+	if err != nil {
+		return pushResult{err: err}
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{Plan: true})
+	if err != nil {
+		return pushResult{err: err}
+	}
+	if epoch == 0 {
+		epoch = max(1, state.AppliedToken.LeaderEpoch)
+	}
+	decision, _ := liveDecision(state, next)
+	opts := haptic.DeployOptions{LeaderEpoch: epoch, PlanBlob: blob}
+	if base, err := haptic.BaselineFromState(state); err == nil && base.Applied != nil {
+		opts.Applied = base.Applied
+	}
+	result, err := haptic.Deploy(ctx, client, next, opts)
+	return pushResult{result: result, decision: &decision, err: err}
+}
+
+// pushReport gathers the outcomes of a push as they arrive.
+type pushReport struct {
+	total      int
+	counts     map[string]int
+	failed     []string // lines of the agents that failed, "url: ..."
+	unexpected []string // lines of the agents whose outcome --expect does not list
+}
+
+// pushAll runs push for every URL on at most o.parallel goroutines, each
+// within o.timeout, all within o.deadline, prints one line per agent as it
+// finishes (unless o.quiet), and on a terminal keeps a progress line of
+// the agents still pending below them.
+func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
+	push func(ctx context.Context, url string) pushResult, creds agentCredentials) *pushReport {
+	ctx, cancel := context.WithTimeout(ctx, o.deadline)
+	defer cancel()
+	r := &pushReport{total: len(urls), counts: map[string]int{}}
+	p := newProgress(out, len(urls), o)
+	defer p.stop()
+
 	jobs := make(chan string)
-	var (
-		mu   sync.Mutex // serialises the lines and the count
-		took int
-		wg   sync.WaitGroup
-	)
-	for range min(parallel, len(urls)) {
+	var wg sync.WaitGroup
+	for range min(o.parallel, len(urls)) {
 		wg.Go(func() {
 			for url := range jobs {
-				result, err := push(ctx, url)
-				line, ok := pushLine(result, err)
-				mu.Lock()
-				fmt.Fprintf(out, "%s: %s\n", url, line)
-				if ok {
-					took++
+				start := time.Now()
+				p.started(url, start)
+				var res pushResult
+				if ctx.Err() != nil {
+					res.err = errNotReached
+				} else {
+					actx, acancel := context.WithTimeout(ctx, o.timeout)
+					res = push(actx, url)
+					acancel()
 				}
-				mu.Unlock()
+				outcome, line := describeOutcome(res, creds, time.Since(start), ctx.Err() != nil, o)
+				full := url + ": " + line
+				exception := outcome == outcomeFailed || o.expect != nil && !o.expect[outcome]
+				p.finished(url, full, outcome == outcomeFailed, !o.quiet)
+				p.mu.Lock()
+				r.counts[outcome]++
+				switch {
+				case outcome == outcomeFailed:
+					r.failed = append(r.failed, full)
+				case exception:
+					r.unexpected = append(r.unexpected, full)
+				}
+				p.mu.Unlock()
 			}
 		})
 	}
@@ -103,58 +245,147 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, parallel int,
 	}
 	close(jobs)
 	wg.Wait()
-	return took
+	return r
 }
 
-// pushOne deploys next to one agent. Without an explicit epoch it takes the
-// pod's own (at least 1), as the example does: an operator's push then
-// continues the pod's token rather than being fenced as stale, and a pod a
-// newer controller leads still refuses it (stale_epoch) if the controller
-// moves on meanwhile.
-func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next *haptic.Plan, blob []byte, epoch uint64) (*haptic.ApplyResult, error) {
-	client, err := haptic.NewClient(cfg)
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	if epoch == 0 {
-		state, err := client.State(ctx, haptic.StateRead{})
-		if err != nil {
-			return nil, err
-		}
-		epoch = max(1, state.AppliedToken.LeaderEpoch)
-	}
-	return haptic.Deploy(ctx, client, next, haptic.DeployOptions{LeaderEpoch: epoch, PlanBlob: blob})
-}
+// errNotReached is the error of an agent whose turn came after the
+// deadline.
+var errNotReached = errors.New("not pushed: the push's --deadline passed before this agent's turn")
 
-// pushLine is one agent's outcome on one line: the mode, the op count and
-// the reload, or why the agent did not take the plan. A NACK (ok:false)
-// did not take it: the pod rolled back to its last-known-good files.
-func pushLine(result *haptic.ApplyResult, err error) (string, bool) {
+// describeOutcome is one agent's outcome and its line: what the pod did
+// and why, or why it did not take the plan. A NACK (ok:false) did not
+// take it: the pod rolled back to its last-known-good files.
+func describeOutcome(res pushResult, creds agentCredentials, took time.Duration, pastDeadline bool, o pushOptions) (string, string) {
 	switch {
-	case err != nil:
-		return "error: " + oneLine(err.Error()), false
-	case !result.OK:
+	case errors.Is(res.err, errNotReached):
+		return outcomeFailed, fmt.Sprintf("error: not pushed: the --deadline of %s passed before this agent's turn", o.deadline)
+	case res.err != nil && pastDeadline && (errors.Is(res.err, context.DeadlineExceeded) || errors.Is(res.err, context.Canceled)):
+		return outcomeFailed, fmt.Sprintf("error: stopped after %s: the --deadline of %s passed", seconds(took), o.deadline)
+	case res.err != nil:
+		return outcomeFailed, "error: " + explainErr(res.err, creds, took)
+	}
+	line, ok := pushLine(res.result, res.decision)
+	if !ok {
+		return outcomeFailed, line
+	}
+	return res.result.Mode, line
+}
+
+// pushLine is one agent's outcome, starting with the mode: why it
+// reloaded (the decision's reasons), the op kinds a runtime apply ran, the
+// reload's time; or, for a NACK, the stage and HAProxy's words, alerts
+// first, one per line. ok is false for a NACK.
+func pushLine(result *haptic.ApplyResult, d *haptic.Decision) (string, bool) {
+	if !result.OK {
 		stage, message := "", ""
 		if result.Error != nil {
 			stage, message = result.Error.Stage, result.Error.Message
 		}
-		return fmt.Sprintf("rejected at stage %q: %s", stage, oneLine(message)), false
+		return fmt.Sprintf("rejected at stage %q: %s", stage, strings.Join(haproxyLines(message), "\n    ")), false
 	}
-	line := fmt.Sprintf("%s, %d op(s), ", result.Mode, len(result.OpResults))
+	var why string
+	switch result.Mode {
+	case haptic.ResultRuntime:
+		why = opKinds(result.OpResults)
+	case haptic.ResultReload, haptic.ResultScheduled:
+		why = reloadWhy(result, d)
+	case haptic.ResultFileOnly:
+		why = "files written, nothing for HAProxy to do"
+		if d != nil && d.Verdict == haptic.VerdictFileOnly && len(d.Reasons) > 0 {
+			why = strings.Join(d.Reasons, "; ")
+		}
+	case haptic.ResultNoop:
+		why = "the pod already holds this plan"
+	}
+	line := result.Mode
+	if why != "" {
+		line += ": " + why
+	}
 	switch r := result.Reload; {
 	case r != nil && r.Performed:
-		line += fmt.Sprintf("reloaded in %d ms, worker pid %d", r.TookMs, r.WorkerPID)
+		line += fmt.Sprintf("; reloaded in %d ms, worker pid %d", r.TookMs, r.WorkerPID)
 	case r != nil && r.ScheduledAt != "":
-		line += "reload scheduled at " + r.ScheduledAt
-	default:
-		line += "no reload"
+		line += "; reload scheduled at " + r.ScheduledAt
 	}
 	return line, true
 }
 
-// oneLine folds a multi-line message (HAProxy's log of a refused reload)
-// into one line.
-func oneLine(s string) string {
-	return strings.Join(strings.Split(strings.TrimSpace(s), "\n"), " / ")
+// opKinds names the ops a runtime apply ran, in order, a run of one kind
+// as "kind ×n".
+func opKinds(results []haptic.OpResult) string {
+	var parts []string
+	for i := 0; i < len(results); {
+		j := i
+		for j < len(results) && results[j].Kind == results[i].Kind {
+			j++
+		}
+		if n := j - i; n > 1 {
+			parts = append(parts, fmt.Sprintf("%s ×%d", results[i].Kind, n))
+		} else {
+			parts = append(parts, results[i].Kind)
+		}
+		i = j
+	}
+	return strings.Join(parts, ", ")
+}
+
+// reloadWhy is why a pod reloaded: the decision's reasons when the push
+// decided to reload, and otherwise what the agent's answer shows (an op
+// HAProxy refused, or an agent that could not run the ops against its
+// baseline and reloaded instead).
+func reloadWhy(result *haptic.ApplyResult, d *haptic.Decision) string {
+	if d != nil && d.Verdict == haptic.VerdictReload && len(d.Reasons) > 0 {
+		return strings.Join(d.Reasons, "; ")
+	}
+	for _, op := range result.OpResults {
+		if !op.OK {
+			return fmt.Sprintf("HAProxy refused %s (%s), so the agent reloaded instead", op.Kind, strings.Join(haproxyLines(op.Output), " "))
+		}
+	}
+	if d != nil && d.Verdict != haptic.VerdictReload {
+		return fmt.Sprintf("the push decided %s, but the agent reloaded (its baseline moved during the push, or it could not run the ops against it)", d.Verdict)
+	}
+	return "the agent's baseline is unknown"
+}
+
+// printSummary prints the counts by outcome, the agents that failed and
+// those --expect did not allow (each group sorted by URL), and the final
+// line.
+func (r *pushReport) printSummary(w io.Writer, planID string, o pushOptions) {
+	counts := make([]string, 0, len(pushOutcomes))
+	for _, k := range pushOutcomes {
+		counts = append(counts, fmt.Sprintf("%s %d", k, r.counts[k]))
+	}
+	fmt.Fprintf(w, "summary: %s\n", strings.Join(counts, ", "))
+	list := func(title string, lines []string) {
+		if len(lines) == 0 {
+			return
+		}
+		slices.Sort(lines)
+		fmt.Fprintf(w, "%s:\n", title)
+		for _, l := range lines {
+			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(l, "\n", "\n  "))
+		}
+	}
+	list("failed", r.failed)
+	if o.expect != nil {
+		list("unexpected (--expect "+strings.Join(expectedList(o.expect), ",")+")", r.unexpected)
+	}
+	took := r.total - r.counts[outcomeFailed]
+	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, took, r.total)
+	if len(r.unexpected) > 0 {
+		line += fmt.Sprintf(", %d not as --expect says", len(r.unexpected))
+	}
+	fmt.Fprintln(w, line)
+}
+
+// expectedList is the --expect set in the summary's outcome order.
+func expectedList(expect map[string]bool) []string {
+	var out []string
+	for _, k := range pushOutcomes {
+		if expect[k] {
+			out = append(out, k)
+		}
+	}
+	return out
 }

@@ -1,12 +1,22 @@
-// Tests of `haptic push`: two agents on two fake HAProxies taking a reload
-// and then a runtime change, one line per agent, the exit status when one
-// agent does not take the plan, and the usage errors.
+// Tests of `haptic push`: agents on fake HAProxies taking a reload, a
+// runtime change and a no-op, each line saying why; the summary, --expect
+// and --quiet; the time limits against hung agents; the progress line on a
+// terminal; the exit status when an agent does not take the plan; the
+// usage errors.
 package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,31 +28,85 @@ import (
 	"github.com/haptic-agent/haptic"
 )
 
+// pushEnv is the environment that carries the test agents' credentials.
+var pushEnv = map[string]string{"HAPTIC_AGENT_USER": testAgentUser, "HAPTIC_AGENT_PASS": testAgentPass}
+
+// agentLines are the lines of a push's output that start with one of the
+// URLs, sorted.
+func agentLines(out string, urls ...string) []string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		for _, u := range urls {
+			if strings.HasPrefix(l, u+": ") {
+				lines = append(lines, l)
+			}
+		}
+	}
+	slices.Sort(lines)
+	return lines
+}
+
+// copyDir copies a testdata directory into a temp directory, with extra
+// text appended to its haproxy.cfg.
+func copyDir(t *testing.T, name, appendConfig string) string {
+	t.Helper()
+	dst := t.TempDir()
+	src := testDir(name)
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if rel == "haproxy.cfg" {
+			b = append(b, appendConfig...)
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
 func TestPushCommandToTwoAgents(t *testing.T) {
 	a, b := startCLIAgent(t, nil), startCLIAgent(t, nil)
-	env := map[string]string{"HAPTIC_AGENT_USER": testAgentUser, "HAPTIC_AGENT_PASS": testAgentPass}
 	v1, v2 := planOf(t, "shop-v1"), planOf(t, "shop-v2")
+	withAPI := copyDir(t, "shop-v2", "\nbackend api-servers\n    server api1 192.168.1.20:80\n")
 
 	for _, step := range []struct {
 		dir, id string
 		line    string // per agent, after "<url>: "
+		summary string
 	}{
-		{"shop-v1", v1, `reload, 0 op\(s\), reloaded in \d+ ms, worker pid \d+`},
-		{"shop-v2", v2, `runtime, 1 op\(s\), no reload`},
+		{testDir("shop-v1"), v1, `reload: no baseline; reloaded in \d+ ms, worker pid \d+`,
+			"summary: runtime 0, file_only 0, reload 2, scheduled 0, noop 0, failed 0"},
+		{testDir("shop-v2"), v2, `runtime: map_add`,
+			"summary: runtime 2, file_only 0, reload 0, scheduled 0, noop 0, failed 0"},
+		{testDir("shop-v2"), v2, `noop: the pod already holds this plan`,
+			"summary: runtime 0, file_only 0, reload 0, scheduled 0, noop 2, failed 0"},
+		{withAPI, planOfDir(t, withAPI), `reload: core section backend api-servers added; reloaded in \d+ ms, worker pid \d+`,
+			"summary: runtime 0, file_only 0, reload 2, scheduled 0, noop 0, failed 0"},
 	} {
-		r := runCLI(t, env, "push", "--agent", a.URL(), "--agent", b.URL(), "--parallel", "2", testDir(step.dir))
+		r := runBinary(t, pushEnv, "push", "--agent", a.URL(), "--agent", b.URL(), "--parallel", "2", step.dir)
 		if r.code != exitOK || r.err != "" {
 			t.Fatalf("push %s: code %d stderr %q stdout %q", step.dir, r.code, r.err, r.out)
 		}
 		lines := strings.Split(strings.TrimSuffix(r.out, "\n"), "\n")
-		if len(lines) != 3 || lines[2] != fmt.Sprintf("plan %s: 2 of 2 agent(s) took it", step.id) {
+		if len(lines) != 4 || lines[2] != step.summary || lines[3] != fmt.Sprintf("plan %s: 2 of 2 agent(s) took it", step.id) {
 			t.Fatalf("push %s printed %q", step.dir, lines)
 		}
 		// One line per agent, in the order they finished.
-		agentLines := slices.Sorted(slices.Values(lines[:2]))
+		got := agentLines(r.out, a.URL(), b.URL())
 		for i, url := range slices.Sorted(slices.Values([]string{a.URL(), b.URL()})) {
-			if !regexp.MustCompile("^" + regexp.QuoteMeta(url) + ": " + step.line + "$").MatchString(agentLines[i]) {
-				t.Errorf("push %s: line %q, want %s: %s", step.dir, agentLines[i], url, step.line)
+			if i >= len(got) || !regexp.MustCompile("^"+regexp.QuoteMeta(url)+": "+step.line+"$").MatchString(got[i]) {
+				t.Errorf("push %s: lines %q, want %s: %s", step.dir, got, url, step.line)
 			}
 		}
 		for _, agent := range []*testAgent{a, b} {
@@ -56,34 +120,216 @@ func TestPushCommandToTwoAgents(t *testing.T) {
 	}
 }
 
+// planOfDir is the plan id of a directory.
+func planOfDir(t *testing.T, dir string) string {
+	t.Helper()
+	p, err := haptic.PlanFromDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.ID
+}
+
+// An unexpected reload on one pod among several fails the push and is
+// named under the summary; --quiet prints only that and the summary.
+func TestPushCommandExpectAndQuiet(t *testing.T) {
+	a, b, c := startCLIAgent(t, nil), startCLIAgent(t, nil), startCLIAgent(t, nil)
+	if r := runCLI(t, pushEnv, "push", "--agent", a.URL(), "--agent", b.URL(), testDir("shop-v1")); r.code != exitOK {
+		t.Fatalf("first push: %d %q", r.code, r.out)
+	}
+	// c never took shop-v1: it has no baseline, so shop-v2 reloads it.
+	args := []string{"push", "--agent", a.URL(), "--agent", b.URL(), "--agent", c.URL(), "--expect", "runtime", "--quiet", testDir("shop-v2")}
+	r := runBinary(t, pushEnv, args...)
+	want := "summary: runtime 2, file_only 0, reload 1, scheduled 0, noop 0, failed 0\n" +
+		"unexpected (--expect runtime):\n" +
+		"  " + c.URL() + ": reload: no baseline; reloaded in "
+	if r.code != exitFailure || !strings.HasPrefix(r.out, want) ||
+		!strings.HasSuffix(r.out, fmt.Sprintf("plan %s: 3 of 3 agent(s) took it, 1 not as --expect says\n", planOf(t, "shop-v2"))) {
+		t.Errorf("--expect runtime --quiet: code %d stdout\n%s\nwant it to start\n%s", r.code, r.out, want)
+	}
+	if strings.Contains(r.out, a.URL()) || strings.Contains(r.out, b.URL()) {
+		t.Errorf("--quiet printed the agents that did what was expected:\n%s", r.out)
+	}
+
+	// Pods already on the plan answer noop; a set of outcomes allows both.
+	r = runBinary(t, pushEnv, "push", "--agent", a.URL(), "--agent", c.URL(), "--expect", "runtime,noop", testDir("shop-v2"))
+	if r.code != exitOK || !strings.Contains(r.out, "noop 2, failed 0\n") {
+		t.Errorf("--expect runtime,noop: code %d stdout\n%s", r.code, r.out)
+	}
+	r = runCLI(t, nil, "push", "--agent", a.URL(), "--expect", "reloaded", testDir("shop-v2"))
+	if r.code != exitUsage || !strings.Contains(r.err, `--expect "reloaded" is not one of runtime, file_only, reload, scheduled, noop`) {
+		t.Errorf("a bad --expect: code %d stderr %q", r.code, r.err)
+	}
+}
+
+// hungAgent accepts connections and never answers them, until the test
+// ends.
+func hungAgent(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// applyHangs fronts a real agent: every request passes through except the
+// apply, which is never answered.
+func applyHangs(t *testing.T, agent *testAgent) string {
+	t.Helper()
+	target, _ := url.Parse(agent.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == haptic.PathApply {
+			// The request's context ends with the connection only once the
+			// body is read.
+			io.Copy(io.Discard, r.Body)
+			select {
+			case <-r.Context().Done():
+			case <-time.After(30 * time.Second):
+			}
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A hung agent costs its --timeout and no more, whichever step hangs, and
+// the line says which step and after how long; hung agents do not hold up
+// the others; the --deadline stops the push.
+func TestPushCommandTimeLimits(t *testing.T) {
+	good, stuck := startCLIAgent(t, nil), startCLIAgent(t, nil)
+	hung := []string{hungAgent(t), hungAgent(t), hungAgent(t)}
+	applyHung := applyHangs(t, stuck)
+	args := []string{"push", "--timeout", "1s", "--agent", good.URL(), "--agent", applyHung}
+	for _, h := range hung {
+		args = append(args, "--agent", h)
+	}
+	start := time.Now()
+	r := runBinary(t, pushEnv, append(args, testDir("shop-v1"))...)
+	took := time.Since(start)
+	if r.code != exitFailure || !strings.Contains(r.out, "summary: runtime 0, file_only 0, reload 1, scheduled 0, noop 0, failed 4\n") {
+		t.Errorf("code %d stdout\n%s", r.code, r.out)
+	}
+	stateTimeout := regexp.MustCompile(`: error: timed out after 1\.\ds waiting for GET /v1/state \(the state read\): the agent did not answer\n`)
+	for _, h := range hung {
+		if !regexp.MustCompile("(?m)^" + regexp.QuoteMeta(h) + stateTimeout.String()).MatchString(r.out) {
+			t.Errorf("hung agent %s: stdout\n%s", h, r.out)
+		}
+	}
+	applyTimeout := `: error: timed out after 1\.\ds waiting for POST /v1/apply \(the apply\): the agent did not answer`
+	if !regexp.MustCompile("(?m)^" + regexp.QuoteMeta(applyHung) + applyTimeout + "$").MatchString(r.out) {
+		t.Errorf("an agent whose apply hangs: stdout\n%s", r.out)
+	}
+	// All of them at once (the default parallelism): about one timeout.
+	if took > 5*time.Second {
+		t.Errorf("the push took %s with a 1 s --timeout", took)
+	}
+
+	// One at a time, the deadline stops the push: the agent in flight is
+	// stopped, the ones after it are not pushed.
+	args = []string{"push", "--parallel", "1", "--timeout", "1s", "--deadline", "1500ms"}
+	for _, h := range hung {
+		args = append(args, "--agent", h)
+	}
+	r = runBinary(t, pushEnv, append(args, testDir("shop-v1"))...)
+	if r.code != exitFailure ||
+		!strings.Contains(r.out, hung[0]+": error: timed out after 1.") ||
+		!regexp.MustCompile(regexp.QuoteMeta(hung[1])+`: error: stopped after 0\.\ds: the --deadline of 1\.5s passed\n`).MatchString(r.out) ||
+		!strings.Contains(r.out, hung[2]+": error: not pushed: the --deadline of 1.5s passed before this agent's turn\n") {
+		t.Errorf("--deadline: code %d stdout\n%s", r.code, r.out)
+	}
+}
+
+// On a terminal the push keeps one progress line, redrawn in place, that
+// names the agents still pending; elsewhere it prints plain lines.
+func TestPushCommandProgress(t *testing.T) {
+	good := startCLIAgent(t, nil)
+	hung := hungAgent(t)
+	args := []string{"push", "--timeout", "1500ms", "--agent", good.URL(), "--agent", hung, testDir("shop-v1")}
+	var out, errOut strings.Builder
+	code := run(context.Background(), args, stdio{out: &out, err: &errOut, terminal: true,
+		getenv: func(k string) string {
+			if k == "COLUMNS" {
+				return "200"
+			}
+			return pushEnv[k]
+		}})
+	text := out.String()
+	if code != exitFailure || !strings.Contains(text, clearLine+"[1/2 done, 0 failed] pending 1: "+hung+" ") {
+		t.Errorf("code %d: no progress line naming the hung agent alone:\n%q", code, text)
+	}
+	// The agents' lines and the summary are whole lines after the last
+	// redraw is cleared.
+	last := strings.LastIndex(text, clearLine)
+	if tail := text[last+len(clearLine):]; !strings.HasPrefix(tail, "summary: ") && !strings.HasPrefix(tail, hung+": error: ") {
+		t.Errorf("after the last progress line: %q", tail)
+	}
+	r := runCLI(t, nil, "push", "--timeout", "1s", "--agent", hung, testDir("shop-v1"))
+	if strings.Contains(r.out, "\x1b[") || strings.Contains(r.out, "\r") {
+		t.Errorf("escape sequences when stdout is not a terminal: %q", r.out)
+	}
+}
+
 func TestPushCommandFailsWhenAnAgentDoesNotTakeThePlan(t *testing.T) {
 	a := startCLIAgent(t, nil)
-	env := map[string]string{"HAPTIC_AGENT_USER": testAgentUser, "HAPTIC_AGENT_PASS": testAgentPass}
 	down := "http://127.0.0.1:1"
-	r := runCLI(t, env, "push", "--agent", down, "--agent", a.URL(), testDir("shop-v1"))
+	r := runCLI(t, pushEnv, "push", "--agent", down, "--agent", a.URL(), testDir("shop-v1"))
 	if r.code != exitFailure {
 		t.Errorf("code %d, want 1", r.code)
 	}
-	if !strings.Contains(r.out, down+": error: ") || !strings.Contains(r.out, a.URL()+": reload, 0 op(s), reloaded in ") ||
+	if !strings.Contains(r.out, down+": error: cannot reach the agent for GET /v1/state (the state read): ") ||
+		!strings.Contains(r.out, a.URL()+": reload: no baseline; reloaded in ") ||
+		!strings.Contains(r.out, "failed:\n  "+down+": error: ") ||
 		!strings.HasSuffix(r.out, ": 1 of 2 agent(s) took it\n") {
 		t.Errorf("stdout %q", r.out)
 	}
 
 	// A rejected reload is a NACK: the pod rolled back and did not take it.
+	// HAProxy's alerts and warnings come first, one per line; its notices
+	// are left out.
 	a.fake.With(func(m *haptic.FakeModel) {
 		m.ReloadFails = true
-		m.ReloadLog = "[ALERT] (1) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'"
+		m.ReloadLog = "[NOTICE]   (7) : haproxy version is 3.0.11\n[NOTICE]   (7) : path to executable is /usr/sbin/haproxy\n" +
+			"[ALERT]    (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n" +
+			"[ALERT]    (7) : config : Fatal errors found in configuration.\n[WARNING]  (7) : Loading failure!"
 	})
-	r = runCLI(t, env, "push", "--agent", a.URL(), testDir("shop-v3"))
-	if r.code != exitFailure || !strings.Contains(r.out, a.URL()+`: rejected at stage "reload": `) ||
-		!strings.Contains(r.out, "unknown keyword 'inter5s'") || !strings.HasSuffix(r.out, ": 0 of 1 agent(s) took it\n") {
-		t.Errorf("rejected reload: code %d stdout %q", r.code, r.out)
+	r = runBinary(t, pushEnv, "push", "--agent", a.URL(), testDir("shop-v3"))
+	want := a.URL() + ": rejected at stage \"reload\": [ALERT] (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n" +
+		"    [ALERT] (7) : config : Fatal errors found in configuration.\n" +
+		"    [WARNING] (7) : Loading failure!\n"
+	if r.code != exitFailure || !strings.HasPrefix(r.out, want) || strings.Contains(r.out, "NOTICE") ||
+		!strings.HasSuffix(r.out, ": 0 of 1 agent(s) took it\n") {
+		t.Errorf("rejected reload: code %d stdout\n%s\nwant it to start\n%s", r.code, r.out, want)
 	}
-
-	r = runCLI(t, map[string]string{"HAPTIC_AGENT_USER": testAgentUser, "HAPTIC_AGENT_PASS": "wrong"},
-		"push", "--agent", a.URL(), testDir("shop-v1"))
-	if r.code != exitFailure || !strings.Contains(r.out, "error: agent returned HTTP 401") {
-		t.Errorf("wrong password: code %d stdout %q", r.code, r.out)
+	// The last apply in the agent's state shows the same order.
+	st := runBinary(t, nil, "agent", "state", "--base-dir", a.base)
+	if !strings.Contains(st.out, "error reload: [ALERT] (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n    [ALERT]") ||
+		strings.Contains(st.out, "NOTICE") {
+		t.Errorf("agent state after the rejected reload:\n%s", st.out)
 	}
 }
 
@@ -97,7 +343,8 @@ func TestPushAllBoundsParallelism(t *testing.T) {
 		var mu sync.Mutex
 		seen := map[string]bool{}
 		var out strings.Builder
-		took := pushAll(context.Background(), &out, urls, parallel, func(ctx context.Context, url string) (*haptic.ApplyResult, error) {
+		o := pushOptions{parallel: parallel, timeout: time.Minute, deadline: time.Minute}
+		r := pushAll(context.Background(), &out, urls, o, func(ctx context.Context, url string) pushResult {
 			n := running.Add(1)
 			defer running.Add(-1)
 			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -107,44 +354,54 @@ func TestPushAllBoundsParallelism(t *testing.T) {
 			seen[url] = true
 			mu.Unlock()
 			if strings.HasSuffix(url, "7") {
-				return nil, errors.New("connection refused")
+				return pushResult{err: errors.New("connection refused")}
 			}
-			return &haptic.ApplyResult{OK: true, Mode: haptic.ResultRuntime, OpResults: []haptic.OpResult{{Kind: haptic.OpMapAdd, OK: true}}}, nil
-		})
+			return pushResult{result: &haptic.ApplyResult{OK: true, Mode: haptic.ResultRuntime,
+				OpResults: []haptic.OpResult{{Kind: haptic.OpMapAdd, OK: true}}}}
+		}, agentCredentials{})
 		if want := min(parallel, len(urls)); int(peak.Load()) > want {
 			t.Errorf("parallel %d: %d pushes at once", parallel, peak.Load())
 		}
-		if len(seen) != len(urls) || took != len(urls)-2 {
-			t.Errorf("parallel %d: reached %d agents, %d took it; want %d and %d", parallel, len(seen), took, len(urls), len(urls)-2)
+		if len(seen) != len(urls) || r.counts[outcomeFailed] != 2 || r.counts[haptic.ResultRuntime] != len(urls)-2 {
+			t.Errorf("parallel %d: reached %d agents, counts %v; want %d and 2 failed", parallel, len(seen), r.counts, len(urls))
 		}
 		if lines := strings.Count(out.String(), "\n"); lines != len(urls) {
 			t.Errorf("parallel %d: %d lines, want one per agent", parallel, lines)
 		}
 		if !strings.Contains(out.String(), "http://agent-07: error: connection refused\n") ||
-			!strings.Contains(out.String(), "http://agent-00: runtime, 1 op(s), no reload\n") {
+			!strings.Contains(out.String(), "http://agent-00: runtime: map_add\n") {
 			t.Errorf("parallel %d: output %q", parallel, out.String())
 		}
 	}
 }
 
 func TestPushLine(t *testing.T) {
+	reload := &haptic.Decision{Verdict: haptic.VerdictReload, Reasons: []string{"backend api-servers added", "file errors/503.http changed and is declared reload-on-change"}}
+	runtime := &haptic.Decision{Verdict: haptic.VerdictRuntime}
 	for _, c := range []struct {
-		result *haptic.ApplyResult
-		err    error
-		line   string
-		ok     bool
+		result   *haptic.ApplyResult
+		decision *haptic.Decision
+		line     string
+		ok       bool
 	}{
 		{&haptic.ApplyResult{OK: true, Mode: "reload", Reload: &haptic.ReloadInfo{Performed: true, OK: true, TookMs: 87, WorkerPID: 12}},
-			nil, "reload, 0 op(s), reloaded in 87 ms, worker pid 12", true},
+			reload, "reload: backend api-servers added; file errors/503.http changed and is declared reload-on-change; reloaded in 87 ms, worker pid 12", true},
 		{&haptic.ApplyResult{OK: true, Mode: "scheduled", Reload: &haptic.ReloadInfo{ScheduledAt: "2026-03-01T10:00:05Z"}},
-			nil, "scheduled, 0 op(s), reload scheduled at 2026-03-01T10:00:05Z", true},
-		{&haptic.ApplyResult{OK: true, Mode: "noop"}, nil, "noop, 0 op(s), no reload", true},
+			reload, "scheduled: backend api-servers added; file errors/503.http changed and is declared reload-on-change; reload scheduled at 2026-03-01T10:00:05Z", true},
+		{&haptic.ApplyResult{OK: true, Mode: "reload", OpResults: []haptic.OpResult{{Kind: "map_add", OK: true}, {Kind: "map_set", OK: false, Output: "[3]: no such map"}},
+			Reload: &haptic.ReloadInfo{Performed: true, OK: true, TookMs: 5, WorkerPID: 3}},
+			runtime, "reload: HAProxy refused map_set ([3]: no such map), so the agent reloaded instead; reloaded in 5 ms, worker pid 3", true},
+		{&haptic.ApplyResult{OK: true, Mode: "reload", Reload: &haptic.ReloadInfo{Performed: true, OK: true, TookMs: 5, WorkerPID: 3}},
+			runtime, "reload: the push decided runtime, but the agent reloaded (its baseline moved during the push, or it could not run the ops against it); reloaded in 5 ms, worker pid 3", true},
+		{&haptic.ApplyResult{OK: true, Mode: "runtime", OpResults: []haptic.OpResult{{Kind: "map_add", OK: true}, {Kind: "map_add", OK: true}, {Kind: "server_set_weight", OK: true}}},
+			runtime, "runtime: map_add ×2, server_set_weight", true},
+		{&haptic.ApplyResult{OK: true, Mode: "noop"}, nil, "noop: the pod already holds this plan", true},
+		{&haptic.ApplyResult{OK: true, Mode: "file_only"}, &haptic.Decision{Verdict: haptic.VerdictFileOnly, Reasons: []string{"map maps/x.map is not loaded at runtime, its file is written only"}},
+			"file_only: map maps/x.map is not loaded at runtime, its file is written only", true},
 		{&haptic.ApplyResult{OK: false, Mode: haptic.ResultRejected, Error: &haptic.ApplyError{Stage: "reload", Message: "line one\nline two\n"}},
-			nil, `rejected at stage "reload": line one / line two`, false},
-		{nil, errors.New("agent rejected the apply (stale_epoch): its applied plan is \"x\" at epoch 9/seq 1"),
-			`error: agent rejected the apply (stale_epoch): its applied plan is "x" at epoch 9/seq 1`, false},
+			nil, "rejected at stage \"reload\": line one\n    line two", false},
 	} {
-		if line, ok := pushLine(c.result, c.err); line != c.line || ok != c.ok {
+		if line, ok := pushLine(c.result, c.decision); line != c.line || ok != c.ok {
 			t.Errorf("pushLine = %q, %t; want %q, %t", line, ok, c.line, c.ok)
 		}
 	}
@@ -159,15 +416,18 @@ func TestPushCommandUsage(t *testing.T) {
 	}{
 		{"no agent", []string{testDir("shop-v1")}, exitUsage, "at least one --agent is required"},
 		{"no directory", []string{"--agent", "http://a:1"}, exitUsage, "want one directory, got 0 arguments"},
+		{"two directories", []string{"--agent", "http://a:1", "a", "b"}, exitUsage, "want one directory, got 2 arguments"},
 		{"zero parallel", []string{"--agent", "http://a:1", "--parallel", "0", testDir("shop-v1")}, exitUsage, "--parallel must be at least 1"},
+		{"zero timeout", []string{"--agent", "http://a:1", "--timeout", "0s", testDir("shop-v1")}, exitUsage, "--timeout must be positive"},
+		{"zero deadline", []string{"--agent", "http://a:1", "--deadline", "0s", testDir("shop-v1")}, exitUsage, "--deadline must be positive"},
 		{"same agent twice", []string{"--agent", "http://a:1", "--agent", "http://a:1", testDir("shop-v1")}, exitUsage, "--agent http://a:1 is given twice"},
-		{"not a directory", []string{"--agent", "http://a:1", testDir("absent")}, exitFailure, "haptic push: "},
+		{"not a directory", []string{"--agent", "http://a:1", testDir("absent")}, exitFailure, "haptic push: plan from "},
 		{"key without certificate", []string{"--agent", "https://a:1", "--tls-key", "k.pem", testDir("shop-v1")}, exitFailure, "a client certificate and its key go together"},
 		{"TLS over http", []string{"--agent", "http://127.0.0.1:1", "--tls-server-name", "agent", testDir("shop-v1")}, exitFailure, "must be https when TLS is set"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := runCLI(t, nil, append([]string{"push"}, c.args...)...)
-			if r.code != c.code || !strings.Contains(r.err+r.out, c.err) {
+			if r.code != c.code || !strings.Contains(r.err+r.out, c.err) || strings.Contains(r.err, "haptic: ") {
 				t.Errorf("code %d stderr %q stdout %q; want %d and %q", r.code, r.err, r.out, c.code, c.err)
 			}
 		})

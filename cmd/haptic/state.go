@@ -30,7 +30,7 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL [--tls-dir DIR]] [--verify] [--files] [--output text|json]", s)
 	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
 	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
-	url := fs.String("url", "", "read over TCP instead, e.g. https://pod-ip:5555 (Basic credentials from DATAPLANE_USERNAME/DATAPLANE_PASSWORD)")
+	url := fs.String("url", "", "read over TCP instead, e.g. https://pod-ip:5555 (Basic credentials from "+credsHaptic+", else "+credsDataplane+")")
 	tlsDir := fs.String("tls-dir", "", "with an https --url: tls.crt and tls.key are the client identity, ca.crt the roots")
 	verify := fs.Bool("verify", false, "make the agent re-hash its files and re-check the HAProxy worker first (verify=1)")
 	files := fs.Bool("files", false, "add the table of held files (text output)")
@@ -52,9 +52,9 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 	}
 
 	cfg := &haptic.ClientConfig{BaseURL: "http://localhost", UnixSocket: localPath(*baseDir, *adminSocket), Timeout: *timeout}
+	creds := credentialsFrom(s.getenv)
 	if *url != "" {
-		cfg = &haptic.ClientConfig{BaseURL: *url, Username: s.getenv("DATAPLANE_USERNAME"),
-			Password: s.getenv("DATAPLANE_PASSWORD"), Timeout: *timeout}
+		cfg = &haptic.ClientConfig{BaseURL: *url, Username: creds.user, Password: creds.pass, Timeout: *timeout}
 		if *tlsDir != "" {
 			tlsConfig, err := clientTLS(filepath.Join(*tlsDir, "tls.crt"), filepath.Join(*tlsDir, "tls.key"),
 				filepath.Join(*tlsDir, "ca.crt"), "")
@@ -71,9 +71,10 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return exitFailure
 	}
 	defer client.Close()
+	start := time.Now()
 	state, err := client.State(ctx, haptic.StateRead{Verify: *verify})
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
+		fmt.Fprintf(s.err, "haptic agent state: %s\n", explainErr(err, creds, time.Since(start)))
 		return exitFailure
 	}
 	if *output == "json" {
@@ -92,8 +93,8 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 // printState writes the text layout of agent.md §15.1: one "key: value"
 // line per fact, an empty id or proof as "-", then optionally the file
 // table. A multi-line error message (HAProxy's log of a refused reload)
-// continues on lines indented by four spaces, so every key still starts a
-// line.
+// shows HAProxy's alerts and warnings first and continues on lines
+// indented by four spaces, so every key still starts a line.
 func printState(w io.Writer, st *haptic.State, withFiles bool) {
 	fmt.Fprintf(w, "agent: %s (api %d)\n", orDash(st.AgentVersion), st.APIVersion)
 	fmt.Fprintf(w, "haproxy: %s worker pid %d\n", orDash(st.HAProxy.Version), st.HAProxy.WorkerPID)
@@ -108,7 +109,7 @@ func printState(w io.Writer, st *haptic.State, withFiles bool) {
 	if la := st.LastApply; la != nil {
 		line := fmt.Sprintf("%s %s ok=%t at %s", orDash(la.PlanID), orDash(la.Mode), la.OK, orDash(la.At))
 		if la.Error != nil {
-			line += fmt.Sprintf(" error %s: %s", la.Error.Stage, la.Error.Message)
+			line += fmt.Sprintf(" error %s: %s", la.Error.Stage, strings.Join(haproxyLines(la.Error.Message), "\n"))
 		}
 		fmt.Fprintf(w, "last apply: %s\n", strings.ReplaceAll(strings.TrimRight(line, "\n"), "\n", "\n    "))
 	} else {

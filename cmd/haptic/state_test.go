@@ -5,6 +5,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/haptic-agent/haptic"
 )
@@ -196,7 +198,8 @@ func TestAgentStateCommand(t *testing.T) {
 		}
 		env["DATAPLANE_PASSWORD"] = "wrong"
 		r = runCLI(t, env, "agent", "state", "--url", tcp.URL)
-		if r.code != exitFailure || !strings.HasPrefix(r.err, "haptic agent state: agent returned HTTP 401") || r.out != "" {
+		if r.code != exitFailure || r.out != "" || r.err != "haptic agent state: the agent refused the credentials from DATAPLANE_USERNAME/DATAPLANE_PASSWORD (HTTP 401: unauthorized); "+
+			"client commands read HAPTIC_AGENT_USER/HAPTIC_AGENT_PASS first, then DATAPLANE_USERNAME/DATAPLANE_PASSWORD\n" {
 			t.Errorf("wrong password: code %d stderr %q stdout %q", r.code, r.err, r.out)
 		}
 	})
@@ -265,4 +268,64 @@ func TestAgentHealthCommand(t *testing.T) {
 			t.Errorf("code %d stderr %q", r.code, r.err)
 		}
 	})
+}
+
+// With the agent running and no HAProxy, every client command answers at
+// once with what the agent waits for; once HAProxy goes away under a
+// running agent, a verified read fails and says why.
+func TestClientCommandsSayHAProxyIsAway(t *testing.T) {
+	base, err := os.MkdirTemp("", "hc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	worker, master := filepath.Join(base, "haproxy-worker.sock"), filepath.Join(base, "haproxy-master.sock")
+	agent, err := haptic.NewAgent(haptic.AgentConfig{BaseDir: base, WorkerSocket: worker, MasterSocket: master,
+		Listen: "127.0.0.1:0", AdminSocket: defaultAdminSocket, Username: testAgentUser, Password: testAgentPass, Logger: discardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	url := "http://" + agent.Addr()
+	time.Sleep(300 * time.Millisecond) // the first startup probe has failed
+
+	waiting := "agent is waiting for HAProxy (worker socket " + worker + ", master socket " + master + "): "
+	for _, c := range []struct {
+		args   []string
+		stdout bool // the message is on stdout (push's per-agent line)
+	}{
+		{[]string{"agent", "state", "--base-dir", base}, false},
+		{[]string{"agent", "state", "--url", url}, false},
+		{[]string{"diff", "--agent", url, testDir("shop-v1")}, false},
+		{[]string{"push", "--agent", url, testDir("shop-v1")}, true},
+	} {
+		start := time.Now()
+		r := runBinary(t, pushEnv, c.args...)
+		text := r.err
+		if c.stdout {
+			text = r.out
+		}
+		if r.code == exitOK || !strings.Contains(text, waiting) || !strings.Contains(text, "(HTTP 503, stage startup)") || time.Since(start) > 5*time.Second {
+			t.Errorf("%v took %s: code %d stdout %q stderr %q", c.args, time.Since(start), r.code, r.out, r.err)
+		}
+	}
+	if r := runBinary(t, nil, "agent", "health", "--base-dir", base); r.code != exitOK {
+		t.Errorf("health is liveness and must pass: %d %q", r.code, r.err)
+	}
+	cancel()
+	<-done
+	done <- nil
+
+	a := startCLIAgent(t, nil)
+	if r := runBinary(t, nil, "agent", "state", "--verify", "--base-dir", a.base); r.code != exitOK {
+		t.Fatalf("verified state with HAProxy: %d %q", r.code, r.err)
+	}
+	a.fake.Close()
+	r := runBinary(t, nil, "agent", "state", "--verify", "--base-dir", a.base)
+	if r.code != exitFailure || !strings.HasPrefix(r.err, "haptic agent state: cannot verify: the HAProxy worker socket "+a.fake.WorkerSocket()+" does not answer: ") {
+		t.Errorf("verified state without HAProxy: %d %q", r.code, r.err)
+	}
 }

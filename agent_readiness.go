@@ -1,0 +1,178 @@
+// This file owns whether the agent can reach HAProxy right now, as opposed
+// to whether it has finished starting (Ready): what it is waiting for
+// while HAProxy is not there yet, the monitor that watches both sockets
+// once it is, and the answers that depend on it (GET /readyz, a state read
+// before initialisation, a verified state read).
+
+package haptic
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+const (
+	// haproxyWatchInterval is how often the monitor connects to the worker
+	// and master sockets. A connect is the cheapest probe that notices a
+	// process that is gone (the socket file removed, or nobody listening
+	// on it); it sends no command, so it never shows up in HAProxy's
+	// command history or competes with an apply for the CLI.
+	haproxyWatchInterval = time.Second
+	// haproxyWatchDialTimeout bounds one connect: a listener whose backlog
+	// is full answers late, and the monitor must not fall behind.
+	haproxyWatchDialTimeout = time.Second
+	// haproxyLostAfter is how many probes in a row must fail before the
+	// agent reports HAProxy lost: a reload replaces the worker and its
+	// socket, and one failed connect in that window is not an outage. Two
+	// failures at one-second intervals turn readiness off within about two
+	// seconds of HAProxy going away; one success turns it back on.
+	haproxyLostAfter = 2
+	// stateInitGrace is how long a state read that arrives during
+	// initialisation waits for it while HAProxy answers (the agent is
+	// hashing its files or recovering): a controller that reads right
+	// after a restart gets the state, not an error. While HAProxy does not
+	// answer, the read is answered at once with what the agent waits for.
+	stateInitGrace = 2 * time.Second
+)
+
+// haproxyWatch is what the agent knows about reaching HAProxy. Its mutex
+// is a leaf lock: held briefly, never across I/O, no other lock taken
+// while it is held.
+type haproxyWatch struct {
+	mu       sync.Mutex
+	waiting  string // before initialisation: why the last startup probe failed; "" once HAProxy answered
+	lost     string // after initialisation: why HAProxy is unreachable; "" while it answers
+	failures int    // consecutive failed monitor probes
+}
+
+func (w *haproxyWatch) get() (waiting, lost string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.waiting, w.lost
+}
+
+// setWaiting records why the startup probe failed ("" once it succeeded).
+func (a *Agent) setWaiting(err error) {
+	msg := ""
+	if err != nil {
+		msg = fmt.Sprintf("agent is waiting for HAProxy (worker socket %s, master socket %s): %v",
+			a.paths.worker, a.paths.master, err)
+	}
+	a.haproxy.mu.Lock()
+	a.haproxy.waiting = msg
+	a.haproxy.mu.Unlock()
+}
+
+// haproxyLost returns why HAProxy is unreachable, or "" while it answers
+// (and before initialisation, which has its own answer).
+func (a *Agent) haproxyLost() string {
+	_, lost := a.haproxy.get()
+	return lost
+}
+
+// probeSockets connects to the worker and the master socket once each and
+// says which one does not answer.
+func (a *Agent) probeSockets(ctx context.Context) error {
+	for _, s := range []struct{ role, path string }{{"worker", a.paths.worker}, {"master", a.paths.master}} {
+		d := net.Dialer{Timeout: haproxyWatchDialTimeout}
+		conn, err := d.DialContext(ctx, "unix", s.path)
+		if err != nil {
+			return fmt.Errorf("the HAProxy %s socket %s does not answer: %w", s.role, s.path, err)
+		}
+		conn.Close()
+	}
+	return nil
+}
+
+// watchHAProxy probes both sockets every haproxyWatchInterval once the
+// agent is initialised, until ctx ends, and flips what /readyz answers. A
+// change is logged once, not every probe.
+func (a *Agent) watchHAProxy(ctx context.Context) {
+	select {
+	case <-a.initialized:
+	case <-ctx.Done():
+		return
+	}
+	t := time.NewTicker(haproxyWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := a.probeSockets(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		a.haproxy.mu.Lock()
+		was := a.haproxy.lost
+		if err == nil {
+			a.haproxy.failures, a.haproxy.lost = 0, ""
+		} else if a.haproxy.failures++; a.haproxy.failures >= haproxyLostAfter {
+			a.haproxy.lost = err.Error()
+		}
+		now := a.haproxy.lost
+		a.haproxy.mu.Unlock()
+		switch {
+		case was == "" && now != "":
+			a.logger.Warn("HAProxy is unreachable; /readyz answers 503 until it is back", "err", now)
+		case was != "" && now == "":
+			a.logger.Info("HAProxy is reachable again; /readyz answers 200")
+		}
+	}
+}
+
+// handleReadyz answers 200 "ready" once initialised while HAProxy answers,
+// 503 "initialising" before, and 503 with the reason when HAProxy went away
+// after startup: a pod whose HAProxy is gone must leave the load balancer
+// and be seen, whatever its agent last applied.
+func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	switch lost := a.haproxyLost(); {
+	case !a.Ready():
+		writeText(w, http.StatusServiceUnavailable, "initialising")
+	case lost != "":
+		writeText(w, http.StatusServiceUnavailable, "haproxy unreachable: "+lost)
+	default:
+		writeText(w, http.StatusOK, "ready")
+	}
+}
+
+// awaitInitialised waits for initialisation on behalf of a state read. It
+// returns "" once initialised, or the message of the 503 to answer: at
+// once while HAProxy does not answer the startup probe, after
+// stateInitGrace otherwise. ok is false when the request ended first.
+func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) {
+	grace := time.NewTimer(stateInitGrace)
+	defer grace.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if waiting, _ := a.haproxy.get(); waiting != "" && !a.Ready() {
+			return waiting, true
+		}
+		select {
+		case <-a.initialized:
+			return "", true
+		case <-ctx.Done():
+			return "", false
+		case <-grace.C:
+			return msgAgentInitialising, true
+		case <-tick.C:
+		}
+	}
+}
+
+// verifyReachable is a verified state read's check that HAProxy is there:
+// a verification that cannot reach the worker or the master must fail
+// rather than vouch for a worker that is gone.
+func (a *Agent) verifyReachable(ctx context.Context) error {
+	if err := a.probeSockets(ctx); err != nil {
+		return fmt.Errorf("cannot verify: %w", err)
+	}
+	return nil
+}

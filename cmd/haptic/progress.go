@@ -1,0 +1,150 @@
+// progress.go owns what a push shows while it runs: on a terminal, one
+// line below the agents' lines naming the agents still pending, redrawn in
+// place; anywhere else, nothing but the agents' lines, so that a log or a
+// pipe gets plain text.
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// clearLine returns the cursor to the start of the line and erases it.
+const clearLine = "\r\x1b[K"
+
+// defaultColumns is the terminal width assumed when COLUMNS is not set.
+const defaultColumns = 80
+
+// terminalColumns reads the terminal width a shell exports as COLUMNS.
+func terminalColumns(getenv func(string) string) int {
+	if n, err := strconv.Atoi(getenv("COLUMNS")); err == nil && n > 10 {
+		return n
+	}
+	return defaultColumns
+}
+
+// progress is a push's output while it runs. Its mutex also serialises
+// the agents' lines, so that two never interleave.
+type progress struct {
+	mu       sync.Mutex
+	out      io.Writer
+	total    int
+	done     int
+	failed   int
+	pending  map[string]time.Time // agents in flight → when they started
+	terminal bool
+	columns  int
+	drawn    bool // a progress line is on the screen
+	now      func() time.Time
+
+	stopTick chan struct{}
+	ticker   sync.WaitGroup
+}
+
+func newProgress(out io.Writer, total int, o pushOptions) *progress {
+	p := &progress{out: out, total: total, pending: map[string]time.Time{}, terminal: o.terminal,
+		columns: o.columns, now: time.Now, stopTick: make(chan struct{})}
+	if p.terminal {
+		p.ticker.Go(func() {
+			t := time.NewTicker(progressInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-p.stopTick:
+					return
+				case <-t.C:
+					p.mu.Lock()
+					p.drawLocked()
+					p.mu.Unlock()
+				}
+			}
+		})
+	}
+	return p
+}
+
+// started records an agent in flight.
+func (p *progress) started(url string, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pending[url] = at
+	p.drawLocked()
+}
+
+// finished records an agent's end and, when print is set, writes its line
+// above the progress line.
+func (p *progress) finished(url, line string, failed, print bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.pending, url)
+	p.done++
+	if failed {
+		p.failed++
+	}
+	if print {
+		p.clearLocked()
+		fmt.Fprintln(p.out, line)
+	}
+	p.drawLocked()
+}
+
+// stop ends the redraws and erases the progress line.
+func (p *progress) stop() {
+	close(p.stopTick)
+	p.ticker.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.clearLocked()
+}
+
+func (p *progress) clearLocked() {
+	if p.drawn {
+		io.WriteString(p.out, clearLine)
+		p.drawn = false
+	}
+}
+
+// drawLocked redraws the progress line on a terminal: the count done, the
+// failures, and the agents in flight, longest waiting first with how long
+// they have waited, cut to the terminal's width so that it never wraps
+// (a wrapped line cannot be redrawn in place).
+func (p *progress) drawLocked() {
+	if !p.terminal {
+		return
+	}
+	urls := make([]string, 0, len(p.pending))
+	for u := range p.pending {
+		urls = append(urls, u)
+	}
+	slices.SortFunc(urls, func(a, b string) int {
+		if c := p.pending[a].Compare(p.pending[b]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	now := p.now()
+	var b strings.Builder
+	fmt.Fprintf(&b, "[%d/%d done, %d failed] pending %d", p.done, p.total, p.failed, p.total-p.done)
+	for i, u := range urls {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s", u, now.Sub(p.pending[u]).Round(time.Second))
+	}
+	line := b.String()
+	if max := p.columns - 1; utf8.RuneCountInString(line) > max {
+		runes := []rune(line)
+		line = string(runes[:max-1]) + "…"
+	}
+	io.WriteString(p.out, clearLine+line)
+	p.drawn = true
+}
