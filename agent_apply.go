@@ -131,9 +131,6 @@ type applyRun struct {
 	// reloadUnknown: a reload failed without HAProxy's verdict (a timeout,
 	// a master that went away), so it may still take effect.
 	reloadUnknown bool
-	// refusal ends an apply before anything moved, answered as a staging
-	// failure rather than a result.
-	refusal error
 }
 
 // restoredTree is the tree a rollback left: its ownership set and hashes,
@@ -423,11 +420,6 @@ func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
 	}
 	run.timing.AdmitMs = run.msSince(admitStart)
 	result := run.runApply()
-	if run.refusal != nil {
-		run.metrics.applyRejected.inc(StageParts)
-		run.logger.Error("apply failed: the agent could not stage the parts", "plan_id", m.PlanID, "err", run.refusal)
-		return stagingStatus(run.refusal), ApplyError{Stage: StageParts, Message: run.refusal.Error()}
-	}
 	return http.StatusOK, result
 }
 
@@ -540,9 +532,6 @@ func (run *applyRun) runApply() ApplyResult {
 	} else {
 		run.transact()
 	}
-	if run.refusal != nil {
-		return ApplyResult{}
-	}
 	run.finishStart = run.now()
 	run.finish()
 	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
@@ -602,14 +591,6 @@ func (run *applyRun) transact() {
 			return
 		}
 	}
-	// The new files' temp files are written while the intent is synced.
-	// Nothing has moved yet and no op was sent, so a disk that cannot take
-	// them refuses the apply as staging would have.
-	if err := run.files.materialize(run.txn); err != nil {
-		synced()
-		run.refuseStaging(err)
-		return
-	}
 	opsStart := run.now()
 	var early *opsOutcome
 	if act == activateOps {
@@ -630,23 +611,6 @@ func (run *applyRun) transact() {
 	activateStart := run.now()
 	run.activate(act, early)
 	run.timing.OpsMs += run.msSince(activateStart)
-}
-
-// refuseStaging ends an apply whose new files' temp files could not be
-// written, before anything moved: the journal and its new links are taken
-// back, the intent is closed, and the apply is answered as a staging
-// failure (the agent's disk: a 5xx).
-func (run *applyRun) refuseStaging(err error) {
-	var links []string
-	for _, u := range run.txn.undo {
-		if u.Link != "" && !slices.Contains(run.before.Journal.backups(), u.Link) {
-			links = append(links, u.Link)
-		}
-	}
-	if cerr := run.led.closeIntent(run.before.Journal, links); cerr != nil {
-		run.logger.Error("the refused apply's intent could not be closed", "plan_id", run.m.PlanID, "err", cerr)
-	}
-	run.refusal = err
 }
 
 // mayRunOps reports whether activation may send ops to the worker: then a

@@ -478,12 +478,12 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// stageWith fills a part with fill (which reports the byte count) and
-// verifies size and digest. A large part streams into a synced temp file of
-// abs's mount. A part small enough to ride in the commit record stays in
-// memory: when the live file already holds its bytes it needs no temp file
-// at all, and otherwise materialize writes one (unsynced) while the apply's
-// intent reaches the disk. On any error no temp file is left.
+// stageWith fills a part with fill (which reports the byte count),
+// verifies size and digest, and leaves it in a temp file of abs's mount at
+// mode 0644. A part small enough to ride in the commit record is built in
+// memory first: when the live file already holds its bytes it needs no temp
+// file at all, and when it does not, its temp file is not synced. On any
+// error no temp file is left.
 func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
 	if size < 0 || size > maxInlineBytes {
 		return s.stageStream(rel, abs, digest, size, fill)
@@ -498,34 +498,20 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, fill func(io.
 	if err := verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest); err != nil {
 		return nil, err
 	}
-	// An empty part is held as an empty, non-nil slice: nil means large.
-	held := buf.Bytes()
-	if held == nil {
-		held = []byte{}
-	}
-	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, inline: held}
+	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, inline: buf.Bytes()}
 	if s.holds(abs, digest, size) {
 		sf.unchanged = true
+		return sf, nil
 	}
+	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
+		_, err := w.Write(sf.inline)
+		return err
+	}, false)
+	if err != nil {
+		return nil, err
+	}
+	sf.tmp = tmp
 	return sf, nil
-}
-
-// materialize writes the temp file of every install still held in memory.
-func (s *fileStore) materialize(t *fileTxn) error {
-	for _, f := range t.installs {
-		if f.tmp != "" || f.inline == nil {
-			continue
-		}
-		tmp, err := s.writeTemp(f.Rel, f.abs, func(w io.Writer) error {
-			_, err := w.Write(f.inline)
-			return err
-		}, false)
-		if err != nil {
-			return err
-		}
-		f.tmp = tmp
-	}
-	return nil
 }
 
 // stageStream stages a large part straight into its temp file, synced: its
@@ -979,9 +965,6 @@ func (s *fileStore) dropBackups(j backupJournal) { s.dropLinks(j.backups()) }
 // reload and every file it names must already be in place.
 func (t *fileTxn) Write() error {
 	s := t.store
-	if err := s.materialize(t); err != nil {
-		return err
-	}
 	var config *stagedFile
 	for _, f := range t.installs {
 		if f.Rel == s.config {

@@ -837,20 +837,6 @@ func (l *ledger) intend(planID string, undo []undoEntry) (sync func() error, err
 	}, nil
 }
 
-// closeIntent closes an intent that moved nothing: the journal goes back to
-// what it was, and the backup links only the intent made go once that is
-// durable.
-func (l *ledger) closeIntent(j backupJournal, links []string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	next := cloneState(l.st)
-	next.Journal = j.clone()
-	l.intentOpen = false
-	l.st = next
-	l.dropAfterSync = append(l.dropAfterSync, links...)
-	return l.write(recordAbort, &next, true)
-}
-
 // observe records what a transaction wrote, without re-hashing: the bytes
 // were verified when they were staged. It is what readers see at once; the
 // commit makes it durable.
