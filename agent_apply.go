@@ -557,12 +557,6 @@ func (run *applyRun) logApply() {
 // the journal keeps how every touched path looked under the LKG plan, and
 // an intent record, synced, keeps how it looked just before this apply; so
 // a crash at any later point is put back at the next start.
-//
-// Runtime ops run while the intent reaches the disk: the record is written
-// (a process crash finds it) before the first command is sent, and a power
-// loss takes the worker's runtime state with it, so the ops need no durable
-// intent; only the renames do, and they wait for it. The ops read the new
-// files' bytes from what was staged.
 func (run *applyRun) transact() {
 	dels := deletions(run.before.ManifestPaths, run.m.Files)
 	run.txn = run.files.begin(run.stagedList(), dels)
@@ -571,9 +565,6 @@ func (run *applyRun) transact() {
 		return
 	}
 	writeStart := run.now()
-	st := run.led.view()
-	act := chooseActivation(&st, run.m)
-	synced := func() error { return nil }
 	if run.txn.touches() || run.mayRunOps() {
 		journal := run.before.Journal.clone()
 		err := run.txn.Backup(&journal)
@@ -584,33 +575,24 @@ func (run *applyRun) transact() {
 			err = run.files.syncDirs(run.txn.linkDirs)
 		}
 		if err == nil {
-			synced, err = run.led.intend(run.m.PlanID, run.txn.undo)
+			err = run.led.intend(run.m.PlanID, run.txn.undo)
 		}
 		if err != nil {
 			run.abort(StageBackup, err)
 			return
 		}
 	}
-	opsStart := run.now()
-	var early *opsOutcome
-	if act == activateOps {
-		early = run.runtimeOps()
-	}
-	run.timing.OpsMs = run.msSince(opsStart)
-	if err := synced(); err != nil {
-		run.abort(StageBackup, err)
-		return
-	}
 	if err := run.txn.Write(); err != nil {
 		run.abort(StageWrite, err)
 		return
 	}
-	run.timing.WriteMs = run.msSince(writeStart) - run.timing.OpsMs
+	run.timing.WriteMs = run.msSince(writeStart)
 	run.led.observe(run.treeDelta())
 
-	activateStart := run.now()
-	run.activate(act, early)
-	run.timing.OpsMs += run.msSince(activateStart)
+	opsStart := run.now()
+	st := run.led.view()
+	run.activate(chooseActivation(&st, run.m))
+	run.timing.OpsMs = run.msSince(opsStart)
 }
 
 // mayRunOps reports whether activation may send ops to the worker: then a
@@ -666,9 +648,8 @@ func chooseActivation(st *agentState, m *Manifest) activation {
 	return activateOps
 }
 
-// activate does what act needs, once the files are written. ops is the
-// outcome of the runtime ops when they already ran.
-func (run *applyRun) activate(act activation, ops *opsOutcome) {
+// activate does what act needs, once the files are written.
+func (run *applyRun) activate(act activation) {
 	switch act {
 	case activateScheduled:
 		st := run.led.view()
@@ -685,7 +666,7 @@ func (run *applyRun) activate(act activation, ops *opsOutcome) {
 	case activateUnknownBaseline:
 		run.reload(reasonUnknownBaseline)
 	default:
-		run.afterOps(ops)
+		run.afterOps(run.runtimeOps())
 	}
 }
 
@@ -714,7 +695,7 @@ func (run *applyRun) runtimeOps() *opsOutcome {
 	return &opsOutcome{c: c, worker: worker, results: results, err: err}
 }
 
-// afterOps finishes a runtime apply once its files are written: a batch
+// afterOps finishes a runtime apply: a batch
 // that could not be compiled, was refused, or reached another worker (which
 // is adopted) falls back to a reload; a good one hands its deletes to the
 // queue.
@@ -788,7 +769,7 @@ func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
 	term := run.rt.terminator()
 	for i := range inline {
-		p, err := compileOp(&inline[i], run.content, term)
+		p, err := compileOp(&inline[i], run.files.ReadHeld, term)
 		if err != nil {
 			return nil, err
 		}
@@ -811,21 +792,6 @@ func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 		}
 	}
 	return c, nil
-}
-
-// content is the bytes an op carries for a file (map_replace, cert_*,
-// ca_*): what this apply staged for it, which may not be renamed into the
-// tree yet, or else the held file.
-func (run *applyRun) content(rel string) ([]byte, error) {
-	if f := run.staged[rel]; f != nil && !f.unchanged {
-		if f.inline != nil {
-			return f.inline, nil
-		}
-		if f.tmp != "" && !f.installed {
-			return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
-		}
-	}
-	return run.files.ReadHeld(rel)
 }
 
 func appendUnique(s []string, v string) []string {

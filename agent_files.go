@@ -367,10 +367,17 @@ func (s *fileStore) Abs(rel string) (string, error) {
 		return "", err
 	}
 	abs := filepath.Join(s.base, filepath.FromSlash(rel))
-	if s.reserved[abs] || s.reserved[canonicalPath(abs)] {
-		return "", fmt.Errorf("%w: %q is a reserved path", errInvalidPath, rel)
+	reserved := func() error { return fmt.Errorf("%w: %q is a reserved path", errInvalidPath, rel) }
+	if s.reserved[abs] {
+		return "", reserved()
 	}
+	// The base is resolved, so a path through no link is its own canonical
+	// form; only a path through a link is resolved, to tell a reserved path
+	// reached by a link from any other link.
 	if err := s.refuseSymlinkedDirs(rel); err != nil {
+		if s.reserved[canonicalPath(abs)] {
+			return "", reserved()
+		}
 		return "", err
 	}
 	return abs, nil

@@ -805,36 +805,22 @@ func (l *ledger) reserveProofs(worker bool) (applied, workerProof string, err er
 	return applied, workerProof, nil
 }
 
-// intend opens a change of the tree: its undo is written at once and made
-// durable by the returned sync, which the caller waits for before the first
-// rename. The sync runs without the ledger's lock, so that the apply can
-// talk to HAProxy (and readers can read) while the disk works.
-func (l *ledger) intend(planID string, undo []undoEntry) (sync func() error, err error) {
+// intend opens a change of the tree: its undo is durable before the first
+// rename, so that a crash at any later point puts the tree back.
+func (l *ledger) intend(planID string, undo []undoEntry) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next := cloneState(l.st)
-	err = l.promise(recordIntent, next, false, func(r *logRecord) {
+	err := l.promise(recordIntent, next, true, func(r *logRecord) {
 		r.Undo = undo
 		if r.Undo == nil {
 			r.Undo = []undoEntry{}
 		}
 	})
-	if err != nil {
-		return nil, err
+	if err == nil {
+		l.intentOpen = true
 	}
-	l.intentOpen = true
-	f := l.log.f
-	done := make(chan error, 1)
-	go func() { done <- f.Sync() }()
-	return func() error {
-		if err := <-done; err != nil {
-			l.mu.Lock()
-			l.broken = err
-			l.mu.Unlock()
-			return fmt.Errorf("%w: %w", errLedgerBroken, err)
-		}
-		return nil
-	}, nil
+	return err
 }
 
 // observe records what a transaction wrote, without re-hashing: the bytes
