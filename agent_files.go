@@ -478,7 +478,7 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	if limit < math.MaxInt64 {
 		limit++
 	}
-	n, err := io.CopyN(w, r, limit)
+	n, err := copyAtMost(w, r, limit)
 	if err == io.EOF {
 		err = nil
 	}
@@ -692,7 +692,7 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		if _, err := base.Seek(0, io.SeekStart); err != nil {
 			return 0, diskFault(rel, err)
 		}
-		head, err := io.CopyN(w, base, p.Offset)
+		head, err := copyAtMost(w, base, p.Offset)
 		if err != nil {
 			return 0, diskFault(rel, err)
 		}
@@ -703,7 +703,7 @@ func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
 			return 0, diskFault(rel, err)
 		}
-		tail, err := io.Copy(w, base)
+		tail, err := copyBytes(w, base)
 		if err != nil {
 			return 0, diskFault(rel, err)
 		}
@@ -723,7 +723,7 @@ func (s *fileStore) openBase(abs string, p *FilePatch) (diskFile, error) {
 		return nil, errPatchBaseMissing
 	}
 	h := newDigestHasher()
-	n, err := io.Copy(h, f)
+	n, err := copyBytes(h, f)
 	if err != nil || n != p.BaseSize || FormatDigest(h.Sum64()) != p.BaseDigest {
 		f.Close()
 		return nil, errPatchBaseMissing
@@ -1133,7 +1133,7 @@ func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (er
 	if err = f.Chmod(mode); err != nil {
 		return err
 	}
-	if _, err = io.Copy(f, r); err != nil {
+	if _, err = copyBytes(f, r); err != nil {
 		return err
 	}
 	if err = f.Sync(); err != nil {
@@ -1441,7 +1441,7 @@ func (s *fileStore) digestAbs(abs string) (FileAt, error) {
 	}
 	defer f.Close()
 	h := newDigestHasher()
-	n, err := io.Copy(h, f)
+	n, err := copyBytes(h, f)
 	if err != nil {
 		return FileAt{}, err
 	}

@@ -753,7 +753,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 			return err
 		}
 		src := &readErrorMark{r: io.LimitReader(b.plan, MaxPlanBlobBytes+1)}
-		n, err := io.Copy(w, src)
+		n, err := copyBytes(w, src)
 		if src.err != nil {
 			return fmt.Errorf("agent client: plan blob: %w", src.err)
 		}
@@ -770,7 +770,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 			return err
 		}
 		src := &readErrorMark{r: io.LimitReader(p.r, p.expected+1)}
-		n, err := io.Copy(w, src)
+		n, err := copyBytes(w, src)
 		if src.err != nil {
 			return fmt.Errorf("agent client: part %q: %w", p.path, src.err)
 		}

@@ -273,6 +273,30 @@ type digestHasher struct {
 
 var _ hash.Hash64 = (*digestHasher)(nil)
 
+// copyBuffers are the buffers streaming copies share: io.Copy allocates 32
+// KiB whenever neither side can copy on its own, once per part of every
+// apply on both ends, and the garbage shows as latency.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyBytes is io.Copy with a shared buffer.
+func copyBytes(dst io.Writer, src io.Reader) (int64, error) {
+	b := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(b)
+	return io.CopyBuffer(dst, src, *b)
+}
+
+// copyAtMost is io.CopyN with a shared buffer.
+func copyAtMost(dst io.Writer, src io.Reader, n int64) (int64, error) {
+	written, err := copyBytes(dst, io.LimitReader(src, n))
+	if written == n {
+		return n, nil
+	}
+	if written < n && err == nil {
+		err = io.EOF
+	}
+	return written, err
+}
+
 func newDigestHasher() *digestHasher {
 	h := &digestHasher{}
 	h.Reset()
