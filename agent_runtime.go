@@ -1311,6 +1311,42 @@ func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, 
 	return text, nil
 }
 
+// readAll sends several read commands on one line after prefix and returns
+// each one's response, in order, with a refusal per command; the line as a
+// whole fails only when its reply is cut or the socket fails. One
+// connection instead of one per listing keeps the reads after a reload off
+// the apply's answer as far as HAProxy allows.
+func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []string) ([]string, []error, error) {
+	raw, err := r.exchange(ctx, prefix+strings.Join(cmds, ";")+"\n", 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	skip := strings.Count(prefix, ";")
+	want := skip + len(cmds)
+	var responses []string
+	for pos := 0; pos < len(raw) && len(responses) < want; {
+		end, complete := nextResponse(raw, pos)
+		if !complete {
+			break
+		}
+		responses = append(responses, string(raw[pos:end]))
+		pos = end
+	}
+	if len(responses) != want {
+		return nil, nil, incompleteReply(len(responses), want)
+	}
+	texts := make([]string, len(cmds))
+	errs := make([]error, len(cmds))
+	for i := range cmds {
+		texts[i] = trimReply(responses[skip+i])
+		if level, _ := severityTag(texts[i]); level >= 0 && level <= 3 {
+			first, _, _ := strings.Cut(texts[i], "\n")
+			texts[i], errs[i] = "", fmt.Errorf("%w: %s", errRejected, first)
+		}
+	}
+	return texts, errs, nil
+}
+
 // info reads the worker's identity with "show info float" and records its
 // version for payload framing.
 func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
@@ -1632,46 +1668,66 @@ func dataLines(text string) []string {
 
 // inventory lists what the worker has loaded: maps, certificates, CA files,
 // CRL files and crt-lists, each sorted and deduplicated (a file with an open
-// transaction is listed twice). The five reads all run; their errors are
-// joined.
+// transaction is listed twice). The five listings travel on one line; a
+// listing that fails is reported, and the others still count: their errors
+// are joined.
 func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
 	inv := Inventory{Generation: generation}
-	var errs []error
-	read := func(cmd string, take func(line string) string) []string {
-		lines, err := r.list(ctx, cmd)
-		if err != nil {
-			errs = append(errs, err)
+	listings := []struct {
+		cmd  string
+		take func(line string) string
+		into *[]string
+	}{
+		{"show map", func(line string) string {
+			_, rest, ok := strings.Cut(line, "(")
+			name, _, closed := strings.Cut(rest, ")")
+			if !ok || !closed {
+				return ""
+			}
+			return name
+		}, &inv.Maps},
+		{"show ssl cert", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.Certs},
+		{"show ssl ca-file", func(line string) string {
+			if name := strings.TrimPrefix(firstField(line), "*"); name != systemCA {
+				return name
+			}
+			return ""
+		}, &inv.CAFiles},
+		{"show ssl crl-file", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.CRLFiles},
+		{"show ssl crt-list", firstField, &inv.CRTLists},
+	}
+	cmds := make([]string, len(listings))
+	for i, l := range listings {
+		cmds[i] = l.cmd
+	}
+	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
+	if err != nil {
+		var errs []error
+		for _, l := range listings {
+			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, err))
 		}
-		names := make([]string, 0, len(lines))
+		return inv, errors.Join(errs...)
+	}
+	var errs []error
+	for i, l := range listings {
+		names := []string{}
+		lines := dataLines(texts[i])
+		switch {
+		case readErrs[i] != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, readErrs[i]))
+			lines = nil
+		case len(lines) > MaxInventoryEntries:
+			errs = append(errs, fmt.Errorf("%s: %w (%d rows)", l.cmd, errTooManyEntries, len(lines)))
+			lines = nil
+		}
 		for _, line := range lines {
-			if name := take(line); name != "" {
+			if name := l.take(line); name != "" {
 				names = append(names, name)
 			}
 		}
 		slices.Sort(names)
-		return slices.Compact(names)
+		*l.into = slices.Compact(names)
 	}
-	inv.Maps = read("show map", func(line string) string {
-		_, rest, ok := strings.Cut(line, "(")
-		name, _, closed := strings.Cut(rest, ")")
-		if !ok || !closed {
-			return ""
-		}
-		return name
-	})
-	inv.Certs = read("show ssl cert", func(line string) string {
-		return strings.TrimPrefix(firstField(line), "*")
-	})
-	inv.CAFiles = read("show ssl ca-file", func(line string) string {
-		if name := strings.TrimPrefix(firstField(line), "*"); name != systemCA {
-			return name
-		}
-		return ""
-	})
-	inv.CRLFiles = read("show ssl crl-file", func(line string) string {
-		return strings.TrimPrefix(firstField(line), "*")
-	})
-	inv.CRTLists = read("show ssl crt-list", firstField)
 	return inv, errors.Join(errs...)
 }
 
