@@ -987,12 +987,31 @@ func (run *applyRun) abort(stage string, cause error) {
 			run.invariant(false, invRecoveryReload)
 			run.led.forgetRunning()
 			run.logger.Error("the recovery reload after the abort failed; the running plan is unknown", "err", err)
+			run.scheduleRepair(st.lkg())
 		} else {
 			r.Rollback.Reloaded = true
 		}
 	}
 	if errors.Is(cause, errReloadRejected) && len(run.work) > 0 {
 		run.remember, run.abortStage = true, stage
+	}
+}
+
+// scheduleRepair asks the pacer to reload the restored set once more after
+// a recovery reload that got no verdict either: a master still busy with a
+// slow reload may be serving the set the rollback took away, and the agent
+// keeps trying, a bounded number of times, until it serves the restored
+// one.
+func (run *applyRun) scheduleRepair(lkg planRef) {
+	if !lkg.complete() || run.ctx.Err() != nil {
+		return
+	}
+	if !run.led.takeRepair() {
+		run.logger.Error("the restored set could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
+		return
+	}
+	if _, err := run.led.schedule(lkg, run.now().Add(run.worker.reloadTimeout)); err == nil && run.pokePacer != nil {
+		run.pokePacer()
 	}
 }
 

@@ -174,6 +174,22 @@ type ledger struct {
 	nack              *nackRecord
 	lastReload        time.Time
 	lastInvariant     string
+	repairs           int // repair reloads scheduled since the last good reload
+}
+
+// maxRepairReloads bounds the repair reloads scheduled after recovery
+// reloads that got no verdict, until a reload succeeds.
+const maxRepairReloads = 5
+
+// takeRepair counts one more repair reload, if the bound allows it.
+func (l *ledger) takeRepair() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.repairs >= maxRepairReloads {
+		return false
+	}
+	l.repairs++
+	return true
 }
 
 // errLedgerBroken prefixes the refusal of a promise while the log cannot
@@ -959,6 +975,7 @@ func (l *ledger) recordReload(ref planRef, now time.Time) (promoted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastReload = now
+	l.repairs = 0
 	next := cloneState(l.st)
 	next.setRunning(ref)
 	next.setWorkerOps(ref)

@@ -1534,8 +1534,9 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && time.Now().After(deadline) {
-			return "", &runtimeError{msg: fmt.Sprintf("reload: the master did not answer show proc within %v", r.reloadTimeout),
-				kind: []error{errReloadTimeout}}
+			// The reload was never sent: a master that does not answer is
+			// no verdict on anything, and nothing may still take effect.
+			return "", fmt.Errorf("reload: the master did not answer show proc within %v", r.reloadTimeout)
 		}
 		return "", err
 	}
