@@ -75,7 +75,7 @@ type pushOptions struct {
 }
 
 func runPush(ctx context.Context, args []string, s stdio) int {
-	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [TLS flags] DIR\n"+
+	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
 		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	var agents agentClientFlags
 	agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
@@ -87,6 +87,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		"; an agent with another outcome fails the push")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
 	epoch := fs.Uint64("leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
+	previousDir := fs.String("previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render")
 	positional, err := parseArgs(fs, args)
 	if err != nil {
 		return usageStatus(err)
@@ -130,6 +131,15 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
 	}
+	// The previous render holds the bytes a patch is cut from: the plan an
+	// agent stores carries no file contents.
+	var previous *haptic.Plan
+	if *previousDir != "" {
+		if previous, err = haptic.PlanFromDir(*previousDir); err != nil {
+			fmt.Fprintf(s.err, "haptic push: --previous: %s\n", errText(err))
+			return exitFailure
+		}
+	}
 	tlsConfig, err := agents.tlsConfig()
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %v\n", err)
@@ -140,7 +150,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	r := pushAll(ctx, s.out, agents.urls, o, func(ctx context.Context, url string) pushResult {
 		cfg := agents.clientConfig(url, tlsConfig, creds)
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
-		return pushOne(ctx, cfg, next, blob, *epoch)
+		return pushOne(ctx, cfg, next, previous, blob, *epoch)
 	}, creds)
 	r.printSummary(s.out, next.ID, o)
 	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
@@ -167,7 +177,12 @@ type pushResult struct {
 // example does: an operator's push then continues the pod's token rather
 // than being fenced as stale, and a pod a newer controller leads still
 // refuses it (stale_epoch) if the controller moves on meanwhile.
-func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next *haptic.Plan, blob []byte, epoch uint64) pushResult {
+//
+// A previous render the pod holds exactly (its plan id is the pod's
+// applied plan id, and plan ids follow contents) becomes Deploy's applied
+// plan: its bytes let a changed file travel as a patch. Any other previous
+// render is ignored for that pod.
+func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *haptic.Plan, blob []byte, epoch uint64) pushResult {
 	client, err := haptic.NewClient(cfg)
 	if err != nil {
 		return pushResult{err: err}
@@ -184,6 +199,9 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next *haptic.Plan, b
 	opts := haptic.DeployOptions{LeaderEpoch: epoch, PlanBlob: blob}
 	if base, err := haptic.BaselineFromState(state); err == nil && base.Applied != nil {
 		opts.Applied = base.Applied
+	}
+	if previous != nil && previous.ID == state.AppliedPlanID {
+		opts.Applied = previous
 	}
 	result, err := haptic.Deploy(ctx, client, next, opts)
 	return pushResult{result: result, decision: &decision, err: err}

@@ -433,3 +433,62 @@ func TestPushCommandUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestPushSendsPatchesCutFromThePreviousRender: with --previous naming the
+// render the agent holds, a one-entry change in a large map travels as the
+// changed bytes only; without it, the whole map travels.
+func TestPushSendsPatchesCutFromThePreviousRender(t *testing.T) {
+	agent := startCLIAgent(t, nil)
+	target, _ := url.Parse(agent.URL())
+	var applyBytes atomic.Int64
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	counted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == haptic.PathApply {
+			body, _ := io.ReadAll(r.Body)
+			applyBytes.Add(int64(len(body)))
+			r.Body = io.NopCloser(strings.NewReader(string(body)))
+			r.ContentLength = int64(len(body))
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(counted.Close)
+
+	// A large map: the change must be small against it.
+	var m strings.Builder
+	for i := range 4000 {
+		fmt.Fprintf(&m, "host-%05d.example.com be-%d\n", i, i%7)
+	}
+	v1 := copyDir(t, "shop-v1", "")
+	if err := os.WriteFile(filepath.Join(v1, "maps/host.map"), []byte(m.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v2 := copyDir(t, "shop-v1", "")
+	if err := os.WriteFile(filepath.Join(v2, "maps/host.map"), []byte(m.String()+"new.example.com be-new\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := runBinary(t, pushEnv, "push", "--agent", counted.URL, v1); r.code != exitOK {
+		t.Fatalf("push v1: %d %q %q", r.code, r.out, r.err)
+	}
+	applyBytes.Store(0)
+	r := runBinary(t, pushEnv, "push", "--agent", counted.URL, "--previous", v1, v2)
+	if r.code != exitOK || !strings.Contains(r.out, ": runtime: map_add") {
+		t.Fatalf("push v2 with --previous: %d %q %q", r.code, r.out, r.err)
+	}
+	size := int64(m.Len())
+	if sent := applyBytes.Load(); sent >= size/4 {
+		t.Errorf("the apply sent %d bytes for a one-entry change in a %d-byte map", sent, size)
+	}
+	if got := agent.fake.MapEntries("maps/host.map"); !slices.ContainsFunc(got, func(e haptic.MapEntry) bool { return e.Key == "new.example.com" }) {
+		t.Errorf("the worker lacks the new entry")
+	}
+	// Without --previous the map travels whole.
+	v3 := copyDir(t, "shop-v1", "")
+	os.WriteFile(filepath.Join(v3, "maps/host.map"), []byte(m.String()+"new.example.com be-new\nthird.example.com be-3\n"), 0o644)
+	applyBytes.Store(0)
+	if r := runBinary(t, pushEnv, "push", "--agent", counted.URL, v3); r.code != exitOK {
+		t.Fatalf("push v3: %d %q %q", r.code, r.out, r.err)
+	}
+	if sent := applyBytes.Load(); sent < size {
+		t.Errorf("without --previous the apply sent %d bytes, want the whole %d-byte map", sent, size)
+	}
+}
