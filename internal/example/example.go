@@ -44,7 +44,12 @@ func ConfigIn(dir string) string {
 // WriteRender writes one render as a directory, the input of
 // haptic.PlanFromDir: config as haproxy.cfg and hostMap as HostMap.
 func WriteRender(dir, config, hostMap string) error {
-	files := map[string]string{haptic.ConfigFilePath: config, HostMap: hostMap}
+	return WriteFiles(dir, map[string]string{haptic.ConfigFilePath: config, HostMap: hostMap})
+}
+
+// WriteFiles writes each file under dir by its slash-separated path,
+// creating the directories between.
+func WriteFiles(dir string, files map[string]string) error {
 	for name, content := range files {
 		p := filepath.Join(dir, filepath.FromSlash(name))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
