@@ -30,11 +30,15 @@ import (
 )
 
 // AgentConfig configures one agent. Empty file and socket names of HAProxy
-// and the state file, and the listen address, get the `haptic agent`
-// defaults. AdminSocket, DrainSocket, MetricsListen and TLSDir stay off when
-// empty, although the command turns the first three on by default: a
-// program that embeds agents (tests run many in one process) binds only the
-// listeners it asks for, and no two of them fight over :9101.
+// and the state file, the listen address and zero durations get the
+// defaults DefaultAgentConfig lists. AdminSocket, DrainSocket, MetricsListen
+// and TLSDir stay off when empty, although the command turns the first three
+// on by default: a program that embeds agents (tests run many in one
+// process) binds only the listeners it asks for, and no two of them fight
+// over :9101.
+//
+// Local paths (the sockets and the state file) are relative to BaseDir
+// unless absolute; NewAgent resolves them, once, against the absolute base.
 type AgentConfig struct {
 	BaseDir              string        // --base-dir
 	ConfigFile           string        // --config; manifest path of the HAProxy config
@@ -247,25 +251,63 @@ func defaultSocketPaths(base string) []string {
 	return out
 }
 
-// fillAgentDefaults fills empty names and zero durations with the flag defaults.
+// DefaultAgentConfig returns the values NewAgent gives the fields left
+// empty or zero, which are also the flag defaults of `haptic agent`:
+//
+//   - ConfigFile "haproxy.cfg" (ConfigFilePath), the manifest path of the
+//     HAProxy config.
+//   - MasterSocket "haproxy-master.sock" and WorkerSocket
+//     "haproxy-worker.sock", HAProxy's master CLI and worker stats sockets.
+//   - StateFile ".haptic-agent.json"; the plan blob and the log live beside
+//     it.
+//   - Listen ":5555", the API.
+//   - ReloadTimeout 60s, the longest a reload may take.
+//   - DrainQuietPeriod 2s and DrainMaxWait 10s, the drain's window.
+//   - AgentVersion "dev".
+//
+// The rest has no default here. BaseDir is required. MetricsListen,
+// AdminSocket and DrainSocket are off while empty and ReloadIntervalMin 0
+// paces nothing; `haptic agent` turns them on (":9101",
+// "haptic-agent.sock", "haptic-drain.sock", 5s) and defaults BaseDir to
+// /etc/haproxy, but an agent embedded in a program binds only what it asks
+// for. TLSDir, credentials and InsecureNoAuth are the caller's choice, and
+// a nil Logger means slog.Default().
+func DefaultAgentConfig() AgentConfig {
+	return AgentConfig{
+		ConfigFile:       defaultConfigFile,
+		MasterSocket:     defaultMasterSocket,
+		WorkerSocket:     defaultWorkerSocket,
+		StateFile:        defaultStateFile,
+		Listen:           defaultListen,
+		ReloadTimeout:    MaxReloadMs * time.Millisecond,
+		DrainQuietPeriod: defaultDrainQuiet,
+		DrainMaxWait:     defaultDrainMaxWait,
+		AgentVersion:     defaultAgentVersion,
+	}
+}
+
+// fillAgentDefaults fills empty names and the zero reload timeout from
+// DefaultAgentConfig; validateDrain fills the drain's window where it
+// checks it.
 func fillAgentDefaults(cfg *AgentConfig) {
+	def := DefaultAgentConfig()
 	for _, f := range []struct {
 		field *string
 		def   string
 	}{
-		{&cfg.ConfigFile, defaultConfigFile},
-		{&cfg.MasterSocket, defaultMasterSocket},
-		{&cfg.WorkerSocket, defaultWorkerSocket},
-		{&cfg.StateFile, defaultStateFile},
-		{&cfg.Listen, defaultListen},
-		{&cfg.AgentVersion, defaultAgentVersion},
+		{&cfg.ConfigFile, def.ConfigFile},
+		{&cfg.MasterSocket, def.MasterSocket},
+		{&cfg.WorkerSocket, def.WorkerSocket},
+		{&cfg.StateFile, def.StateFile},
+		{&cfg.Listen, def.Listen},
+		{&cfg.AgentVersion, def.AgentVersion},
 	} {
 		if *f.field == "" {
 			*f.field = f.def
 		}
 	}
 	if cfg.ReloadTimeout == 0 {
-		cfg.ReloadTimeout = MaxReloadMs * time.Millisecond
+		cfg.ReloadTimeout = def.ReloadTimeout
 	}
 }
 
@@ -339,28 +381,66 @@ func (a *Agent) warnAboutAuth() {
 	}
 }
 
-// resolveAgentPaths runs steps 8–9 of agent.md §2.3: every local path is
-// made absolute against the base directory, and no two may coincide.
-func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
-	abs := func(p string) string {
-		if p == "" {
-			return ""
-		}
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(cfg.BaseDir, p)
-		}
-		if a, err := filepath.Abs(p); err == nil {
-			p = a
-		}
-		return filepath.Clean(p)
+// ResolvePaths returns c with its local paths (MasterSocket, WorkerSocket,
+// StateFile, AdminSocket, DrainSocket) resolved as NewAgent resolves them:
+// relative to BaseDir unless absolute, and absolute, a relative BaseDir
+// being read against the working directory. An empty path stays empty (a
+// socket left off, a name NewAgent fills with its default); BaseDir and
+// ConfigFile, a manifest path, are left as given. Resolving twice changes
+// nothing, so a caller may resolve before NewAgent (to log or check where
+// the agent will put its sockets) without moving them to base/base.
+func (c AgentConfig) ResolvePaths() (AgentConfig, error) {
+	base, err := absBase(c.BaseDir)
+	if err != nil {
+		return c, err
 	}
+	return c.resolvedIn(base), nil
+}
+
+func absBase(dir string) (string, error) {
+	base, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("--base-dir: %w", err)
+	}
+	return base, nil
+}
+
+func (c AgentConfig) resolvedIn(base string) AgentConfig {
+	for _, p := range []*string{&c.MasterSocket, &c.WorkerSocket, &c.StateFile, &c.AdminSocket, &c.DrainSocket} {
+		*p = resolveLocalPath(base, *p)
+	}
+	return c
+}
+
+// resolveLocalPath is the rule for one path, base being absolute.
+func resolveLocalPath(base, p string) string {
+	switch {
+	case p == "":
+		return ""
+	case filepath.IsAbs(p):
+		return filepath.Clean(p)
+	default:
+		return filepath.Join(base, p)
+	}
+}
+
+// resolveAgentPaths resolves every local path by ResolvePaths' rule, the
+// config file's too (a manifest path under the base), and refuses two that
+// coincide: the agent would bind a socket over its own state, or two
+// listeners on one file.
+func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
+	base, err := absBase(cfg.BaseDir)
+	if err != nil {
+		return agentPaths{}, err
+	}
+	r := cfg.resolvedIn(base)
 	p := agentPaths{
-		config: abs(filepath.FromSlash(cfg.ConfigFile)),
-		state:  abs(cfg.StateFile),
-		master: abs(cfg.MasterSocket),
-		worker: abs(cfg.WorkerSocket),
-		drain:  abs(cfg.DrainSocket),
-		admin:  abs(cfg.AdminSocket),
+		config: resolveLocalPath(base, filepath.FromSlash(cfg.ConfigFile)),
+		state:  r.StateFile,
+		master: r.MasterSocket,
+		worker: r.WorkerSocket,
+		drain:  r.DrainSocket,
+		admin:  r.AdminSocket,
 	}
 	entries := []struct{ flag, path string }{
 		{"config", p.config}, {"state-file", p.state}, {"master-socket", p.master},

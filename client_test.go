@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1244,26 +1245,12 @@ func TestPutPlanMapsTheAgentsAnswers(t *testing.T) {
 // ---------------------------------------------------------------------------
 // 11.6 Deploy.
 
-// exampleConfig is cmd/basic-apply's haproxy.cfg (renderplan.md §11.1).
-const exampleConfig = `global
-    log stdout format raw local0
-    stats socket /etc/haproxy/haproxy-worker.sock mode 600 level admin
-    default-path origin /etc/haproxy
-
-defaults
-    mode http
-    timeout client 30s
-    timeout server 30s
-    timeout connect 5s
-
-frontend http-in
-    bind *:80
-    use_backend %[req.hdr(host),lower,map(maps/host.map,web-servers)]
-
-backend web-servers
-    balance roundrobin
-    server web1 192.168.1.10:80 check inter 2s
-`
+// exampleConfig is the example's haproxy.cfg, the file cmd/basic-apply and
+// haptic demo read through internal/example (which imports this package, so
+// this test embeds the file rather than the package).
+//
+//go:embed internal/example/haproxy.cfg
+var exampleConfig string
 
 const exampleHostMap = "maps/host.map"
 

@@ -34,37 +34,22 @@ import (
 	"time"
 
 	"github.com/haptic-agent/haptic"
+	"github.com/haptic-agent/haptic/internal/example"
 )
 
+// The example's renders, shared with `haptic demo` (internal/example): one
+// config and two host maps that differ by one entry.
 const (
 	configPath = haptic.ConfigFilePath // "haproxy.cfg"
-	hostMap    = "maps/host.map"       // a manifest path is the same string HAProxy names the file by
+	hostMap    = example.HostMap       // a manifest path is the same string HAProxy names the file by
+	hostMapV1  = example.HostMapV1
+	hostMapV2  = example.HostMapV2
 )
 
-const hostMapV1 = "shop.example.com web-servers\n"
-const hostMapV2 = "shop.example.com web-servers\nblog.example.com web-servers\n"
-
-// haproxyConfig is the config both renders share: only the map changes
-// between them, so the second apply needs no reload.
-const haproxyConfig = `global
-    log stdout format raw local0
-    stats socket /etc/haproxy/haproxy-worker.sock mode 600 level admin
-    default-path origin /etc/haproxy
-
-defaults
-    mode http
-    timeout client 30s
-    timeout server 30s
-    timeout connect 5s
-
-frontend http-in
-    bind *:80
-    use_backend %[req.hdr(host),lower,map(` + hostMap + `,web-servers)]
-
-backend web-servers
-    balance roundrobin
-    server web1 192.168.1.10:80 check inter 2s
-`
+// haproxyConfig is the config both renders share (internal/example's
+// haproxy.cfg): only the map changes between them, so the second apply
+// needs no reload.
+var haproxyConfig = example.Config
 
 // buildPlan describes one render: the config as a single core section and
 // the host map with its entries, so that Diff can turn a map change into
@@ -122,8 +107,7 @@ func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("failed to read the agent's state: %w", err)
 	}
-	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n",
-		state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
+	example.PrintIntro(out, state)
 
 	first := buildPlan(hostMapV1)
 	if err := apply(ctx, out, client, first, nil, state); err != nil {
@@ -141,7 +125,7 @@ func run(ctx context.Context, out io.Writer, getenv func(string) string) error {
 		return err
 	}
 
-	fmt.Fprint(out, "\nExample completed successfully!\n")
+	example.PrintDone(out)
 	return nil
 }
 
@@ -186,10 +170,7 @@ func apply(ctx context.Context, out io.Writer, client *haptic.Client, next, prev
 	}
 
 	decision := haptic.Diff(next, base)
-	fmt.Fprintf(out, "Applying plan %s: %s (%d runtime op(s))\n", next.ID, decision.Verdict, len(decision.Ops))
-	for _, reason := range decision.Reasons {
-		fmt.Fprintf(out, "  reason: %s\n", reason)
-	}
+	example.PrintDecision(out, next.ID, decision, nil)
 
 	// Rendering again is a new render: same leader, next sequence number.
 	token := haptic.Token{
@@ -212,7 +193,7 @@ func apply(ctx context.Context, out io.Writer, client *haptic.Client, next, prev
 	if err != nil {
 		return handleApplyError(err)
 	}
-	displayResult(out, result)
+	example.PrintResult(out, result) // a rejected apply is a result: the pod rolled back and still serves
 	return nil
 }
 
@@ -237,31 +218,5 @@ func contentOf(p *haptic.Plan) map[string]string {
 	return map[string]string{
 		configPath: haproxyConfig,
 		hostMap:    hostMapContent.String(),
-	}
-}
-
-// displayResult prints one apply's answer. A rejected apply (ok:false) is a
-// result, not an error: the pod rolled back and still serves.
-func displayResult(out io.Writer, result *haptic.ApplyResult) {
-	if !result.OK {
-		stage, message := "", ""
-		if result.Error != nil {
-			stage, message = result.Error.Stage, result.Error.Message
-		}
-		fmt.Fprintf(out, "  rejected at stage %q: %s\n", stage, message)
-		return
-	}
-	fmt.Fprintf(out, "  mode: %s, applied plan: %s\n", result.Mode, result.AppliedPlanID)
-	for _, r := range result.OpResults {
-		fmt.Fprintf(out, "  op %s: ok=%t", r.Kind, r.OK)
-		if r.Output != "" {
-			fmt.Fprint(out, " "+r.Output)
-		}
-		fmt.Fprint(out, "\n")
-	}
-	if result.Reload != nil && result.Reload.Performed {
-		fmt.Fprintf(out, "  HAProxy reloaded in %d ms, worker pid %d\n", result.Reload.TookMs, result.Reload.WorkerPID)
-	} else {
-		fmt.Fprint(out, "  no reload: the change reached the running worker\n")
 	}
 }

@@ -5,12 +5,10 @@
 // words.
 //
 // The command's defaults are the upstream agent's, so that a manifest
-// written for one runs the other: reloads paced 5 s apart (a burst of
-// renders cannot turn into a reload storm), metrics on :9101, the admin
-// socket haptic-agent.sock and the drain socket haptic-drain.sock that
-// preStop hooks call. AgentConfig keeps "empty = off" for the listeners and
-// sockets, so that agents embedded in a program (tests run many in one
-// process) bind only what they ask for.
+// written for one runs the other. Most are haptic.DefaultAgentConfig's,
+// the values NewAgent fills in itself; the command adds what AgentConfig
+// leaves off (see the constants below). Paths are resolved by the agent's
+// rule, AgentConfig.ResolvePaths.
 package main
 
 import (
@@ -19,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -28,10 +25,19 @@ import (
 )
 
 // Defaults of `haptic agent` where AgentConfig's zero value is off or
-// different (see the file comment).
+// required, in one place; `agent state`, `agent health` and `agent drain`
+// find the agent's sockets by them. AgentConfig keeps "empty = off" for the
+// listeners and sockets, so that agents embedded in a program (tests run
+// many in one process) bind only what they ask for; the command turns them
+// on: reloads paced 5 s apart (a burst of renders cannot turn into a reload
+// storm), metrics on :9101, the admin socket and the drain socket that
+// preStop hooks call. The agent reserves the two socket names in every
+// base directory, whatever it binds.
 const (
+	defaultBaseDir           = "/etc/haproxy"
 	defaultReloadIntervalMin = 5 * time.Second
 	defaultMetricsListen     = ":9101"
+	defaultAdminSocket       = "haptic-agent.sock"
 	defaultDrainSocket       = "haptic-drain.sock"
 )
 
@@ -64,27 +70,29 @@ func runAgent(ctx context.Context, args []string, s stdio) int {
 }
 
 // parseAgentFlags maps the flags and the environment to an AgentConfig.
-// The socket and state-file flags are resolved against --base-dir here,
-// by the rule NewAgent applies itself (relative unless absolute), so that
-// the configuration the agent logs and reports is the one it uses. An
-// empty --admin-socket or --drain-socket stays empty: that socket is off.
+// The socket and state-file paths are resolved against --base-dir by the
+// agent's own rule (ResolvePaths, which NewAgent applies again to no
+// effect), so that the configuration the command holds names the files the
+// agent uses. An empty --admin-socket or --drain-socket stays empty: that
+// socket is off.
 func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConfig, error) {
+	def := haptic.DefaultAgentConfig()
 	var cfg haptic.AgentConfig
 	fs.StringVar(&cfg.BaseDir, "base-dir", defaultBaseDir, "root of the owned file tree")
-	fs.StringVar(&cfg.ConfigFile, "config", haptic.ConfigFilePath, "manifest path of the HAProxy config file")
-	fs.StringVar(&cfg.MasterSocket, "master-socket", "haproxy-master.sock", "HAProxy master CLI socket (show proc, reload)")
-	fs.StringVar(&cfg.WorkerSocket, "worker-socket", "haproxy-worker.sock", "HAProxy worker stats socket (runtime ops, inventory)")
-	fs.StringVar(&cfg.Listen, "listen", ":5555", "TCP address of the API (HTTPS with --tls-dir)")
+	fs.StringVar(&cfg.ConfigFile, "config", def.ConfigFile, "manifest path of the HAProxy config file")
+	fs.StringVar(&cfg.MasterSocket, "master-socket", def.MasterSocket, "HAProxy master CLI socket (show proc, reload)")
+	fs.StringVar(&cfg.WorkerSocket, "worker-socket", def.WorkerSocket, "HAProxy worker stats socket (runtime ops, inventory)")
+	fs.StringVar(&cfg.Listen, "listen", def.Listen, "TCP address of the API (HTTPS with --tls-dir)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", defaultMetricsListen, `TCP address serving GET /metrics, /healthz and /readyz without auth; "" is off`)
 	fs.StringVar(&cfg.TLSDir, "tls-dir", "", "directory of tls.crt, tls.key and ca.crt (and previous-ca.crt, previous-ca-until during a CA rotation); turns on mutual TLS (default $AGENT_TLS_DIR)")
 	fs.StringVar(&cfg.TLSClientName, "tls-client-name", "", "DNS SAN a client certificate must carry, required with --tls-dir (default $AGENT_TLS_CLIENT_NAME)")
-	fs.StringVar(&cfg.StateFile, "state-file", ".haptic-agent.json", "the agent's state file")
+	fs.StringVar(&cfg.StateFile, "state-file", def.StateFile, "the agent's state file")
 	fs.DurationVar(&cfg.ReloadIntervalMin, "reload-interval-min", defaultReloadIntervalMin, "minimum time between two reloads, 0s..60s")
-	fs.DurationVar(&cfg.ReloadTimeout, "reload-timeout", time.Duration(haptic.MaxReloadMs)*time.Millisecond, "how long a reload may take; 0 means the default")
+	fs.DurationVar(&cfg.ReloadTimeout, "reload-timeout", def.ReloadTimeout, "how long a reload may take; 0 means the default")
 	fs.StringVar(&cfg.AdminSocket, "admin-socket", defaultAdminSocket, `unix socket serving GET /healthz and GET /v1/state without auth; "" is off`)
 	fs.StringVar(&cfg.DrainSocket, "drain-socket", defaultDrainSocket, `unix socket serving GET /drain for preStop hooks; "" is off`)
-	fs.DurationVar(&cfg.DrainQuietPeriod, "drain-quiet-period", 2*time.Second, "a drain ends once no new connection arrived for this long")
-	fs.DurationVar(&cfg.DrainMaxWait, "drain-max-wait", 10*time.Second, "upper bound of one drain, at most 5m")
+	fs.DurationVar(&cfg.DrainQuietPeriod, "drain-quiet-period", def.DrainQuietPeriod, "a drain ends once no new connection arrived for this long")
+	fs.DurationVar(&cfg.DrainMaxWait, "drain-max-wait", def.DrainMaxWait, "upper bound of one drain, at most 5m")
 	fs.Func("drain-ignore-frontend", "frontend left out of the drain's connection count; repeatable, comma-separated lists allowed",
 		func(v string) error {
 			for name := range strings.SplitSeq(v, ",") {
@@ -109,15 +117,9 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 		usageError(fs, "%v", err)
 		return cfg, errUsage
 	}
-	// Resolved against the absolute base: NewAgent joins a relative path with
-	// the base once more, so a relative result would land in base/base.
-	base, err := filepath.Abs(cfg.BaseDir)
-	if err != nil {
-		usageError(fs, "--base-dir: %v", err)
+	if cfg, err = cfg.ResolvePaths(); err != nil {
+		usageError(fs, "%v", err)
 		return cfg, errUsage
-	}
-	for _, p := range []*string{&cfg.MasterSocket, &cfg.WorkerSocket, &cfg.AdminSocket, &cfg.DrainSocket, &cfg.StateFile} {
-		*p = localPath(base, *p)
 	}
 	// The environment names the TLS directory and client name only where
 	// the flags do not: an explicit --tls-dir "" still means no TLS.
@@ -138,12 +140,13 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	return cfg, nil
 }
 
-// agentVersion is the main module's version from the build info, "dev"
-// for a build outside a module version (go run, a plain go build).
+// agentVersion is the main module's version from the build info, the
+// agent's default ("dev") for a build outside a module version (go run, a
+// plain go build).
 func agentVersion() string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok || info.Main.Version == "" || info.Main.Version == "(devel)" {
-		return "dev"
+		return haptic.DefaultAgentConfig().AgentVersion
 	}
 	return info.Main.Version
 }

@@ -199,6 +199,26 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 	}
 }
 
+// The command's flag defaults are the agent's own, resolved against the
+// command's base directory, plus the listeners the command turns on.
+func TestAgentCommandDefaultsAreTheAgents(t *testing.T) {
+	cfg, err, _ := parseAgent(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := haptic.DefaultAgentConfig()
+	want.BaseDir = defaultBaseDir
+	want.MetricsListen, want.AdminSocket, want.DrainSocket = defaultMetricsListen, defaultAdminSocket, defaultDrainSocket
+	want.ReloadIntervalMin = defaultReloadIntervalMin
+	if want, err = want.ResolvePaths(); err != nil {
+		t.Fatal(err)
+	}
+	want.AgentVersion, want.Logger = cfg.AgentVersion, cfg.Logger
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("defaults:\n%+v\nwant\n%+v", cfg, want)
+	}
+}
+
 func TestAgentCommandRefusesWhatNewAgentRefuses(t *testing.T) {
 	base := t.TempDir()
 	r := runCLI(t, nil, "agent", "--base-dir", base, "--listen", "127.0.0.1:0")

@@ -8,10 +8,11 @@
 // NewManifest, Apply, the resend of missing parts. The demo drives the
 // same two renders through the package's controller loop, Deploy, the way
 // `haptic push` does, and prints the example's output, so the two show the
-// same flow at two levels of the API. The renders are the example's: the
-// same config (its paths pointed at the temporary directory, its frontend
-// bound to a unix socket so that nothing needs a privileged port) and the
-// same two host maps, written as directories and read with PlanFromDir.
+// same flow at two levels of the API. The renders are the example's
+// (internal/example): the same config (its paths pointed at the temporary
+// directory, its frontend bound to a unix socket so that nothing needs a
+// privileged port) and the same two host maps, written as directories and
+// read with PlanFromDir, and the output is printed by the same code.
 package main
 
 import (
@@ -30,38 +31,8 @@ import (
 	"time"
 
 	"github.com/haptic-agent/haptic"
+	"github.com/haptic-agent/haptic/internal/example"
 )
-
-// The demo's files, as the example names them.
-const demoHostMap = "maps/host.map"
-
-// demoHostMaps are the example's two renders of the host map.
-var demoHostMaps = []string{
-	"shop.example.com web-servers\n",
-	"shop.example.com web-servers\nblog.example.com web-servers\n",
-}
-
-// demoConfig is the example's haproxy.cfg with <dir> for the base
-// directory.
-const demoConfig = `global
-    log stdout format raw local0
-    stats socket <dir>/haproxy-worker.sock mode 600 level admin
-    default-path origin <dir>
-
-defaults
-    mode http
-    timeout client 30s
-    timeout server 30s
-    timeout connect 5s
-
-frontend http-in
-    bind unix@<dir>/http-in.sock
-    use_backend %[req.hdr(host),lower,map(` + demoHostMap + `,web-servers)]
-
-backend web-servers
-    balance roundrobin
-    server web1 192.168.1.10:80 check inter 2s
-`
 
 // demoBootConfig is what a real HAProxy starts with before the first
 // render, like a pod's image config: the worker stats socket the agent
@@ -131,15 +102,15 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 	if err := os.Mkdir(base, 0o755); err != nil {
 		return err
 	}
-	for i, r := range renders {
-		if err := writeDemoRender(r, base, demoHostMaps[i]); err != nil {
+	for i, hostMap := range []string{example.HostMapV1, example.HostMapV2} {
+		if err := example.WriteRender(renders[i], example.ConfigIn(base), hostMap); err != nil {
 			return err
 		}
 	}
 
 	var exited <-chan struct{} // closed when a real HAProxy exits; nil for the fake
 	if haproxyBin == "" {
-		fake, err := startDemoFake(base)
+		fake, err := example.StartFake(base)
 		if err != nil {
 			return err
 		}
@@ -201,49 +172,6 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 	}
 	defer client.Close()
 	return demoRenders(ctx, out, client, renders)
-}
-
-// writeDemoRender writes one render of the example as a directory.
-func writeDemoRender(dir, base, hostMap string) error {
-	files := map[string]string{
-		haptic.ConfigFilePath: strings.ReplaceAll(demoConfig, "<dir>", base),
-		demoHostMap:           hostMap,
-	}
-	for name, content := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// startDemoFake starts the fake HAProxy on the agent's default socket
-// names in the base directory. The fake reads no configuration, so a
-// reload "loads" the host map from the base directory, as a real worker
-// would: that is how the runtime inventory lists it after the first reload.
-func startDemoFake(base string) (*haptic.FakeHAProxy, error) {
-	fake, err := haptic.StartFakeHAProxy(base, "")
-	if err != nil {
-		return nil, err
-	}
-	fake.With(func(m *haptic.FakeModel) {
-		m.OnReload = func(m *haptic.FakeModel) {
-			content, err := os.ReadFile(filepath.Join(base, filepath.FromSlash(demoHostMap)))
-			if err != nil {
-				delete(m.Maps, demoHostMap)
-				return
-			}
-			if m.Maps == nil {
-				m.Maps = map[string][]haptic.MapEntry{}
-			}
-			m.Maps[demoHostMap] = haptic.ParseMapEntries(string(content))
-		}
-	})
-	return fake, nil
 }
 
 // demoHAProxy is a real HAProxy master process the demo started.
@@ -339,7 +267,7 @@ func demoRenders(ctx context.Context, out io.Writer, client *haptic.Client, rend
 	if err != nil {
 		return fmt.Errorf("failed to read the agent's state: %w", err)
 	}
-	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n", state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
+	example.PrintIntro(out, state)
 	for i, dir := range renders {
 		if i > 0 {
 			fmt.Fprint(out, "\n")
@@ -355,47 +283,16 @@ func demoRenders(ctx context.Context, out io.Writer, client *haptic.Client, rend
 			return fmt.Errorf("failed to read the agent's state: %w", err)
 		}
 		decision, notes := liveDecision(state, next)
-		fmt.Fprintf(out, "Applying plan %s: %s (%d runtime op(s))\n", next.ID, decision.Verdict, len(decision.Ops))
-		for _, n := range notes {
-			fmt.Fprintf(out, "  note: %s\n", n)
-		}
-		for _, r := range decision.Reasons {
-			fmt.Fprintf(out, "  reason: %s\n", r)
-		}
+		example.PrintDecision(out, next.ID, decision, notes)
 		result, err := haptic.Deploy(ctx, client, next, haptic.DeployOptions{LeaderEpoch: max(1, state.AppliedToken.LeaderEpoch)})
 		if err != nil {
 			return fmt.Errorf("apply failed: %w", err)
 		}
-		printDemoResult(out, result)
+		example.PrintResult(out, result)
 		if !result.OK {
 			return errors.New("the agent rejected the render; its files and HAProxy are back on the last-known-good set")
 		}
 	}
-	fmt.Fprint(out, "\nExample completed successfully!\n")
+	example.PrintDone(out)
 	return nil
-}
-
-// printDemoResult prints an apply's answer in the example's words.
-func printDemoResult(out io.Writer, result *haptic.ApplyResult) {
-	if !result.OK {
-		stage, message := "", ""
-		if result.Error != nil {
-			stage, message = result.Error.Stage, result.Error.Message
-		}
-		fmt.Fprintf(out, "  rejected at stage %q: %s\n", stage, message)
-		return
-	}
-	fmt.Fprintf(out, "  mode: %s, applied plan: %s\n", result.Mode, result.AppliedPlanID)
-	for _, r := range result.OpResults {
-		fmt.Fprintf(out, "  op %s: ok=%t", r.Kind, r.OK)
-		if r.Output != "" {
-			fmt.Fprint(out, " "+r.Output)
-		}
-		fmt.Fprint(out, "\n")
-	}
-	if result.Reload != nil && result.Reload.Performed {
-		fmt.Fprintf(out, "  HAProxy reloaded in %d ms, worker pid %d\n", result.Reload.TookMs, result.Reload.WorkerPID)
-	} else {
-		fmt.Fprint(out, "  no reload: the change reached the running worker\n")
-	}
 }

@@ -167,9 +167,10 @@ func usageError(fs *flag.FlagSet, format string, args ...any) int {
 	return exitUsage
 }
 
-// localPath resolves an agent-local path flag (sockets, the state file)
-// the way the agent does: relative to the base directory unless absolute;
-// "" stays "" (the socket is off).
+// localPath locates one of the agent's sockets for a client command
+// (agent state, agent health, agent drain) by the rule the agent resolves
+// them with: relative to the base directory unless absolute; "" stays ""
+// (the socket is off).
 func localPath(baseDir, p string) string {
 	if p == "" || filepath.IsAbs(p) {
 		return p

@@ -19,12 +19,9 @@ import (
 	"github.com/haptic-agent/haptic"
 )
 
-// Defaults that locate the admin socket, those of `haptic agent`.
-const (
-	defaultBaseDir     = "/etc/haproxy"
-	defaultAdminSocket = "haptic-agent.sock"
-	healthTimeout      = 5 * time.Second
-)
+// healthTimeout bounds `haptic agent health`. The admin socket is found by
+// the defaults of `haptic agent` (agent.go).
+const healthTimeout = 5 * time.Second
 
 func runAgentState(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL [--tls-dir DIR]] [--verify] [--files] [--output text|json]", s)
