@@ -131,6 +131,9 @@ type applyRun struct {
 	// reloadUnknown: a reload failed without HAProxy's verdict (a timeout,
 	// a master that went away), so it may still take effect.
 	reloadUnknown bool
+	// reloaded: the apply's own reload took effect; its plan becomes the
+	// last-known-good with the commit.
+	reloaded bool
 }
 
 // restoredTree is the tree a rollback left: its ownership set and hashes,
@@ -927,7 +930,7 @@ func (run *applyRun) reload(reason string) {
 		}
 		return
 	}
-	info, err := run.worker.reload(run.ctx, run.appliedRef())
+	info, err := run.worker.reloadForApply(run.ctx, run.appliedRef())
 	run.result.Reload = info
 	if err != nil {
 		run.refused = errors.Is(err, errReloadRejected)
@@ -935,6 +938,7 @@ func (run *applyRun) reload(reason string) {
 		run.abort(StageReload, err)
 		return
 	}
+	run.reloaded = true
 	run.result.Mode = ResultReload
 }
 
@@ -977,11 +981,12 @@ func (run *applyRun) abort(stage string, cause error) {
 		return
 	}
 	r.Rollback.Performed = true
-	// The worker holds what the rollback undid when ops ran, or when a
-	// reload's outcome is unknown (HAProxy may still be loading the set the
-	// rollback took away): it must load the restored set again. Until it
+	// The worker holds what the rollback undid when ops ran, when the
+	// apply's own reload took effect (and its commit then failed), or when
+	// a reload's outcome is unknown (HAProxy may still be loading the set
+	// the rollback took away): it must load the restored set again. Until it
 	// has, the agent vouches for no running plan.
-	if run.opsRan || run.reloadUnknown {
+	if run.opsRan || run.reloadUnknown || run.reloaded {
 		st := run.led.view()
 		if _, err := run.worker.reloadToRecover(run.ctx, st.lkg()); err != nil {
 			run.invariant(false, invRecoveryReload)
@@ -1125,7 +1130,15 @@ func (run *applyRun) commit() error {
 			return err
 		}
 	}
-	return run.led.commit(o, c)
+	if err := run.led.commit(o, c); err != nil {
+		return err
+	}
+	if o.promote.complete() {
+		// The next apply links the new last-known-good's files into its
+		// journal, and a link is only as durable as the bytes it leads to.
+		run.led.settleFiles()
+	}
+	return nil
 }
 
 // outcome describes how the run ended, for the ledger's settle. The
@@ -1141,6 +1154,9 @@ func (run *applyRun) outcome() outcome {
 		result: run.result, ok: run.result.OK, ref: run.appliedRef(), token: run.m.Token,
 		schema: run.m.PlanSchemaVersion, revert: run.revert, invalidations0: run.invalidations0,
 		refused: run.refused && !run.opsRan, before: run.before, blob: run.blob,
+	}
+	if run.reloaded {
+		o.promote = run.appliedRef()
 	}
 	if !run.revert && run.txn != nil {
 		o.landsTree = true

@@ -970,8 +970,9 @@ func (l *ledger) setInventoryLocked(inv *Inventory) {
 // The promotion stands only once the cleared journal is written: otherwise
 // the journal and its backups are still what a rollback restores, and
 // they lead back to the old LKG, not to ref. The reload itself happened,
-// so the running and worker-ops pairs stay either way.
-func (l *ledger) recordReload(ref planRef, now time.Time) (promoted bool) {
+// so the running and worker-ops pairs stay either way. Without promote the
+// promotion is left to the apply's commit.
+func (l *ledger) recordReload(ref planRef, now time.Time, promote bool) (promoted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.lastReload = now
@@ -980,7 +981,7 @@ func (l *ledger) recordReload(ref planRef, now time.Time) (promoted bool) {
 	next.setRunning(ref)
 	next.setWorkerOps(ref)
 	next.setPending(planRef{}, time.Time{})
-	if !ref.complete() {
+	if !ref.complete() || !promote {
 		l.forget(next)
 		return false
 	}
@@ -1080,6 +1081,15 @@ func (l *ledger) commit(o outcome, c commitWrites) error {
 	if c.restored != nil {
 		delta = l.restoreLocked(&next, c.restored)
 	}
+	// A plan the apply reloaded becomes the last-known-good in the same
+	// record: the journal it clears is what a commit that cannot be written
+	// rolls back through.
+	var promotedBackups []string
+	if o.ok && o.promote.complete() {
+		promotedBackups = next.Journal.backups()
+		next.setLKG(o.promote)
+		next.Journal = backupJournal{}
+	}
 	redo := slices.Clone(c.redo)
 	storeBlob := o.blob != nil && next.PlanBlobPlanID == o.ref.ID && next.PlanBlobPlanProof == o.ref.Proof
 	if storeBlob {
@@ -1110,6 +1120,7 @@ func (l *ledger) commit(o outcome, c commitWrites) error {
 	applyTreeDelta(l.tree, delta)
 	l.treeVersion++
 	l.files.dropLinks(c.dropAfter)
+	l.files.dropLinks(promotedBackups)
 	l.compactIfFull()
 	return nil
 }
@@ -1317,6 +1328,10 @@ type outcome struct {
 	before       agentState
 
 	blob []byte // the apply's plan part
+
+	// promote: the apply reloaded this pair, which becomes the
+	// last-known-good with the commit.
+	promote planRef
 }
 
 // settle is the state after an outcome. An OK apply bumps the generation

@@ -117,6 +117,18 @@ func (e *reloadFailure) Unwrap() error { return e.err }
 // the new worker loaded. An empty ref promotes nothing. Any reload attempt
 // consumes a pending one.
 func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, error) {
+	return w.reloadAndRecord(ctx, ref, true)
+}
+
+// reloadForApply is reload for an apply whose commit is still to come: the
+// new worker runs ref, but ref becomes the last-known-good only with the
+// commit. Until then the journal must stay, because an apply whose commit
+// cannot be written is rolled back through it.
+func (w *workerTracker) reloadForApply(ctx context.Context, ref planRef) (*ReloadInfo, error) {
+	return w.reloadAndRecord(ctx, ref, false)
+}
+
+func (w *workerTracker) reloadAndRecord(ctx context.Context, ref planRef, promote bool) (*ReloadInfo, error) {
 	w.led.clearPending()
 	w.mu.Lock()
 	info, err := w.reloadAndAwait(ctx)
@@ -124,7 +136,7 @@ func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, e
 	if err != nil {
 		return info, err
 	}
-	if w.led.recordReload(ref, w.now()) {
+	if w.led.recordReload(ref, w.now(), promote) {
 		w.led.settleFiles()
 	}
 	return info, nil
