@@ -8,6 +8,7 @@
 //
 // It must never make an HAProxy decision (the controller does, through Diff)
 // and never panic: a broken invariant is counted, logged and reported.
+
 package haptic
 
 import (

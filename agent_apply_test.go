@@ -2,6 +2,7 @@
 // manifest and part rows, "Apply pipeline" table) and the bad-input table of
 // issue 5: malformed requests get their exact status and stage and change
 // nothing. All run against the fake HAProxy.
+
 package haptic
 
 import (

@@ -5,6 +5,7 @@
 // restart) and an overlap during which the previous client CA is still
 // trusted. The admin and drain sockets never authenticate: file permissions
 // protect them.
+
 package haptic
 
 import (

@@ -7,6 +7,7 @@
 // is in flight, is never held while the counter is read, and no other lock is
 // taken under it. A caller that leaves (its request ended) never cancels the
 // run the other callers still wait for; only the agent stopping does.
+
 package haptic
 
 import (

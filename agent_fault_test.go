@@ -3,6 +3,7 @@
 // exactly one fault per step, checked against a model of what the agent
 // must hold after every step. HAPTIC_SOAK=1 runs a 10,000-step variant.
 // Also here: concurrent verified reads against applies.
+
 package haptic
 
 import (

@@ -1,6 +1,7 @@
 // Tests of the agent's file store (agent.md §6, "File store" table). They
 // describe mounts through a mountinfo file written by the test, so they run
 // without privileges; EXDEV is injected through the store's rename hook.
+
 package haptic
 
 import (

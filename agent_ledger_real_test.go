@@ -10,6 +10,7 @@
 // sockets; HAProxy keeps running across those restarts. Nothing here edits
 // the tree behind the agent's back except the drift test, whose point is
 // exactly that edit.
+
 package haptic
 
 import (

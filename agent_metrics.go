@@ -7,6 +7,7 @@
 // a number, never across I/O, and no other lock is taken under it, so any
 // part of the agent may count while holding its own locks. Nothing here
 // panics, whatever the caller passes.
+
 package haptic
 
 import (

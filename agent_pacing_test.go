@@ -2,6 +2,7 @@
 // surfaces around them (agent.md "Patches, worker baseline, batches,
 // pacing, read-back", the agent-level deferred-delete rows, and the agent
 // halves of "Drain, metrics, invariants"). All run against the fake HAProxy.
+
 package haptic
 
 import (

@@ -4,6 +4,7 @@
 // handlers. The apply pipeline's tests are in agent_apply_test.go, pacing,
 // read-back and the rest in agent_pacing_test.go, the fault simulation in
 // agent_fault_test.go. All run against the fake HAProxy.
+
 package haptic
 
 import (

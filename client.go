@@ -7,6 +7,7 @@
 // whose readers already yielded bytes, never follow a redirect, never send
 // credentials over a unix socket, and never read a caller's reader after the
 // call that was given it has returned.
+
 package haptic
 
 import (

@@ -3,6 +3,7 @@
 // files may travel as a patch; the resend that sends a patched file whole
 // when the agent lost its base; and the bytes a one-entry change in a
 // 10 MB map puts on the wire, against the real agent on the fake HAProxy.
+
 package haptic
 
 import (

@@ -1,6 +1,7 @@
 // This file tests client.go against httptest servers and, where a test
 // needs a refused or reset connection, raw TCP listeners. Deploy is tested
 // against scripted handlers and against the real agent on the fake HAProxy.
+
 package haptic
 
 import (

@@ -10,6 +10,7 @@
 // Decisions, concurrent calls on shared inputs are safe, and a Decision owns
 // its memory. When Diff cannot show that a runtime change reproduces what a
 // reload of the new files would give, it reloads.
+
 package haptic
 
 import (

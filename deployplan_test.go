@@ -2,6 +2,7 @@
 // fixtures of deployplan.md §11. Every plan here is built by basePlan, which
 // derives every digest from content, so equality stays decidable after a
 // plan-blob round trip.
+
 package haptic
 
 import (

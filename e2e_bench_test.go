@@ -4,6 +4,7 @@
 // one HAProxy, and reports both medians and their ratio, so the machine's
 // noise hits both sides alike. BENCHMARKS.md records the results and the
 // commands. Nothing here asserts a time.
+
 package haptic
 
 import (

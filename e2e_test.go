@@ -9,6 +9,7 @@
 // It must never talk to an HAProxy that HAPTIC_HAPROXY did not name, never
 // send traffic outside 127.0.0.1, and never edit the agent's or HAProxy's
 // files behind the agent's back.
+
 package haptic
 
 import (

@@ -9,6 +9,7 @@
 //
 // It must never fix what it finds: a failing input is a finding for the
 // owner of the code under test.
+
 package haptic
 
 import (

@@ -1,14 +1,9 @@
-// Package haptic is a reference implementation of the HAPTIC agent contract,
-// API major version 1: the agent that runs beside HAProxy in every
-// load-balancer pod, the render plan a controller describes its output with,
-// the pure decision Diff that says whether a change can reach the running
-// worker through the runtime API, and the client that drives one agent.
-//
 // This file owns the wire contract: every constant, limit and JSON type that
 // travels between a controller and an agent, the token grammar both ends
 // assert, and the op-batch rules. It must never do I/O: the types here are
 // shared by the agent, the client and Diff, and a change to any JSON name or
 // field order is a change of the contract.
+
 package haptic
 
 import (

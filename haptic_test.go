@@ -2,6 +2,7 @@
 // shape (by reflection and by golden fixtures under testdata/wire/), the
 // constants and limits, the token grammar, op batches and the small
 // helpers both ends share.
+
 package haptic
 
 import (

@@ -5,6 +5,7 @@
 // OK apply is one link of the applied-token chain and one generation), and
 // bounded memory. It runs 3 s by default and 30 s with HAPTIC_LOAD=1, and
 // reports throughput in the test log; it never times an assertion.
+
 package haptic
 
 import (

@@ -5,9 +5,12 @@
 // A plan is pure data. Nothing here reads a clock or parses HAProxy
 // configuration; the generator that wrote the files produces the plan. The
 // one piece of I/O is PlanFromDir, at the end, which describes a directory
-// of already rendered files by a fixed convention. The field order of every type below is part of the canonical
-// encoding, so it is part of the contract: never add, remove, rename,
-// reorder or retag a field without a new PlanSchemaVersion.
+// of already rendered files by a fixed convention.
+//
+// The field order of every type below is part of the canonical encoding, so
+// it is part of the contract: never add, remove, rename, reorder or retag a
+// field without a new PlanSchemaVersion.
+
 package haptic
 
 import (

@@ -3,6 +3,7 @@
 // Clone and the comparators, map-file parsing and plan blobs. The fixtures
 // here (the §4.6 examples, the §5.2 3,000-backend plan, the random plan
 // generator) are shared with the fuzz targets and benchmarks below.
+
 package haptic
 
 import (

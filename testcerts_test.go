@@ -2,6 +2,7 @@
 // issues server and client certificates with ECDSA keys, so that no test
 // needs the network, openssl or files checked into testdata for TLS. It must
 // never be used outside tests.
+
 package haptic
 
 import (

@@ -1,6 +1,7 @@
 // Tests of the example program (renderplan.md §12.7). They own no HAProxy
 // behaviour; the end-to-end test runs the program against the fake HAProxy
 // and an in-process agent, exactly as a user runs it against a pod.
+
 package main
 
 import (

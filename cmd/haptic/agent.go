@@ -9,6 +9,7 @@
 // the values NewAgent fills in itself; the command adds what AgentConfig
 // leaves off (see the constants below). Paths are resolved by the agent's
 // rule, AgentConfig.ResolvePaths.
+
 package main
 
 import (

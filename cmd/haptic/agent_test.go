@@ -1,6 +1,7 @@
 // Tests of `haptic agent`: flags and environment into AgentConfig, the
 // usage errors, and the process lifetime (JSON logs, clean stop, exit 1 on
 // a configuration NewAgent refuses).
+
 package main
 
 import (

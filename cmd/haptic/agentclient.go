@@ -2,6 +2,7 @@
 // the --agent URLs, the credentials from the environment and the client TLS
 // material. It builds haptic.ClientConfig values and nothing else; the
 // requests themselves are the package client's.
+
 package main
 
 import (

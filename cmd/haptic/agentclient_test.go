@@ -2,6 +2,7 @@
 // --tls-dir` against a server that requires a client certificate, and
 // `push` with --tls-cert/--tls-key/--tls-ca/--tls-server-name against a
 // real agent running with --tls-dir.
+
 package main
 
 import (

@@ -13,6 +13,7 @@
 // directory, its frontend bound to a unix socket so that nothing needs a
 // privileged port) and the same two host maps, written as directories and
 // read with PlanFromDir, and the output is printed by the same code.
+
 package main
 
 import (

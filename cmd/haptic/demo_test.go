@@ -1,6 +1,7 @@
 // Tests of `haptic demo`: its output is the example's (renderplan.md
 // §11.5) line by line, on the fake HAProxy and, when HAPTIC_HAPROXY names
 // one, on a real binary; and it leaves nothing behind.
+
 package main
 
 import (

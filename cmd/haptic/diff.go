@@ -2,6 +2,7 @@
 // directory or a file, the offline baseline, the live baseline of an agent,
 // and printing a decision. It never writes to an agent: `diff --agent`
 // reads the state and stops there.
+
 package main
 
 import (

@@ -1,6 +1,7 @@
 // Tests of `haptic plan` and `haptic diff`: the plan of a testdata
 // directory, the offline verdicts with their exit statuses and lines, plan
 // files as inputs, and the live diff against an agent.
+
 package main
 
 import (

@@ -10,6 +10,7 @@
 //
 // Each case pushes at least fleetPushes times (b.N when larger), so that
 // one run gives a median without starting the fleet again.
+
 package main
 
 import (

@@ -1,20 +1,8 @@
-// Command haptic is the HAPTIC agent and the operator's tools around it.
-//
-//	haptic agent [flags]                    run the agent beside HAProxy
-//	haptic agent state [flags]              print the agent's state
-//	haptic agent health [flags]             liveness probe over the admin socket
-//	haptic agent drain [flags]              preStop hook: wait on the drain socket
-//	haptic plan DIR                         print the plan of a directory
-//	haptic diff [flags] OLD NEW             does this change reload, and why?
-//	haptic diff --agent URL [flags] DIR     the same, against a live agent
-//	haptic push --agent URL [flags] DIR     push a directory to agents
-//	haptic demo [--haproxy PATH]            the whole flow in one process
-//	haptic install DIR                      copy this binary into DIR (an initContainer)
-//
 // This file owns the dispatch and what every subcommand shares: exit
 // statuses, flag parsing, local path resolution and the logger. Each
 // subcommand lives in its own file; none of them calls os.Exit or reads the
 // process environment directly, so that tests run them in-process.
+
 package main
 
 import (

@@ -2,6 +2,7 @@
 // with captured output and a scripted environment, and starts real agents
 // on fake HAProxies for the commands that talk to one. Dispatch and flag
 // parsing tests live here too.
+
 package main
 
 import (

@@ -6,6 +6,7 @@
 // outcome with the agents that failed or did not do what --expect says.
 // It decides nothing itself: what each pod does is Diff's answer for that
 // pod's own baseline.
+
 package main
 
 import (

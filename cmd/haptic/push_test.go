@@ -3,6 +3,7 @@
 // and --quiet; the time limits against hung agents; the progress line on a
 // terminal; the exit status when an agent does not take the plan; the
 // usage errors.
+
 package main
 
 import (

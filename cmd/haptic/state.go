@@ -3,6 +3,7 @@
 // pod. They reach the agent through its admin socket by default, which
 // needs no credentials and keeps working when the network TLS identity has
 // expired. They never fetch the plan blob and never write.
+
 package main
 
 import (

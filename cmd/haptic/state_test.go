@@ -2,6 +2,7 @@
 // against a recorded State served on a unix socket exactly as the admin
 // socket serves it, over TCP with Basic auth, and against a real agent's
 // admin socket.
+
 package main
 
 import (

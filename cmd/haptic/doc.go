@@ -1,0 +1,21 @@
+// Command haptic is the HAPTIC agent and the operator's tools around it.
+//
+//	haptic agent [flags]                    run the agent beside HAProxy
+//	haptic agent state [flags]              print the agent's state
+//	haptic agent health [flags]             liveness probe over the admin socket
+//	haptic agent drain [flags]              preStop hook: wait on the drain socket
+//	haptic plan DIR                         print the plan of a directory
+//	haptic diff [flags] OLD NEW             does this change reload, and why?
+//	haptic diff --agent URL [flags] DIR     the same, against a live agent
+//	haptic push --agent URL [flags] DIR     push a directory to agents
+//	haptic demo [--haproxy PATH]            the whole flow in one process
+//	haptic install DIR                      copy this binary into DIR (an initContainer)
+//
+// Every subcommand is a function of its arguments, its standard streams and
+// the environment it is handed, in a file named for it: agent.go (the agent
+// and its flags), agentclient.go (agent state, health), prestop.go (drain,
+// install), diff.go (plan, diff), push.go and progress.go (push), demo.go
+// (demo). main.go dispatches, explain.go puts what went wrong into words
+// for all of them, and memlimit.go sizes the Go runtime to the container's
+// memory limit.
+package main
