@@ -1,10 +1,9 @@
-// This file owns the agent's process shape (agent.md §2–§4, §8, §12, §13):
-// its configuration and the validation NewAgent runs, the listeners, Run and
-// its error group, startup and readiness, and the HTTP handlers except the
-// apply pipeline (agent_apply.go). Authentication is in agent_auth.go, the
-// persistent state in agent_state.go, the file store in agent_files.go,
-// and whether HAProxy is reachable after startup (/readyz) in
-// agent_readiness.go.
+// This file owns the agent's process shape: its configuration and the
+// validation NewAgent runs, the listeners, Run and its error group, startup,
+// and the HTTP handlers except the apply pipeline (agent_apply.go).
+// Authentication is in agent_auth.go, the persistent state in
+// agent_ledger.go, the file store in agent_files.go, and whether HAProxy is
+// reachable after startup (/readyz) in agent_readiness.go.
 //
 // It must never make an HAProxy decision (the controller does, through Diff)
 // and never panic: a broken invariant is counted, logged and reported.
@@ -312,8 +311,11 @@ func fillAgentDefaults(cfg *AgentConfig) {
 	}
 }
 
-// validateAgentConfig runs steps 2–7 of agent.md §2.3; nothing on disk is
-// touched.
+// validateAgentConfig checks a filled configuration before anything on
+// disk is touched: the base directory and config path, the reload interval
+// and timeout within their wire limits, the drain window, and exactly one
+// way to authenticate (or an explicit --insecure-no-auth), so that a
+// misconfigured agent fails at start instead of at its first apply.
 func validateAgentConfig(cfg *AgentConfig) error {
 	if cfg.BaseDir == "" {
 		return errors.New("--base-dir is required")
@@ -810,7 +812,8 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 }
 
 // ---------------------------------------------------------------------------
-// Handlers (agent.md §3, §8).
+// Handlers: the API (state, apply, plan, probes), the admin socket and
+// the metrics listener.
 
 func (a *Agent) apiMux() *http.ServeMux {
 	mux := http.NewServeMux()

@@ -260,7 +260,9 @@ func readManifest(mr *multipart.Reader) (*Manifest, error) {
 }
 
 // normaliseLegacy forces a manifest without exact identity to reload and
-// drops everything that needs exact identity (agent.md §9.3). An unknown or
+// drops everything that needs exact identity: without role proofs the
+// agent cannot tell which plan the worker runs, so runtime ops, in-place ops
+// and the validated pair would be trusted on a name alone. An unknown or
 // revert mode is left for validation to refuse, never turned into a write.
 func normaliseLegacy(m *Manifest) {
 	if m.IdentityVersion == ExactIdentityVersion {
@@ -275,8 +277,11 @@ func normaliseLegacy(m *Manifest) {
 	m.ValidatedPlanID, m.ValidatedPlanProof = "", ""
 }
 
-// validateManifest runs the checks of agent.md §9.4 in order; the first
-// failure wins. abs applies the path rules and refuses reserved paths, so a
+// validateManifest checks a decoded manifest before anything is staged, in
+// a fixed order so that a bad manifest always gets the same answer: op
+// batches, plan id, file count, the in-place and validated pairs, the mode,
+// then every file's path, kind and digest, and the config file's presence.
+// The first failure wins. abs applies the path rules and refuses reserved paths, so a
 // manifest naming a socket is refused here rather than at staging.
 func validateManifest(m *Manifest, config string, abs func(string) (string, error)) error {
 	if err := m.ValidateOpBatches(); err != nil {
@@ -322,7 +327,8 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 }
 
 // autoDowngrade turns an auto apply that does not prove its worker baseline
-// into a reload: such an apply never runs runtime ops (agent.md §9.5).
+// into a reload: ops are only safe against the worker they were diffed
+// against, so an apply that cannot prove that worker never runs them.
 func autoDowngrade(m *Manifest) {
 	if m.Mode == ModeAuto && m.ExpectedWorkerOpsPlanProof == "" && len(m.InPlaceOps) == 0 {
 		m.Mode = ModeReload
@@ -1234,7 +1240,8 @@ type invariantInputs struct {
 }
 
 // failedInvariants returns the names of the after-finish invariants that
-// do not hold, in the order of agent.md §14.
+// do not hold, in a fixed order so that a log line or metric names them
+// the same way every time.
 func failedInvariants(in invariantInputs) []string {
 	var failed []string
 	check := func(ok bool, name string) {

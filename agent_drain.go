@@ -1,12 +1,13 @@
-// agent_drain.go owns the drain of agent.md §12.2: the wait a preStop hook
-// makes on GET /drain until the worker stops accepting new connections. Both
-// containers of a pod call it at once, so concurrent callers share one run
-// (a hand-written single-flight) and all get its result.
+// This file owns the drain: the wait a preStop hook makes on GET /drain
+// until the worker stops accepting new connections. Both containers of a
+// pod call it at once, so concurrent callers share one run (a hand-written
+// single-flight) and all get its result.
 //
-// The single-flight lock is a leaf (agent.md §16): it guards only which run
-// is in flight, is never held while the counter is read, and no other lock is
-// taken under it. A caller that leaves (its request ended) never cancels the
-// run the other callers still wait for; only the agent stopping does.
+// The single-flight lock is a leaf, so it can never take part in a
+// deadlock: it guards only which run is in flight, is never held while the
+// counter is read, and no other lock is taken under it. A caller that
+// leaves (its request ended) never cancels the run the other callers still
+// wait for; only the agent stopping does.
 
 package haptic
 
@@ -168,7 +169,8 @@ func (d *drainer) watch(r *drainRun) DrainResult {
 }
 
 // drainResult is the answer for a run that began at start: waited rounded to
-// the millisecond, in Go's duration notation (wire.md §6.18).
+// the millisecond, in Go's duration notation ("1.5s"), the form the
+// upstream agent answers with.
 func drainResult(reason string, start time.Time, connections uint64) DrainResult {
 	return DrainResult{
 		Reason:      reason,
@@ -179,7 +181,8 @@ func drainResult(reason string, start time.Time, connections uint64) DrainResult
 
 // drainIgnoreSet turns --drain-ignore-frontend values into the set of
 // frontend names the connection counter leaves out. The flag is repeatable
-// and each value may also be a comma-separated list (agent.md §2.2); blanks
+// and each value may also be a comma-separated list, as the upstream
+// agent's flag accepts; blanks
 // around names and empty items (a trailing comma) are dropped. Nil when
 // nothing is ignored.
 func drainIgnoreSet(values []string) map[string]bool {

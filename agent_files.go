@@ -1,10 +1,10 @@
-// This file owns the agent's file store (agent.md §5.3, §6): the path rules,
-// mount probing, staging and digest verification of parts, patches, the
-// write transaction with its backup journal and its undo, restore, tree
-// hashing and the startup sweep. It never decides anything about HAProxy
-// and never touches a path outside the base directory: every disk path it
-// builds is the base directory joined with a validated manifest path, or
-// one of its own dot-prefixed directories, which no manifest path can name.
+// This file owns the agent's file store: the path rules, mount probing,
+// staging and digest verification of parts, patches, the write transaction
+// with its backup journal and its undo, restore, tree hashing and the startup
+// sweep. It never decides anything about HAProxy and never touches a path
+// outside the base directory: every disk path it builds is the base directory
+// joined with a validated manifest path, or one of its own dot-prefixed
+// directories, which no manifest path can name.
 //
 // Durability is the ledger's to decide; the store says what a change needs
 // to be durable (which directories to sync, which bytes a record must
@@ -32,8 +32,8 @@ import (
 	"syscall"
 )
 
-// Errors of the file store. Their texts are contract (agent.md §6); callers
-// and tests match them with errors.Is.
+// Errors of the file store. Their texts reach the controller in answers and
+// are part of the contract; callers and tests match them with errors.Is.
 var (
 	errInvalidPath      = errors.New("invalid manifest path")
 	errDigestMismatch   = errors.New("part does not match its manifest digest")
@@ -57,7 +57,8 @@ const (
 	maxMountInfoLines = 65536
 )
 
-// Journal entry kinds (agent.md §5.1).
+// Journal entry kinds: what undoing an entry does to its path (remove a
+// created file, put back a modified or deleted one).
 const (
 	journalCreated  = "created"
 	journalModified = "modified"
@@ -67,11 +68,12 @@ const (
 // ---------------------------------------------------------------------------
 // Path rules.
 
-// validatePath applies the manifest path rules of agent.md §6.1. The dot
-// rule keeps the state file, the store's own directories, restore staging
-// files and the default admin socket out of any manifest's reach. The
-// character rules (valid UTF-8, no control or bidirectional control
-// character) are shared with the client (pathCharProblem).
+// validatePath applies the manifest path rules: relative, clean, at most
+// MaxPathBytes, no dot-prefixed element. The dot rule keeps the state file,
+// the store's own directories, restore staging files and the default admin
+// socket out of any manifest's reach. The character rules (valid UTF-8, no
+// control or bidirectional control character) are shared with the client
+// (pathCharProblem).
 func validatePath(rel string) error {
 	why := ""
 	chars := pathCharProblem(rel)
@@ -164,7 +166,8 @@ type fileStore struct {
 }
 
 // newFileStore resolves the base directory, probes its mounts and creates
-// every mount's .haptic-tmp and .haptic-lkg (agent.md §6.2).
+// every mount's .haptic-tmp and .haptic-lkg: one pair per mount, so that
+// every install and backup is a rename within one filesystem.
 func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	logger := cfg.Logger
 	if logger == nil {

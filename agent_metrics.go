@@ -1,12 +1,12 @@
-// agent_metrics.go owns the agent's metrics (agent.md §13): the counters and
-// the gauge every part of the agent updates, and their Prometheus text
-// exposition (format 0.0.4), written by hand. Each agent owns one
-// agentMetrics; there is no package-level state.
+// This file owns the agent's metrics: the counters and the gauge every part of
+// the agent updates, and their Prometheus text exposition (format 0.0.4),
+// written by hand. Each agent owns one agentMetrics; there is no package-level
+// state.
 //
-// The metrics lock is a leaf (agent.md §16): it is held only to read or bump
-// a number, never across I/O, and no other lock is taken under it, so any
-// part of the agent may count while holding its own locks. Nothing here
-// panics, whatever the caller passes.
+// The metrics lock is a leaf, so it can never take part in a deadlock: it is
+// held only to read or bump a number, never across I/O, and no other lock is
+// taken under it, so any part of the agent may count while holding its own
+// locks. Nothing here panics, whatever the caller passes.
 
 package haptic
 
@@ -34,7 +34,7 @@ const maxSeriesPerFamily = 256
 // Conflict, not an ApplyError.
 const rejectedStageFencing = "fencing"
 
-// agentMetrics holds every metric family of agent.md §13.
+// agentMetrics holds every metric family the agent exposes.
 type agentMetrics struct {
 	applyTotal          *counterVec // label mode
 	applyRejected       *counterVec // label stage
@@ -48,7 +48,8 @@ type agentMetrics struct {
 	authFailures        *counterVec // label scheme
 	connsRefused        *counterVec // label listener
 
-	// families is the exposition order: the order of the agent.md §13 table.
+	// families is the exposition order, fixed so that two scrapes of one
+	// agent, or of two agents, diff line by line.
 	families []metricFamily
 }
 
@@ -60,7 +61,7 @@ type metricFamily interface {
 
 // newAgentMetrics builds the families with every series of a closed label
 // set already present at 0, so a dashboard sees a flat line rather than
-// missing data before the first event (agent.md §13 SHOULD).
+// missing data before the first event.
 func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",
@@ -116,7 +117,7 @@ func newAgentMetrics() *agentMetrics {
 	return m
 }
 
-// writeText writes the whole exposition, families in agent.md §13 order.
+// writeText writes the whole exposition, families in their fixed order.
 // The text is rendered first and written in one call, so the metrics lock
 // is never held while a slow scraper reads.
 func (m *agentMetrics) writeText(w io.Writer) error {

@@ -1,7 +1,7 @@
-// This file owns the controller's end of the wire (wire.md §9–§10): one
-// pooled HTTP/1.1 client per agent, the state read, the streamed multipart
-// apply, the plan upload, the health probe, the error types a deployer acts
-// on, and Deploy, the whole state → diff → apply loop for one pod.
+// This file owns the controller's end of the wire: one pooled HTTP/1.1 client
+// per agent, the state read, the streamed multipart apply, the plan upload,
+// the health probe, the error types a deployer acts on, and Deploy, the whole
+// state → diff → apply loop for one pod.
 //
 // It must never send a request it has not validated, never replay a body
 // whose readers already yielded bytes, never follow a redirect, never send
@@ -32,7 +32,8 @@ import (
 	"time"
 )
 
-// Client-only values (wire.md §4).
+// Client-only values: the agent never sees them, so they are not part of
+// the wire contract.
 const (
 	defaultTimeout      = 10 * time.Second // State and Health calls
 	defaultApplyTimeout = 2 * time.Minute  // Apply and PutPlan calls
@@ -87,7 +88,9 @@ type Client struct {
 }
 
 // NewClient checks cfg and builds a client with its own transport. The
-// checks run in the order of wire.md §9.2 and the first failure is returned.
+// checks run in a fixed order (the config, the URL, then the combination of
+// URL scheme, TLS and unix socket) and the first failure is returned, so a
+// bad configuration always gets the same error.
 func NewClient(cfg *ClientConfig) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("agent client: ClientConfig is required")
@@ -142,10 +145,10 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 	return c, nil
 }
 
-// newAgentTransport builds the transport of one client (wire.md §9.2). It
-// never uses a proxy: an inherited HTTPS_PROXY must not divert pod-IP
-// traffic. It speaks HTTP/1.1 only: the agent serves nothing else, and the
-// streamed apply body relies on one request per connection.
+// newAgentTransport builds the transport of one client. It never uses a proxy:
+// an inherited HTTPS_PROXY must not divert pod-IP traffic. It speaks HTTP/1.1
+// only: the agent serves nothing else, and the streamed apply body relies on
+// one request per connection.
 func newAgentTransport(tlsConfig *tls.Config, unixSocket string) *http.Transport {
 	dialer := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	t := &http.Transport{
@@ -242,10 +245,10 @@ func newHTTPError(status int, body []byte) *HTTPError {
 	return &HTTPError{Status: status, Body: text}
 }
 
-// classifyAnswer turns a non-200 answer into its error (wire.md §9.7). A
-// 409 is a MissingError when its body is a JSON object with the key
-// "missing" and a ConflictError when it is any other JSON object; the key
-// alone decides, because a Conflict never carries it.
+// classifyAnswer turns a non-200 answer into its error. A 409 is a
+// MissingError when its body is a JSON object with the key "missing" and a
+// ConflictError when it is any other JSON object; the key alone decides,
+// because a Conflict never carries it.
 func classifyAnswer(status int, body []byte) error {
 	if status == http.StatusConflict {
 		var object map[string]json.RawMessage
@@ -273,12 +276,12 @@ func classifyAnswer(status int, body []byte) error {
 // and body, already read.
 type attemptFunc func(ctx context.Context) (status int, body []byte, err error)
 
-// exchange runs the retry rules of wire.md §9.5 around attempt: at most
-// ConnectRetries+1 attempts, a retry only after a refused or reset
-// connection and only while replayable says the body can be sent again,
-// with ConnectRetryBackoff before each retry. Every HTTP status returns at
-// once: a 5xx is the agent's answer, not a transport fault, and
-// (*HTTPError).ServerFault marks it for the caller's own, later retry.
+// exchange runs the retry rules around attempt: at most ConnectRetries+1
+// attempts, a retry only after a refused or reset connection and only while
+// replayable says the body can be sent again, with ConnectRetryBackoff before
+// each retry. Every HTTP status returns at once: a 5xx is the agent's answer,
+// not a transport fault, and (*HTTPError).ServerFault marks it for the
+// caller's own, later retry.
 func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable func() bool) (int, []byte, error) {
 	attempts := c.cfg.ConnectRetries + 1
 	var lastErr error
@@ -444,10 +447,11 @@ type applyPart struct {
 }
 
 // Apply posts m, then the optional plan blob, then one part per entry of
-// parts, in manifest order, as one streamed multipart body (wire.md
-// §9.10–§9.12). parts maps a manifest path to the reader of that file's
-// part; a nil reader counts as absent. Nothing is sent unless the manifest
-// and the parts pass the checks of wire.md §9.11.
+// parts, in manifest order, as one streamed multipart body. parts maps a
+// manifest path to the reader of that file's part; a nil reader counts as
+// absent. Nothing is sent unless the manifest and the parts pass
+// validateApply's checks: a request the agent would refuse is refused here,
+// before a byte of a large body travels.
 //
 // A 200 is returned as the ApplyResult whether it is an ACK or a NACK
 // (OK false is not an error). Apply returns only once it has stopped
@@ -509,8 +513,11 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 	return &result, nil
 }
 
-// validateApply runs the client-side checks of wire.md §9.11, in order, and
-// returns the parts in manifest order.
+// validateApply runs the client-side checks, in order, and returns the
+// parts in manifest order: the plan id and mode, the file count and op
+// batches, every file's path, uniqueness, size and digest, then every part
+// names a file of the manifest and the body's estimate fits
+// MaxApplyBodyBytes.
 func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader) ([]applyPart, error) {
 	if m.PlanID == "" {
 		return nil, errors.New("agent client: manifest has no plan_id")
@@ -739,7 +746,7 @@ func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte
 }
 
 // writeTo writes the multipart stream: manifest, plan, then the parts in
-// manifest order (wire.md §9.12).
+// manifest order, the order the agent stages them in.
 func (b *applyBody) writeTo(mw *multipart.Writer) error {
 	w, err := mw.CreateFormField(PartManifest)
 	if err != nil {
@@ -1032,11 +1039,11 @@ func (c *Client) deployState(ctx context.Context, opts DeployOptions) (*State, e
 	return state, nil
 }
 
-// deployBaseline builds the round's baseline (wire.md §10.2 step 2). A blob
-// that does not decode leaves the baseline unknown, and Diff reloads. The
-// caller's own plan replaces the decoded one only by id equality with the
-// pod's applied plan, and stands for the running and worker plans only
-// where their ids equal it too.
+// deployBaseline builds the round's baseline from the pod's state. A blob that
+// does not decode leaves the baseline unknown, and Diff reloads. The caller's
+// own plan replaces the decoded one only by id equality with the pod's applied
+// plan, and stands for the running and worker plans only where their ids equal
+// it too.
 func deployBaseline(state *State, applied *Plan) *Baseline {
 	base, err := BaselineFromState(state)
 	if err != nil {

@@ -228,8 +228,8 @@ func chunkCount(n, k int) int {
 // reason. One reload cause discards every op: the file set always carries
 // the whole desired state, so a reload applies everything.
 //
-// Where deployplan.md is silent, Diff fails closed, reusing the nearest
-// reason of the contract:
+// Where a case is not one a runtime command can express with certainty,
+// Diff fails closed (a reload), reusing the nearest reason of the contract:
 //   - a word a rule would send without checking it (a kept backend's or an
 //     updated server's name, a backend's mode, a server's guid, an address
 //     with an unsafe IPv6 zone) is checked with SafeToken too, so no op
@@ -286,10 +286,10 @@ func Diff(next *Plan, base *Baseline) Decision {
 	return d
 }
 
-// decide runs every rule of a usable baseline and the agent-op check
-// (deployplan.md §3, steps 4 to 5.2). The nested diff of in-place
-// composition calls it again with the worker as the applied plan, reusing
-// the render's index.
+// decide runs every rule of a usable baseline, then checks that the agent
+// advertises every op kind the rules chose. The nested diff of in-place
+// composition calls it again with the worker as the applied plan, reusing the
+// render's index.
 func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun, []Op) {
 	r := &diffRun{
 		next:            next,
@@ -1114,8 +1114,10 @@ func (r *diffRun) dynamicServerKeyword(kw KeywordArg) bool {
 }
 
 // addServerKeyword is the set of keywords HAProxy's add server accepts
-// (deployplan.md §10). Anything else makes the server, and a backend that
-// holds it, a reload.
+// on HAProxy 2.6 and later, with the same meaning as in a server line of
+// the configuration. Anything else makes the server, and a backend that
+// holds it, a reload: HAProxy would refuse the command or give the server a
+// different default than the configuration does.
 func addServerKeyword(name string) bool {
 	switch name {
 	case "check", "inter", "fastinter", "downinter", "rise", "fall", "port", "addr", "weight",
@@ -1267,7 +1269,8 @@ func runtimeMapPath(name string, m *Map) string {
 // upserts (map_add, map_set) and deletes (map_del), or a single map_replace
 // in upserts when the change is not expressible entry by entry. A value
 // set map cannot carry is never a map_del then map_add, which would leave
-// the key absent between the two commands (README decision 5).
+// the key absent between the two commands, so that traffic matching it
+// would briefly fall through to the default.
 func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, deletes []Op) {
 	if ordered {
 		return orderedMapDelta(mapPath, prev, next)
@@ -1603,8 +1606,7 @@ func (w *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 // inPlaceMapOps returns every map's map_set ops then every map's map_del
 // ops against the worker's entries, or nil when any map cannot move in
 // place: map values route traffic and enforce access across maps, so the
-// worker takes either every map change of the render or none (README
-// decision 6).
+// worker takes either every map change of the render or none.
 func (w *diffRun) inPlaceMapOps(base *Baseline) []Op {
 	var sets, deletes []Op
 	for _, name := range slices.Sorted(maps.Keys(w.next.Maps)) {

@@ -144,7 +144,9 @@ const (
 )
 
 // Limits. Every agent loop is bounded by one of these or by a counted
-// collection; the table in wire.md §4 says which end checks each.
+// collection. Both ends assert the limits of what travels (a client
+// refuses to send what the agent would refuse); the agent alone enforces
+// its own loops' bounds.
 const (
 	MaxApplyBodyBytes        = 64 << 20 // one apply request body; one response body read by the client
 	MaxFiles                 = 4096     // files per manifest; file parts per apply
@@ -224,7 +226,8 @@ type FilePatch struct {
 }
 
 // Op is one typed runtime command. Fields a kind does not use stay at their
-// zero value; runtime.md gives the HAProxy commands each kind becomes.
+// zero value; the agent compiles each kind into HAProxy runtime commands
+// (compileOp in agent_runtime_compile.go).
 type Op struct {
 	Kind       string       `json:"kind"`
 	Backend    string       `json:"backend,omitempty"`

@@ -670,7 +670,9 @@ var jsonRawASCII = func() (raw [utf8.RuneSelf]bool) {
 const lowerHex = "0123456789abcdef"
 
 // appendJSONString writes s as a JSON string exactly as encoding/json does
-// with HTML escaping on (renderplan.md §4.4). Runs of plain ASCII are
+// with HTML escaping on (<, > and & as \u003c, \u003e, \u0026; U+2028 and
+// U+2029 escaped too), because plan ids hash those bytes and every
+// producer must write them alike. Runs of plain ASCII are
 // copied in one append; only escapes and non-ASCII bytes leave the fast
 // path.
 func appendJSONString(b []byte, s string) []byte {

@@ -154,8 +154,8 @@ func readAgentState(ctx context.Context, agent *agentClientFlags, creds agentCre
 	return client.State(ctx, haptic.StateRead{Plan: true})
 }
 
-// liveDecision is what Deploy decides for a pod in this state (wire.md
-// §10.2 steps 2 and 3), with a note for every reason the baseline was
+// liveDecision is what Deploy decides for a pod in this state (the baseline
+// from its state, then Diff), with a note for every reason the baseline was
 // dropped, since "no baseline" alone does not tell an operator why.
 func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []string) {
 	var notes []string
@@ -181,7 +181,7 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 		decision = haptic.Diff(next, nil)
 	}
 	// NewManifest sends an automatic decision as a reload when the pod cannot
-	// prove its baseline (deployplan.md §2.12): answer what the pod will do.
+	// prove its baseline: answer what the pod will do.
 	if m := haptic.NewManifest(next, decision, state, haptic.Token{}); decision.Mode == haptic.ModeAuto && m.Mode == haptic.ModeReload {
 		notes = append(notes, "the agent holds no proof of its applied or worker baseline (it restarted, or a batch failed), so the apply is a reload")
 		decision.Verdict, decision.Mode, decision.Ops, decision.Chunks = haptic.VerdictReload, haptic.ModeReload, nil, 0
@@ -256,7 +256,8 @@ func orDash(s string) string {
 	return s
 }
 
-// zstdMagic starts every plan blob (renderplan.md §10).
+// zstdMagic starts every plan blob: a blob is the plan's JSON compressed
+// with zstd.
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
 
 // loadPlan reads a plan from a directory (PlanFromDir), a plan blob (what

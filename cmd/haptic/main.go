@@ -166,8 +166,9 @@ func localPath(baseDir, p string) string {
 	return filepath.Join(baseDir, p)
 }
 
-// newLogger builds the JSON logger of README decision 10 at the LOG_LEVEL
-// given; "" means def. The error text is the one agent.md §2.2 pins.
+// newLogger builds the agent's JSON log/slog logger at the LOG_LEVEL given;
+// "" means def. A level it does not know is an error, never a silent
+// default, so a typo cannot hide debug logs an operator asked for.
 func newLogger(w io.Writer, levelText string, def slog.Level) (*slog.Logger, error) {
 	level := def
 	switch levelText {

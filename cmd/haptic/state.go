@@ -1,8 +1,8 @@
-// state.go owns `haptic agent state` and `haptic agent health` (agent.md
-// §15): the two read-only commands an operator or a kubelet runs inside the
-// pod. They reach the agent through its admin socket by default, which
-// needs no credentials and keeps working when the network TLS identity has
-// expired. They never fetch the plan blob and never write.
+// state.go owns `haptic agent state` and `haptic agent health`: the two
+// read-only commands an operator or a kubelet runs inside the pod. They reach
+// the agent through its admin socket by default, which needs no credentials
+// and keeps working when the network TLS identity has expired. They never
+// fetch the plan blob and never write.
 
 package main
 
@@ -88,11 +88,11 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 	return exitOK
 }
 
-// printState writes the text layout of agent.md §15.1: one "key: value"
-// line per fact, an empty id or proof as "-", then optionally the file
-// table. A multi-line error message (HAProxy's log of a refused reload)
-// shows HAProxy's alerts and warnings first and continues on lines
-// indented by four spaces, so every key still starts a line.
+// printState writes the text layout: one "key: value" line per fact, an empty
+// id or proof as "-", then optionally the file table. A multi-line error
+// message (HAProxy's log of a refused reload) shows HAProxy's alerts and
+// warnings first and continues on lines indented by four spaces, so every key
+// still starts a line.
 func printState(w io.Writer, st *haptic.State, withFiles bool) {
 	fmt.Fprintf(w, "agent: %s (api %d)\n", orDash(st.AgentVersion), st.APIVersion)
 	fmt.Fprintf(w, "haproxy: %s worker pid %d\n", orDash(st.HAProxy.Version), st.HAProxy.WorkerPID)
