@@ -631,6 +631,14 @@ func (l *ledger) conflict(reason string) Conflict {
 }
 
 // conflictOf builds the 409 answer of a fenced apply from a state.
+//
+// The 409, the state answer and every apply result report the same
+// promises (the applied, running, worker-ops and last-known-good pairs and
+// the token), copied field by field here, in stateAnswer and in
+// fillResultLocked. The copies stay: the three wire types keep their
+// fields flat, in the order of their JSON, so that a reader of haptic.go
+// sees each answer as it travels and a caller can build one with a
+// composite literal; an embedded struct would hide both.
 func conflictOf(s *agentState, reason string) Conflict {
 	return Conflict{
 		AppliedPlanID: s.AppliedPlanID, AppliedPlanProof: s.AppliedPlanProof,
