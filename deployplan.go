@@ -1566,9 +1566,9 @@ func serversEqual(a, b []Server) bool {
 }
 
 // inPlaceServerOps diffs one backend's servers against the worker's record
-// (w.prev is the worker). A removed server is only disabled: deletes wait
+// (r.prev is the worker). A removed server is only disabled: deletes wait
 // for the reload. Refused servers contribute nothing.
-func (w *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
+func (r *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 	workerByName := make(map[string]int, len(worker.Servers))
 	for i := range worker.Servers {
 		if _, dup := workerByName[worker.Servers[i].Name]; !dup {
@@ -1585,9 +1585,9 @@ func (w *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 		var serverOps []Op
 		var refusal string
 		if wi, ok := workerByName[s.Name]; ok {
-			serverOps, refusal = w.updateServer(name, worker, &worker.Servers[wi], s)
+			serverOps, refusal = r.updateServer(name, worker, &worker.Servers[wi], s)
 		} else {
-			serverOps, refusal = w.addServer(name, worker, s)
+			serverOps, refusal = r.addServer(name, worker, s)
 		}
 		if refusal == "" {
 			ops = append(ops, serverOps...)
@@ -1607,16 +1607,16 @@ func (w *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 // ops against the worker's entries, or nil when any map cannot move in
 // place: map values route traffic and enforce access across maps, so the
 // worker takes either every map change of the render or none.
-func (w *diffRun) inPlaceMapOps(base *Baseline) []Op {
+func (r *diffRun) inPlaceMapOps(base *Baseline) []Op {
 	var sets, deletes []Op
-	for _, name := range slices.Sorted(maps.Keys(w.next.Maps)) {
-		m := w.next.Maps[name]
-		old, had := w.prev.Maps[name]
-		if had && sameFileContent(w.px.file(w.prev, name), w.nx.file(w.next, name)) {
+	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
+		m := r.next.Maps[name]
+		old, had := r.prev.Maps[name]
+		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
 			continue
 		}
 		mapPath := runtimeMapPath(name, &m)
-		if !w.inv.maps[mapPath] || !SafeToken(mapPath) {
+		if !r.inv.maps[mapPath] || !SafeToken(mapPath) {
 			return nil
 		}
 		upserts, dels := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
@@ -1633,16 +1633,16 @@ func (w *diffRun) inPlaceMapOps(base *Baseline) []Op {
 	}
 	// A map value may route to a backend the worker lacks, directly or
 	// through another map.
-	for i := range w.next.Sections {
-		s := &w.next.Sections[i]
+	for i := range r.next.Sections {
+		s := &r.next.Sections[i]
 		if sectionKindOf(s.Kind) != SectionKindBackend {
 			continue
 		}
-		if _, described := w.next.Backends[s.Name]; !described {
+		if _, described := r.next.Backends[s.Name]; !described {
 			continue
 		}
-		_, hasSection := w.px.backendSections[s.Name]
-		if _, hasRecord := w.prev.Backends[s.Name]; !hasSection || !hasRecord {
+		_, hasSection := r.px.backendSections[s.Name]
+		if _, hasRecord := r.prev.Backends[s.Name]; !hasSection || !hasRecord {
 			return nil
 		}
 	}
@@ -1650,9 +1650,9 @@ func (w *diffRun) inPlaceMapOps(base *Baseline) []Op {
 	// new frontend, a changed rule): the render must be reachable from the
 	// worker at runtime.
 	asIfApplied := *base
-	asIfApplied.Applied, asIfApplied.Running = w.prev, w.prev
+	asIfApplied.Applied, asIfApplied.Running = r.prev, r.prev
 	asIfApplied.WorkerOps, asIfApplied.ReloadPending = nil, false
-	nested, nestedOps := decide(w.next, w.nx, &asIfApplied, w.px)
+	nested, nestedOps := decide(r.next, r.nx, &asIfApplied, r.px)
 	if nested.failed || chunkCount(len(nestedOps), 0) > MaxOpBatches {
 		return nil
 	}
