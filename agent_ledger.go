@@ -665,7 +665,7 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool) State {
 		APIVersion:         APIVersion,
 		AgentVersion:       agentVersion,
 		PlanSchemaVersion:  s.PlanSchemaVersion,
-		AgentOps:           opKinds(),
+		AgentOps:           slices.Clone(opKinds[:]),
 		Features:           []string{FeatureFilePatch, FeatureWorkerFence, FeatureRuntimeBatches},
 		HAProxy:            s.ExpectedWorker,
 		Generation:         s.Generation,

@@ -180,18 +180,6 @@ type program struct {
 // matched: callers of matchBatch put it first.
 var prefixEntry = command{Text: strings.TrimSuffix(linePrefix, ";"), Optional: true}
 
-// opKinds lists the 24 op kinds this layer compiles, in the Op* constant
-// order; the agent publishes it as /v1/state.agent_ops.
-func opKinds() []string {
-	return []string{
-		OpBackendAdd, OpBackendPublish, OpBackendUnpublish, OpBackendDel, OpBackendWaitRemovable,
-		OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight,
-		OpServerSetState, OpServerWaitRemovable, OpShutdownSessions, OpServerDel,
-		OpMapAdd, OpMapSet, OpMapDel, OpMapReplace,
-		OpCertSet, OpCertNew, OpCASet, OpCANew, OpCRTListAdd, OpCRTListDel,
-	}
-}
-
 // terminatorFor chooses the payload terminator for a worker version.
 // HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
 // argument and then run every payload line as a command. Custom terminators

@@ -133,13 +133,13 @@ type Decision struct {
 // new slice. shutdown_sessions is absent on purpose: the agent issues it
 // itself from its deferred-delete queue.
 func ComposedOps() []string {
-	return []string{
-		OpBackendAdd, OpBackendPublish, OpBackendUnpublish, OpBackendDel, OpBackendWaitRemovable,
-		OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight, OpServerSetState,
-		OpServerWaitRemovable, OpServerDel,
-		OpMapAdd, OpMapSet, OpMapDel, OpMapReplace,
-		OpCertSet, OpCertNew, OpCASet, OpCANew, OpCRTListAdd, OpCRTListDel,
+	kinds := make([]string, 0, len(opKinds)-1)
+	for _, kind := range opKinds {
+		if kind != OpShutdownSessions {
+			kinds = append(kinds, kind)
+		}
 	}
+	return kinds
 }
 
 // ManifestFiles projects a plan onto the manifest's file list: one entry per

@@ -590,7 +590,7 @@ func errTexts(errs []error) []string {
 // Command compilation and payload framing.
 
 // fuzzOpKinds is every compiled kind plus one the layer does not know.
-var fuzzOpKinds = append(opKinds(), "backend_teleport")
+var fuzzOpKinds = append(slices.Clone(opKinds[:]), "backend_teleport")
 
 // FuzzCompileOp compiles an op built from fuzzed fields with either
 // terminator. When compilation succeeds, no command text may contain a

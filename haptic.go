@@ -143,6 +143,17 @@ const (
 	OpCRTListDel           = "crtlist_del"
 )
 
+// opKinds is the one list of op kinds, in the order of the constants above:
+// the agent advertises it whole as State.AgentOps and ComposedOps derives
+// Diff's kinds from it, so neither can drift from the other.
+var opKinds = [...]string{
+	OpBackendAdd, OpBackendPublish, OpBackendUnpublish, OpBackendDel, OpBackendWaitRemovable,
+	OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight,
+	OpServerSetState, OpServerWaitRemovable, OpShutdownSessions, OpServerDel,
+	OpMapAdd, OpMapSet, OpMapDel, OpMapReplace,
+	OpCertSet, OpCertNew, OpCASet, OpCANew, OpCRTListAdd, OpCRTListDel,
+}
+
 // Limits. Every agent loop is bounded by one of these or by a counted
 // collection. Both ends assert the limits of what travels (a client
 // refuses to send what the agent would refuse); the agent alone enforces
