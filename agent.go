@@ -546,7 +546,9 @@ func (a *Agent) Ready() bool {
 // Run.
 
 // errGroup runs goroutines that share one cancellable context; the first
-// error cancels it and is what Wait returns.
+// error cancels it and is what Wait returns. Its two methods keep the names
+// of the errgroup pattern every Go reader knows (and "go" is a keyword), so
+// they stay capitalised although the type is unexported.
 type errGroup struct {
 	wg     sync.WaitGroup
 	once   sync.Once
@@ -585,7 +587,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.baseCtx = gctx
 
 	servers := a.buildServers(gctx)
-	g.Go(func() error { a.queue.Start(gctx); return nil })
+	g.Go(func() error { a.queue.start(gctx); return nil })
 	g.Go(func() error { a.pacer.run(gctx); return nil })
 	g.Go(func() error { return a.initialise(gctx) })
 	g.Go(func() error { a.watchHAProxy(gctx); return nil })
@@ -729,14 +731,14 @@ func (a *Agent) initialise(ctx context.Context) error {
 	reload := a.led.recoverTree(a.loaded)
 	a.loaded = nil
 	st := a.led.view()
-	if err := a.files.SweepTemp(st.Journal); err != nil {
+	if err := a.files.sweepTemp(st.Journal); err != nil {
 		a.logger.Warn("sweeping temp and backup directories failed", "err", err)
 	}
 	if err := a.files.sweepRestoreStaging(st.ManifestPaths); err != nil {
 		a.logger.Warn("sweeping restore staging links failed", "err", err)
 	}
 	sweepStateTemps(a.files.disk, a.paths.state, a.logger)
-	tree, err := a.files.HashTree(st.ManifestPaths)
+	tree, err := a.files.hashTree(st.ManifestPaths)
 	if err != nil {
 		return err
 	}
@@ -746,7 +748,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 		return err
 	}
 	a.led.adoptWorkerAtStart(info, inv)
-	a.queue.SetWorker(info)
+	a.queue.setWorker(info)
 	if reload {
 		a.deps.applyMu.Lock()
 		_, err := a.worker.reload(ctx, planRef{})
@@ -918,11 +920,11 @@ func (a *Agent) refreshTree() error {
 }
 
 // hashPaths hashes a set that may exceed MaxFiles (the committed set plus
-// an apply's new paths, at most twice MaxFiles) in chunks HashTree accepts.
+// an apply's new paths, at most twice MaxFiles) in chunks hashTree accepts.
 func (a *Agent) hashPaths(paths []string) (map[string]FileAt, error) {
 	tree := make(map[string]FileAt, len(paths))
 	for start := 0; start < len(paths); start += MaxFiles {
-		part, err := a.files.HashTree(paths[start:min(start+MaxFiles, len(paths))])
+		part, err := a.files.hashTree(paths[start:min(start+MaxFiles, len(paths))])
 		if err != nil {
 			return nil, err
 		}

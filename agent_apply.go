@@ -195,7 +195,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	m, err := readManifest(mr)
 	if err == nil {
 		normaliseLegacy(m)
-		err = validateManifest(m, a.cfg.ConfigFile, a.files.Abs)
+		err = validateManifest(m, a.cfg.ConfigFile, a.files.abs)
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, StageManifest, err.Error())
@@ -510,13 +510,13 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 	}
 	var f *stagedFile
 	if mf.Patch != nil {
-		f, err = run.files.StagePatch(rel, part, mf.Patch, mf.Digest, mf.Size)
+		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
 			return nil
 		}
 	} else {
-		f, err = run.files.Stage(rel, part, mf.Digest, mf.Size)
+		f, err = run.files.stage(rel, part, mf.Digest, mf.Size)
 	}
 	if err != nil {
 		return err
@@ -576,7 +576,7 @@ func (run *applyRun) transact() {
 	writeStart := run.now()
 	if run.txn.touches() || run.mayRunOps() {
 		journal := run.before.Journal.clone()
-		err := run.txn.Backup(&journal)
+		err := run.txn.backup(&journal)
 		// Even a partial journal is kept: its entries describe paths that
 		// are still as they were, and abort restores and clears them.
 		run.led.setJournal(journal)
@@ -591,7 +591,7 @@ func (run *applyRun) transact() {
 			return
 		}
 	}
-	if err := run.txn.Write(); err != nil {
+	if err := run.txn.write(); err != nil {
 		run.abort(StageWrite, err)
 		return
 	}
@@ -747,7 +747,7 @@ func formatDue(due time.Time) string { return due.UTC().Format(time.RFC3339Nano)
 // settle finishes an apply that needs nothing from HAProxy.
 func (run *applyRun) settle() {
 	run.result.Mode = ResultNoop
-	if run.txn.Changes() > 0 {
+	if run.txn.changes() > 0 {
 		run.result.Mode = ResultFileOnly
 	}
 }
@@ -772,13 +772,13 @@ func (c *compiledOps) empty() bool {
 // compiled sends nothing.
 func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	inline, servers, backends := splitDeletes(ops)
-	if err := run.queue.Check(servers, backends); err != nil {
+	if err := run.queue.check(servers, backends); err != nil {
 		return nil, err
 	}
 	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
 	term := run.rt.terminator()
 	for i := range inline {
-		p, err := compileOp(&inline[i], run.files.ReadHeld, term)
+		p, err := compileOp(&inline[i], run.files.readHeld, term)
 		if err != nil {
 			return nil, err
 		}
@@ -862,10 +862,10 @@ func (run *applyRun) enqueueDeletes(worker HAProxyInfo, c *compiledOps) error {
 	if len(c.servers) == 0 && len(c.backends) == 0 {
 		return nil
 	}
-	if err := run.queue.Enqueue(worker, c.servers, c.backends); err != nil {
+	if err := run.queue.enqueue(worker, c.servers, c.backends); err != nil {
 		return err
 	}
-	run.queue.Wake()
+	run.queue.wake()
 	return nil
 }
 
@@ -1039,14 +1039,14 @@ func (run *applyRun) rollback() error {
 		// the last-known-good set now.
 		run.logger.Error("the rollback could not be recorded; restoring anyway", "err", err)
 	}
-	if err := run.files.Restore(st.Journal); err != nil {
+	if err := run.files.restore(st.Journal); err != nil {
 		return err
 	}
 	if err := run.files.flush(); err != nil {
 		return err
 	}
 	owned := restoredOwnership(run.before.ManifestPaths, st.Journal)
-	tree, err := run.files.HashTree(owned)
+	tree, err := run.files.hashTree(owned)
 	if err != nil {
 		return err
 	}

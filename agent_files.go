@@ -363,9 +363,9 @@ func (s *fileStore) mountFor(abs string) string {
 	return s.base
 }
 
-// Abs validates rel and returns its absolute path, refusing a path that
+// abs validates rel and returns its absolute path, refusing a path that
 // resolves to one of the agent's sockets or its state file.
-func (s *fileStore) Abs(rel string) (string, error) {
+func (s *fileStore) abs(rel string) (string, error) {
 	if err := validatePath(rel); err != nil {
 		return "", err
 	}
@@ -390,7 +390,7 @@ func (s *fileStore) Abs(rel string) (string, error) {
 // include a symbolic link. The base itself is resolved once at startup, but
 // a link inside the tree (base/link -> ../elsewhere) would carry a write,
 // a read or a delete of link/x outside the base directory. A directory that
-// does not exist yet is created as a real one by Write, so the walk stops at
+// does not exist yet is created as a real one by write, so the walk stops at
 // the first missing component. (Someone who can create links in the tree
 // between this check and the rename can still race it; the tree belongs to
 // the agent.)
@@ -459,10 +459,10 @@ func (f *stagedFile) discard(d disk) {
 	}
 }
 
-// Stage copies a whole part into the target's mount and verifies it against
+// stage copies a whole part into the target's mount and verifies it against
 // the manifest's size and digest.
-func (s *fileStore) Stage(rel string, r io.Reader, digest string, size int64) (*stagedFile, error) {
-	abs, err := s.Abs(rel)
+func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64) (*stagedFile, error) {
+	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
@@ -473,7 +473,7 @@ func (s *fileStore) Stage(rel string, r io.Reader, digest string, size int64) (*
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
 // count: one byte past want proves the part too long, so a longer part
-// reports want+1 bytes, in Stage and StagePatch alike, and neither the disk
+// reports want+1 bytes, in stage and stagePatch alike, and neither the disk
 // nor the reader is asked for more. The limit saturates at MaxInt64 and a
 // negative want copies nothing.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
@@ -665,11 +665,11 @@ func (w faultWriter) Write(p []byte) (int, error) {
 	return n, diskFault(w.rel, err)
 }
 
-// StagePatch builds the new file from the held base and the replacement
+// stagePatch builds the new file from the held base and the replacement
 // bytes in r. A base the agent does not hold is errPatchBaseMissing: the
 // path goes into the 409 Missing answer.
-func (s *fileStore) StagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64) (*stagedFile, error) {
-	abs, err := s.Abs(rel)
+func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64) (*stagedFile, error) {
+	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
@@ -758,7 +758,7 @@ func deletions(owned []string, files []ManifestFile) []string {
 	return slices.Compact(out)
 }
 
-// fileTxn holds the installs and deletions of one apply, and what Backup
+// fileTxn holds the installs and deletions of one apply, and what backup
 // learnt about how to undo them.
 type fileTxn struct {
 	store    *fileStore
@@ -788,9 +788,9 @@ func (s *fileStore) begin(staged []*stagedFile, dels []string) *fileTxn {
 	return t
 }
 
-// Changes counts the parts sent and the deletes. Any part sent counts, even
+// changes counts the parts sent and the deletes. Any part sent counts, even
 // with identical content: that decides file_only against noop.
-func (t *fileTxn) Changes() int { return t.sent + len(t.deletes) }
+func (t *fileTxn) changes() int { return t.sent + len(t.deletes) }
 
 // touches reports whether the transaction renames or unlinks anything.
 func (t *fileTxn) touches() bool { return len(t.installs)+len(t.deletes) > 0 }
@@ -835,13 +835,13 @@ type undoEntry struct {
 	Data   []byte `json:"data,omitempty"`
 }
 
-// Backup records, for every path the transaction touches, how it looked
+// backup records, for every path the transaction touches, how it looked
 // before: in the journal, the first entry for a path wins, so the LKG
 // version is kept across several applies that precede the next reload; in
 // the undo, how it looked just before this apply. The journal's new backup
 // links serve both; a path the journal already holds gets its own undo (its
 // bytes when small, a link otherwise).
-func (t *fileTxn) Backup(j *backupJournal) error {
+func (t *fileTxn) backup(j *backupJournal) error {
 	if n := len(t.installs) + len(t.deletes); n > MaxFiles {
 		return fmt.Errorf("%d changes exceed the %d-file limit", n, MaxFiles)
 	}
@@ -855,7 +855,7 @@ func (t *fileTxn) Backup(j *backupJournal) error {
 		}
 	}
 	for _, rel := range t.deletes {
-		abs, err := t.store.Abs(rel)
+		abs, err := t.store.abs(rel)
 		if err != nil {
 			return err
 		}
@@ -871,7 +871,7 @@ func (t *fileTxn) Backup(j *backupJournal) error {
 // backupPath journals and undoes one path: a tombstone when an install
 // creates it, a hard link aside when it exists. An absent path that is
 // being deleted needs neither, and neither does anything but a regular
-// file: Write refuses to replace or unlink it, and the apply aborts there.
+// file: write refuses to replace or unlink it, and the apply aborts there.
 func (t *fileTxn) backupPath(j *backupJournal, seen map[string]bool, rel, abs string, install bool) error {
 	s := t.store
 	fi, err := s.disk.Lstat(abs)
@@ -968,12 +968,12 @@ func (s *fileStore) dropLinks(links []string) {
 func (s *fileStore) dropBackups(j backupJournal) { s.dropLinks(j.backups()) }
 
 // ---------------------------------------------------------------------------
-// Write.
+// Installing the staged set.
 
-// Write installs every changed staged file, the config last, then unlinks
+// write installs every changed staged file, the config last, then unlinks
 // the deletions. The config goes last because HAProxy re-reads it on
 // reload and every file it names must already be in place.
-func (t *fileTxn) Write() error {
+func (t *fileTxn) write() error {
 	s := t.store
 	var config *stagedFile
 	for _, f := range t.installs {
@@ -1149,7 +1149,7 @@ func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (er
 }
 
 func (s *fileStore) unlink(rel string) error {
-	abs, err := s.Abs(rel)
+	abs, err := s.abs(rel)
 	if err != nil {
 		return err
 	}
@@ -1252,13 +1252,13 @@ func (s *fileStore) flush() error {
 }
 
 // ---------------------------------------------------------------------------
-// Restore and undo.
+// Restoring a journal.
 
-// Restore puts every journalled path back as it was while the LKG plan was
+// restore puts every journalled path back as it was while the LKG plan was
 // current, the config last: created files are removed, modified and deleted
 // ones are linked back from their backups. A path that cannot be restored
 // keeps its current content; the errors are joined.
-func (s *fileStore) Restore(j backupJournal) error {
+func (s *fileStore) restore(j backupJournal) error {
 	undo := make([]undoEntry, len(j.Entries))
 	for i, e := range j.Entries {
 		switch e.Kind {
@@ -1291,7 +1291,7 @@ func (s *fileStore) applyUndo(undo []undoEntry) error {
 }
 
 func (s *fileStore) undoPath(u undoEntry) error {
-	abs, err := s.Abs(u.Path)
+	abs, err := s.abs(u.Path)
 	if err != nil {
 		return err
 	}
@@ -1406,10 +1406,10 @@ func (s *fileStore) rewrite(rel, abs string, data []byte) error {
 // errTooLarge is a held file larger than the agent reads into memory.
 var errTooLarge = errors.New("file exceeds the size the agent reads whole")
 
-// ReadHeld reads a written file by its manifest path, for the ops that
+// readHeld reads a written file by its manifest path, for the ops that
 // carry a file's content (map_replace, cert_*, ca_*) and the read-back.
-func (s *fileStore) ReadHeld(rel string) ([]byte, error) {
-	abs, err := s.Abs(rel)
+func (s *fileStore) readHeld(rel string) ([]byte, error) {
+	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
@@ -1420,10 +1420,10 @@ func (s *fileStore) ReadHeld(rel string) ([]byte, error) {
 	return b, err
 }
 
-// Digest observes one held file: its streaming XXH64 and size, no proof.
+// digest observes one held file: its streaming XXH64 and size, no proof.
 // Anything but a regular file is errInvalidPath.
-func (s *fileStore) Digest(rel string) (FileAt, error) {
-	abs, err := s.Abs(rel)
+func (s *fileStore) digest(rel string) (FileAt, error) {
+	abs, err := s.abs(rel)
 	if err != nil {
 		return FileAt{}, err
 	}
@@ -1451,18 +1451,18 @@ func (s *fileStore) digestAbs(abs string) (FileAt, error) {
 	return FileAt{Digest: FormatDigest(h.Sum64()), Size: n}, nil
 }
 
-// HashTree observes the given paths. A path that does not exist, is invalid
+// hashTree observes the given paths. A path that does not exist, is invalid
 // or is not a regular file is left out. So is a file the agent may not
 // read, with a warning: the tree then differs from what the state recorded,
 // the baseline is forgotten, and an apply that must read the file fails on
 // its own; the agent still starts and serves.
-func (s *fileStore) HashTree(paths []string) (map[string]FileAt, error) {
+func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 	if len(paths) > MaxFiles {
 		return nil, fmt.Errorf("%d paths exceed the %d-file limit", len(paths), MaxFiles)
 	}
 	tree := make(map[string]FileAt, len(paths))
 	for _, rel := range paths {
-		at, err := s.Digest(rel)
+		at, err := s.digest(rel)
 		switch {
 		case errors.Is(err, fs.ErrNotExist), errors.Is(err, errInvalidPath), errors.Is(err, syscall.ENOTDIR):
 			continue
@@ -1498,11 +1498,11 @@ func treeDigest(tree map[string]FileAt) string {
 // ---------------------------------------------------------------------------
 // Sweep.
 
-// SweepTemp empties every mount's .haptic-tmp and removes the .haptic-lkg
+// sweepTemp empties every mount's .haptic-tmp and removes the .haptic-lkg
 // entries the persisted journal does not reference, at most MaxFiles
 // entries of each directory per call. It runs at startup, before any apply
 // and after any recovery, so no undo needs what it removes.
-func (s *fileStore) SweepTemp(j backupJournal) error {
+func (s *fileStore) sweepTemp(j backupJournal) error {
 	keep := make(map[string]bool, len(j.Entries))
 	for _, b := range j.backups() {
 		keep[b] = true
@@ -1521,7 +1521,7 @@ func (s *fileStore) SweepTemp(j backupJournal) error {
 func (s *fileStore) sweepRestoreStaging(paths []string) error {
 	dirs := map[string]bool{}
 	for _, rel := range paths {
-		if abs, err := s.Abs(rel); err == nil {
+		if abs, err := s.abs(rel); err == nil {
 			dirs[filepath.Dir(abs)] = true
 		}
 	}

@@ -101,7 +101,7 @@ func TestTheSweepDoesNotFollowALinkPlantedAfterStartup(t *testing.T) {
 		t.Fatal(err)
 	}
 	symlink(t, outside, tmp)
-	err := ts.SweepTemp(backupJournal{})
+	err := ts.sweepTemp(backupJournal{})
 	if err == nil || !strings.Contains(err.Error(), tmp+" is a symbolic link") {
 		t.Errorf("SweepTemp = %v", err)
 	}

@@ -84,9 +84,9 @@ func (ts *testStore) read(t *testing.T, rel string) (string, bool) {
 	return string(b), true
 }
 
-func (ts *testStore) stage(t *testing.T, rel, content string) *stagedFile {
+func (ts *testStore) stageContent(t *testing.T, rel, content string) *stagedFile {
 	t.Helper()
-	f, err := ts.Stage(rel, strings.NewReader(content), DigestString(content), int64(len(content)))
+	f, err := ts.stage(rel, strings.NewReader(content), DigestString(content), int64(len(content)))
 	if err != nil {
 		t.Fatalf("stage %s: %v", rel, err)
 	}
@@ -163,21 +163,21 @@ func TestReservedPathsAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, rel := range []string{"run/master.sock", "sockets/worker.sock", "alias/worker.sock"} {
-		_, err := ts.Abs(rel)
+		_, err := ts.abs(rel)
 		want := fmt.Sprintf("invalid manifest path: %q is a reserved path", rel)
 		if err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
-			t.Errorf("Abs(%q) = %v, want %q", rel, err, want)
+			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.Stage(rel, strings.NewReader("x"), DigestString("x"), 1); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
-			t.Errorf("Stage(%q) = %v, want a reserved-path error", rel, err)
+		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
+			t.Errorf("stage(%q) = %v, want a reserved-path error", rel, err)
 		}
 	}
 	// The state file is dot-prefixed: the path rules refuse it first.
-	if _, err := ts.Abs(".haptic-agent.json"); err == nil || !strings.Contains(err.Error(), "starting with a dot") {
-		t.Errorf("Abs(state file) = %v", err)
+	if _, err := ts.abs(".haptic-agent.json"); err == nil || !strings.Contains(err.Error(), "starting with a dot") {
+		t.Errorf("abs(state file) = %v", err)
 	}
-	if abs, err := ts.Abs("run/other.sock"); err != nil || abs != filepath.Join(ts.dir, "run/other.sock") {
-		t.Errorf("Abs(run/other.sock) = %q, %v", abs, err)
+	if abs, err := ts.abs("run/other.sock"); err != nil || abs != filepath.Join(ts.dir, "run/other.sock") {
+		t.Errorf("abs(run/other.sock) = %q, %v", abs, err)
 	}
 }
 
@@ -195,14 +195,14 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 	}
 	for _, rel := range []string{"real/link/victim", "real/link/new/file"} {
 		want := fmt.Sprintf("invalid manifest path: %q passes through a symbolic link", rel)
-		if _, err := ts.Abs(rel); err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
-			t.Errorf("Abs(%q) = %v, want %q", rel, err, want)
+		if _, err := ts.abs(rel); err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
+			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.Stage(rel, strings.NewReader("x"), DigestString("x"), 1); !errors.Is(err, errInvalidPath) {
-			t.Errorf("Stage(%q) = %v, want an invalid-path error", rel, err)
+		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1); !errors.Is(err, errInvalidPath) {
+			t.Errorf("stage(%q) = %v, want an invalid-path error", rel, err)
 		}
-		if _, err := ts.Digest(rel); !errors.Is(err, errInvalidPath) {
-			t.Errorf("Digest(%q) = %v, want an invalid-path error", rel, err)
+		if _, err := ts.digest(rel); !errors.Is(err, errInvalidPath) {
+			t.Errorf("digest(%q) = %v, want an invalid-path error", rel, err)
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join(outside, "victim")); err != nil || string(b) != "keep" {
@@ -213,8 +213,8 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 	}
 	// A real directory, and one that does not exist yet, are fine.
 	for _, rel := range []string{"real/file", "new/dir/file"} {
-		if _, err := ts.Abs(rel); err != nil {
-			t.Errorf("Abs(%q) = %v", rel, err)
+		if _, err := ts.abs(rel); err != nil {
+			t.Errorf("abs(%q) = %v", rel, err)
 		}
 	}
 }
@@ -287,7 +287,7 @@ func TestEachMountGetsItsOwnTempAndBackupDirs(t *testing.T) {
 	for _, tc := range []struct{ rel, mount string }{
 		{"certs/a.pem", "certs"}, {"maps/host.map", "maps"}, {"haproxy.cfg", ""},
 	} {
-		f := ts.stage(t, tc.rel, "content of "+tc.rel)
+		f := ts.stageContent(t, tc.rel, "content of "+tc.rel)
 		if want := filepath.Join(ts.dir, tc.mount, storeTempDir); filepath.Dir(f.tmp) != want {
 			t.Errorf("%s staged in %s, want %s", tc.rel, filepath.Dir(f.tmp), want)
 		}
@@ -320,11 +320,11 @@ func TestGeneralOnItsOwnMountIsWrittenAndRolledBack(t *testing.T) {
 
 	var j backupJournal
 	txn := ts.begin([]*stagedFile{
-		ts.stage(t, "extra/blob.bin", "blob v2\n"),
-		ts.stage(t, "haproxy.cfg", "config v2\n"),
-		ts.stage(t, "extra/new.bin", "new\n"),
+		ts.stageContent(t, "extra/blob.bin", "blob v2\n"),
+		ts.stageContent(t, "haproxy.cfg", "config v2\n"),
+		ts.stageContent(t, "extra/new.bin", "new\n"),
 	}, nil)
-	if err := txn.Backup(&j); err != nil {
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range j.Entries {
@@ -332,13 +332,13 @@ func TestGeneralOnItsOwnMountIsWrittenAndRolledBack(t *testing.T) {
 			t.Errorf("backup of a file on its own mount is in %s", e.Backup)
 		}
 	}
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := ts.read(t, "extra/blob.bin"); got != "blob v2\n" {
 		t.Fatalf("written: %q", got)
 	}
-	if err := ts.Restore(j); err != nil {
+	if err := ts.restore(j); err != nil {
 		t.Fatal(err)
 	}
 	for rel, want := range map[string]string{"haproxy.cfg": "config v1\n", "extra/blob.bin": "blob v1\n"} {
@@ -362,9 +362,9 @@ func TestCrossDeviceRenameFallsBackToACopyAndIsCounted(t *testing.T) {
 			return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: syscall.EXDEV}
 		}
 	})
-	f := ts.stage(t, "maps/host.map", "a b\n")
+	f := ts.stageContent(t, "maps/host.map", "a b\n")
 	txn := ts.begin([]*stagedFile{f}, nil)
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := ts.read(t, "maps/host.map"); got != "a b\n" {
@@ -411,7 +411,7 @@ func TestHashTreeSkipsAbsentAndNonRegular(t *testing.T) {
 	ts.write(t, "maps/host.map", strings.Repeat("k v\n", 5000))
 	os.MkdirAll(filepath.Join(ts.dir, "adir"), 0o755)
 	os.Symlink(filepath.Join(ts.dir, "haproxy.cfg"), filepath.Join(ts.dir, "link.cfg"))
-	tree, err := ts.HashTree([]string{"haproxy.cfg", "maps/host.map", "absent", "adir", "link.cfg", "../x", "haproxy.cfg/below"})
+	tree, err := ts.hashTree([]string{"haproxy.cfg", "maps/host.map", "absent", "adir", "link.cfg", "../x", "haproxy.cfg/below"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,10 +431,10 @@ func TestHashTreeSkipsAbsentAndNonRegular(t *testing.T) {
 	for i := range paths {
 		paths[i] = fmt.Sprintf("f%d", i)
 	}
-	if _, err := ts.HashTree(paths); err == nil || err.Error() != "4097 paths exceed the 4096-file limit" {
+	if _, err := ts.hashTree(paths); err == nil || err.Error() != "4097 paths exceed the 4096-file limit" {
 		t.Errorf("4097 paths: %v", err)
 	}
-	if _, err := ts.HashTree(paths[:MaxFiles]); err != nil {
+	if _, err := ts.hashTree(paths[:MaxFiles]); err != nil {
 		t.Errorf("4096 paths: %v", err)
 	}
 }
@@ -453,7 +453,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		{"wrong bytes", strings.ToUpper(content), fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" hashes to %s, manifest says %s`, DigestString(strings.ToUpper(content)), digest)},
 	}
 	for _, tc := range tests {
-		_, err := ts.Stage("maps/host.map", strings.NewReader(tc.part), digest, size)
+		_, err := ts.stage("maps/host.map", strings.NewReader(tc.part), digest, size)
 		if err == nil || err.Error() != tc.want || !errors.Is(err, errDigestMismatch) || !strings.Contains(err.Error(), "manifest digest") {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
@@ -461,7 +461,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)
 	}
-	f := ts.stage(t, "maps/host.map", content)
+	f := ts.stageContent(t, "maps/host.map", content)
 	if b, _ := os.ReadFile(f.tmp); string(b) != content {
 		t.Errorf("staged %q", b)
 	}
@@ -478,7 +478,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	want := "global\n  maxconn 2000\ndefaults\n"
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 	repl := "2000"
-	f, err := ts.StagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)))
+	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,22 +489,22 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 
 	wrongBase := *p
 	wrongBase.BaseDigest = DigestString("other")
-	if _, err := ts.StagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("wrong base digest: %v", err)
 	}
-	if _, err := ts.StagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("absent base: %v", err)
 	}
 	misfit := *p
 	misfit.Offset = int64(len(base))
-	_, err = ts.StagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)))
+	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)))
 	if wantErr := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 3, base %d bytes`, len(base), len(base)); err == nil || err.Error() != wantErr {
 		t.Errorf("misfit: %v", err)
 	}
-	if _, err := ts.StagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("wrong bytes: %v", err)
 	}
-	if _, err := ts.StagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
@@ -526,7 +526,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 
 	whole := strings.NewReader(want + strings.Repeat("x", extra))
-	_, err := ts.Stage("haproxy.cfg", whole, DigestString(want), size)
+	_, err := ts.stage("haproxy.cfg", whole, DigestString(want), size)
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("Stage: %v, want %q", err, msg)
 	}
@@ -535,7 +535,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	}
 
 	repl := strings.NewReader("2000" + strings.Repeat("x", extra))
-	_, err = ts.StagePatch("haproxy.cfg", repl, p, DigestString(want), size)
+	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size)
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("StagePatch: %v, want %q", err, msg)
 	}
@@ -574,7 +574,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 		{"minimum size", 0, 1, math.MinInt64},
 	} {
 		p := &FilePatch{BaseDigest: DigestString(base), BaseSize: b, Offset: tc.offset, Length: tc.length}
-		_, err := ts.StagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size)
+		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size)
 		want := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, tc.offset, tc.length, b)
 		if err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %q", tc.name, err, want)
@@ -584,7 +584,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	for _, p := range []*FilePatch{{Offset: 0, Length: b}, {Offset: b, Length: 0}} {
 		p.BaseDigest, p.BaseSize = DigestString(base), b
 		want := base[:p.Offset] + "x" + base[p.Offset+p.Length:]
-		f, err := ts.StagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)))
+		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)))
 		if err != nil {
 			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
 			continue
@@ -601,8 +601,8 @@ func TestBackupJournalKeepsTheFirstEntry(t *testing.T) {
 	ts.write(t, "haproxy.cfg", "v1\n")
 	ts.write(t, "old.map", "old\n")
 	var j backupJournal
-	txn := ts.begin([]*stagedFile{ts.stage(t, "haproxy.cfg", "v2\n"), ts.stage(t, "new.map", "n\n")}, []string{"old.map", "gone.map"})
-	if err := txn.Backup(&j); err != nil {
+	txn := ts.begin([]*stagedFile{ts.stageContent(t, "haproxy.cfg", "v2\n"), ts.stageContent(t, "new.map", "n\n")}, []string{"old.map", "gone.map"})
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
 	kinds := map[string]string{}
@@ -616,13 +616,13 @@ func TestBackupJournalKeepsTheFirstEntry(t *testing.T) {
 	if !mapsEqual(kinds, want) {
 		t.Errorf("journal kinds = %v, want %v", kinds, want)
 	}
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	first := slices.Clone(j.Entries)
 	// A second apply over the same paths keeps the LKG entries.
-	txn2 := ts.begin([]*stagedFile{ts.stage(t, "haproxy.cfg", "v3\n"), ts.stage(t, "new.map", "n2\n")}, nil)
-	if err := txn2.Backup(&j); err != nil {
+	txn2 := ts.begin([]*stagedFile{ts.stageContent(t, "haproxy.cfg", "v3\n"), ts.stageContent(t, "new.map", "n2\n")}, nil)
+	if err := txn2.backup(&j); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(j.Entries, first) {
@@ -641,7 +641,7 @@ func TestBackupJournalKeepsTheFirstEntry(t *testing.T) {
 		many[i] = fmt.Sprintf("d%d", i)
 	}
 	var j2 backupJournal
-	if err := ts.begin(nil, many).Backup(&j2); err == nil || err.Error() != "4097 changes exceed the 4096-file limit" || len(j2.Entries) != 0 {
+	if err := ts.begin(nil, many).backup(&j2); err == nil || err.Error() != "4097 changes exceed the 4096-file limit" || len(j2.Entries) != 0 {
 		t.Errorf("4097 changes: %v", err)
 	}
 }
@@ -674,13 +674,13 @@ func TestWriteRenamesTheConfigLast(t *testing.T) {
 	})
 	ts.write(t, "doomed.map", "x\n")
 	staged := []*stagedFile{
-		ts.stage(t, "zz.map", "z\n"),
-		ts.stage(t, "haproxy.cfg", "global\n"),
-		ts.stage(t, "certs/a.pem", "a\n"),
-		ts.stage(t, "maps/b.map", "b\n"),
+		ts.stageContent(t, "zz.map", "z\n"),
+		ts.stageContent(t, "haproxy.cfg", "global\n"),
+		ts.stageContent(t, "certs/a.pem", "a\n"),
+		ts.stageContent(t, "maps/b.map", "b\n"),
 	}
 	txn := ts.begin(staged, []string{"doomed.map", "absent.map"})
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"certs/a.pem", "maps/b.map", "zz.map", "haproxy.cfg"}
@@ -692,8 +692,8 @@ func TestWriteRenamesTheConfigLast(t *testing.T) {
 	}
 	// A directory where a file should go refuses the install.
 	os.MkdirAll(filepath.Join(ts.dir, "dir.map"), 0o755)
-	txn = ts.begin([]*stagedFile{ts.stage(t, "dir.map", "d\n")}, nil)
-	if err := txn.Write(); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
+	txn = ts.begin([]*stagedFile{ts.stageContent(t, "dir.map", "d\n")}, nil)
+	if err := txn.write(); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
 		t.Errorf("install over a directory: %v", err)
 	}
 	txn.discardStaged()
@@ -720,35 +720,35 @@ func TestRestoreRestoresTheConfigLastAndRemovesCreatedFiles(t *testing.T) {
 	}
 	var j backupJournal
 	txn := ts.begin([]*stagedFile{
-		ts.stage(t, "haproxy.cfg", "new config\n"),
-		ts.stage(t, "maps/a.map", "a 2\n"),
-		ts.stage(t, "maps/c.map", "c 1\n"),
+		ts.stageContent(t, "haproxy.cfg", "new config\n"),
+		ts.stageContent(t, "maps/a.map", "a 2\n"),
+		ts.stageContent(t, "maps/c.map", "c 1\n"),
 	}, []string{"maps/b.map"})
-	if err := txn.Backup(&j); err != nil {
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	// A second file_only apply before any reload.
-	txn = ts.begin([]*stagedFile{ts.stage(t, "maps/a.map", "a 3\n"), ts.stage(t, "maps/d.map", "d\n")}, []string{"maps/c.map"})
-	if err := txn.Backup(&j); err != nil {
+	txn = ts.begin([]*stagedFile{ts.stageContent(t, "maps/a.map", "a 3\n"), ts.stageContent(t, "maps/d.map", "d\n")}, []string{"maps/c.map"})
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
-	if err := txn.Write(); err != nil {
+	if err := txn.write(); err != nil {
 		t.Fatal(err)
 	}
 	if j.Entries[0].Path != "haproxy.cfg" {
 		t.Fatalf("the config is not journalled first: %+v", j.Entries)
 	}
-	if err := ts.Restore(j); err != nil {
+	if err := ts.restore(j); err != nil {
 		t.Fatal(err)
 	}
 	// Journalled first, restored last; created files are removed, not renamed.
 	if want := []string{"maps/a.map", "maps/b.map", "haproxy.cfg"}; !slices.Equal(order, want) {
 		t.Errorf("restore order = %q, want %q", order, want)
 	}
-	got, err := ts.HashTree([]string{"haproxy.cfg", "maps/a.map", "maps/b.map", "maps/c.map", "maps/d.map"})
+	got, err := ts.hashTree([]string{"haproxy.cfg", "maps/a.map", "maps/b.map", "maps/c.map", "maps/d.map"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -783,12 +783,12 @@ func TestSweepTempEmptiesEveryMountsTempDir(t *testing.T) {
 	}
 	ts.write(t, "certs/a.pem", "a\n")
 	var j backupJournal
-	txn := ts.begin([]*stagedFile{ts.stage(t, "certs/a.pem", "b\n")}, nil)
-	if err := txn.Backup(&j); err != nil {
+	txn := ts.begin([]*stagedFile{ts.stageContent(t, "certs/a.pem", "b\n")}, nil)
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
 	txn.discardStaged()
-	if err := ts.SweepTemp(j); err != nil {
+	if err := ts.sweepTemp(j); err != nil {
 		t.Fatal(err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {

@@ -115,13 +115,13 @@ func TestARollbackLeavesNoRestoreStagingLinks(t *testing.T) {
 	ts := newTestStore(t, nil, nil)
 	ts.write(t, "maps/a.map", "a\n")
 	var j backupJournal
-	txn := ts.begin([]*stagedFile{ts.stage(t, "maps/a.map", "a2\n")}, nil)
-	if err := txn.Backup(&j); err != nil {
+	txn := ts.begin([]*stagedFile{ts.stageContent(t, "maps/a.map", "a2\n")}, nil)
+	if err := txn.backup(&j); err != nil {
 		t.Fatal(err)
 	}
 	// The apply failed before it wrote anything.
 	txn.discardStaged()
-	if err := ts.Restore(j); err != nil {
+	if err := ts.restore(j); err != nil {
 		t.Fatal(err)
 	}
 	entries, _ := os.ReadDir(filepath.Join(ts.dir, "maps"))

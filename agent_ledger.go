@@ -287,7 +287,7 @@ func (l *ledger) recoverTree(loaded *loadedLog) (reload bool) {
 	owned := next.ManifestPaths
 	inJournal := map[string]bool{}
 	if restored != nil {
-		if err := files.Restore(*restored); err != nil {
+		if err := files.restore(*restored); err != nil {
 			l.logger.Error("restoring the journal during recovery failed", "err", err)
 		}
 		for _, e := range restored.Entries {
@@ -327,7 +327,7 @@ func (l *ledger) redo(loaded *loadedLog, owned []string, inJournal map[string]bo
 		if p == redoBlobPath || !isOwned[p] || inJournal[p] || !ok || at.Digest != DigestString(string(data)) {
 			continue
 		}
-		abs, err := l.files.Abs(p)
+		abs, err := l.files.abs(p)
 		if err == nil {
 			err = l.files.rewrite(p, abs, data)
 		}
@@ -561,7 +561,7 @@ func (l *ledger) compact() error {
 	}
 	snap := cloneState(l.persisted)
 	snap.Files = maps.Clone(l.tree)
-	snap.PendingDeletes = l.queue.Pending()
+	snap.PendingDeletes = l.queue.pending()
 	if err := l.log.compact(&snap); err != nil {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err
@@ -681,7 +681,7 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool) State {
 		AppliedPlanStored:  planStored(s),
 		Files:              maps.Clone(l.tree),
 		Inventory:          cloneInventory(l.inventory),
-		PendingDeletes:     l.queue.Pending(),
+		PendingDeletes:     l.queue.pending(),
 		InvariantViolation: l.lastInvariant,
 	}
 	if out.Files == nil {

@@ -214,7 +214,7 @@ func divergence(ctx context.Context, rt *haproxyRuntime, files *fileStore, c *co
 		if err != nil {
 			return fmt.Errorf("map %s: %w", path, err)
 		}
-		content, err := files.ReadHeld(path)
+		content, err := files.readHeld(path)
 		if err != nil {
 			return fmt.Errorf("map %s: %w", path, err)
 		}

@@ -2006,12 +2006,12 @@ func (it *deleteItem) name() string {
 // deleteQueue runs deferred deletes one at a time, each on its own worker
 // session bound to the worker recorded at enqueue. Its mutex is a leaf
 // lock: it is never held across HAProxy I/O or while calling count, so
-// SetWorker, Enqueue, Check and Pending never wait for a session command.
+// setWorker, enqueue, check and pending never wait for a session command.
 type deleteQueue struct {
 	rt     *haproxyRuntime
 	logger *slog.Logger
 	count  func(kind, outcome string)
-	wake   chan struct{}
+	wakeup chan struct{}
 	tick   time.Duration
 
 	mu         sync.Mutex
@@ -2031,23 +2031,23 @@ func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, ou
 	if count == nil {
 		count = func(string, string) {}
 	}
-	return &deleteQueue{rt: rt, logger: logger, count: count, wake: make(chan struct{}, 1), tick: deferredQueueTick}
+	return &deleteQueue{rt: rt, logger: logger, count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
 }
 
-// Check accepts deletes before anything executes: every name passes the
+// check accepts deletes before anything executes: every name passes the
 // token grammar and the queue stays within its caps, counting the item in
 // flight. A refusal is a compile error (the apply reloads).
-func (q *deleteQueue) Check(servers []serverRef, backends []string) error {
+func (q *deleteQueue) check(servers []serverRef, backends []string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	_, _, err := q.admit(servers, backends)
 	return err
 }
 
-// Enqueue queues deletes after the inline half succeeded. The worker must
+// enqueue queues deletes after the inline half succeeded. The worker must
 // be the queue's current worker: deletes meant for an outgoing worker
 // would run against objects the reloaded configuration no longer has.
-func (q *deleteQueue) Enqueue(worker HAProxyInfo, servers []serverRef, backends []string) error {
+func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends []string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	newServers, newBackends, err := q.admit(servers, backends)
@@ -2113,20 +2113,20 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef
 	return newServers, newBackends, nil
 }
 
-// Wake makes the loop drain now rather than at its next tick.
-func (q *deleteQueue) Wake() {
+// wake makes the loop drain now rather than at its next tick.
+func (q *deleteQueue) wake() {
 	select {
-	case q.wake <- struct{}{}:
+	case q.wakeup <- struct{}{}:
 	default:
 	}
 }
 
-// SetWorker adopts the running worker. For the same worker (pid and start
+// setWorker adopts the running worker. For the same worker (pid and start
 // time) nothing changes; a new worker retires everything queued for the
 // old one (counted superseded): the reloaded configuration no longer has
 // those objects. An item in flight finishes on its old connection and is
 // never requeued.
-func (q *deleteQueue) SetWorker(info HAProxyInfo) {
+func (q *deleteQueue) setWorker(info HAProxyInfo) {
 	q.mu.Lock()
 	if q.worker.SameWorker(info) {
 		q.mu.Unlock()
@@ -2143,9 +2143,9 @@ func (q *deleteQueue) SetWorker(info HAProxyInfo) {
 	}
 }
 
-// Pending lists the item in flight (when it belongs to the current worker)
+// pending lists the item in flight (when it belongs to the current worker)
 // and the queued ones; never nil slices.
-func (q *deleteQueue) Pending() PendingDeletes {
+func (q *deleteQueue) pending() PendingDeletes {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	servers, backends := q.pendingLocked()
@@ -2170,15 +2170,15 @@ func (q *deleteQueue) pendingLocked() (servers, backends []string) {
 	return servers, backends
 }
 
-// Start drains the queue on every wake-up and every tick until ctx ends.
-func (q *deleteQueue) Start(ctx context.Context) {
+// start drains the queue on every wake-up and every tick until ctx ends.
+func (q *deleteQueue) start(ctx context.Context) {
 	tick := time.NewTicker(q.tick)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-q.wake:
+		case <-q.wakeup:
 		case <-tick.C:
 		}
 		q.drain(ctx)

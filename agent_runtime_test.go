@@ -929,7 +929,7 @@ func TestSplitSeparatesTheDeleteTail(t *testing.T) {
 func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
 	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, nil)
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
-	q.SetWorker(worker)
+	q.setWorker(worker)
 	servers := make([]serverRef, MaxPendingServerDeletes+1)
 	for i := range servers {
 		servers[i] = serverRef{Backend: "be", Server: fmt.Sprintf("s%d", i)}
@@ -938,30 +938,30 @@ func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
 	for i := range backends {
 		backends[i] = fmt.Sprintf("be%d", i)
 	}
-	if err := q.Check(servers, nil); !errors.Is(err, errDeferralOverflow) {
+	if err := q.check(servers, nil); !errors.Is(err, errDeferralOverflow) {
 		t.Errorf("1001 servers: %v", err)
 	}
-	if err := q.Check(nil, backends); !errors.Is(err, errDeferralOverflow) {
+	if err := q.check(nil, backends); !errors.Is(err, errDeferralOverflow) {
 		t.Errorf("101 backends: %v", err)
 	}
-	if err := q.Check(servers[:MaxPendingServerDeletes], backends[:MaxPendingBackendDeletes]); err != nil {
+	if err := q.check(servers[:MaxPendingServerDeletes], backends[:MaxPendingBackendDeletes]); err != nil {
 		t.Errorf("at the caps: %v", err)
 	}
 	// Queued items count: 1000 queued, then one more is refused.
-	if err := q.Enqueue(worker, servers[:MaxPendingServerDeletes], nil); err != nil {
+	if err := q.enqueue(worker, servers[:MaxPendingServerDeletes], nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Check(servers[MaxPendingServerDeletes:], nil); !errors.Is(err, errDeferralOverflow) || err.Error() == "" {
+	if err := q.check(servers[MaxPendingServerDeletes:], nil); !errors.Is(err, errDeferralOverflow) || err.Error() == "" {
 		t.Errorf("1000 queued + 1: %v", err)
 	}
-	if err := q.Enqueue(worker, servers[MaxPendingServerDeletes:], nil); !errors.Is(err, errDeferralOverflow) {
+	if err := q.enqueue(worker, servers[MaxPendingServerDeletes:], nil); !errors.Is(err, errDeferralOverflow) {
 		t.Errorf("enqueue 1000 queued + 1: %v", err)
 	}
 	// An item already pending is not added twice, and does not count twice.
-	if err := q.Enqueue(worker, servers[:10], nil); err != nil {
+	if err := q.enqueue(worker, servers[:10], nil); err != nil {
 		t.Errorf("re-enqueue of pending items: %v", err)
 	}
-	if got := len(q.Pending().Servers); got != MaxPendingServerDeletes {
+	if got := len(q.pending().Servers); got != MaxPendingServerDeletes {
 		t.Errorf("%d pending", got)
 	}
 }
@@ -969,7 +969,7 @@ func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
 func TestDeferralsRefuseAnUnsafeName(t *testing.T) {
 	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, nil)
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
-	q.SetWorker(worker)
+	q.setWorker(worker)
 	for _, tt := range []struct {
 		servers  []serverRef
 		backends []string
@@ -980,14 +980,14 @@ func TestDeferralsRefuseAnUnsafeName(t *testing.T) {
 		{nil, []string{"be;x"}},
 		{nil, []string{""}},
 	} {
-		if err := q.Check(tt.servers, tt.backends); !errors.Is(err, errUnsafeToken) {
-			t.Errorf("Check(%v, %v) = %v", tt.servers, tt.backends, err)
+		if err := q.check(tt.servers, tt.backends); !errors.Is(err, errUnsafeToken) {
+			t.Errorf("check(%v, %v) = %v", tt.servers, tt.backends, err)
 		}
-		if err := q.Enqueue(worker, tt.servers, tt.backends); !errors.Is(err, errUnsafeToken) {
-			t.Errorf("Enqueue(%v, %v) = %v", tt.servers, tt.backends, err)
+		if err := q.enqueue(worker, tt.servers, tt.backends); !errors.Is(err, errUnsafeToken) {
+			t.Errorf("enqueue(%v, %v) = %v", tt.servers, tt.backends, err)
 		}
 	}
-	p := q.Pending()
+	p := q.pending()
 	if p.Servers == nil || p.Backends == nil || len(p.Servers)+len(p.Backends) != 0 {
 		t.Errorf("pending = %#v", p)
 	}
@@ -997,26 +997,26 @@ func TestWorkerAdoptionDetectsTheSamePIDWithANewStartTime(t *testing.T) {
 	var counted []string
 	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, func(kind, outcome string) { counted = append(counted, kind+":"+outcome) })
 	old := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1_700_000_000_000_000}
-	q.SetWorker(old)
-	if err := q.Enqueue(old, []serverRef{{Backend: "be-a", Server: "s1"}}, []string{"be-b"}); err != nil {
+	q.setWorker(old)
+	if err := q.enqueue(old, []serverRef{{Backend: "be-a", Server: "s1"}}, []string{"be-b"}); err != nil {
 		t.Fatal(err)
 	}
-	q.SetWorker(old) // the same worker: nothing changes
-	if p := q.Pending(); len(p.Servers) != 1 || len(p.Backends) != 1 {
+	q.setWorker(old) // the same worker: nothing changes
+	if p := q.pending(); len(p.Servers) != 1 || len(p.Backends) != 1 {
 		t.Fatalf("same worker dropped work: %+v", p)
 	}
 	reused := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1_700_000_001_000_000}
-	q.SetWorker(reused)
-	if p := q.Pending(); len(p.Servers)+len(p.Backends) != 0 {
+	q.setWorker(reused)
+	if p := q.pending(); len(p.Servers)+len(p.Backends) != 0 {
 		t.Errorf("a reused pid kept the old worker's work: %+v", p)
 	}
 	if !slices.Equal(counted, []string{"server:superseded", "backend:superseded"}) {
 		t.Errorf("counted %v", counted)
 	}
-	if err := q.Enqueue(old, []serverRef{{Backend: "be-a", Server: "s2"}}, nil); !errors.Is(err, errWorkerGone) {
+	if err := q.enqueue(old, []serverRef{{Backend: "be-a", Server: "s2"}}, nil); !errors.Is(err, errWorkerGone) {
 		t.Errorf("enqueue for the old start time: %v", err)
 	}
-	if err := q.Enqueue(reused, []serverRef{{Backend: "be-a", Server: "s2"}}, nil); err != nil {
+	if err := q.enqueue(reused, []serverRef{{Backend: "be-a", Server: "s2"}}, nil); err != nil {
 		t.Errorf("enqueue for the new worker: %v", err)
 	}
 }
@@ -2247,7 +2247,7 @@ func queueOn(t *testing.T, tg *target) (*deleteQueue, *outcomeCounter) {
 	r := tg.newRuntime(t, nil)
 	counts := &outcomeCounter{}
 	q := newDeleteQueue(r, nil, counts.add)
-	q.SetWorker(tg.fake.Worker())
+	q.setWorker(tg.fake.Worker())
 	return q, counts
 }
 
@@ -2274,7 +2274,7 @@ func startQueue(t *testing.T, q *deleteQueue) (stop func()) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
-		q.Start(ctx)
+		q.start(ctx)
 		close(done)
 	}()
 	stop = func() {
@@ -2318,14 +2318,14 @@ func TestADeferredDeleteWaitsForTheInlineHalf(t *testing.T) {
 		{Kind: OpServerDel, Backend: "be-a", Server: "srv1"},
 	}
 	inline, servers, backends := splitDeletes(ops)
-	if err := q.Check(servers, backends); err != nil {
+	if err := q.check(servers, backends); err != nil {
 		t.Fatal(err)
 	}
 	mustExecute(t, q.rt, inline, nil)
-	if err := q.Enqueue(tg.fake.Worker(), servers, backends); err != nil {
+	if err := q.enqueue(tg.fake.Worker(), servers, backends); err != nil {
 		t.Fatal(err)
 	}
-	q.Wake()
+	q.wake()
 	waitFor(t, "the deletion", func() bool { _, ok := tg.fake.Server("be-a", "srv1"); return !ok })
 	sent := tg.fake.Sent()
 	disable, wait := sentIndex(sent, "disable server be-a/srv1"), sentIndex(sent, "wait 2000 srv-removable be-a/srv1")
@@ -2340,7 +2340,7 @@ func TestDeferralsShutDownSessionsWhenTheWaitExpires(t *testing.T) {
 	q, counts := queueOn(t, tg)
 	tg.fake.With(func(m *FakeModel) { m.BlockedServers = map[string]bool{"be-a/srv1": true} })
 	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil)
-	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+	if err := q.enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	q.drain(t.Context())
@@ -2362,27 +2362,27 @@ func TestADeleteInFlightStaysOutstanding(t *testing.T) {
 	q, _ := queueOn(t, tg)
 	entered, release := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
 	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil)
-	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+	if err := q.enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	startQueue(t, q)
-	q.Wake()
+	q.wake()
 	<-entered
-	if p := q.Pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
+	if p := q.pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
 		t.Errorf("pending %+v", p)
 	}
 	more := make([]serverRef, MaxPendingServerDeletes)
 	for i := range more {
 		more[i] = serverRef{Backend: "be-b", Server: fmt.Sprintf("s%d", i)}
 	}
-	if err := q.Check(more, nil); !errors.Is(err, errDeferralOverflow) {
+	if err := q.check(more, nil); !errors.Is(err, errDeferralOverflow) {
 		t.Errorf("in flight + 1000: %v", err)
 	}
-	if err := q.Check(more[1:], nil); err != nil {
+	if err := q.check(more[1:], nil); err != nil {
 		t.Errorf("in flight + 999: %v", err)
 	}
 	release()
-	waitFor(t, "the deletion", func() bool { return len(q.Pending().Servers) == 0 })
+	waitFor(t, "the deletion", func() bool { return len(q.pending().Servers) == 0 })
 }
 
 func TestWorkerAdoptionRetiresOnlyOutgoingDeletes(t *testing.T) {
@@ -2392,24 +2392,24 @@ func TestWorkerAdoptionRetiresOnlyOutgoingDeletes(t *testing.T) {
 	entered, release := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
 	mustExecute(t, q.rt, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}, {Kind: OpServerDisable, Backend: "be-a", Server: "srv-check"}}, nil)
 	refs := []serverRef{{Backend: "be-a", Server: "srv1"}, {Backend: "be-a", Server: "srv-check"}}
-	if err := q.Enqueue(old, refs, nil); err != nil {
+	if err := q.enqueue(old, refs, nil); err != nil {
 		t.Fatal(err)
 	}
 	startQueue(t, q)
-	q.Wake()
+	q.wake()
 	<-entered // srv1 in flight, srv-check queued
 
-	q.SetWorker(old)
-	if p := q.Pending(); len(p.Servers) != 2 {
+	q.setWorker(old)
+	if p := q.pending(); len(p.Servers) != 2 {
 		t.Fatalf("same-worker adoption changed the queue: %+v", p)
 	}
 	next := old
 	next.WorkerStartTimeUnixMicros += 1_000_000
-	q.SetWorker(next)
-	if p := q.Pending(); len(p.Servers) != 0 {
+	q.setWorker(next)
+	if p := q.pending(); len(p.Servers) != 0 {
 		t.Errorf("pending after a new worker: %+v", p)
 	}
-	if err := q.Enqueue(old, refs, nil); !errors.Is(err, errWorkerGone) {
+	if err := q.enqueue(old, refs, nil); !errors.Is(err, errWorkerGone) {
 		t.Errorf("enqueue for the old worker: %v", err)
 	}
 	release()
@@ -2417,8 +2417,8 @@ func TestWorkerAdoptionRetiresOnlyOutgoingDeletes(t *testing.T) {
 	if got := counts.list(); !slices.Equal(got, []string{"server:superseded", "server:superseded"}) {
 		t.Errorf("counted %v", got)
 	}
-	q.Wake()
-	if p := q.Pending(); len(p.Servers) != 0 {
+	q.wake()
+	if p := q.pending(); len(p.Servers) != 0 {
 		t.Errorf("the old in-flight item was requeued: %+v", p)
 	}
 	if slices.Contains(tg.fake.Sent(), "del server be-a/srv1") {
@@ -2430,7 +2430,7 @@ func TestDeferredWorkerSessionRejectsIdentityMismatchAndCancels(t *testing.T) {
 	t.Run("identity mismatch", func(t *testing.T) {
 		tg := fakeTarget(t, "")
 		q, counts := queueOn(t, tg)
-		if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		if err := q.enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		tg.fake.With(func(m *FakeModel) { m.StartTimeUnixMicros += 5 }) // HAProxy restarted; the agent has not noticed yet
@@ -2438,7 +2438,7 @@ func TestDeferredWorkerSessionRejectsIdentityMismatchAndCancels(t *testing.T) {
 		if got := counts.list(); !slices.Equal(got, []string{"server:superseded"}) {
 			t.Errorf("counted %v", got)
 		}
-		if len(q.Pending().Servers) != 0 || slices.Contains(tg.fake.Sent(), "wait 2000 srv-removable be-a/srv1") {
+		if len(q.pending().Servers) != 0 || slices.Contains(tg.fake.Sent(), "wait 2000 srv-removable be-a/srv1") {
 			t.Errorf("the item ran on another worker: %q", tg.fake.Sent())
 		}
 	})
@@ -2446,11 +2446,11 @@ func TestDeferredWorkerSessionRejectsIdentityMismatchAndCancels(t *testing.T) {
 		tg := fakeTarget(t, "")
 		q, counts := queueOn(t, tg)
 		entered, _ := blockOn(t, tg.fake, "wait 2000 srv-removable be-a/srv1")
-		if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+		if err := q.enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		stop := startQueue(t, q)
-		q.Wake()
+		q.wake()
 		<-entered
 		stop()
 		if got := counts.list(); slices.Contains(got, "server:done") {
@@ -2472,18 +2472,18 @@ func TestWorkerCancellationInterruptsAnIncompleteReply(t *testing.T) {
 	r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
 	counts := &outcomeCounter{}
 	q := newDeleteQueue(r, nil, counts.add)
-	q.SetWorker(info)
-	if err := q.Enqueue(info, []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+	q.setWorker(info)
+	if err := q.enqueue(info, []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	stop := startQueue(t, q)
-	q.Wake()
+	q.wake()
 	<-answered
 	stop() // returns only once the blocked read was interrupted (the session timeout is 30 s)
 	if got := counts.list(); slices.Contains(got, "server:done") {
 		t.Errorf("counted %v", got)
 	}
-	if p := q.Pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
+	if p := q.pending(); !slices.Equal(p.Servers, []string{"be-a/srv1"}) {
 		t.Errorf("pending %+v", p)
 	}
 }
@@ -2493,16 +2493,16 @@ func TestDeferredBackendDeleteDoesNotCrossReload(t *testing.T) {
 	q, counts := queueOn(t, tg)
 	tg.fake.With(func(m *FakeModel) { m.Backends["be-b"] = &FakeBackend{Profile: "web", Mode: "http"} })
 	entered, release := blockOn(t, tg.fake, "wait 2000 be-removable be-b")
-	if err := q.Enqueue(tg.fake.Worker(), nil, []string{"be-b"}); err != nil {
+	if err := q.enqueue(tg.fake.Worker(), nil, []string{"be-b"}); err != nil {
 		t.Fatal(err)
 	}
 	startQueue(t, q)
-	q.Wake()
+	q.wake()
 	<-entered
 	if _, err := q.rt.reload(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	q.SetWorker(awaitWorkerAnswer(t, q.rt))
+	q.setWorker(awaitWorkerAnswer(t, q.rt))
 	release()
 	waitFor(t, "the in-flight item", func() bool { return len(counts.list()) == 1 })
 	if got := counts.list(); !slices.Equal(got, []string{"backend:superseded"}) {
@@ -2554,8 +2554,8 @@ func TestBackendDeletionRequiresConfirmedAbsence(t *testing.T) {
 			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
 			counts := &outcomeCounter{}
 			q := newDeleteQueue(r, nil, counts.add)
-			q.SetWorker(info)
-			if err := q.Enqueue(info, nil, []string{"be-b"}); err != nil {
+			q.setWorker(info)
+			if err := q.enqueue(info, nil, []string{"be-b"}); err != nil {
 				t.Fatal(err)
 			}
 			q.drain(t.Context())
@@ -2586,7 +2586,7 @@ func TestARequeuePastTheAttemptCapIsAbandoned(t *testing.T) {
 			return "Only servers in maintenance mode can be deleted.", cmd == "del server be-a/srv1"
 		}
 	})
-	if err := q.Enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
+	if err := q.enqueue(tg.fake.Worker(), []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	for range MaxDeferredAttempts + 2 {
@@ -2596,7 +2596,7 @@ func TestARequeuePastTheAttemptCapIsAbandoned(t *testing.T) {
 	if got := counts.list(); !slices.Equal(got, want) {
 		t.Errorf("counted %v", got)
 	}
-	if p := q.Pending(); len(p.Servers) != 0 {
+	if p := q.pending(); len(p.Servers) != 0 {
 		t.Errorf("pending %+v", p)
 	}
 }

@@ -69,7 +69,7 @@ func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) er
 	}
 	inv := w.listInventory(ctx)
 	w.led.adoptForeignWorker(info, inv)
-	w.queue.SetWorker(info)
+	w.queue.setWorker(info)
 	err := workerChangedError(prev, info)
 	w.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
 	return err
@@ -216,7 +216,7 @@ func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error)
 	// caller's context, not what is left of the reload timeout.
 	inv := w.listInventory(ctx)
 	w.led.adoptReloadedWorker(worker, inv)
-	w.queue.SetWorker(worker)
+	w.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
 	return info, nil
 }

@@ -97,7 +97,7 @@ func FuzzManifestDecodeAndValidate(f *testing.F) {
 		if legacy && (len(m.Ops) > 0 || len(m.OpBatches) > 0 || len(m.InPlaceOps) > 0 || m.ValidatedPlanID != "") {
 			t.Fatalf("a legacy manifest kept exact-identity fields: %+v", m)
 		}
-		err = validateManifest(m, ConfigFilePath, store.Abs)
+		err = validateManifest(m, ConfigFilePath, store.abs)
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("a refusal without a message")
@@ -162,7 +162,7 @@ func checkValidManifest(t *testing.T, m *Manifest, store *fileStore) {
 		if err := validatePath(file.Path); err != nil {
 			t.Fatalf("path %q passed validation but ValidatePath says %v", file.Path, err)
 		}
-		abs, err := store.Abs(file.Path)
+		abs, err := store.abs(file.Path)
 		if err != nil {
 			t.Fatalf("path %q passed validation but Abs says %v", file.Path, err)
 		}

@@ -231,7 +231,7 @@ func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofB
 	defer led.log.close()
 	led.recoverTree(loaded)
 	st := led.view()
-	tree, err := files.HashTree(st.ManifestPaths)
+	tree, err := files.hashTree(st.ManifestPaths)
 	if err != nil {
 		return "hash: " + err.Error()
 	}
