@@ -1,6 +1,8 @@
 // Tests of the ledger: what an apply syncs, the log's framing and replay,
-// the decisions (settle, the worker found at a start) as tables, and what
-// survives a restart. The power-loss simulation is in powerloss_test.go.
+// the decisions (settle, the worker found at a start) as tables, what
+// survives a restart, and the recovery at startup (a corrupt state file, an
+// apply interrupted after or before its writes, a reload left scheduled).
+// The power-loss simulation is in powerloss_test.go.
 
 package haptic
 
@@ -10,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -472,6 +475,99 @@ func TestRefusedReloadKeepsThePreviousBaseline(t *testing.T) {
 	}
 }
 
+func TestARestartBetweenAppliesKeepsTheBaseline(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	first := c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c2 := newAgentClient(t, a)
+	c2.seq = c.seq
+	st := c2.state("")
+	if st.AppliedPlanID != "plan-1" || st.AppliedToken != first.AppliedToken || st.Generation != 1 {
+		t.Errorf("after restart: %+v", st)
+	}
+	// The tree and the worker are unchanged: every proof still holds.
+	if st.AppliedPlanProof != first.AppliedPlanProof || st.RunningPlanProof != first.RunningPlanProof ||
+		st.WorkerOpsPlanProof != first.WorkerOpsPlanProof || st.LKGPlanProof != first.LKGPlanProof {
+		t.Errorf("proofs lost in the restart: %+v", st)
+	}
+	for p, at := range st.Files {
+		if at.Proof == "" {
+			t.Errorf("%s lost its proof", p)
+		}
+	}
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "example.org be-b\n"
+	m := c2.manifestFrom(st, "plan-2", fs2)
+	m.Mode = ModeReload
+	res := c2.apply(m, fs2)
+	if !res.OK || res.Mode != ResultReload || res.AppliedPlanID != "plan-2" {
+		t.Errorf("reload apply after restart: %+v", res)
+	}
+	if res.AppliedPlanProof == first.AppliedPlanProof || res.AppliedPlanProof != "a:2" {
+		t.Errorf("proof %q reused or out of sequence", res.AppliedPlanProof)
+	}
+}
+
+// A restart with the same tree and the same worker keeps what both still
+// prove: the proofs, the stored blob's binding and a scheduled reload with
+// its due time. The known-bad cache is not kept: it lives in memory.
+func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	before := c.state("")
+	if !before.AppliedPlanStored {
+		t.Fatalf("blob not stored: %+v", before)
+	}
+	stop()
+	due := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
+	editState(t, cfg.BaseDir, func(m map[string]any) {
+		m["pending_reload_plan_id"], m["pending_reload_plan_proof"], m["reload_pending_at"] = "plan-1", before.AppliedPlanProof, due
+		m["nack"] = map[string]any{"manifest_digest": "0123456789abcdef", "reason": "reload", "until": due}
+	})
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c = newAgentClient(t, a)
+	st := c.state("")
+	if st.AppliedPlanProof != before.AppliedPlanProof || st.RunningPlanProof != before.RunningPlanProof ||
+		st.WorkerOpsPlanProof != before.WorkerOpsPlanProof || st.LKGPlanProof != before.LKGPlanProof ||
+		st.ReloadPendingAt == "" || !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
+		t.Errorf("state after restart: %+v", st)
+	}
+	if a.led.nack != nil {
+		t.Error("the known-bad record survived the restart")
+	}
+}
+
+func TestATreeThatChangedWhileTheAgentWasAwayInvalidatesTheBaseline(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	os.WriteFile(filepath.Join(cfg.BaseDir, "haproxy.cfg"), []byte("global\n  # edited by hand\n"), 0o644)
+
+	a, _ = launchTestAgent(t, cfg, true)
+	st := newAgentClient(t, a).state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("baseline survived an edited tree: %+v", st)
+	}
+	if st.Files["haproxy.cfg"].Digest != DigestString("global\n  # edited by hand\n") {
+		t.Errorf("files: %+v", st.Files)
+	}
+}
+
 // restartStopped starts a new agent on the directory of a stopped one.
 func (e *testEnv) restartStopped(t testing.TB) {
 	t.Helper()
@@ -479,4 +575,112 @@ func (e *testEnv) restartStopped(t testing.TB) {
 	e.a, e.stop = launchTestAgent(t, e.cfg, true)
 	e.c = newAgentClient(t, e.a)
 	e.c.seq = seq
+}
+
+// ---------------------------------------------------------------------------
+// Startup recovery: the state file, an interrupted apply, a pending reload.
+
+func TestACorruptStateFileIsFatal(t *testing.T) {
+	cfg := validTestConfig(t)
+	path := filepath.Join(cfg.BaseDir, ".haptic-agent.json")
+	os.WriteFile(path, []byte("{not json"), 0o600)
+	err := newTestAgentOrError(t, cfg)
+	if err == nil || !strings.HasPrefix(err.Error(), "parse "+path+": ") {
+		t.Errorf("NewAgent = %v", err)
+	}
+	// Unknown fields are ignored.
+	os.WriteFile(path, []byte(`{"generation":3,"from_the_future":true}`), 0o600)
+	a, err := NewAgent(cfg)
+	if err != nil {
+		t.Fatalf("unknown field: %v", err)
+	}
+	a.closeListeners()
+	if gen := a.led.generation(); gen != 3 {
+		t.Errorf("generation %d", gen)
+	}
+}
+
+func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	pid := fake.Worker().WorkerPID
+
+	a, _ = launchTestAgent(t, cfg, true)
+	st := newAgentClient(t, a).state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("baseline after recovery: %+v", st)
+	}
+	if fake.Worker().WorkerPID <= pid || st.HAProxy.WorkerPID != fake.Worker().WorkerPID {
+		t.Errorf("no recovery reload: pid %d → %d (state %d)", pid, fake.Worker().WorkerPID, st.HAProxy.WorkerPID)
+	}
+	if st.LKGPlanID != "plan-1" || st.InvariantViolation != "" {
+		t.Errorf("LKG %q invariant %q", st.LKGPlanID, st.InvariantViolation)
+	}
+}
+
+func TestAnInterruptedBackedUpApplyRestoresTheJournal(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	lkg := seedFiles()
+	lkg["notes/readme.txt"] = "v1\n"
+	c.apply(c.manifest("plan-1", lkg), lkg)
+	next := lkg.clone()
+	next["notes/readme.txt"] = "v2\n"
+	next["notes/new.txt"] = "new\n"
+	delete(next, "maps/host.map")
+	applyFileOnly(t, c, "plan-2", next)
+	stop()
+	// A third apply was cut half way through its writes (to journalled
+	// paths: an older agent journalled every path it was about to write).
+	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/readme.txt"), []byte("half written\n"), 0o644)
+	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/new.txt"), []byte("half\n"), 0o644)
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "backed_up"; m["in_flight_plan_id"] = "plan-3" })
+
+	a, _ = launchTestAgent(t, cfg, true)
+	if got := diskSet(t, cfg.BaseDir); !sameSet(got, lkg) {
+		t.Errorf("tree after recovery = %v\nwant the LKG set %v", got, lkg)
+	}
+	st := newAgentClient(t, a).state("")
+	if !slices.Equal(slices.Sorted(mapsKeys(st.Files)), lkg.paths()) {
+		t.Errorf("state files %v", st.Files)
+	}
+	ps := readStateFile(t, cfg.BaseDir)
+	if len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, lkg.paths()) || ps.Phase != "" {
+		t.Errorf("state file: journal %v paths %v phase %q", ps.Journal.Entries, ps.ManifestPaths, ps.Phase)
+	}
+}
+
+func TestAScheduledReloadWaitsForStartupToFinish(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	fs2 := fs.clone()
+	fs2["notes/extra.txt"] = "extra\n"
+	applyFileOnly(t, c, "plan-2", fs2)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) {
+		m["pending_reload_plan_id"], m["pending_reload_plan_proof"] = "plan-2", "a:2"
+		m["reload_pending_at"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+	})
+	dir := shortTempDir(t)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	a, _ = launchTestAgent(t, cfg, false)
+	time.Sleep(time.Second)
+	if a.Ready() {
+		t.Fatal("ready without HAProxy")
+	}
+	if got := diskSet(t, cfg.BaseDir); !sameSet(got, fs2) {
+		t.Errorf("the tree changed before startup finished: %v", got)
+	}
 }

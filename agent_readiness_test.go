@@ -1,18 +1,199 @@
-// Tests of the agent's readiness after startup: /readyz and verified state
-// reads follow HAProxy going away and coming back, on the fake and on a
-// real HAProxy.
+// Tests of the agent's readiness (agent_readiness.go): /readyz waits at
+// startup for both HAProxy sockets and stays true after a failed recovery
+// reload; a state read before startup finishes says what the agent waits
+// for, or waits and gives up with its caller; and after startup /readyz
+// and verified state reads follow HAProxy going away and coming back, on
+// the fake and on a real HAProxy.
 
 package haptic
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
+
+func TestReadinessWaitsForEveryCondition(t *testing.T) {
+	fake := startTestFake(t, "")
+	for _, missing := range []string{"worker", "master"} {
+		t.Run("without the "+missing, func(t *testing.T) {
+			dir := shortTempDir(t)
+			cfg := testAgentConfig(t, fake)
+			cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+			a, _ := launchTestAgent(t, cfg, false)
+			link := func(target, name string) {
+				if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if missing == "worker" {
+				link(fake.MasterSocket(), "m.sock")
+			} else {
+				link(fake.WorkerSocket(), "w.sock")
+			}
+			for range 4 { // several probe rounds
+				if code, body := getText(t, a, PathReadyz); code != http.StatusServiceUnavailable || body != "initialising\n" {
+					t.Fatalf("readyz = %d %q", code, body)
+				}
+				if a.Ready() {
+					t.Fatal("ready without the " + missing)
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+			if code, body := getText(t, a, PathHealthz); code != http.StatusOK || body != "ok\n" {
+				t.Errorf("healthz before ready = %d %q", code, body)
+			}
+			if missing == "worker" {
+				link(fake.WorkerSocket(), "w.sock")
+			} else {
+				link(fake.MasterSocket(), "m.sock")
+			}
+			waitFor(t, "readiness", a.Ready)
+			if code, body := getText(t, a, PathReadyz); code != http.StatusOK || body != "ready\n" {
+				t.Errorf("readyz = %d %q", code, body)
+			}
+		})
+	}
+}
+
+func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	fake.With(func(m *FakeModel) { m.ReloadFails = true })
+
+	a, _ = launchTestAgent(t, cfg, true)
+	c = newAgentClient(t, a)
+	if code, body := getText(t, a, PathReadyz); code != http.StatusOK || body != "ready\n" {
+		t.Errorf("readyz = %d %q", code, body)
+	}
+	st := c.state("")
+	if st.InvariantViolation != "recovery_reload" || metricValue(a, "invariant_violations_total", "recovery_reload") != 1 {
+		t.Errorf("invariant %q", st.InvariantViolation)
+	}
+	if st.RunningPlanID != "" || st.AppliedPlanID != "" {
+		t.Errorf("after a failed recovery reload: running %q applied %q", st.RunningPlanID, st.AppliedPlanID)
+	}
+	if ps := readStateFile(t, cfg.BaseDir); ps.Phase != "" || ps.InFlightPlanID != "" {
+		t.Errorf("phase %q in flight %q", ps.Phase, ps.InFlightPlanID)
+	}
+	// A later apply neither takes readiness away nor needs a restart.
+	fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	if res := c.apply(c.manifest("plan-3", fs), fs); !res.OK || res.Mode != ResultReload {
+		t.Errorf("apply after recovery: %+v", res)
+	}
+	if !a.Ready() {
+		t.Error("readiness went back to false")
+	}
+}
+
+// While HAProxy does not answer the startup probe, a state read answers at
+// once with a 503 that names what the agent waits for; once HAProxy is
+// there, the same read answers the initialised state.
+func TestStateSaysWhatTheAgentWaitsFor(t *testing.T) {
+	fake := startTestFake(t, "")
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	a, _ := launchTestAgent(t, cfg, false)
+	c := newAgentClient(t, a)
+	var code int
+	var body []byte
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		start := time.Now()
+		code, _, body = c.do("GET", PathState, nil, "")
+		if took := time.Since(start); took > stateInitGrace/2 {
+			t.Errorf("the read took %s while HAProxy is away", took)
+		}
+		if code != http.StatusServiceUnavailable || !bytes.Contains(body, []byte(msgAgentInitialising)) {
+			break // the first probe has failed: the read now says why
+		}
+	}
+	var e ApplyError
+	if code != http.StatusServiceUnavailable || json.Unmarshal(body, &e) != nil || e.Stage != StageStartup ||
+		!strings.HasPrefix(e.Message, "agent is waiting for HAProxy (worker socket "+cfg.WorkerSocket) ||
+		!strings.Contains(e.Message, "no such file or directory") {
+		t.Fatalf("state while HAProxy is away: %d %s", code, body)
+	}
+	os.Symlink(fake.WorkerSocket(), cfg.WorkerSocket)
+	os.Symlink(fake.MasterSocket(), cfg.MasterSocket)
+	for deadline := time.Now().Add(10 * time.Second); !a.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent never became ready")
+		}
+	}
+	if st := c.state(""); st.HAProxy.WorkerPID != fake.Worker().WorkerPID || st.APIVersion != 1 {
+		t.Errorf("state: %+v", st)
+	}
+}
+
+func TestStateWaitRespectsCancellation(t *testing.T) {
+	fake := startTestFake(t, "")
+	dir := shortTempDir(t)
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")
+	// A worker socket that accepts and never answers: the startup probe
+	// neither succeeds nor fails, so a state read waits out its grace
+	// (one whose probe fails is answered at once, with why).
+	ln, err := net.Listen("unix", cfg.WorkerSocket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	a, _ := launchTestAgent(t, cfg, false)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	// The recorder starts at status 0 instead of its implicit 200: any
+	// WriteHeader, Write or Flush sets a status, so 0 means nothing was
+	// written at all.
+	rec := httptest.NewRecorder()
+	rec.Code = 0
+	req := httptest.NewRequestWithContext(ctx, "GET", "http://agent"+PathState, nil)
+	done := make(chan struct{})
+	go func() { a.handleState(rec, req); close(done) }()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler did not return on cancellation")
+	}
+	if rec.Code != 0 || rec.Flushed || rec.Body.Len() != 0 {
+		t.Errorf("a cancelled state read wrote %d %q", rec.Code, rec.Body.String())
+	}
+	// Over the network the client sees no answer at all.
+	rctx, rcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer rcancel()
+	hreq, _ := http.NewRequestWithContext(rctx, "GET", "http://"+a.Addr()+PathState, nil)
+	hreq.SetBasicAuth("haptic", "s3cret")
+	if resp, err := http.DefaultClient.Do(hreq); err == nil {
+		resp.Body.Close()
+		t.Errorf("got an answer: %d", resp.StatusCode)
+	}
+}
 
 // awaitReadyz polls GET /readyz until its answer satisfies ok, for at most
 // 10 s, and returns the last answer.

@@ -1,0 +1,63 @@
+// Tests of how the agent authenticates the controller with HTTP Basic
+// (agent_auth.go): the API refuses a request without the right credentials
+// while the probes stay open, and --insecure-no-auth lets every route
+// answer without any. Mutual TLS is tested in agent_tls_test.go, the
+// counting and slowing of failures in agent_authfail_test.go.
+
+package haptic
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestAuthenticationIsRequiredForTheAPIButNotTheProbes(t *testing.T) {
+	fake := startTestFake(t, "")
+	a := startTestAgent(t, fake, nil)
+	for _, p := range []string{PathHealthz, PathReadyz} {
+		if code, _ := getText(t, a, p); code != http.StatusOK {
+			t.Errorf("%s without auth: %d", p, code)
+		}
+	}
+	c := newAgentClient(t, a)
+	for _, tc := range []struct {
+		name, user, pass, method, path string
+	}{
+		{"no header", "", "", "GET", PathState},
+		{"wrong password", "haptic", "wrong", "GET", PathState},
+		{"wrong user", "admin", "s3cret", "GET", PathState},
+		{"apply without auth", "", "", "POST", PathApply},
+		{"plan without auth", "", "", "PUT", PathPlan + "?plan_id=a&proof=b"},
+	} {
+		c.user, c.pass = tc.user, tc.pass
+		code, h, b := c.do(tc.method, tc.path, strings.NewReader("x"), "text/plain")
+		if code != http.StatusUnauthorized || h.Get("WWW-Authenticate") != `Basic realm="haptic-agent"` ||
+			string(b) != "unauthorized\n" || h.Get("Content-Type") != "text/plain; charset=utf-8" {
+			t.Errorf("%s: %d %q %q", tc.name, code, h.Get("WWW-Authenticate"), b)
+		}
+	}
+	c.user, c.pass = "haptic", "s3cret"
+	if st := c.state(""); st.APIVersion != 1 {
+		t.Errorf("with auth: %+v", st)
+	}
+}
+
+func TestInsecureNoAuthAllowsStartingWithoutCredentials(t *testing.T) {
+	fake := startTestFake(t, "")
+	a := startTestAgent(t, fake, func(c *AgentConfig) {
+		c.Username, c.Password, c.InsecureNoAuth = "", "", true
+	})
+	c := newAgentClient(t, a)
+	c.user = ""
+	if st := c.state(""); st.APIVersion != 1 {
+		t.Errorf("state: %+v", st)
+	}
+	fs := seedFiles()
+	if res := c.apply(c.manifest("plan-1", fs), fs); !res.OK {
+		t.Errorf("apply: %+v", res)
+	}
+	if code, _, b := c.do("PUT", PathPlan+"?plan_id=x&proof=y", strings.NewReader("blob"), ""); code != http.StatusConflict {
+		t.Errorf("put plan: %d %s", code, b)
+	}
+}
