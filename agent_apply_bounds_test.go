@@ -1,3 +1,9 @@
+// Tests of what bounds one apply request's cost (agent_apply_bounds.go):
+// a manifest's lists are counted before it is decoded, so one whose lists
+// exceed what validation accepts is refused cheaply and with the refusal
+// validation itself would give first, and concurrent applies waiting for
+// the apply lock hold a bounded amount of memory.
+
 package haptic
 
 import (

@@ -1,3 +1,9 @@
+// Tests of the accounting of failed authentication (agent_authfail.go):
+// every failure is counted, the log lines are rate-limited and report how
+// many failures they swallowed, an address that keeps failing is answered
+// later and later up to a bound, the table of addresses is bounded, and an
+// IPv6 client is tracked by its /64.
+
 package haptic
 
 import (

@@ -1,3 +1,11 @@
+// The disk-full sweep: the agent's base directory on a small tmpfs whose
+// free space is swept across what one apply needs, for a file_only, a
+// runtime and a reload apply, with a restart after every apply. An
+// acknowledged apply must survive the restart; any other answer must leave
+// the previous set, plan and generation; and the agent must start however
+// full the disk is. It needs a private mount namespace and skips without
+// one.
+
 package haptic
 
 import (

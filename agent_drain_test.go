@@ -1,3 +1,10 @@
+// Tests of the drain a preStop hook waits on (agent_drain.go), on a
+// scripted connection counter: it ends after a quiet period without new
+// connections, stops at its bound under constant traffic or a hanging read,
+// returns at once when the worker is gone or the agent stops, shares one
+// run between concurrent callers (one that leaves cancels nothing), and
+// ignores the frontends it is told to.
+
 package haptic
 
 import (

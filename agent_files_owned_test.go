@@ -1,3 +1,9 @@
+// Tests that the agent's own paths in the base directory (its store
+// directories, the state file, the plan blob) are really its own: a
+// symbolic link, another kind of file or another owner is refused at
+// startup, and nothing a planted link points to outside the base is ever
+// deleted or chmodded, at startup or by a later sweep.
+
 package haptic
 
 import (

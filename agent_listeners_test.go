@@ -1,3 +1,8 @@
+// Tests of the limits on the agent's listeners (agent_listeners.go): a
+// flood of idle connections is capped per listener and timed out, and
+// spares the admin socket; a request whose headers never finish is cut
+// off; and every listener has a cap and every timeout by default.
+
 package haptic
 
 import (

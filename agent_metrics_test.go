@@ -1,3 +1,8 @@
+// Tests of the agent's metrics (agent_metrics.go): the exact Prometheus
+// text exposition, read back by an independent strict parser; a misused
+// label count dropped and the series capped; counting from many goroutines
+// at once; and a failed write reported to the caller.
+
 package haptic
 
 import (

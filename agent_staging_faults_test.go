@@ -1,3 +1,11 @@
+// Tests of how a staging failure is answered: a fault of the agent's own
+// disk (full, read-only, immutable, no permission, an I/O error) is a
+// server error, 507 when the disk is full and 500 otherwise, with the cause
+// in the message, while a bad body stays the client's 400; the package's
+// Client reports it as a server fault. One test makes a real kernel refuse
+// staging on a tmpfs in a private mount namespace, and skips where it
+// cannot make one.
+
 package haptic
 
 import (

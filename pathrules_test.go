@@ -1,3 +1,11 @@
+// Tests of the character rules a manifest path obeys at both ends of the
+// wire (pathrules.go): control characters, bidirectional controls and
+// invalid UTF-8 are refused by the client before sending and by the agent
+// in validation with the same reason; ';' is refused in the paths HAProxy's
+// runtime API names (maps, certificates, CA files, crt-lists) and allowed
+// elsewhere; a body that is not multipart/form-data is refused; and an
+// owned path that the rules now refuse is left on disk rather than deleted.
+
 package haptic
 
 import (
