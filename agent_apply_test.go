@@ -1,7 +1,10 @@
-// Tests of the apply pipeline (agent.md §9, "Authentication and handlers"
-// manifest and part rows, "Apply pipeline" table) and the bad-input table of
-// issue 5: malformed requests get their exact status and stage and change
-// nothing. All run against the fake HAProxy.
+// Tests of the apply pipeline (agent_apply.go): the manifest and part
+// checks with their exact messages, fencing, missing parts, runtime ops and
+// the fallback reload, rollback to the last known good set, the known-bad
+// cache, role proofs, LKG promotion, reverts, plan blobs, the inventory and
+// a worker that changed under an apply; and a table of malformed requests,
+// each of which gets its exact status and stage and changes nothing. All
+// run against the fake HAProxy.
 
 package haptic
 
@@ -281,7 +284,7 @@ func TestPartErrors(t *testing.T) {
 	}
 }
 
-// TestMalformedRequestsChangeNothing is issue 5's bad-input table: each
+// TestMalformedRequestsChangeNothing is the bad-input table: each
 // malformed request gets its exact status and stage, and the tree, the
 // state file and the generation stay as they were.
 func TestMalformedRequestsChangeNothing(t *testing.T) {
@@ -703,7 +706,9 @@ func TestAFailedReloadRestoresTheLastKnownGoodSet(t *testing.T) {
 }
 
 // A reload that never answers is judged by the runtime layer, which owns
-// the reload timeout (runtime.md §6.2): the NACK carries its words and the
+// the reload timeout: it sends the reload with that timeout as its deadline
+// and, on an HAProxy that gives no Success= line, polls for a new worker
+// until the same timeout. The NACK carries the runtime layer's words and the
 // error is errReloadTimeout on every dialect, never a transport error from an
 // agent deadline that expired first.
 func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
@@ -741,9 +746,12 @@ func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
 	}
 }
 
-// HAProxy reports success but no new worker answers show info: what is left
-// of the reload timeout bounds the wait, and the failure is the agent's own
-// (agent.md §9.21 step 5): performed, not OK, not deterministic.
+// HAProxy reports success but no new worker answers show info: one reload
+// timeout bounds the whole reload, from sending it to the new worker's
+// answer, so what is left of it bounds the wait. The failure is the agent's
+// own, not HAProxy's verdict: the reload was performed (HAProxy said so) but
+// is not OK, and it is not deterministic, so it is never remembered as
+// known-bad.
 func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
 	e, fs := landedEnv(t, func(c *AgentConfig) { c.ReloadTimeout = 400 * time.Millisecond }, nil)
 	old := e.fake.Worker()
@@ -1023,11 +1031,12 @@ func TestLKGPromotionClearsTheJournal(t *testing.T) {
 	}
 }
 
-// A successful reload promotes its plan to LKG only together with the
-// cleared journal (agent.md §9.11, §9.21 step 6). When the cleared journal
-// cannot be saved, the journal and its backups still lead back to the old
-// LKG, so the old LKG must stay: otherwise a later rollback would restore
-// plan-1's files under the name of plan-2.
+// A successful reload promotes its plan to LKG only together with the cleared
+// journal: the new LKG pair and the empty journal are saved as one change,
+// because the journal's backups are what a rollback restores the LKG from.
+// When the cleared journal cannot be saved, the journal and its backups still
+// lead back to the old LKG, so the old LKG must stay: otherwise a later
+// rollback would restore plan-1's files under the name of plan-2.
 func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWithDisk(t, d, nil)
@@ -1279,11 +1288,12 @@ func TestACreatedCertificateEntersTheInventory(t *testing.T) {
 	}
 }
 
-// Each inventory generation names one listing and rides exactly one answer
-// (agent.md §9.19, §9.26): when an apply folds a created certificate in
-// while a new worker's inventory is being read, and that generation is
-// reported, the new worker's listing still gets a later generation and
-// rides the next answer.
+// Each inventory generation names one listing and rides exactly one answer:
+// adopting a new worker reads its listing under a new generation, and an
+// answer carries the inventory only when its generation is newer than the
+// last one reported. When an apply folds a created certificate in while a new
+// worker's inventory is being read, and that generation is reported, the new
+// worker's listing still gets a later generation and rides the next answer.
 func TestAnAdoptedWorkersInventoryGetsItsOwnGeneration(t *testing.T) {
 	e, _ := landedEnv(t, nil, nil)
 	e.a.led.mu.Lock()

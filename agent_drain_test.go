@@ -216,7 +216,8 @@ func TestDrainReturnsAtOnceWhenTheWorkerIsGone(t *testing.T) {
 }
 
 // TestDrainEndsWhenTheAgentStops closes the drainer's stop channel, which is
-// what the agent does once its drain server has shut down (agent.md §4.5).
+// what the agent does once its drain server has shut down at stop: a drain
+// still running then answers cancelled instead of holding the stop up.
 func TestDrainEndsWhenTheAgentStops(t *testing.T) {
 	traffic := func(call int, _ time.Duration) (uint64, error) { return uint64(call), nil }
 	tests := []struct {
@@ -358,8 +359,9 @@ func TestDrainStartsAFreshRunAfterOneEnded(t *testing.T) {
 }
 
 // TestDrainIgnoresListedFrontends drives the drainer with a counter that
-// sums per-frontend conn_tot the way runtime.md §7.4 defines it (FRONTEND
-// rows outside the ignore set), over an ignore set built from flag values
+// sums conn_tot the way the runtime layer does (over the show stat rows
+// whose svname is FRONTEND and whose pxname is outside the ignore set, an
+// empty cell counting 0), over an ignore set built from flag values
 // the way the agent builds it. Traffic only on the ignored probe frontends
 // must still end quiet.
 //

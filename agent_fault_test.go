@@ -1,8 +1,9 @@
-// The fault simulation of agent.md ("Fault simulation"): for seeds 1–6, 24
-// steps each, a fresh fake HAProxy and agent, random desired sets and
-// exactly one fault per step, checked against a model of what the agent
-// must hold after every step. HAPTIC_SOAK=1 runs a 10,000-step variant.
-// Also here: concurrent verified reads against applies.
+// The fault simulation: for seeds 1–6, 24 steps each, a fresh fake HAProxy
+// and agent, random desired sets and exactly one fault per step, checked
+// against a model of what the agent must hold after every step: the tree is
+// exactly one whole set (never a mix), the generation counts the OK applies,
+// and only the expected invariants fire. HAPTIC_SOAK=1 runs a 10,000-step
+// variant. Also here: concurrent verified reads against applies.
 
 package haptic
 

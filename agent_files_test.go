@@ -1,6 +1,8 @@
-// Tests of the agent's file store (agent.md §6, "File store" table). They
-// describe mounts through a mountinfo file written by the test, so they run
-// without privileges; EXDEV is injected through the store's rename hook.
+// Tests of the agent's file store (agent_files.go): path rules, mount
+// probing, staging with size and digest checks, patches, the backup journal,
+// the write order and restore, and the sweep. They describe mounts through a
+// mountinfo file written by the test, so they run without privileges; EXDEV
+// is injected through the store's rename hook.
 
 package haptic
 
@@ -447,8 +449,9 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		name, part, want string
 	}{
 		{"short", content[:5], fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" is 5 bytes, manifest says %d`, size)},
-		// Staging copies at most size+1 bytes (agent.md §6.3): that is the
-		// count a longer part reports, however long it is.
+		// Staging copies at most size+1 bytes, so that an oversized part
+		// costs no more than one byte over its size: that is the count a
+		// longer part reports, however long it is.
 		{"long", content + "extra", fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" is %d bytes, manifest says %d`, size+1, size)},
 		{"wrong bytes", strings.ToUpper(content), fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" hashes to %s, manifest says %s`, DigestString(strings.ToUpper(content)), digest)},
 	}
@@ -513,8 +516,9 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 }
 
 // A part longer than the manifest says is read to size+1 bytes and no
-// further, whole or patched (agent.md §6.3 step 2, §6.4 steps 3-4), so both
-// report the same count: the reader is left holding the rest.
+// further, whole or patched (a patch copies at most its replacement's
+// length plus one byte before verifying the spliced result like a whole
+// file), so both report the same count: the reader is left holding the rest.
 func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	ts := newTestStore(t, nil, nil)
 	base := "global\n  maxconn 100\ndefaults\n"
@@ -547,9 +551,12 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	}
 }
 
-// The fit rule of agent.md §6.4 step 2, row by row, including values whose
-// sums overflow int64: each is the spec's 400 text, never a seek error
-// (which would also expose the absolute path), and leaves no temp file.
+// The fit rule of a patch, row by row: a negative offset or length, a
+// replaced range that runs past the base, or a result size that would leave
+// the replacement a negative length does not fit, including values whose
+// sums overflow int64. Each is the 400 "does not fit its base" text, never
+// a seek error (which would also expose the absolute path), and leaves no
+// temp file.
 func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	ts := newTestStore(t, nil, nil)
 	base := "global\n  maxconn 100\ndefaults\n"

@@ -1,7 +1,8 @@
 // Tests of what runs after or between applies, and of the agent-level
-// surfaces around them (agent.md "Patches, worker baseline, batches,
-// pacing, read-back", the agent-level deferred-delete rows, and the agent
-// halves of "Drain, metrics, invariants"). All run against the fake HAProxy.
+// surfaces around them: patches, the worker baseline an apply must prove,
+// op batches, the pacing of reloads and the pacer, the read-back, deferred
+// deletes driven through an apply, and the agent's side of the drain, the
+// metrics and the invariants. All run against the fake HAProxy.
 
 package haptic
 
@@ -477,7 +478,7 @@ func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
 	_, _, res2 := e.landThenSchedule(t)
 	// The reload records the running plan before the pacer records its
-	// result (agent.md §9.22 steps 4 and 7): wait for both.
+	// result in last_apply: wait for both.
 	waitFor(t, "the pacer", func() bool {
 		st := e.c.state("")
 		return st.RunningPlanID == "plan-2" && st.LastApply != nil && st.LastApply.Mode == ResultReload
@@ -623,7 +624,8 @@ func (c *endsWhileWaiting) Err() error {
 
 // The pacer's select may pick its ticker after shutdown began; a reload
 // tried then would fail on the ended context and its abort would roll back
-// files an apply had accepted (agent.md §4.5, §9.22).
+// files an apply had accepted. Once shutdown has begun the pacer fires
+// nothing: the files stay and the reload stays pending.
 func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 	t.Run("ended before the pacer wakes", func(t *testing.T) {
 		e, fs2 := scheduledThenStopped(t, nil)

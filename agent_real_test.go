@@ -1,6 +1,7 @@
 // TestRealHAProxyEndToEnd runs the agent against the real HAProxy binary
-// named by HAPTIC_HAPROXY, on the harness of runtime.md §9.1, and is
-// skipped without it.
+// named by HAPTIC_HAPROXY, in master-worker mode with the fixture that
+// startRealHAProxy writes (a map, a certificate, a CA and a crt-list), and
+// is skipped without it.
 
 package haptic
 

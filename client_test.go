@@ -252,7 +252,7 @@ func mustErrorContain(t *testing.T, err error, want string) {
 }
 
 // ---------------------------------------------------------------------------
-// 11.2 Client construction and transport.
+// Client construction and transport.
 
 func TestNewClientRejectsUnusableBaseURL(t *testing.T) {
 	_, parseErr := url.Parse("http://%zz")
@@ -498,7 +498,7 @@ func TestCloseKeepsClientUsable(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 11.3 Requests, retries and classification.
+// Requests, retries and classification.
 
 func TestStateSuccess(t *testing.T) {
 	want := State{
@@ -823,7 +823,7 @@ func TestApplyHonoursContextCancellation(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 11.4 Apply.
+// Apply.
 
 func TestApplySendsManifestThenPlanThenFilesInManifestOrder(t *testing.T) {
 	srv, log := startRecordingServer(t, answerJSON(http.StatusOK, testAck))
@@ -1168,7 +1168,7 @@ func TestApplyCountingWriterCapsTheBody(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 11.5 PutPlan and skew.
+// PutPlan and skew.
 
 func TestPutPlanMapsTheAgentsAnswers(t *testing.T) {
 	tests := []struct {
@@ -1244,7 +1244,7 @@ func TestPutPlanMapsTheAgentsAnswers(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 11.6 Deploy.
+// Deploy.
 
 // exampleConfig is the example's haproxy.cfg, the file cmd/basic-apply and
 // haptic demo read through internal/example (which imports this package, so
@@ -1255,8 +1255,9 @@ var exampleConfig string
 
 const exampleHostMap = "maps/host.map"
 
-// examplePlan is the example's buildPlan (renderplan.md §11.2) with the
-// contents known, so that Deploy can resend the parts an agent asks for.
+// examplePlan is the plan the example program's buildPlan builds
+// (cmd/basic-apply), with the contents known, so that Deploy can resend the
+// parts an agent asks for.
 func examplePlan(hostMapContent string) *Plan {
 	p := &Plan{
 		SchemaVersion: PlanSchemaVersion,

@@ -1,7 +1,6 @@
-// Table tests for Diff and its wire helpers (deployplan.md §12), on the
-// fixtures of deployplan.md §11. Every plan here is built by basePlan, which
-// derives every digest from content, so equality stays decidable after a
-// plan-blob round trip.
+// Table tests for Diff and its wire helpers, on the fixtures below. Every
+// plan here is built by basePlan, which derives every digest from content,
+// so equality stays decidable after a plan-blob round trip.
 
 package haptic
 
@@ -18,7 +17,8 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Fixtures (deployplan.md §11).
+// Fixtures: basePlan and its options, backend and server records, the
+// capabilities of two HAProxy versions, and the paths the tests share.
 
 const (
 	routeMap = "maps/route-backend.map"
@@ -2716,7 +2716,9 @@ func TestDiffProperties(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// Benchmark (deployplan.md §9).
+// Benchmark: Diff on 3,000 dynamic backends of two servers each and 25
+// loaded maps, where next differs from prev by one server address, should
+// stay under 5 ms per call on one core.
 
 func BenchmarkDiff(b *testing.B) {
 	build := func(changed string) *Plan {

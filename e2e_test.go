@@ -101,7 +101,7 @@ func freeLoopbackPort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startE2E starts the real HAProxy of runtime.md §9.1 (skipping without
+// startE2E starts the real HAProxy of startRealHAProxy (skipping without
 // HAPTIC_HAPROXY), two backends, and an agent whose base directory is
 // HAProxy's directory. The first Deploy replaces the harness fixture's
 // configuration with the end-to-end one.

@@ -69,8 +69,11 @@ func manifestBody(b []byte) (*multipart.Reader, error) {
 // FuzzManifestDecodeAndValidate runs the handler's manifest path — read the
 // part, normalise a legacy manifest, validate, auto-downgrade, derive the
 // work identity — on arbitrary JSON, against a real file store. Nothing may
-// panic, and a manifest that passes must satisfy every rule of agent.md
-// §9.3–§9.5 on its own.
+// panic, and a manifest that passes must hold up on its own: a legacy one
+// keeps none of the exact-identity fields, a valid one satisfies every
+// validation rule (checkValidManifest), an automatic one without a worker
+// proof is downgraded to a reload, and its work identity ignores the
+// fencing fields and patches.
 func FuzzManifestDecodeAndValidate(f *testing.F) {
 	base := f.TempDir()
 	store, err := newFileStore(fileStoreConfig{
@@ -132,8 +135,12 @@ func FuzzManifestDecodeAndValidate(f *testing.F) {
 	})
 }
 
-// checkValidManifest restates agent.md §9.4 as properties of a manifest
-// that validation passed.
+// checkValidManifest restates the validation rules as properties of a
+// manifest that validation passed: within the op, batch and file limits,
+// every continuation batch of 1 to 1000 ops, a plan id, a known mode (a
+// revert only with exact identity and the refused plan's proof), valid and
+// distinct paths that stay inside the base, each with a digest, and the
+// config file listed unless it is a revert.
 func checkValidManifest(t *testing.T, m *Manifest, store *fileStore) {
 	t.Helper()
 	n := len(m.Ops) + len(m.InPlaceOps)
@@ -507,9 +514,9 @@ func FuzzClassify(f *testing.F) {
 		}
 		checkSticky(t, "judgeLine", v.Errs)
 		allOK := !slices.ContainsFunc(v.Errs, func(err error) bool { return err != nil })
-		// runtime.md §4.3 marks commands unknown from max(n-2, 0) on, so a
-		// partial tail after all k responses leaves the verdicts standing;
-		// fewer responses than commands never do.
+		// An incomplete reply marks the commands unknown from max(n-2, 0) on,
+		// so a partial tail after all k responses leaves the verdicts
+		// standing; fewer responses than commands never do.
 		if allOK && len(cmds) > 0 && n != 2+len(cmds) {
 			t.Fatalf("an incomplete reply (%d responses for %d commands, partial %v) was judged a success: %q", n, 2+len(cmds), partial, raw)
 		}

@@ -1,7 +1,7 @@
-// This file tests haptic.go against wire.md §11.1: every wire type's JSON
-// shape (by reflection and by golden fixtures under testdata/wire/), the
-// constants and limits, the token grammar, op batches and the small
-// helpers both ends share.
+// This file tests haptic.go, the types and helpers both ends of the wire
+// share: every wire type's JSON shape (by reflection and by golden fixtures
+// under testdata/wire/), the constants and limits, the token grammar, op
+// batches and the small helpers.
 
 package haptic
 
@@ -233,7 +233,8 @@ func TestStateReadQuery(t *testing.T) {
 	}
 }
 
-// wireField is one wire struct field as wire.md §6 lists it.
+// wireField is one wire struct field as the wire format fixes it: Go name,
+// Go type, JSON name and whether it is omitted when empty.
 type wireField struct {
 	name, goType, jsonName string
 	omitempty              bool
@@ -610,7 +611,8 @@ func TestConstants(t *testing.T) {
 	}
 }
 
-// wireOpKindsInOrder is wire.md §3.8, in constant order.
+// wireOpKindsInOrder is every op kind the wire carries, in the order of
+// the constants.
 var wireOpKindsInOrder = []string{
 	"backend_add", "backend_publish", "backend_unpublish", "backend_del", "wait_be_removable",
 	"server_add", "server_enable", "server_disable", "server_set_addr", "server_set_weight",

@@ -1,8 +1,9 @@
-// This file tests renderplan.go against renderplan.md §12.1–§12.6: digests,
-// the canonical encoding (held byte for byte to encoding/json), plan ids,
-// Clone and the comparators, map-file parsing and plan blobs. The fixtures
-// here (the §4.6 examples, the §5.2 3,000-backend plan, the random plan
-// generator) are shared with the fuzz targets and benchmarks below.
+// This file tests renderplan.go: digests, the canonical encoding (held byte
+// for byte to encoding/json), plan ids, Clone and the comparators, map-file
+// parsing and plan blobs. The fixtures here (the all-fields and weight-zero
+// example plans with their pinned encodings, the 3,000-backend plan, the
+// random plan generator) are shared with the fuzz targets and benchmarks
+// below.
 
 package haptic
 
@@ -33,8 +34,9 @@ import (
 // weightOf returns a pointer to a fresh int, for Server.Weight and Op.Weight.
 func weightOf(v int) *int { return &v }
 
-// allFieldsExamplePlan is the all-fields example of renderplan.md §4.6: every
-// field of every type set at least once, local-only fields included.
+// allFieldsExamplePlan is the all-fields example: every field of every type
+// set at least once, local-only fields included, so that its pinned
+// encoding shows every member and proves the local-only ones left out.
 func allFieldsExamplePlan() *Plan {
 	zero := 0
 	return &Plan{SchemaVersion: 1, ID: "ignored",
@@ -68,14 +70,16 @@ func allFieldsExamplePlan() *Plan {
 	}
 }
 
-// allFieldsExampleCanonical is the 1,557-byte canonical encoding §4.6 gives
-// for allFieldsExamplePlan, and allFieldsExampleID its id.
+// allFieldsExampleCanonical is the 1,557-byte canonical encoding of
+// allFieldsExamplePlan, pinned byte for byte, and allFieldsExampleID its id.
 const (
 	allFieldsExampleCanonical = `{"schemaVersion":1,"id":"","sections":[{"kind":"core","name":"global","textDigest":"f72338a7e0367f8f","length":7},{"kind":"profile","name":"web","textDigest":"2222222222222222","length":20},{"kind":"backend","name":"be","textDigest":"3333333333333333","length":40}],"backends":{"be":{"name":"be","profile":"web","mode":"http","guid":"g-be","balance":"roundrobin","hashType":"consistent","shape":"structural","shapeReason":"stick-table in the body","servers":[{"name":"s1","address":"10.0.0.1","port":80,"weight":0,"disabled":true,"guid":"g-s1","comment":"a\u003cb","extra":[{"name":"check"},{"name":"inter","args":["2s"]}]}],"defaultServer":[{"name":"ssl"},{"name":"verify","args":["none"]}],"bodyDigest":"4444444444444444","commentsDigest":"5555555555555555","recordDigest":"6666666666666666","textDigest":"3333333333333333"}},"profiles":{"web":{"name":"web","bodyDigest":"7777777777777777","hasRules":true}},"maps":{"maps/host.map":{"path":"maps/host.map","ordered":true,"entries":[{"key":"a.example.com","value":"be"},{"key":"a.example.com","value":"be2"}]}},"crtLists":{"ssl/list.txt":{"path":"ssl/list.txt","entries":[{"cert":"site.pem","options":[{"name":"alpn","args":["h2,http/1.1"]}],"sniFilters":["*.example.com","!old.example.com"]}]}},"files":[{"path":"haproxy.cfg","kind":"config","reloadOnChange":true,"digest":"8888888888888888","size":67},{"path":"maps/host.map","kind":"map","reloadOnChange":false,"digest":"9999999999999999","size":48},{"path":"ssl/list.txt","kind":"crtlist","reloadOnChange":false,"digest":"aaaaaaaaaaaaaaaa","size":60}]}`
 	allFieldsExampleID        = "223e2766c8b05444"
 )
 
-// weightZeroExamplePlan is the weight-zero example of §4.6.
+// weightZeroExamplePlan is the weight-zero example: a server whose weight
+// points to 0, which must be encoded as "weight":0 where an unset weight is
+// left out, and a crt-list with no entries.
 func weightZeroExamplePlan() *Plan {
 	zero := 0
 	return &Plan{SchemaVersion: 1,
@@ -112,7 +116,7 @@ func exactSamplePlan() *Plan {
 }
 
 // computeIDSamplePlan has two sections, two backends, a profile, an ordered
-// map and a file (§12.3 TestPlanComputeID).
+// map and a file: the plan TestPlanComputeID computes ids of.
 func computeIDSamplePlan() *Plan {
 	cfg := "global\nbackend be1\n"
 	return &Plan{SchemaVersion: PlanSchemaVersion,
@@ -132,7 +136,8 @@ func computeIDSamplePlan() *Plan {
 	}
 }
 
-// computeID3000Plan is the fixture of renderplan.md §5.2.
+// computeID3000Plan is the plan the speed of ComputeID is measured on:
+// 3,000 backends, 100 maps of 30 entries each, and their sections and files.
 func computeID3000Plan() *Plan {
 	const backends, maps, entriesPerMap = 3000, 100, 30
 	p := &Plan{SchemaVersion: PlanSchemaVersion,
@@ -255,7 +260,8 @@ func (c *fuzzChooser) bytes() string {
 	return s
 }
 
-// canonicalEscapingExamples are the strings of §4.4 with the JSON they
+// canonicalEscapingExamples are strings the canonical encoding must escape
+// exactly as encoding/json does (HTML escaping on), with the JSON they
 // become (quotes included).
 var canonicalEscapingExamples = []struct{ in, want string }{
 	{`"`, `"\""`},
@@ -420,7 +426,7 @@ func checkMatchesEncodingJSON(t testing.TB, p *Plan) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.1 Digests.
+// Digests.
 
 func TestDigestVectors(t *testing.T) {
 	rows := []struct{ in, want string }{
@@ -532,9 +538,10 @@ func BenchmarkDigest(b *testing.B) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.2 Types and canonical encoding.
+// Types and canonical encoding.
 
-// declaredField is one struct field as the spec declares it.
+// declaredField is one struct field as the plan types declare it: name,
+// Go type and tag.
 type declaredField struct{ name, goType, tag string }
 
 // declaredFields lists t's fields by reflection, in declaration order.
@@ -644,7 +651,7 @@ func TestPlanFieldInventory(t *testing.T) {
 	if PlanSchemaVersion != 1 || SectionKindCore != "core" || SectionKindProfile != "profile" ||
 		SectionKindBackend != "backend" || ShapeDynamic != "dynamic" || ShapeStructural != "structural" ||
 		ConfigFilePath != "haproxy.cfg" {
-		t.Error("a plan constant of renderplan.md §1 has the wrong value")
+		t.Error("a plan constant has the wrong value")
 	}
 }
 
@@ -758,7 +765,8 @@ func TestCanonicalExcludesID(t *testing.T) {
 
 // TestCanonicalConcurrentReaders runs Canonical, ComputeID's encoding and
 // the blob writer on one shared plan from several goroutines: under -race it
-// proves that encoding never writes to the plan (§2.10).
+// proves that encoding never writes to the plan, so a plan may be shared
+// by readers without a lock.
 func TestCanonicalConcurrentReaders(t *testing.T) {
 	p := allFieldsExamplePlan()
 	var wg sync.WaitGroup
@@ -870,7 +878,7 @@ func TestCanonicalOmitEmpty(t *testing.T) {
 		checkMatchesEncodingJSON(t, r.zero)
 		checkMatchesEncodingJSON(t, r.set)
 	}
-	// Non-omitempty fields are written at their zero values (§4.2).
+	// Non-omitempty fields are written at their zero values.
 	zeros := &Plan{
 		Sections: []Section{{}},
 		Backends: map[string]Backend{"b": {Servers: []Server{{}}}},
@@ -962,7 +970,7 @@ func FuzzCanonical(f *testing.F) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.3 Ids.
+// Ids.
 
 func TestPlanComputeID(t *testing.T) {
 	base := computeIDSamplePlan()
@@ -992,7 +1000,7 @@ func TestPlanComputeID(t *testing.T) {
 	}
 }
 
-// goldenPlan is the plan of TestPlanGoldenID (§12.3).
+// goldenPlan is the plan of TestPlanGoldenID, whose id is pinned.
 func goldenPlan() *Plan {
 	global := "global\n    log stdout format raw local0\n"
 	backend := "backend web\n    mode http\n    server web1 10.0.0.1:8080 weight 5 check\n"
@@ -1092,7 +1100,7 @@ func TestComputeIDBudget(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.4 Clone and equality.
+// Clone and equality.
 
 func TestPlanCloneOwnsNestedState(t *testing.T) {
 	rows := []struct {
@@ -1250,7 +1258,10 @@ func TestExactlyEqual(t *testing.T) {
 	}
 }
 
-// backendFieldClasses classifies every Backend field (renderplan.md §8.5).
+// backendFieldClasses classifies every Backend field by the comparator that
+// must notice a change to it: EqualRecord ("record"), EqualContent
+// ("content"), or neither (only TextDigest, which changes whenever the
+// section is re-emitted and which the caller handles).
 var backendFieldClasses = map[string]string{
 	"Name": "record", "Profile": "record", "Mode": "record", "GUID": "record", "Balance": "record",
 	"HashType": "record", "Shape": "record", "ShapeReason": "record", "Servers": "record", "DefaultServer": "record",
@@ -1408,10 +1419,10 @@ func TestEqualKeywordArgs(t *testing.T) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.5 Map files.
+// Map files.
 
-// parseMapEntriesRows is the table of renderplan.md §9.1; it also seeds
-// FuzzParseMapEntries.
+// parseMapEntriesRows is ParseMapEntries' table of inputs and entries; it
+// also seeds FuzzParseMapEntries.
 var parseMapEntriesRows = []struct {
 	content string
 	want    []MapEntry
@@ -1550,7 +1561,7 @@ func FuzzParseMapEntries(f *testing.F) {
 }
 
 // ---------------------------------------------------------------------------
-// 12.6 Plan blobs.
+// Plan blobs.
 
 func TestPlanBlobFormat(t *testing.T) {
 	p := allFieldsExamplePlan()

@@ -1,6 +1,9 @@
-// Tests of the example program (renderplan.md §12.7). They own no HAProxy
-// behaviour; the end-to-end test runs the program against the fake HAProxy
-// and an in-process agent, exactly as a user runs it against a pod.
+// Tests of the example program: its configuration and map keep their pinned
+// sizes and digests, buildPlan builds the exact plan shape with pinned ids,
+// an empty environment variable falls back to its default, and a conflict is
+// logged with its reason and wrapped in the returned error. They own no
+// HAProxy behaviour; the end-to-end test runs the program against the fake
+// HAProxy and an in-process agent, exactly as a user runs it against a pod.
 
 package main
 

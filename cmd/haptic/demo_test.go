@@ -1,6 +1,8 @@
-// Tests of `haptic demo`: its output is the example's (renderplan.md
-// §11.5) line by line, on the fake HAProxy and, when HAPTIC_HAPROXY names
-// one, on a real binary; and it leaves nothing behind.
+// Tests of `haptic demo`: its output is the example program's line by line
+// (a first apply that reloads with the single reason "no baseline", then a
+// runtime apply of one map_add without a reload), on the fake HAProxy and,
+// when HAPTIC_HAPROXY names one, on a real binary; and it leaves nothing
+// behind.
 
 package main
 

@@ -1,5 +1,7 @@
-// Tests of `haptic agent state` and `haptic agent health` (agent.md §15):
-// against a recorded State served on a unix socket exactly as the admin
+// Tests of `haptic agent state` and `haptic agent health`, the commands an
+// operator and a liveness probe run inside the pod: the text layout, the
+// files table, JSON output and the exit statuses, against a recorded State
+// served on a unix socket exactly as the admin
 // socket serves it, over TCP with Basic auth, and against a real agent's
 // admin socket.
 
