@@ -62,7 +62,9 @@
 //	agent_listeners.go        per-listener timeouts and connection caps
 //	agent_metrics.go          the Prometheus text exposition
 //	agent_drain.go            the preStop drain
+//	agent_reasons.go          why a reload the controller asked for is logged as it is
 //	fakehaproxy*.go           FakeHAProxy: an in-process HAProxy for tests, held to the real one
+//	harness_test.go           the harness every agent test builds on
 //
 // Pure decisions (Diff, the fence, settling a reload's verdict, compiling an
 // op, judging a reply) are plain functions over data; I/O stays at the edges,
