@@ -1,16 +1,17 @@
-// This file owns the agent's HAProxy runtime layer (runtime.md) and the
-// deferred-delete queue that drives it off the apply path (agent.md §11). It
-// reads in the order a command flows: an Op is compiled into a program of
-// HAProxy commands, the commands are packed into lines under the line budget,
-// each line travels on a connection of its own, and the reply is counted,
-// cut into segments and judged. Then come the reads (worker identity, the
-// master's show proc and reload, the inventory and read-backs), the
-// interactive worker session, and the queue that uses it.
+// This file owns the agent's way to HAProxy: the worker and master
+// sockets. It reads in the order a compiled line flows: the line travels on
+// a connection of its own, the reply is counted, cut into segments and
+// judged, and execute records one result per program. Then come the reads
+// (worker identity, the master's show proc and reload, the inventory and
+// read-backs) and the interactive worker session the deferred-delete queue
+// runs its commands on. What an op becomes is agent_runtime_compile.go's.
 //
-// It must never retry a line that may have landed, never read a cut reply as
-// silence (silence is success in HAProxy's CLI), never send a word that did
-// not pass the token grammar, and never hold the queue's lock across HAProxy
-// I/O. It talks to HAProxy with the standard library only.
+// It must never retry a line that may have landed, never read a cut reply
+// as silence (silence is success in HAProxy's CLI), never send a word that
+// did not pass the token grammar, and never let a session reconnect (a new
+// connection could reach another worker). It talks to HAProxy with the
+// standard library only.
+
 package haptic
 
 import (
@@ -26,22 +27,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode"
 )
 
-// Layer constants (runtime.md §1). The timeouts are the production values;
-// runtimeConfig overrides them so tests can shrink them.
+// Socket constants. The timeouts are the production values; runtimeConfig
+// overrides them so tests can shrink them. show info and show stat travel
+// behind readPrefix alone: they need no experimental mode.
 const (
-	lineReserve        = 64                                                 // bytes kept free in every line for the prefix
-	lineBudget         = MaxCommandLineBytes - lineReserve                  // 12224
-	linePrefix         = "set severity-output number;experimental-mode on;" // apply path and listings
-	readPrefix         = "set severity-output number;"                      // show info and show stat
-	payloadTerminator  = "HAPTIC"                                           // custom payload terminator (HAProxy >= 3.0)
-	versionPlaceholder = "\x01ver\x01"                                      // a captured map version in command text
-	expectDone         = "Done"                                             // success text of wait
+	readPrefix = "set severity-output number;" // show info and show stat
 
 	runtimeIOTimeout     = 30 * time.Second
 	connectRetryPause    = 100 * time.Millisecond
@@ -51,11 +46,6 @@ const (
 	workerPrompt         = "\n> "
 	reloadPollInterval   = 100 * time.Millisecond
 	systemCA             = "@system-ca"
-
-	// maxFramedPayloadCommand bounds one payload command with its framing:
-	// HAProxy refuses (3.0) or silently drops (2.6) a command over 16383
-	// bytes, and 2.6.12 hangs on exactly 16384, so stay far below both.
-	maxFramedPayloadCommand = MaxCommandLineBytes + 1024
 )
 
 // The layer's typed errors; the agent tells failures apart with errors.Is.
@@ -64,20 +54,18 @@ var (
 	errWaitExpired        = errors.New("wait delay expired")
 	errRejected           = errors.New("haproxy rejected the command")
 	errUnreadableResponse = errors.New("unreadable runtime response")
-	errUnsafeToken        = errors.New("unsafe runtime token")
-	errUnknownOp          = errors.New("unknown op kind")
 	errReloadRejected     = errors.New("failed to reload configuration")
 	errReloadTimeout      = errors.New("no new worker within the reload timeout")
 	errReloadBusy         = errors.New("another reload is still in progress")
 	errTooManyEntries     = errors.New("runtime listing exceeds the entry limit")
 	errWorkerGone         = errors.New("the deferred delete's HAProxy worker has changed")
 	errWorkerMoved        = errors.New("the commands reached another HAProxy worker than expected")
-	errDeferralOverflow   = errors.New("deferred delete queue is full")
 )
 
 // runtimeError is an error with its own text that still matches the errors it
-// stands for under errors.Is, so that a message can follow the spec's wording
-// ("reload: no new worker within 1m0s") without repeating the sentinel's.
+// stands for under errors.Is, so that a message can say what happened in
+// the operator's terms ("reload: no new worker within 1m0s") without
+// repeating the sentinel's.
 type runtimeError struct {
 	msg  string
 	kind []error
@@ -87,12 +75,12 @@ func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
 // ---------------------------------------------------------------------------
-// Construction (runtime.md §2.1).
+// Construction.
 
 // runtimeConfig configures the layer. Zero durations mean the production
-// defaults of runtime.md §1. SessionTimeout, ConnectRetryPause and
-// ReloadPollInterval are additions beyond the pinned four fields: they exist
-// so tests can shrink every wait the layer has.
+// defaults (the socket constants, and MaxReloadMs for a reload).
+// SessionTimeout, ConnectRetryPause and ReloadPollInterval exist so tests
+// can shrink every wait the layer has.
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
@@ -152,563 +140,10 @@ func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, e
 }
 
 // ---------------------------------------------------------------------------
-// Programs (runtime.md §3.1): what an op becomes.
-
-// command is one HAProxy runtime command with the text that judges it.
-type command struct {
-	Text     string // the command; never contains '\n'
-	Payload  string // body of a "<<" command; such a command is always last on its line
-	Expect   string // case-insensitive success text ("anchor"); "" = quiet
-	Capture  bool   // reply carries the map version to substitute (prepare map only)
-	Repeat   bool   // run until HAProxy refuses it (del map only)
-	Optional bool   // the prefix entry whose chatter is version-dependent
-}
-
-// program is the compiled form of one op.
-type program struct {
-	Kind     string    // Op kind
-	Commands []command // in order
-	Abort    []command // sent after a failure of this program (cert/CA only)
-
-	// Terminator is the payload terminator the payloads were validated
-	// against at compile time; lines are framed with this one, never with a
-	// terminator derived later, so a payload can never end itself early.
-	Terminator string
-}
-
-// prefixEntry stands for both prefix commands of every line when a reply is
-// matched: callers of matchBatch put it first.
-var prefixEntry = command{Text: strings.TrimSuffix(linePrefix, ";"), Optional: true}
-
-// terminatorFor chooses the payload terminator for a worker version.
-// HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
-// argument and then run every payload line as a command. Custom terminators
-// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
-// (deployplan.md §2.4) decides; an older or unreadable version gets
-// HAProxy's default empty-line terminator.
-func terminatorFor(version string) string {
-	if CapsFor(version, nil).DynamicServers {
-		return payloadTerminator
-	}
-	return ""
-}
-
-// terminator is the payload terminator for the worker the last info read.
-func (r *haproxyRuntime) terminator() string {
-	if v := r.version.Load(); v != nil {
-		return terminatorFor(*v)
-	}
-	return terminatorFor("")
-}
-
-// ---------------------------------------------------------------------------
-// Compiling (runtime.md §3.2–§3.7).
-
-// compileOp turns one op into its program. Every word is checked against
-// the token grammar first; a failing field is refused, never sanitised.
-// content returns the held bytes of a file (map_replace, cert_*, ca_*); term
-// is the worker's payload terminator (terminatorFor).
-func compileOp(op *Op, content func(path string) ([]byte, error), term string) (program, error) {
-	p := program{Kind: op.Kind, Terminator: term}
-	var err error
-	switch op.Kind {
-	case OpBackendAdd:
-		err = firstError(checkToken("backend", op.Backend), checkToken("profile", op.Profile),
-			checkEnum("mode", op.Mode, "http", "tcp"), checkOptionalToken("guid", op.GUID))
-		text := "add backend " + op.Backend + " from " + op.Profile + " mode " + op.Mode
-		if op.GUID != "" {
-			text += " guid " + op.GUID
-		}
-		p.Commands = []command{{Text: text, Expect: "New backend registered"}}
-	case OpBackendPublish:
-		err = checkToken("backend", op.Backend)
-		p.Commands = []command{{Text: "publish backend " + op.Backend, Expect: "Backend published"}}
-	case OpBackendUnpublish:
-		err = checkToken("backend", op.Backend)
-		p.Commands = []command{{Text: "unpublish backend " + op.Backend}}
-	case OpBackendDel:
-		err = checkToken("backend", op.Backend)
-		p.Commands = []command{{Text: "del backend " + op.Backend, Expect: "Backend deleted"}}
-	case OpBackendWaitRemovable:
-		err = firstError(checkToken("backend", op.Backend), checkWaitTimeout(op.TimeoutMs))
-		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " be-removable " + op.Backend, Expect: expectDone}}
-	case OpServerAdd:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port), checkKeywords("keyword", op.Keywords))
-		text := "add server " + serverRefText(op) + " " + op.Address
-		if op.Port > 0 {
-			text += ":" + strconv.Itoa(op.Port)
-		}
-		p.Commands = []command{{Text: text + keywordWords(op.Keywords), Expect: "New server registered"}}
-	case OpServerEnable:
-		err = checkRef(op)
-		if op.Health {
-			p.Commands = append(p.Commands, command{Text: "enable health " + serverRefText(op)})
-		}
-		p.Commands = append(p.Commands, command{Text: "enable server " + serverRefText(op)})
-	case OpServerDisable:
-		err = checkRef(op)
-		p.Commands = []command{{Text: "disable server " + serverRefText(op)}}
-	case OpServerSetAddr:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port))
-		text := "set server " + serverRefText(op) + " addr " + op.Address
-		if op.Port > 0 {
-			text += " port " + strconv.Itoa(op.Port)
-		}
-		// HAProxy answers at WARNING for success and refusal alike; the
-		// words decide ("IP changed", "port changed", "nothing changed").
-		p.Commands = []command{{Text: text, Expect: "chang"}}
-	case OpServerSetWeight:
-		err = firstError(checkRef(op), checkWeight(op.Weight))
-		if err == nil {
-			p.Commands = []command{{Text: "set server " + serverRefText(op) + " weight " + strconv.Itoa(*op.Weight)}}
-		}
-	case OpServerSetState:
-		err = firstError(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
-		p.Commands = []command{{Text: "set server " + serverRefText(op) + " state " + op.State}}
-	case OpServerWaitRemovable:
-		err = firstError(checkRef(op), checkWaitTimeout(op.TimeoutMs))
-		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + serverRefText(op), Expect: expectDone}}
-	case OpShutdownSessions:
-		err = checkRef(op)
-		p.Commands = []command{{Text: "shutdown sessions server " + serverRefText(op)}}
-	case OpServerDel:
-		err = checkRef(op)
-		p.Commands = []command{{Text: "del server " + serverRefText(op), Expect: "Server deleted"}}
-	case OpMapAdd:
-		// The payload form carries a value with spaces, which the line form
-		// would cut at the first space.
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
-		p.Commands = []command{{Text: "add map " + op.Path, Payload: op.Key + " " + op.Value + "\n"}}
-	case OpMapSet:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
-		p.Commands = []command{{Text: "set map " + op.Path + " " + op.Key + " " + op.Value}}
-	case OpMapDel:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key))
-		p.Commands = []command{{Text: "del map " + op.Path + " " + op.Key, Repeat: true}}
-	case OpMapReplace:
-		p.Commands, err = compileMapReplace(op.Path, content)
-	case OpCertSet, OpCertNew:
-		p.Commands, p.Abort, err = compileTransaction(op, content, "cert", "New empty certificate store")
-	case OpCASet, OpCANew:
-		p.Commands, p.Abort, err = compileTransaction(op, content, "ca-file", "New CA file created")
-	case OpCRTListAdd:
-		// Always the payload form: the line form silently drops options
-		// and SNI filters.
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert),
-			checkKeywords("option", op.Options), checkTokens("sni filter", op.SNIFilters), checkCRTListWords(op))
-		p.Commands = []command{{Text: "add ssl crt-list " + op.Path, Payload: crtListLine(op), Expect: "Success"}}
-	case OpCRTListDel:
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert))
-		p.Commands = []command{{Text: "del ssl crt-list " + op.Path + " " + op.Cert}}
-	default:
-		return program{}, fmt.Errorf("%w: %q", errUnknownOp, op.Kind)
-	}
-	if err != nil {
-		return program{}, err
-	}
-	for _, c := range slices.Concat(p.Commands, p.Abort) {
-		if err := checkCommand(c, term); err != nil {
-			return program{}, err
-		}
-	}
-	return p, nil
-}
-
-// compileMapReplace builds the versioned replace of a whole map: prepare a
-// new version, fill it in chunks, commit it. The payload is the parsed
-// entries, not the file: HAProxy's payload parser has no comment syntax and
-// reads a key up to the first space or tab, newlines included, so a '#'
-// line would become an entry and a bare "key\n" would glue onto the next
-// line; an empty value is therefore rendered "key \n".
-//
-// There is no abort: "clear map @<ver>" clears the version on 3.0 but is a
-// no-op on 3.4 (a later commit would install it), so a failed chunk leaves
-// an uncommitted version behind, which is harmless.
-func compileMapReplace(path string, content func(string) ([]byte, error)) ([]command, error) {
-	if err := checkToken("path", path); err != nil {
-		return nil, err
-	}
-	data, err := readContent(content, path)
-	if err != nil {
-		return nil, err
-	}
-	var body strings.Builder
-	// At most the file plus one space per line ("key \n" for an empty value).
-	body.Grow(len(data) + bytes.Count(data, []byte{'\n'}) + 1)
-	for _, e := range ParseMapEntries(string(data)) {
-		if !SafePayloadValue(e.Key) || !SafePayloadValue(e.Value) {
-			return nil, fmt.Errorf("%w: map entry %q", errUnsafeToken, e.Key)
-		}
-		body.WriteString(e.Key)
-		body.WriteByte(' ')
-		body.WriteString(e.Value)
-		body.WriteByte('\n')
-	}
-	chunks, err := chunkLines(body.String(), MaxPayloadBytes)
-	if err != nil {
-		return nil, err
-	}
-	version := "@" + versionPlaceholder + " " + path
-	cmds := []command{{Text: "prepare map " + path, Capture: true, Expect: "version created"}}
-	for _, chunk := range chunks {
-		cmds = append(cmds, command{Text: "add map " + version, Payload: chunk})
-	}
-	// commit is silent on success on 3.0 and 3.4, so any output refuses it.
-	return append(cmds, command{Text: "commit map " + version}), nil
-}
-
-// chunkLines cuts a payload after a '\n', never inside a line, into chunks
-// of at most max bytes: HAProxy applies zero entries of a payload over its
-// buffer. A line longer than max cannot travel at all.
-func chunkLines(payload string, max int) ([]string, error) {
-	var chunks []string
-	for payload != "" {
-		if len(payload) <= max {
-			return append(chunks, payload), nil
-		}
-		cut := strings.LastIndexByte(payload[:max], '\n') + 1
-		if cut == 0 {
-			line, _, _ := strings.Cut(payload, "\n")
-			return nil, fmt.Errorf("%w: map line of %d bytes exceeds the %d-byte payload limit", errUnsafeToken, len(line)+1, max)
-		}
-		chunks = append(chunks, payload[:cut])
-		payload = payload[cut:]
-	}
-	return chunks, nil
-}
-
-// compileTransaction builds a certificate or CA-file update: optionally
-// create the entry, open a transaction with the PEM, commit it. A worker
-// holds one open transaction per store and refuses any other object's
-// until it ends, so the program carries the abort that closes it on failure.
-func compileTransaction(op *Op, content func(string) ([]byte, error), store, newExpect string) (cmds, abort []command, err error) {
-	if err := checkToken("path", op.Path); err != nil {
-		return nil, nil, err
-	}
-	pem, err := readContent(content, op.Path)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(pem) == 0 {
-		return nil, nil, fmt.Errorf("%w: payload is empty", errUnsafeToken)
-	}
-	if op.Kind == OpCertNew || op.Kind == OpCANew {
-		cmds = append(cmds, command{Text: "new ssl " + store + " " + op.Path, Expect: newExpect})
-	}
-	cmds = append(cmds,
-		command{Text: "set ssl " + store + " " + op.Path, Payload: string(pem), Expect: "transaction"},
-		command{Text: "commit ssl " + store + " " + op.Path, Expect: "Success!"})
-	return cmds, []command{{Text: "abort ssl " + store + " " + op.Path}}, nil
-}
-
-func readContent(content func(string) ([]byte, error), path string) ([]byte, error) {
-	if content == nil {
-		return nil, fmt.Errorf("reading %s: no file reader", path)
-	}
-	data, err := content(path)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", path, err)
-	}
-	return data, nil
-}
-
-// crtListLine renders one crt-list entry: the certificate, the options in
-// one bracket pair, then the SNI filters.
-func crtListLine(op *Op) string {
-	var b strings.Builder
-	b.WriteString(op.Cert)
-	if len(op.Options) > 0 {
-		b.WriteString(" [")
-		for i, o := range op.Options {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(o.Name)
-			for _, a := range o.Args {
-				b.WriteByte(' ')
-				b.WriteString(a)
-			}
-		}
-		b.WriteByte(']')
-	}
-	for _, f := range op.SNIFilters {
-		b.WriteByte(' ')
-		b.WriteString(f)
-	}
-	b.WriteByte('\n')
-	return b.String()
-}
-
-func serverRefText(op *Op) string { return op.Backend + "/" + op.Server }
-
-func keywordWords(kws []KeywordArg) string {
-	var b strings.Builder
-	for _, kw := range kws {
-		b.WriteByte(' ')
-		b.WriteString(kw.Name)
-		for _, a := range kw.Args {
-			b.WriteByte(' ')
-			b.WriteString(a)
-		}
-	}
-	return b.String()
-}
-
-// Token checks (runtime.md §3.3). Each refusal wraps errUnsafeToken.
-
-func checkToken(field, s string) error {
-	if s == "" {
-		return fmt.Errorf("%w: %s is empty", errUnsafeToken, field)
-	}
-	if !SafeToken(s) {
-		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
-	}
-	return nil
-}
-
-func checkOptionalToken(field, s string) error {
-	if s == "" {
-		return nil
-	}
-	return checkToken(field, s)
-}
-
-func checkTokens(field string, words []string) error {
-	for _, w := range words {
-		if err := checkToken(field, w); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func checkKeywords(field string, kws []KeywordArg) error {
-	for _, kw := range kws {
-		if err := firstError(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkCRTListWords refuses brackets in the words of a crt-list entry:
-// SafeToken allows them, but inside the entry's one bracket pair a ']'
-// would end the options early and turn the rest into SNI filters.
-func checkCRTListWords(op *Op) error {
-	words := append([]string{op.Cert}, op.SNIFilters...)
-	for _, o := range op.Options {
-		words = append(append(words, o.Name), o.Args...)
-	}
-	for _, w := range words {
-		if strings.ContainsAny(w, "[]") {
-			return fmt.Errorf("%w: crt-list word %q", errUnsafeToken, w)
-		}
-	}
-	return nil
-}
-
-func checkPayloadValue(field, s string) error {
-	if !SafePayloadValue(s) {
-		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
-	}
-	return nil
-}
-
-func checkRef(op *Op) error {
-	return firstError(checkToken("backend", op.Backend), checkToken("server", op.Server))
-}
-
-func checkEnum(field, s string, allowed ...string) error {
-	if !slices.Contains(allowed, s) {
-		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
-	}
-	return nil
-}
-
-func checkWaitTimeout(ms int) error {
-	if ms < 1 || ms > MaxWaitBudgetMs {
-		return fmt.Errorf("%w: timeout_ms %d outside 1..%d", errUnsafeToken, ms, MaxWaitBudgetMs)
-	}
-	return nil
-}
-
-// checkPort refuses what HAProxy would wrap: "port 70000" sets port 4464.
-func checkPort(port int) error {
-	if port < 0 || port > 65535 {
-		return fmt.Errorf("%w: port %d outside 0..65535", errUnsafeToken, port)
-	}
-	return nil
-}
-
-func checkWeight(w *int) error {
-	if w == nil {
-		return fmt.Errorf("%w: weight is unset", errUnsafeToken)
-	}
-	if *w < 0 || *w > 256 {
-		return fmt.Errorf("%w: weight %d outside 0..256", errUnsafeToken, *w)
-	}
-	return nil
-}
-
-func firstError(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkCommand enforces the size limits and payload framing rules on one
-// built command (runtime.md §3.1, §3.4).
-func checkCommand(c command, term string) error {
-	if len(c.Text) > lineBudget {
-		return fmt.Errorf("command of %d bytes exceeds the %d-byte line limit", len(c.Text), lineBudget)
-	}
-	if len(c.Payload) > MaxPayloadBytes {
-		return fmt.Errorf("payload of %d bytes exceeds the %d-byte payload limit", len(c.Payload), MaxPayloadBytes)
-	}
-	if c.Payload == "" {
-		return nil
-	}
-	if n := framedLen(c.Text, c.Payload, term); n > maxFramedPayloadCommand {
-		return fmt.Errorf("payload command of %d bytes exceeds the %d-byte framed limit", n, maxFramedPayloadCommand)
-	}
-	if strings.IndexByte(c.Payload, 0) >= 0 {
-		return fmt.Errorf("%w: payload contains a NUL byte", errUnsafeToken)
-	}
-	// HAProxy matches the terminator against whole lines; with the default
-	// (empty) terminator this refuses any blank line, so a PEM with a blank
-	// line goes by reload on an HAProxy without custom terminators.
-	body := strings.TrimSuffix(c.Payload, "\n")
-	for line := range strings.SplitSeq(body, "\n") {
-		if strings.TrimSuffix(line, "\r") == term {
-			return fmt.Errorf("%w: payload contains the terminator line", errUnsafeToken)
-		}
-	}
-	return nil
-}
-
-// frameCommand renders a payload command: "<text> <<TERM\n<payload>TERM\n",
-// with HAProxy's default empty-line terminator when term is "".
-func frameCommand(text, payload, term string) string {
-	var b strings.Builder
-	b.Grow(framedLen(text, payload, term))
-	writeFramed(&b, text, payload, term)
-	return b.String()
-}
-
-func writeFramed(b *strings.Builder, text, payload, term string) {
-	b.WriteString(text)
-	b.WriteString(" <<")
-	b.WriteString(term)
-	b.WriteByte('\n')
-	b.WriteString(payload)
-	if !strings.HasSuffix(payload, "\n") {
-		b.WriteByte('\n')
-	}
-	b.WriteString(term)
-	b.WriteByte('\n')
-}
-
-// framedLen is len(frameCommand(text, payload, term)) without building it.
-func framedLen(text, payload, term string) int {
-	n := len(text) + len(" <<") + 2*(len(term)+1) + len(payload)
-	if !strings.HasSuffix(payload, "\n") {
-		n++
-	}
-	return n
-}
-
-// ---------------------------------------------------------------------------
-// Line building (runtime.md §4.2).
-
-// lineCommand is a command placed on a line, with the program it belongs to.
-type lineCommand struct {
-	command
-	prog int
-}
-
-// lineBuilder packs commands into lines. Every line, prefix and final '\n'
-// included, stays within MaxCommandLineBytes before its payload framing;
-// payload and capture commands travel alone; one line's wait budget stays
-// within MaxWaitBudgetMs, so one exchange is bounded by IOTimeout + 30s.
-type lineBuilder struct {
-	pending []lineCommand
-	length  int // Σ len(Text)+1 over pending
-	waitMs  int // Σ wait timeouts over pending
-}
-
-// add queues c and returns the lines that are complete and must be sent
-// now, in order (none, one or two).
-func (b *lineBuilder) add(c lineCommand) [][]lineCommand {
-	var ready [][]lineCommand
-	solo := c.Payload != "" || c.Capture
-	wait := waitMsOf(c.Text)
-	if len(b.pending) > 0 && (solo || b.length+len(c.Text) >= lineBudget || b.waitMs+wait > MaxWaitBudgetMs) {
-		ready = append(ready, b.take())
-	}
-	b.pending = append(b.pending, c)
-	b.length += len(c.Text) + 1
-	b.waitMs += wait
-	if solo {
-		ready = append(ready, b.take())
-	}
-	return ready
-}
-
-// take returns the pending line (nil when empty) and starts a new one.
-func (b *lineBuilder) take() []lineCommand {
-	line := b.pending
-	*b = lineBuilder{}
-	return line
-}
-
-// waitMsOf is the time HAProxy may spend on a "wait <ms> …" command, read
-// from the command itself (compileOp bounded it); zero for any other.
-func waitMsOf(text string) int {
-	rest, ok := strings.CutPrefix(text, "wait ")
-	if !ok {
-		return 0
-	}
-	ms, _ := leadingNumber(rest)
-	return ms
-}
-
-// renderLine renders one line with the apply-path prefix; a payload
-// command, always last, is framed with its program's terminator.
-func renderLine(line []lineCommand, term string) string {
-	size := len(linePrefix) + 1
-	for _, c := range line {
-		size += framedLen(c.Text, c.Payload, term)
-	}
-	var b strings.Builder
-	b.Grow(size)
-	b.WriteString(linePrefix)
-	for i, c := range line {
-		if i > 0 {
-			b.WriteByte(';')
-		}
-		if c.Payload != "" {
-			writeFramed(&b, c.Text, c.Payload, term)
-			return b.String()
-		}
-		b.WriteString(c.Text)
-	}
-	b.WriteByte('\n')
-	return b.String()
-}
-
-func lineWaitBudget(line []lineCommand) time.Duration {
-	ms := 0
-	for _, c := range line {
-		ms += waitMsOf(c.Text)
-	}
-	return time.Duration(ms) * time.Millisecond
-}
-
-// ---------------------------------------------------------------------------
-// Transport (runtime.md §2.2, §2.5).
+// Transport: one line, one connection. HAProxy answers a non-interactive
+// worker connection's line and closes it, and 3.0 discards any further line
+// already sent on it, so every exchange dials, writes its one line and
+// reads to EOF.
 
 // roundTrip is one exchange: dial (one retry when the dial fails, since
 // nothing was written), one Write of the whole line, read to EOF, close.
@@ -781,7 +216,9 @@ func (r *haproxyRuntime) masterExchange(ctx context.Context, cmd string) (string
 }
 
 // ---------------------------------------------------------------------------
-// Reply framing (runtime.md §2.3).
+// Reply framing: HAProxy answers every command of a line, in order, with
+// one response, so a complete reply to k commands is exactly k responses.
+// Counting them is what tells a cut reply from silence.
 
 // countResponses counts the responses in a raw reply: a silent command
 // writes a lone '\n', any other one or more lines then an empty line.
@@ -845,7 +282,8 @@ func incompleteReply(n, k int) error {
 }
 
 // ---------------------------------------------------------------------------
-// Judging (runtime.md §4.3).
+// Judging: each response segment is read by its severity tag and its
+// words, and matched to the command that wrote it.
 
 // splitSegments cuts a post-processed reply into the non-empty responses.
 // A silent command yields no segment.
@@ -905,6 +343,10 @@ func classify(segment string) error {
 	}
 	return nil
 }
+
+// prefixEntry stands for both prefix commands of every line when a reply is
+// matched: callers of matchBatch put it first.
+var prefixEntry = command{Text: strings.TrimSuffix(linePrefix, ";"), Optional: true}
 
 // matchBatch judges the commands of one line against its segments;
 // cmds[0] is the optional prefix entry.
@@ -1034,7 +476,7 @@ func mapVersion(segment string) (string, bool) {
 }
 
 // ---------------------------------------------------------------------------
-// Executing (runtime.md §4).
+// Executing: compiled programs packed into lines, sent, judged, recorded.
 
 // execute runs compiled programs in order and returns one result per
 // program and the verdict. It stops after the first line with a failure:
@@ -1276,8 +718,8 @@ func (e *execution) abort(p program) {
 }
 
 // ---------------------------------------------------------------------------
-// Reads (runtime.md §2.4, §5, §7): each a complete reply, its own response
-// taken by position.
+// Reads: each a complete reply, its own response taken by position; a
+// response tagged [0]: to [3]: is a refusal, never a listing.
 
 // read sends one read command after prefix and returns its response. A
 // response whose first line carries a severity tag [0]: to [3]: is a
@@ -1350,6 +792,14 @@ func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
 	return info, nil
 }
 
+// terminator is the payload terminator for the worker the last info read.
+func (r *haproxyRuntime) terminator() string {
+	if v := r.version.Load(); v != nil {
+		return terminatorFor(*v)
+	}
+	return terminatorFor("")
+}
+
 // parseWorkerInfo reads Version, Pid and Start_time_sec from show info.
 func parseWorkerInfo(text string) (HAProxyInfo, error) {
 	var info HAProxyInfo
@@ -1416,7 +866,7 @@ func allDigits(s string) bool {
 }
 
 // ---------------------------------------------------------------------------
-// Master socket (runtime.md §6).
+// Master socket: the process table and the reload.
 
 // procList is the master's show proc table.
 type procList struct {
@@ -1440,8 +890,12 @@ func (r *haproxyRuntime) showProc(ctx context.Context) (procList, error) {
 	return parseShowProc(text)
 }
 
-// parseShowProc parses the table of runtime.md §6.1; program rows are
-// ignored.
+// parseShowProc parses HAProxy's show proc table: a "#<PID>" header line,
+// the master row (pid, "master", "<reloads> [failed: <n>]", uptime,
+// version), then the rows under "# workers" (current), "# old workers"
+// (still draining) and "# programs" / "# old programs", which are ignored.
+// Rows split on whitespace; 3.0 and 2.6 always print "# programs", later
+// versions only when a program exists, so neither is required.
 func parseShowProc(text string) (procList, error) {
 	var list procList
 	lines := strings.Split(text, "\n")
@@ -1508,9 +962,10 @@ func procVersion(fields []string) string {
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
-// >= 2.7 the reply's Success= line decides; before that (README decision 8)
-// show proc does: a new worker PID is success, a risen failed counter is a
-// rejection, neither within the reload timeout is a timeout.
+// >= 2.7 the reply's Success= line decides; before that (2.6 answers a
+// reload with an empty reply and closes) show proc does: a new worker PID
+// is success, a risen failed counter is a rejection, neither within the
+// reload timeout is a timeout.
 //
 // The reload timeout bounds all of it, the show proc baseline included: a
 // master that stopped answering must cost the apply the configured reload
@@ -1604,7 +1059,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 }
 
 // ---------------------------------------------------------------------------
-// Readiness (runtime.md §2.7).
+// Readiness.
 
 // probe is the readiness check: the worker answers with an identity, the
 // master lists at least one current worker, and the inventory reads.
@@ -1628,7 +1083,8 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 }
 
 // ---------------------------------------------------------------------------
-// Inventory and read-backs (runtime.md §7).
+// Inventory and read-backs: what the worker holds, read through listings
+// that carry the apply-path prefix.
 
 // list reads one listing with the apply-path prefix and returns its data
 // lines (blank and '#' lines dropped), at most MaxInventoryEntries.
@@ -1829,7 +1285,7 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 }
 
 // ---------------------------------------------------------------------------
-// Interactive worker session (runtime.md §2.6).
+// Interactive worker session.
 
 // workerSession is one prompt-mode connection to one worker, so that
 // show info, wait, shutdown sessions and del run on the same worker. It
@@ -1941,402 +1397,4 @@ func sessionVerdict(reply string, c command) error {
 		return fmt.Errorf("%w: %s", errs[1], outputs[1])
 	}
 	return errs[1]
-}
-
-// ---------------------------------------------------------------------------
-// The deferred-delete queue (agent.md §11).
-
-// serverRef names one server.
-type serverRef struct{ Backend, Server string }
-
-func (s serverRef) String() string { return s.Backend + "/" + s.Server }
-
-// splitDeletes divides an apply's ops: server_del and backend_del are
-// deferred, the waits and shutdown_sessions are dropped (the queue issues
-// its own, after the inline half stopped the traffic), the rest stays
-// inline in order.
-func splitDeletes(ops []Op) (inline []Op, servers []serverRef, backends []string) {
-	for _, op := range ops {
-		switch op.Kind {
-		case OpServerDel:
-			servers = append(servers, serverRef{Backend: op.Backend, Server: op.Server})
-		case OpBackendDel:
-			backends = append(backends, op.Backend)
-		case OpServerWaitRemovable, OpBackendWaitRemovable, OpShutdownSessions:
-		default:
-			inline = append(inline, op)
-		}
-	}
-	return inline, servers, backends
-}
-
-// Queue timing. The per-item waits are HAProxy-side ("wait 2000 …"), each
-// inside the session's 30 s command deadline.
-const (
-	deferredWaitMs      = 2000            // wait budget of one srv-removable / be-removable check
-	deferredQueueTick   = 2 * time.Second // the loop's ticker, besides wake-ups
-	backendAlreadyGone  = "[3]: Failed. No such backend."
-	deferredKindServer  = "server"
-	deferredKindBackend = "backend"
-)
-
-// deleteItem is one queued delete, stamped with the worker it was meant for.
-type deleteItem struct {
-	server     serverRef // for a server delete
-	backend    string    // for a backend delete
-	worker     HAProxyInfo
-	generation uint64
-	tries      int
-}
-
-func (it *deleteItem) kind() string {
-	if it.backend != "" {
-		return deferredKindBackend
-	}
-	return deferredKindServer
-}
-
-func (it *deleteItem) name() string {
-	if it.backend != "" {
-		return it.backend
-	}
-	return it.server.String()
-}
-
-// deleteQueue runs deferred deletes one at a time, each on its own worker
-// session bound to the worker recorded at enqueue. Its mutex is a leaf
-// lock: it is never held across HAProxy I/O or while calling count, so
-// setWorker, enqueue, check and pending never wait for a session command.
-type deleteQueue struct {
-	rt     *haproxyRuntime
-	logger *slog.Logger
-	count  func(kind, outcome string)
-	wakeup chan struct{}
-	tick   time.Duration
-
-	mu         sync.Mutex
-	worker     HAProxyInfo
-	generation uint64
-	servers    []*deleteItem
-	backends   []*deleteItem
-	inFlight   *deleteItem
-}
-
-// newDeleteQueue builds the queue; count (never blocking) is told every
-// outcome: "done", "deferred", "abandoned" or "superseded".
-func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, outcome string)) *deleteQueue {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
-	if count == nil {
-		count = func(string, string) {}
-	}
-	return &deleteQueue{rt: rt, logger: logger, count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
-}
-
-// check accepts deletes before anything executes: every name passes the
-// token grammar and the queue stays within its caps, counting the item in
-// flight. A refusal is a compile error (the apply reloads).
-func (q *deleteQueue) check(servers []serverRef, backends []string) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	_, _, err := q.admit(servers, backends)
-	return err
-}
-
-// enqueue queues deletes after the inline half succeeded. The worker must
-// be the queue's current worker: deletes meant for an outgoing worker
-// would run against objects the reloaded configuration no longer has.
-func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends []string) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	newServers, newBackends, err := q.admit(servers, backends)
-	if err != nil {
-		return err
-	}
-	if !q.worker.SameWorker(worker) {
-		return fmt.Errorf("%w: queue worker pid %d (start %d), enqueue for pid %d (start %d)", errWorkerGone,
-			q.worker.WorkerPID, q.worker.WorkerStartTimeUnixMicros, worker.WorkerPID, worker.WorkerStartTimeUnixMicros)
-	}
-	for _, s := range newServers {
-		q.servers = append(q.servers, &deleteItem{server: s, worker: worker, generation: q.generation})
-	}
-	for _, b := range newBackends {
-		q.backends = append(q.backends, &deleteItem{backend: b, worker: worker, generation: q.generation})
-	}
-	return nil
-}
-
-// admit validates names and capacity (under q.mu) and returns the deletes
-// not already pending, each once.
-func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef, []string, error) {
-	for _, s := range servers {
-		if err := firstError(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
-			return nil, nil, err
-		}
-	}
-	for _, b := range backends {
-		if err := checkToken("backend", b); err != nil {
-			return nil, nil, err
-		}
-	}
-	pendingServers, pendingBackends := q.pendingLocked()
-	seen := make(map[string]bool, len(pendingServers)+len(pendingBackends))
-	for _, name := range pendingServers {
-		seen["s:"+name] = true
-	}
-	for _, name := range pendingBackends {
-		seen["b:"+name] = true
-	}
-	var newServers []serverRef
-	for _, s := range servers {
-		if key := "s:" + s.String(); !seen[key] {
-			seen[key] = true
-			newServers = append(newServers, s)
-		}
-	}
-	var newBackends []string
-	for _, b := range backends {
-		if key := "b:" + b; !seen[key] {
-			seen[key] = true
-			newBackends = append(newBackends, b)
-		}
-	}
-	if len(pendingServers)+len(newServers) > MaxPendingServerDeletes {
-		return nil, nil, fmt.Errorf("%w: %d pending and %d new server deletes exceed %d",
-			errDeferralOverflow, len(pendingServers), len(newServers), MaxPendingServerDeletes)
-	}
-	if len(pendingBackends)+len(newBackends) > MaxPendingBackendDeletes {
-		return nil, nil, fmt.Errorf("%w: %d pending and %d new backend deletes exceed %d",
-			errDeferralOverflow, len(pendingBackends), len(newBackends), MaxPendingBackendDeletes)
-	}
-	return newServers, newBackends, nil
-}
-
-// wake makes the loop drain now rather than at its next tick.
-func (q *deleteQueue) wake() {
-	select {
-	case q.wakeup <- struct{}{}:
-	default:
-	}
-}
-
-// setWorker adopts the running worker. For the same worker (pid and start
-// time) nothing changes; a new worker retires everything queued for the
-// old one (counted superseded): the reloaded configuration no longer has
-// those objects. An item in flight finishes on its old connection and is
-// never requeued.
-func (q *deleteQueue) setWorker(info HAProxyInfo) {
-	q.mu.Lock()
-	if q.worker.SameWorker(info) {
-		q.mu.Unlock()
-		return
-	}
-	q.worker = info
-	q.generation++
-	dropped := slices.Concat(q.servers, q.backends)
-	q.servers, q.backends = nil, nil
-	q.mu.Unlock()
-	for _, it := range dropped {
-		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind(), "name", it.name())
-		q.count(it.kind(), "superseded")
-	}
-}
-
-// pending lists the item in flight (when it belongs to the current worker)
-// and the queued ones; never nil slices.
-func (q *deleteQueue) pending() PendingDeletes {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	servers, backends := q.pendingLocked()
-	return PendingDeletes{Servers: servers, Backends: backends}
-}
-
-func (q *deleteQueue) pendingLocked() (servers, backends []string) {
-	servers, backends = make([]string, 0, len(q.servers)+1), make([]string, 0, len(q.backends)+1)
-	if it := q.inFlight; it != nil && it.generation == q.generation {
-		if it.backend != "" {
-			backends = append(backends, it.backend)
-		} else {
-			servers = append(servers, it.server.String())
-		}
-	}
-	for _, it := range q.servers {
-		servers = append(servers, it.server.String())
-	}
-	for _, it := range q.backends {
-		backends = append(backends, it.backend)
-	}
-	return servers, backends
-}
-
-// start drains the queue on every wake-up and every tick until ctx ends.
-func (q *deleteQueue) start(ctx context.Context) {
-	tick := time.NewTicker(q.tick)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-q.wakeup:
-		case <-tick.C:
-		}
-		q.drain(ctx)
-	}
-}
-
-// drain processes, one at a time in FIFO order, as many servers and then
-// backends as were queued when it began; requeued items wait for the next
-// round.
-func (q *deleteQueue) drain(ctx context.Context) {
-	q.mu.Lock()
-	servers, backends := len(q.servers), len(q.backends)
-	q.mu.Unlock()
-	for range servers {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.servers) {
-			return
-		}
-	}
-	for range backends {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.backends) {
-			return
-		}
-	}
-}
-
-// runNext takes the head of one list, runs it without the lock, and records
-// the outcome. It reports false when the list was empty.
-func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
-	q.mu.Lock()
-	if len(*list) == 0 {
-		q.mu.Unlock()
-		return false
-	}
-	it := (*list)[0]
-	*list = (*list)[1:]
-	q.inFlight = it
-	q.mu.Unlock()
-
-	err := q.run(ctx, it)
-
-	q.mu.Lock()
-	q.inFlight = nil
-	outcome := ""
-	switch {
-	case err == nil:
-		outcome = "done"
-	case ctx.Err() != nil && it.generation == q.generation:
-		// The agent is stopping: not a failure of the item. It goes back
-		// to the head, untried, and is never counted done.
-		*list = slices.Insert(*list, 0, it)
-	case it.generation != q.generation || errors.Is(err, errWorkerGone):
-		outcome = "superseded"
-	default:
-		it.tries++
-		if it.tries >= MaxDeferredAttempts {
-			outcome = "abandoned"
-		} else {
-			outcome = "deferred"
-			*list = append(*list, it)
-		}
-	}
-	q.mu.Unlock()
-
-	switch outcome {
-	case "done":
-		q.logger.Info("deferred delete done", "kind", it.kind(), "name", it.name())
-	case "abandoned":
-		q.logger.Warn("deferred delete abandoned", "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
-	case "":
-		return true
-	default:
-		q.logger.Info("deferred delete "+outcome, "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
-	}
-	q.count(it.kind(), outcome)
-	return true
-}
-
-// run performs one item's commands on a session of its own.
-func (q *deleteQueue) run(ctx context.Context, it *deleteItem) error {
-	s, err := q.rt.openWorker(ctx, it.worker)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	if it.backend != "" {
-		return q.deleteBackend(s, it)
-	}
-	return q.deleteServer(s, it)
-}
-
-// send runs one session command for an item, refusing once the item's
-// worker has been superseded.
-func (q *deleteQueue) send(s *workerSession, it *deleteItem, cmd string) (string, error) {
-	q.mu.Lock()
-	stale := it.generation != q.generation
-	q.mu.Unlock()
-	if stale {
-		return "", fmt.Errorf("%w: superseded before %q", errWorkerGone, cmd)
-	}
-	return s.execute(cmd)
-}
-
-// sendJudged runs a command and judges its reply by the single-command rules.
-func (q *deleteQueue) sendJudged(s *workerSession, it *deleteItem, c command) error {
-	reply, err := q.send(s, it, c.Text)
-	if err != nil {
-		return err
-	}
-	return sessionVerdict(reply, c)
-}
-
-// deleteServer: wait until removable (shutting the sessions down when the
-// wait expires), then delete.
-func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
-	ref := it.server.String()
-	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + ref, Expect: expectDone}
-	err := q.sendJudged(s, it, wait)
-	if errors.Is(err, errWaitExpired) {
-		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + ref}); err != nil {
-			return err
-		}
-		err = q.sendJudged(s, it, wait)
-	}
-	if err != nil {
-		return err
-	}
-	return q.sendJudged(s, it, command{Text: "del server " + ref, Expect: "Server deleted"})
-}
-
-// deleteBackend: a backend's deletion counts only when confirmed by its
-// absence, because the reply to "del backend" alone is not trusted.
-func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
-	be := it.backend
-	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
-	if err != nil {
-		return err
-	}
-	if reply == backendAlreadyGone {
-		return nil
-	}
-	if err := sessionVerdict(reply, command{Text: "wait", Expect: expectDone}); err != nil {
-		return err
-	}
-	reply, err = q.send(s, it, "del backend "+be)
-	if err != nil {
-		return err
-	}
-	for _, seg := range splitSegments(reply) {
-		if err := classify(seg); err != nil {
-			return fmt.Errorf("%w: %s", err, seg)
-		}
-	}
-	reply, err = q.send(s, it, "wait 1 be-removable "+be)
-	if err != nil {
-		return err
-	}
-	if reply != backendAlreadyGone {
-		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, be, reply)
-	}
-	return nil
 }

@@ -1,0 +1,423 @@
+// This file owns the deferred-delete queue. Deleting a server or a backend
+// can finish only once it carries no traffic, which can take seconds, so an
+// apply runs the traffic-stopping half inline and hands the removals to this
+// queue, which runs them off the apply path. It reads in that order: the
+// split of an apply's ops, the items and their caps, binding the queue to a
+// worker, the loop, and the commands of one item on a worker session.
+//
+// It must never hold its mutex across HAProxy I/O or while counting an
+// outcome, never run an item on another worker than the one it was queued
+// for (the reloaded configuration no longer has those objects), and never
+// count a backend deleted until its absence is confirmed.
+
+package haptic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// serverRef names one server.
+type serverRef struct{ Backend, Server string }
+
+func (s serverRef) String() string { return s.Backend + "/" + s.Server }
+
+// splitDeletes divides an apply's ops: server_del and backend_del are
+// deferred, the waits and shutdown_sessions are dropped (the queue issues
+// its own, after the inline half stopped the traffic), the rest stays
+// inline in order.
+func splitDeletes(ops []Op) (inline []Op, servers []serverRef, backends []string) {
+	for _, op := range ops {
+		switch op.Kind {
+		case OpServerDel:
+			servers = append(servers, serverRef{Backend: op.Backend, Server: op.Server})
+		case OpBackendDel:
+			backends = append(backends, op.Backend)
+		case OpServerWaitRemovable, OpBackendWaitRemovable, OpShutdownSessions:
+		default:
+			inline = append(inline, op)
+		}
+	}
+	return inline, servers, backends
+}
+
+// Queue timing. The per-item waits are HAProxy-side ("wait 2000 …"), each
+// inside the session's 30 s command deadline.
+const (
+	deferredWaitMs      = 2000            // wait budget of one srv-removable / be-removable check
+	deferredQueueTick   = 2 * time.Second // the loop's ticker, besides wake-ups
+	backendAlreadyGone  = "[3]: Failed. No such backend."
+	deferredKindServer  = "server"
+	deferredKindBackend = "backend"
+)
+
+// errDeferralOverflow refuses deletes past the queue's caps
+// (MaxPendingServerDeletes, MaxPendingBackendDeletes), in flight included.
+var errDeferralOverflow = errors.New("deferred delete queue is full")
+
+// deleteItem is one queued delete, stamped with the worker it was meant for.
+type deleteItem struct {
+	server     serverRef // for a server delete
+	backend    string    // for a backend delete
+	worker     HAProxyInfo
+	generation uint64
+	tries      int
+}
+
+func (it *deleteItem) kind() string {
+	if it.backend != "" {
+		return deferredKindBackend
+	}
+	return deferredKindServer
+}
+
+func (it *deleteItem) name() string {
+	if it.backend != "" {
+		return it.backend
+	}
+	return it.server.String()
+}
+
+// deleteQueue runs deferred deletes one at a time, each on its own worker
+// session bound to the worker recorded at enqueue. Its mutex is a leaf
+// lock: it is never held across HAProxy I/O or while calling count, so
+// setWorker, enqueue, check and pending never wait for a session command.
+type deleteQueue struct {
+	rt     *haproxyRuntime
+	logger *slog.Logger
+	count  func(kind, outcome string)
+	wakeup chan struct{}
+	tick   time.Duration
+
+	mu         sync.Mutex
+	worker     HAProxyInfo
+	generation uint64
+	servers    []*deleteItem
+	backends   []*deleteItem
+	inFlight   *deleteItem
+}
+
+// newDeleteQueue builds the queue; count (never blocking) is told every
+// outcome: "done", "deferred", "abandoned" or "superseded".
+func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, outcome string)) *deleteQueue {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if count == nil {
+		count = func(string, string) {}
+	}
+	return &deleteQueue{rt: rt, logger: logger, count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
+}
+
+// check accepts deletes before anything executes: every name passes the
+// token grammar and the queue stays within its caps, counting the item in
+// flight. A refusal is a compile error (the apply reloads).
+func (q *deleteQueue) check(servers []serverRef, backends []string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, _, err := q.admit(servers, backends)
+	return err
+}
+
+// enqueue queues deletes after the inline half succeeded. The worker must
+// be the queue's current worker: deletes meant for an outgoing worker
+// would run against objects the reloaded configuration no longer has.
+func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends []string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	newServers, newBackends, err := q.admit(servers, backends)
+	if err != nil {
+		return err
+	}
+	if !q.worker.SameWorker(worker) {
+		return fmt.Errorf("%w: queue worker pid %d (start %d), enqueue for pid %d (start %d)", errWorkerGone,
+			q.worker.WorkerPID, q.worker.WorkerStartTimeUnixMicros, worker.WorkerPID, worker.WorkerStartTimeUnixMicros)
+	}
+	for _, s := range newServers {
+		q.servers = append(q.servers, &deleteItem{server: s, worker: worker, generation: q.generation})
+	}
+	for _, b := range newBackends {
+		q.backends = append(q.backends, &deleteItem{backend: b, worker: worker, generation: q.generation})
+	}
+	return nil
+}
+
+// admit validates names and capacity (under q.mu) and returns the deletes
+// not already pending, each once.
+func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef, []string, error) {
+	for _, s := range servers {
+		if err := firstError(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, b := range backends {
+		if err := checkToken("backend", b); err != nil {
+			return nil, nil, err
+		}
+	}
+	pendingServers, pendingBackends := q.pendingLocked()
+	seen := make(map[string]bool, len(pendingServers)+len(pendingBackends))
+	for _, name := range pendingServers {
+		seen["s:"+name] = true
+	}
+	for _, name := range pendingBackends {
+		seen["b:"+name] = true
+	}
+	var newServers []serverRef
+	for _, s := range servers {
+		if key := "s:" + s.String(); !seen[key] {
+			seen[key] = true
+			newServers = append(newServers, s)
+		}
+	}
+	var newBackends []string
+	for _, b := range backends {
+		if key := "b:" + b; !seen[key] {
+			seen[key] = true
+			newBackends = append(newBackends, b)
+		}
+	}
+	if len(pendingServers)+len(newServers) > MaxPendingServerDeletes {
+		return nil, nil, fmt.Errorf("%w: %d pending and %d new server deletes exceed %d",
+			errDeferralOverflow, len(pendingServers), len(newServers), MaxPendingServerDeletes)
+	}
+	if len(pendingBackends)+len(newBackends) > MaxPendingBackendDeletes {
+		return nil, nil, fmt.Errorf("%w: %d pending and %d new backend deletes exceed %d",
+			errDeferralOverflow, len(pendingBackends), len(newBackends), MaxPendingBackendDeletes)
+	}
+	return newServers, newBackends, nil
+}
+
+// wake makes the loop drain now rather than at its next tick.
+func (q *deleteQueue) wake() {
+	select {
+	case q.wakeup <- struct{}{}:
+	default:
+	}
+}
+
+// setWorker adopts the running worker. For the same worker (pid and start
+// time) nothing changes; a new worker retires everything queued for the
+// old one (counted superseded): the reloaded configuration no longer has
+// those objects. An item in flight finishes on its old connection and is
+// never requeued.
+func (q *deleteQueue) setWorker(info HAProxyInfo) {
+	q.mu.Lock()
+	if q.worker.SameWorker(info) {
+		q.mu.Unlock()
+		return
+	}
+	q.worker = info
+	q.generation++
+	dropped := slices.Concat(q.servers, q.backends)
+	q.servers, q.backends = nil, nil
+	q.mu.Unlock()
+	for _, it := range dropped {
+		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind(), "name", it.name())
+		q.count(it.kind(), "superseded")
+	}
+}
+
+// pending lists the item in flight (when it belongs to the current worker)
+// and the queued ones; never nil slices.
+func (q *deleteQueue) pending() PendingDeletes {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	servers, backends := q.pendingLocked()
+	return PendingDeletes{Servers: servers, Backends: backends}
+}
+
+func (q *deleteQueue) pendingLocked() (servers, backends []string) {
+	servers, backends = make([]string, 0, len(q.servers)+1), make([]string, 0, len(q.backends)+1)
+	if it := q.inFlight; it != nil && it.generation == q.generation {
+		if it.backend != "" {
+			backends = append(backends, it.backend)
+		} else {
+			servers = append(servers, it.server.String())
+		}
+	}
+	for _, it := range q.servers {
+		servers = append(servers, it.server.String())
+	}
+	for _, it := range q.backends {
+		backends = append(backends, it.backend)
+	}
+	return servers, backends
+}
+
+// start drains the queue on every wake-up and every tick until ctx ends.
+func (q *deleteQueue) start(ctx context.Context) {
+	tick := time.NewTicker(q.tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-q.wakeup:
+		case <-tick.C:
+		}
+		q.drain(ctx)
+	}
+}
+
+// drain processes, one at a time in FIFO order, as many servers and then
+// backends as were queued when it began; requeued items wait for the next
+// round.
+func (q *deleteQueue) drain(ctx context.Context) {
+	q.mu.Lock()
+	servers, backends := len(q.servers), len(q.backends)
+	q.mu.Unlock()
+	for range servers {
+		if ctx.Err() != nil || !q.runNext(ctx, &q.servers) {
+			return
+		}
+	}
+	for range backends {
+		if ctx.Err() != nil || !q.runNext(ctx, &q.backends) {
+			return
+		}
+	}
+}
+
+// runNext takes the head of one list, runs it without the lock, and records
+// the outcome. It reports false when the list was empty.
+func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
+	q.mu.Lock()
+	if len(*list) == 0 {
+		q.mu.Unlock()
+		return false
+	}
+	it := (*list)[0]
+	*list = (*list)[1:]
+	q.inFlight = it
+	q.mu.Unlock()
+
+	err := q.run(ctx, it)
+
+	q.mu.Lock()
+	q.inFlight = nil
+	outcome := ""
+	switch {
+	case err == nil:
+		outcome = "done"
+	case ctx.Err() != nil && it.generation == q.generation:
+		// The agent is stopping: not a failure of the item. It goes back
+		// to the head, untried, and is never counted done.
+		*list = slices.Insert(*list, 0, it)
+	case it.generation != q.generation || errors.Is(err, errWorkerGone):
+		outcome = "superseded"
+	default:
+		it.tries++
+		if it.tries >= MaxDeferredAttempts {
+			outcome = "abandoned"
+		} else {
+			outcome = "deferred"
+			*list = append(*list, it)
+		}
+	}
+	q.mu.Unlock()
+
+	switch outcome {
+	case "done":
+		q.logger.Info("deferred delete done", "kind", it.kind(), "name", it.name())
+	case "abandoned":
+		q.logger.Warn("deferred delete abandoned", "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+	case "":
+		return true
+	default:
+		q.logger.Info("deferred delete "+outcome, "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+	}
+	q.count(it.kind(), outcome)
+	return true
+}
+
+// run performs one item's commands on a session of its own.
+func (q *deleteQueue) run(ctx context.Context, it *deleteItem) error {
+	s, err := q.rt.openWorker(ctx, it.worker)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if it.backend != "" {
+		return q.deleteBackend(s, it)
+	}
+	return q.deleteServer(s, it)
+}
+
+// send runs one session command for an item, refusing once the item's
+// worker has been superseded.
+func (q *deleteQueue) send(s *workerSession, it *deleteItem, cmd string) (string, error) {
+	q.mu.Lock()
+	stale := it.generation != q.generation
+	q.mu.Unlock()
+	if stale {
+		return "", fmt.Errorf("%w: superseded before %q", errWorkerGone, cmd)
+	}
+	return s.execute(cmd)
+}
+
+// sendJudged runs a command and judges its reply by the single-command rules.
+func (q *deleteQueue) sendJudged(s *workerSession, it *deleteItem, c command) error {
+	reply, err := q.send(s, it, c.Text)
+	if err != nil {
+		return err
+	}
+	return sessionVerdict(reply, c)
+}
+
+// deleteServer: wait until removable (shutting the sessions down when the
+// wait expires), then delete.
+func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
+	ref := it.server.String()
+	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + ref, Expect: expectDone}
+	err := q.sendJudged(s, it, wait)
+	if errors.Is(err, errWaitExpired) {
+		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + ref}); err != nil {
+			return err
+		}
+		err = q.sendJudged(s, it, wait)
+	}
+	if err != nil {
+		return err
+	}
+	return q.sendJudged(s, it, command{Text: "del server " + ref, Expect: "Server deleted"})
+}
+
+// deleteBackend: a backend's deletion counts only when confirmed by its
+// absence, because the reply to "del backend" alone is not trusted.
+func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
+	be := it.backend
+	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
+	if err != nil {
+		return err
+	}
+	if reply == backendAlreadyGone {
+		return nil
+	}
+	if err := sessionVerdict(reply, command{Text: "wait", Expect: expectDone}); err != nil {
+		return err
+	}
+	reply, err = q.send(s, it, "del backend "+be)
+	if err != nil {
+		return err
+	}
+	for _, seg := range splitSegments(reply) {
+		if err := classify(seg); err != nil {
+			return fmt.Errorf("%w: %s", err, seg)
+		}
+	}
+	reply, err = q.send(s, it, "wait 1 be-removable "+be)
+	if err != nil {
+		return err
+	}
+	if reply != backendAlreadyGone {
+		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, be, reply)
+	}
+	return nil
+}

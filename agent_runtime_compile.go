@@ -1,0 +1,607 @@
+// This file owns the op compiler: an Op becomes a program of HAProxy
+// runtime commands (compileOp), every word checked against the token
+// grammar, every payload framed for the worker's terminator, and the
+// commands are packed into ';'-joined lines under the line budget, each
+// rendered behind the line prefix. It reads in that order: the line
+// constants, the program types, compiling, the token checks, payload
+// framing, then line building.
+//
+// It is pure functions over data and must never do I/O: the file bytes
+// arrive through a content function and the terminator as an argument, so
+// a compile can be tested, fuzzed and repeated without a socket. It must
+// never sanitise a word (a failing field is refused) and never build a
+// line that could exceed HAProxy's per-command limit.
+
+package haptic
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Line constants. HAProxy refuses (3.0) or silently drops (2.6) a command
+// over 16383 bytes, so every line stays within MaxCommandLineBytes (12288)
+// with lineReserve of it kept for the prefix: a 4 KiB margin below the
+// limit. The prefix has HAProxy tag every response with its severity level,
+// which judging reads, and turns on experimental mode, which add, publish
+// and del backend need; both last only for the connection, so every line
+// carries them.
+const (
+	lineReserve        = 64                                                 // bytes kept free in every line for the prefix
+	lineBudget         = MaxCommandLineBytes - lineReserve                  // 12224
+	linePrefix         = "set severity-output number;experimental-mode on;" // apply path and listings
+	payloadTerminator  = "HAPTIC"                                           // custom payload terminator (HAProxy >= 3.0)
+	versionPlaceholder = "\x01ver\x01"                                      // a captured map version in command text
+	expectDone         = "Done"                                             // success text of wait
+
+	// maxFramedPayloadCommand bounds one payload command with its framing:
+	// HAProxy refuses (3.0) or silently drops (2.6) a command over 16383
+	// bytes, and 2.6.12 hangs on exactly 16384, so stay far below both.
+	maxFramedPayloadCommand = MaxCommandLineBytes + 1024
+)
+
+// The compiler's refusals; the agent tells them apart with errors.Is.
+var (
+	errUnsafeToken = errors.New("unsafe runtime token")
+	errUnknownOp   = errors.New("unknown op kind")
+)
+
+// ---------------------------------------------------------------------------
+// Programs: what an op becomes.
+
+// command is one HAProxy runtime command with the text that judges it.
+type command struct {
+	Text     string // the command; never contains '\n'
+	Payload  string // body of a "<<" command; such a command is always last on its line
+	Expect   string // case-insensitive success text ("anchor"); "" = quiet
+	Capture  bool   // reply carries the map version to substitute (prepare map only)
+	Repeat   bool   // run until HAProxy refuses it (del map only)
+	Optional bool   // the prefix entry whose chatter is version-dependent
+}
+
+// program is the compiled form of one op.
+type program struct {
+	Kind     string    // Op kind
+	Commands []command // in order
+	Abort    []command // sent after a failure of this program (cert/CA only)
+
+	// Terminator is the payload terminator the payloads were validated
+	// against at compile time; lines are framed with this one, never with a
+	// terminator derived later, so a payload can never end itself early.
+	Terminator string
+}
+
+// terminatorFor chooses the payload terminator for a worker version.
+// HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
+// argument and then run every payload line as a command. Custom terminators
+// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
+// decides (major.minor of at least 3.0, read from the version's leading
+// digits); an older or unreadable version gets HAProxy's default
+// empty-line terminator.
+func terminatorFor(version string) string {
+	if CapsFor(version, nil).DynamicServers {
+		return payloadTerminator
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// Compiling: one case per op kind, each building HAProxy's own command
+// text; the payload forms, map_replace and the certificate transactions
+// follow.
+
+// compileOp turns one op into its program. Every word is checked against
+// the token grammar first; a failing field is refused, never sanitised.
+// content returns the held bytes of a file (map_replace, cert_*, ca_*); term
+// is the worker's payload terminator (terminatorFor).
+func compileOp(op *Op, content func(path string) ([]byte, error), term string) (program, error) {
+	p := program{Kind: op.Kind, Terminator: term}
+	var err error
+	switch op.Kind {
+	case OpBackendAdd:
+		err = firstError(checkToken("backend", op.Backend), checkToken("profile", op.Profile),
+			checkEnum("mode", op.Mode, "http", "tcp"), checkOptionalToken("guid", op.GUID))
+		text := "add backend " + op.Backend + " from " + op.Profile + " mode " + op.Mode
+		if op.GUID != "" {
+			text += " guid " + op.GUID
+		}
+		p.Commands = []command{{Text: text, Expect: "New backend registered"}}
+	case OpBackendPublish:
+		err = checkToken("backend", op.Backend)
+		p.Commands = []command{{Text: "publish backend " + op.Backend, Expect: "Backend published"}}
+	case OpBackendUnpublish:
+		err = checkToken("backend", op.Backend)
+		p.Commands = []command{{Text: "unpublish backend " + op.Backend}}
+	case OpBackendDel:
+		err = checkToken("backend", op.Backend)
+		p.Commands = []command{{Text: "del backend " + op.Backend, Expect: "Backend deleted"}}
+	case OpBackendWaitRemovable:
+		err = firstError(checkToken("backend", op.Backend), checkWaitTimeout(op.TimeoutMs))
+		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " be-removable " + op.Backend, Expect: expectDone}}
+	case OpServerAdd:
+		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port), checkKeywords("keyword", op.Keywords))
+		text := "add server " + serverRefText(op) + " " + op.Address
+		if op.Port > 0 {
+			text += ":" + strconv.Itoa(op.Port)
+		}
+		p.Commands = []command{{Text: text + keywordWords(op.Keywords), Expect: "New server registered"}}
+	case OpServerEnable:
+		err = checkRef(op)
+		if op.Health {
+			p.Commands = append(p.Commands, command{Text: "enable health " + serverRefText(op)})
+		}
+		p.Commands = append(p.Commands, command{Text: "enable server " + serverRefText(op)})
+	case OpServerDisable:
+		err = checkRef(op)
+		p.Commands = []command{{Text: "disable server " + serverRefText(op)}}
+	case OpServerSetAddr:
+		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port))
+		text := "set server " + serverRefText(op) + " addr " + op.Address
+		if op.Port > 0 {
+			text += " port " + strconv.Itoa(op.Port)
+		}
+		// HAProxy answers at WARNING for success and refusal alike; the
+		// words decide ("IP changed", "port changed", "nothing changed").
+		p.Commands = []command{{Text: text, Expect: "chang"}}
+	case OpServerSetWeight:
+		err = firstError(checkRef(op), checkWeight(op.Weight))
+		if err == nil {
+			p.Commands = []command{{Text: "set server " + serverRefText(op) + " weight " + strconv.Itoa(*op.Weight)}}
+		}
+	case OpServerSetState:
+		err = firstError(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
+		p.Commands = []command{{Text: "set server " + serverRefText(op) + " state " + op.State}}
+	case OpServerWaitRemovable:
+		err = firstError(checkRef(op), checkWaitTimeout(op.TimeoutMs))
+		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + serverRefText(op), Expect: expectDone}}
+	case OpShutdownSessions:
+		err = checkRef(op)
+		p.Commands = []command{{Text: "shutdown sessions server " + serverRefText(op)}}
+	case OpServerDel:
+		err = checkRef(op)
+		p.Commands = []command{{Text: "del server " + serverRefText(op), Expect: "Server deleted"}}
+	case OpMapAdd:
+		// The payload form carries a value with spaces, which the line form
+		// would cut at the first space.
+		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
+		p.Commands = []command{{Text: "add map " + op.Path, Payload: op.Key + " " + op.Value + "\n"}}
+	case OpMapSet:
+		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
+		p.Commands = []command{{Text: "set map " + op.Path + " " + op.Key + " " + op.Value}}
+	case OpMapDel:
+		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key))
+		p.Commands = []command{{Text: "del map " + op.Path + " " + op.Key, Repeat: true}}
+	case OpMapReplace:
+		p.Commands, err = compileMapReplace(op.Path, content)
+	case OpCertSet, OpCertNew:
+		p.Commands, p.Abort, err = compileTransaction(op, content, "cert", "New empty certificate store")
+	case OpCASet, OpCANew:
+		p.Commands, p.Abort, err = compileTransaction(op, content, "ca-file", "New CA file created")
+	case OpCRTListAdd:
+		// Always the payload form: the line form silently drops options
+		// and SNI filters.
+		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert),
+			checkKeywords("option", op.Options), checkTokens("sni filter", op.SNIFilters), checkCRTListWords(op))
+		p.Commands = []command{{Text: "add ssl crt-list " + op.Path, Payload: crtListLine(op), Expect: "Success"}}
+	case OpCRTListDel:
+		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert))
+		p.Commands = []command{{Text: "del ssl crt-list " + op.Path + " " + op.Cert}}
+	default:
+		return program{}, fmt.Errorf("%w: %q", errUnknownOp, op.Kind)
+	}
+	if err != nil {
+		return program{}, err
+	}
+	for _, c := range slices.Concat(p.Commands, p.Abort) {
+		if err := checkCommand(c, term); err != nil {
+			return program{}, err
+		}
+	}
+	return p, nil
+}
+
+// compileMapReplace builds the versioned replace of a whole map: prepare a
+// new version, fill it in chunks, commit it. The payload is the parsed
+// entries, not the file: HAProxy's payload parser has no comment syntax and
+// reads a key up to the first space or tab, newlines included, so a '#'
+// line would become an entry and a bare "key\n" would glue onto the next
+// line; an empty value is therefore rendered "key \n".
+//
+// There is no abort: "clear map @<ver>" clears the version on 3.0 but is a
+// no-op on 3.4 (a later commit would install it), so a failed chunk leaves
+// an uncommitted version behind, which is harmless.
+func compileMapReplace(path string, content func(string) ([]byte, error)) ([]command, error) {
+	if err := checkToken("path", path); err != nil {
+		return nil, err
+	}
+	data, err := readContent(content, path)
+	if err != nil {
+		return nil, err
+	}
+	var body strings.Builder
+	// At most the file plus one space per line ("key \n" for an empty value).
+	body.Grow(len(data) + bytes.Count(data, []byte{'\n'}) + 1)
+	for _, e := range ParseMapEntries(string(data)) {
+		if !SafePayloadValue(e.Key) || !SafePayloadValue(e.Value) {
+			return nil, fmt.Errorf("%w: map entry %q", errUnsafeToken, e.Key)
+		}
+		body.WriteString(e.Key)
+		body.WriteByte(' ')
+		body.WriteString(e.Value)
+		body.WriteByte('\n')
+	}
+	chunks, err := chunkLines(body.String(), MaxPayloadBytes)
+	if err != nil {
+		return nil, err
+	}
+	version := "@" + versionPlaceholder + " " + path
+	cmds := []command{{Text: "prepare map " + path, Capture: true, Expect: "version created"}}
+	for _, chunk := range chunks {
+		cmds = append(cmds, command{Text: "add map " + version, Payload: chunk})
+	}
+	// commit is silent on success on 3.0 and 3.4, so any output refuses it.
+	return append(cmds, command{Text: "commit map " + version}), nil
+}
+
+// chunkLines cuts a payload after a '\n', never inside a line, into chunks
+// of at most max bytes: HAProxy applies zero entries of a payload over its
+// buffer. A line longer than max cannot travel at all.
+func chunkLines(payload string, max int) ([]string, error) {
+	var chunks []string
+	for payload != "" {
+		if len(payload) <= max {
+			return append(chunks, payload), nil
+		}
+		cut := strings.LastIndexByte(payload[:max], '\n') + 1
+		if cut == 0 {
+			line, _, _ := strings.Cut(payload, "\n")
+			return nil, fmt.Errorf("%w: map line of %d bytes exceeds the %d-byte payload limit", errUnsafeToken, len(line)+1, max)
+		}
+		chunks = append(chunks, payload[:cut])
+		payload = payload[cut:]
+	}
+	return chunks, nil
+}
+
+// compileTransaction builds a certificate or CA-file update: optionally
+// create the entry, open a transaction with the PEM, commit it. A worker
+// holds one open transaction per store and refuses any other object's
+// until it ends, so the program carries the abort that closes it on failure.
+func compileTransaction(op *Op, content func(string) ([]byte, error), store, newExpect string) (cmds, abort []command, err error) {
+	if err := checkToken("path", op.Path); err != nil {
+		return nil, nil, err
+	}
+	pem, err := readContent(content, op.Path)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(pem) == 0 {
+		return nil, nil, fmt.Errorf("%w: payload is empty", errUnsafeToken)
+	}
+	if op.Kind == OpCertNew || op.Kind == OpCANew {
+		cmds = append(cmds, command{Text: "new ssl " + store + " " + op.Path, Expect: newExpect})
+	}
+	cmds = append(cmds,
+		command{Text: "set ssl " + store + " " + op.Path, Payload: string(pem), Expect: "transaction"},
+		command{Text: "commit ssl " + store + " " + op.Path, Expect: "Success!"})
+	return cmds, []command{{Text: "abort ssl " + store + " " + op.Path}}, nil
+}
+
+func readContent(content func(string) ([]byte, error), path string) ([]byte, error) {
+	if content == nil {
+		return nil, fmt.Errorf("reading %s: no file reader", path)
+	}
+	data, err := content(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return data, nil
+}
+
+// crtListLine renders one crt-list entry: the certificate, the options in
+// one bracket pair, then the SNI filters.
+func crtListLine(op *Op) string {
+	var b strings.Builder
+	b.WriteString(op.Cert)
+	if len(op.Options) > 0 {
+		b.WriteString(" [")
+		for i, o := range op.Options {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(o.Name)
+			for _, a := range o.Args {
+				b.WriteByte(' ')
+				b.WriteString(a)
+			}
+		}
+		b.WriteByte(']')
+	}
+	for _, f := range op.SNIFilters {
+		b.WriteByte(' ')
+		b.WriteString(f)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+func serverRefText(op *Op) string { return op.Backend + "/" + op.Server }
+
+func keywordWords(kws []KeywordArg) string {
+	var b strings.Builder
+	for _, kw := range kws {
+		b.WriteByte(' ')
+		b.WriteString(kw.Name)
+		for _, a := range kw.Args {
+			b.WriteByte(' ')
+			b.WriteString(a)
+		}
+	}
+	return b.String()
+}
+
+// Token checks. A word HAProxy would read differently from what the op
+// means is refused, never repaired: ';' splits commands, "<<" opens a
+// payload, a line end ends the command, a backslash is consumed as an
+// escape and whitespace splits words (SafeToken). Each refusal wraps
+// errUnsafeToken.
+
+func checkToken(field, s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s is empty", errUnsafeToken, field)
+	}
+	if !SafeToken(s) {
+		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
+	}
+	return nil
+}
+
+func checkOptionalToken(field, s string) error {
+	if s == "" {
+		return nil
+	}
+	return checkToken(field, s)
+}
+
+func checkTokens(field string, words []string) error {
+	for _, w := range words {
+		if err := checkToken(field, w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkKeywords(field string, kws []KeywordArg) error {
+	for _, kw := range kws {
+		if err := firstError(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCRTListWords refuses brackets in the words of a crt-list entry:
+// SafeToken allows them, but inside the entry's one bracket pair a ']'
+// would end the options early and turn the rest into SNI filters.
+func checkCRTListWords(op *Op) error {
+	words := append([]string{op.Cert}, op.SNIFilters...)
+	for _, o := range op.Options {
+		words = append(append(words, o.Name), o.Args...)
+	}
+	for _, w := range words {
+		if strings.ContainsAny(w, "[]") {
+			return fmt.Errorf("%w: crt-list word %q", errUnsafeToken, w)
+		}
+	}
+	return nil
+}
+
+func checkPayloadValue(field, s string) error {
+	if !SafePayloadValue(s) {
+		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
+	}
+	return nil
+}
+
+func checkRef(op *Op) error {
+	return firstError(checkToken("backend", op.Backend), checkToken("server", op.Server))
+}
+
+func checkEnum(field, s string, allowed ...string) error {
+	if !slices.Contains(allowed, s) {
+		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
+	}
+	return nil
+}
+
+func checkWaitTimeout(ms int) error {
+	if ms < 1 || ms > MaxWaitBudgetMs {
+		return fmt.Errorf("%w: timeout_ms %d outside 1..%d", errUnsafeToken, ms, MaxWaitBudgetMs)
+	}
+	return nil
+}
+
+// checkPort refuses what HAProxy would wrap: "port 70000" sets port 4464.
+func checkPort(port int) error {
+	if port < 0 || port > 65535 {
+		return fmt.Errorf("%w: port %d outside 0..65535", errUnsafeToken, port)
+	}
+	return nil
+}
+
+func checkWeight(w *int) error {
+	if w == nil {
+		return fmt.Errorf("%w: weight is unset", errUnsafeToken)
+	}
+	if *w < 0 || *w > 256 {
+		return fmt.Errorf("%w: weight %d outside 0..256", errUnsafeToken, *w)
+	}
+	return nil
+}
+
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCommand enforces the size limits and payload framing rules on one
+// built command: its text fits the line budget, so it fits a line with the
+// prefix; its payload fits MaxPayloadBytes, since HAProxy applies nothing of
+// a payload over its buffer; the framed command stays under the framed
+// limit; and no payload line can end the payload early.
+func checkCommand(c command, term string) error {
+	if len(c.Text) > lineBudget {
+		return fmt.Errorf("command of %d bytes exceeds the %d-byte line limit", len(c.Text), lineBudget)
+	}
+	if len(c.Payload) > MaxPayloadBytes {
+		return fmt.Errorf("payload of %d bytes exceeds the %d-byte payload limit", len(c.Payload), MaxPayloadBytes)
+	}
+	if c.Payload == "" {
+		return nil
+	}
+	if n := framedLen(c.Text, c.Payload, term); n > maxFramedPayloadCommand {
+		return fmt.Errorf("payload command of %d bytes exceeds the %d-byte framed limit", n, maxFramedPayloadCommand)
+	}
+	if strings.IndexByte(c.Payload, 0) >= 0 {
+		return fmt.Errorf("%w: payload contains a NUL byte", errUnsafeToken)
+	}
+	// HAProxy matches the terminator against whole lines; with the default
+	// (empty) terminator this refuses any blank line, so a PEM with a blank
+	// line goes by reload on an HAProxy without custom terminators.
+	body := strings.TrimSuffix(c.Payload, "\n")
+	for line := range strings.SplitSeq(body, "\n") {
+		if strings.TrimSuffix(line, "\r") == term {
+			return fmt.Errorf("%w: payload contains the terminator line", errUnsafeToken)
+		}
+	}
+	return nil
+}
+
+// frameCommand renders a payload command: "<text> <<TERM\n<payload>TERM\n",
+// with HAProxy's default empty-line terminator when term is "".
+func frameCommand(text, payload, term string) string {
+	var b strings.Builder
+	b.Grow(framedLen(text, payload, term))
+	writeFramed(&b, text, payload, term)
+	return b.String()
+}
+
+func writeFramed(b *strings.Builder, text, payload, term string) {
+	b.WriteString(text)
+	b.WriteString(" <<")
+	b.WriteString(term)
+	b.WriteByte('\n')
+	b.WriteString(payload)
+	if !strings.HasSuffix(payload, "\n") {
+		b.WriteByte('\n')
+	}
+	b.WriteString(term)
+	b.WriteByte('\n')
+}
+
+// framedLen is len(frameCommand(text, payload, term)) without building it.
+func framedLen(text, payload, term string) int {
+	n := len(text) + len(" <<") + 2*(len(term)+1) + len(payload)
+	if !strings.HasSuffix(payload, "\n") {
+		n++
+	}
+	return n
+}
+
+// ---------------------------------------------------------------------------
+// Line building: the commands of consecutive programs share a line until
+// the budget is reached, since every line costs a connection.
+
+// lineCommand is a command placed on a line, with the program it belongs to.
+type lineCommand struct {
+	command
+	prog int
+}
+
+// lineBuilder packs commands into lines. Every line, prefix and final '\n'
+// included, stays within MaxCommandLineBytes before its payload framing;
+// payload and capture commands travel alone; one line's wait budget stays
+// within MaxWaitBudgetMs, so one exchange is bounded by IOTimeout + 30s.
+type lineBuilder struct {
+	pending []lineCommand
+	length  int // Σ len(Text)+1 over pending
+	waitMs  int // Σ wait timeouts over pending
+}
+
+// add queues c and returns the lines that are complete and must be sent
+// now, in order (none, one or two).
+func (b *lineBuilder) add(c lineCommand) [][]lineCommand {
+	var ready [][]lineCommand
+	solo := c.Payload != "" || c.Capture
+	wait := waitMsOf(c.Text)
+	if len(b.pending) > 0 && (solo || b.length+len(c.Text) >= lineBudget || b.waitMs+wait > MaxWaitBudgetMs) {
+		ready = append(ready, b.take())
+	}
+	b.pending = append(b.pending, c)
+	b.length += len(c.Text) + 1
+	b.waitMs += wait
+	if solo {
+		ready = append(ready, b.take())
+	}
+	return ready
+}
+
+// take returns the pending line (nil when empty) and starts a new one.
+func (b *lineBuilder) take() []lineCommand {
+	line := b.pending
+	*b = lineBuilder{}
+	return line
+}
+
+// waitMsOf is the time HAProxy may spend on a "wait <ms> …" command, read
+// from the command itself (compileOp bounded it); zero for any other.
+func waitMsOf(text string) int {
+	rest, ok := strings.CutPrefix(text, "wait ")
+	if !ok {
+		return 0
+	}
+	ms, _ := leadingNumber(rest)
+	return ms
+}
+
+// renderLine renders one line with the apply-path prefix; a payload
+// command, always last, is framed with its program's terminator.
+func renderLine(line []lineCommand, term string) string {
+	size := len(linePrefix) + 1
+	for _, c := range line {
+		size += framedLen(c.Text, c.Payload, term)
+	}
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteString(linePrefix)
+	for i, c := range line {
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		if c.Payload != "" {
+			writeFramed(&b, c.Text, c.Payload, term)
+			return b.String()
+		}
+		b.WriteString(c.Text)
+	}
+	b.WriteByte('\n')
+	return b.String()
+}
+
+func lineWaitBudget(line []lineCommand) time.Duration {
+	ms := 0
+	for _, c := range line {
+		ms += waitMsOf(c.Text)
+	}
+	return time.Duration(ms) * time.Millisecond
+}
