@@ -3,31 +3,11 @@
 package haptic
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 )
-
-// syncBuffer is a log sink several goroutines write to.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // applyLogReasons are the reload_reason values of the "apply" log lines.
 func applyLogReasons(t *testing.T, logs string) []string {
@@ -48,7 +28,7 @@ func applyLogReasons(t *testing.T, logs string) []string {
 // The log line of a reload the controller asked for carries Diff's
 // reasons, not the mode.
 func TestAgentLogsWhyItReloads(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &lockedBuffer{}
 	fake := startTestFake(t, "")
 	a := startTestAgent(t, fake, func(c *AgentConfig) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, nil))

@@ -50,23 +50,6 @@ type realFixture struct {
 const realFixtureMap = "example.com be-a\nb.example.com be-b\n"
 const realFixtureCRTList = "certs/a.pem [alpn h2] a.example.com\n"
 
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // startRealHAProxy starts the binary named by HAPTIC_HAPROXY, or skips the
 // test when the variable is unset. Cleanup stops it and removes the
 // directory.
