@@ -1,6 +1,11 @@
-// Tests of the deferred-delete queue: the split, the caps and the worker
-// binding with no socket, then the queue's loop and per-item commands on
-// the fake HAProxy and on scripted worker sockets.
+// Tests of the deferred-delete queue: splitting an apply's deletes off,
+// the caps and the token checks on admission, worker adoption, and, on the
+// fake HAProxy or a scripted worker socket, the order of the commands, the
+// in-flight item, cancellation, and the confirmed absence of a backend.
+//
+// It must never sleep to let the queue run: a test blocks the fake on a
+// command (blockOn), drains the queue itself, or waits for an outcome it
+// can observe (waitFor).
 
 package haptic
 

@@ -1,7 +1,11 @@
-// Tests of the op compiler and the line packer: pure functions, tested as
-// tables with no socket. TestCompileOpTable pins the bytes every op puts on
-// the wire for each HAProxy dialect; the other tests pin the command
-// table, the token checks, the payload forms and the line budget.
+// Table tests for the op compiler and the line packer: for each op and
+// worker version, the exact lines put on the wire or the exact refusal;
+// which commands judge their replies by which text; and the packer's line
+// and wait budgets under random commands.
+//
+// It must never open a socket: the compiler is a pure function of the op,
+// the file contents and the worker's terminator, and the tests that send
+// compiled lines live in agent_runtime_test.go.
 
 package haptic
 
@@ -16,11 +20,10 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Compile (unit).
+// Helpers, and what each op compiles to.
 
 func intPtr(v int) *int { return &v }
 
-func noContent(string) ([]byte, error) { return nil, errors.New("no file expected") }
 
 func contentOf(files map[string]string) func(string) ([]byte, error) {
 	return func(path string) ([]byte, error) {
@@ -166,367 +169,437 @@ func TestCompileCommandTable(t *testing.T) {
 	})
 }
 
-// packLines is what the executor sends for one program before any reply
-// comes back: the commands packed by lineBuilder and rendered with the
-// program's terminator, a Repeat command alone on its line (as repeat sends
-// it). A captured map version stays versionPlaceholder: the executor
-// substitutes it only once prepare map has answered.
-func packLines(p program) []string {
-	var lines []string
+// ---------------------------------------------------------------------------
+// The op table: what each op puts on the wire, or why it is refused.
+
+// compileOpCase is one op compiled for one worker. A case that compiles
+// lists the lines the executor sends for it, in order, and the lines it
+// sends to clean up after a failure; a refused case names the sentinel it
+// wraps (nil for none) and the refusal's exact text.
+type compileOpCase struct {
+	group   string            // the existing test that also runs the case
+	name    string            // what the case pins
+	op      Op                // the op, as Diff emits it
+	files   map[string]string // the held file contents, by path
+	version string            // the worker's version; "" is 3.4.3
+	lines   []string          // the lines sent, prefix and payload framing included
+	abort   []string          // the lines sent after a failure of the op
+	err     error             // the sentinel a refusal wraps, nil for none
+	errText string            // the refusal's text; "" when the op compiles
+}
+
+// wantLine is the line HAProxy receives for commands without a payload.
+func wantLine(cmds ...string) string { return linePrefix + strings.Join(cmds, ";") + "\n" }
+
+// wantPayload is the line HAProxy receives for a payload command: the
+// pattern after "<<", the payload, then the pattern alone on a line (an
+// empty line for HAProxy's default terminator).
+func wantPayload(term, text, payload string) string {
+	return linePrefix + text + " <<" + term + "\n" + payload + term + "\n"
+}
+
+// wireLines packs a program into the lines the executor sends: the
+// commands through the line builder, a repeated command (del map) alone on
+// a line of its own, each abort command alone. A captured map version
+// stays the placeholder the executor substitutes.
+func wireLines(p program) (lines, abort []string) {
 	var b lineBuilder
-	emit := func(ready ...[]lineCommand) {
-		for _, line := range ready {
-			if len(line) > 0 {
-				lines = append(lines, renderLine(line, p.Terminator))
-			}
+	send := func(line []lineCommand) {
+		if len(line) > 0 {
+			lines = append(lines, renderLine(line, p.Terminator))
 		}
 	}
 	for _, c := range p.Commands {
 		if c.Repeat {
-			emit(b.take(), []lineCommand{{command: c}})
+			send(b.take())
+			send([]lineCommand{{command: c}})
 			continue
 		}
-		emit(b.add(lineCommand{command: c})...)
+		for _, line := range b.add(lineCommand{command: c}) {
+			send(line)
+		}
 	}
-	emit(b.take())
-	return lines
+	send(b.take())
+	for _, c := range p.Abort {
+		abort = append(abort, renderLine([]lineCommand{{command: c}}, p.Terminator))
+	}
+	return lines, abort
 }
 
-// TestCompileOpTable pins, one op per row, the bytes the compiler puts on
-// the wire for the HAProxy version the row names, or the refusal. The
-// version's caps pick the payload terminator: 3.0 and later frame a payload
-// with "<<HAPTIC", 2.6 has no custom terminators and gets HAProxy's default
-// empty line, which a blank line inside a PEM would end early.
-func TestCompileOpTable(t *testing.T) {
-	const (
-		v34 = "3.4.3-1deb11u1"
-		v30 = "3.0.11-1+deb13u4"
-		v26 = "2.6.12-1+deb12u4"
-		pre = linePrefix
-	)
+func (tc compileOpCase) run(t *testing.T) {
+	t.Helper()
+	version := tc.version
+	if version == "" {
+		version = "3.4.3"
+	}
+	p, err := compileOp(&tc.op, contentOf(tc.files), terminatorFor(version))
+	if tc.errText != "" {
+		if err == nil || err.Error() != tc.errText {
+			t.Fatalf("err = %v, want %s", err, tc.errText)
+		}
+		if tc.err != nil && !errors.Is(err, tc.err) || tc.err == nil && errors.Is(err, errUnsafeToken) {
+			t.Errorf("err %v wraps the wrong sentinel, want %v", err, tc.err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, abort := wireLines(p)
+	if !slices.Equal(lines, tc.lines) {
+		t.Errorf("lines\n got %q\nwant %q", lines, tc.lines)
+	}
+	if !slices.Equal(abort, tc.abort) {
+		t.Errorf("abort lines\n got %q\nwant %q", abort, tc.abort)
+	}
+}
+
+// compileServerAdd is a valid server_add with one field changed.
+func compileServerAdd(mut func(*Op)) Op {
+	op := Op{Kind: OpServerAdd, Backend: "be-a", Server: "s1", Address: "10.0.0.1", Port: 80}
+	mut(&op)
+	return op
+}
+
+var compileOpCases = func() []compileOpCase {
 	ver := "@" + versionPlaceholder + " "
+	pems := map[string]string{"certs/b.pem": testPEM, "ca/c.pem": testPEM}
+	certAbort := []string{wantLine("abort ssl cert certs/b.pem")}
+	certLines := func(payload string) []string {
+		return []string{
+			wantPayload("HAPTIC", "set ssl cert certs/b.pem", payload),
+			wantLine("commit ssl cert certs/b.pem"),
+		}
+	}
+	const unsafe = "unsafe runtime token: "
 	blankPEM := "-----BEGIN CERTIFICATE-----\nMIIB\n\n-----END CERTIFICATE-----\n"
 	bigPEM := "-----BEGIN CERTIFICATE-----\n" + strings.Repeat("A", MaxPayloadBytes) + "\n"
-	files := contentOf(map[string]string{
-		"certs/b.pem":     testPEM,
-		"ca/c.pem":        testPEM,
-		"certs/blank.pem": blankPEM,
-		"certs/term.pem":  "-----BEGIN CERTIFICATE-----\nHAPTIC\n-----END CERTIFICATE-----\n",
-		"certs/empty.pem": "",
-		"certs/big.pem":   bigPEM,
-		"maps/full.map":   "# generated by haptic\na 1\n\nb  2 3\nempty\n",
-		"maps/empty.map":  "# only a comment\n\n",
-		"maps/long.map":   "a 1\nk " + strings.Repeat("x", MaxPayloadBytes) + "\n",
-	})
-	srv := func(mut func(*Op)) Op {
-		op := Op{Kind: OpServerAdd, Backend: "be-a", Server: "srv1", Address: "10.0.0.1", Port: 80}
-		mut(&op)
-		return op
-	}
-	tests := []struct {
-		name    string
-		op      Op
-		version string   // the worker's HAProxy version
-		lines   []string // every line sent, in order
-		err     error    // the sentinel a refusal wraps, if any
-		errText string   // a refusal's exact text
-	}{
-		// Backends (3.4).
-		{name: "backend_add with a guid", version: v34,
+	fullSet := "set map maps/host.map k " + strings.Repeat("v", lineBudget-len("set map maps/host.map k "))
+	fullMapLine := "k " + strings.Repeat("x", MaxPayloadBytes-3) + "\n"
+	return []compileOpCase{
+		// Every op kind: one command per line unless the packer joins them.
+		{group: "command", name: "backend_add with a guid",
 			op:    Op{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http", GUID: "be-b-guid"},
-			lines: []string{pre + "add backend be-b from web mode http guid be-b-guid\n"}},
-		{name: "backend_publish", version: v34, op: Op{Kind: OpBackendPublish, Backend: "be-b"},
-			lines: []string{pre + "publish backend be-b\n"}},
-		{name: "backend_unpublish", version: v34, op: Op{Kind: OpBackendUnpublish, Backend: "be-b"},
-			lines: []string{pre + "unpublish backend be-b\n"}},
-		{name: "backend_del", version: v34, op: Op{Kind: OpBackendDel, Backend: "be-b"},
-			lines: []string{pre + "del backend be-b\n"}},
-		{name: "wait_be_removable", version: v34, op: Op{Kind: OpBackendWaitRemovable, Backend: "be-b", TimeoutMs: 2000},
-			lines: []string{pre + "wait 2000 be-removable be-b\n"}},
-
-		// Servers.
-		{name: "server_add with keywords", version: v30,
+			lines: []string{wantLine("add backend be-b from web mode http guid be-b-guid")}},
+		{group: "command", name: "backend_add in tcp mode",
+			op:    Op{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "tcp"},
+			lines: []string{wantLine("add backend be-b from web mode tcp")}},
+		{group: "command", name: "backend_publish",
+			op:    Op{Kind: OpBackendPublish, Backend: "be-b"},
+			lines: []string{wantLine("publish backend be-b")}},
+		{group: "command", name: "backend_unpublish",
+			op:    Op{Kind: OpBackendUnpublish, Backend: "be-b"},
+			lines: []string{wantLine("unpublish backend be-b")}},
+		{group: "command", name: "backend_del",
+			op:    Op{Kind: OpBackendDel, Backend: "be-b"},
+			lines: []string{wantLine("del backend be-b")}},
+		{group: "command", name: "wait_be_removable",
+			op:    Op{Kind: OpBackendWaitRemovable, Backend: "be-b", TimeoutMs: 2000},
+			lines: []string{wantLine("wait 2000 be-removable be-b")}},
+		{group: "command", name: "server_add with a port and keywords",
 			op: Op{Kind: OpServerAdd, Backend: "be-a", Server: "srv1", Address: "10.0.0.1", Port: 8080,
-				Keywords: []KeywordArg{{Name: "check"}, {Name: "inter", Args: []string{"2s"}}}},
-			lines: []string{pre + "add server be-a/srv1 10.0.0.1:8080 check inter 2s\n"}},
-		{name: "server_add on a unix path has no port", version: v30,
+				Keywords: []KeywordArg{{Name: "check"}, {Name: "inter", Args: []string{"2s"}}, {Name: "init-state", Args: []string{"up"}}}},
+			lines: []string{wantLine("add server be-a/srv1 10.0.0.1:8080 check inter 2s init-state up")}},
+		{group: "command", name: "server_add on a unix socket",
 			op:    Op{Kind: OpServerAdd, Backend: "be-a", Server: "sock", Address: "/run/app.sock"},
-			lines: []string{pre + "add server be-a/sock /run/app.sock\n"}},
-		{name: "server_enable with health shares one line", version: v30,
+			lines: []string{wantLine("add server be-a/sock /run/app.sock")}},
+		{group: "command", name: "server_enable with health checks",
 			op:    Op{Kind: OpServerEnable, Backend: "be-a", Server: "srv1", Health: true},
-			lines: []string{pre + "enable health be-a/srv1;enable server be-a/srv1\n"}},
-		{name: "server_disable", version: v26, op: Op{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"},
-			lines: []string{pre + "disable server be-a/srv1\n"}},
-		{name: "server_set_addr with a port", version: v26,
+			lines: []string{wantLine("enable health be-a/srv1", "enable server be-a/srv1")}},
+		{group: "command", name: "server_enable",
+			op:    Op{Kind: OpServerEnable, Backend: "be-a", Server: "srv1"},
+			lines: []string{wantLine("enable server be-a/srv1")}},
+		{group: "command", name: "server_disable",
+			op:    Op{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"},
+			lines: []string{wantLine("disable server be-a/srv1")}},
+		{group: "command", name: "server_set_addr with a port",
 			op:    Op{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.2", Port: 81},
-			lines: []string{pre + "set server be-a/srv1 addr 10.0.0.2 port 81\n"}},
-		{name: "server_set_weight 0", version: v26,
+			lines: []string{wantLine("set server be-a/srv1 addr 10.0.0.2 port 81")}},
+		{group: "command", name: "server_set_addr without a port",
+			op:    Op{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.2"},
+			lines: []string{wantLine("set server be-a/srv1 addr 10.0.0.2")}},
+		{group: "command", name: "server_set_weight to zero",
 			op:    Op{Kind: OpServerSetWeight, Backend: "be-a", Server: "srv1", Weight: intPtr(0)},
-			lines: []string{pre + "set server be-a/srv1 weight 0\n"}},
-		{name: "server_set_state drain", version: v26,
-			op:    Op{Kind: OpServerSetState, Backend: "be-a", Server: "srv1", State: ServerStateDrain},
-			lines: []string{pre + "set server be-a/srv1 state drain\n"}},
-		{name: "wait_srv_removable", version: v30,
-			op:    Op{Kind: OpServerWaitRemovable, Backend: "be-a", Server: "srv1", TimeoutMs: MaxWaitBudgetMs},
-			lines: []string{pre + "wait 30000 srv-removable be-a/srv1\n"}},
-		{name: "shutdown_sessions", version: v30, op: Op{Kind: OpShutdownSessions, Backend: "be-a", Server: "srv1"},
-			lines: []string{pre + "shutdown sessions server be-a/srv1\n"}},
-		{name: "server_del", version: v30, op: Op{Kind: OpServerDel, Backend: "be-a", Server: "srv1"},
-			lines: []string{pre + "del server be-a/srv1\n"}},
-
-		// Maps.
-		{name: "map_add on 3.4", version: v34,
+			lines: []string{wantLine("set server be-a/srv1 weight 0")}},
+		{group: "command", name: "server_set_state",
+			op:    Op{Kind: OpServerSetState, Backend: "be-a", Server: "srv1", State: "drain"},
+			lines: []string{wantLine("set server be-a/srv1 state drain")}},
+		{group: "command", name: "wait_srv_removable",
+			op:    Op{Kind: OpServerWaitRemovable, Backend: "be-a", Server: "srv1", TimeoutMs: 2000},
+			lines: []string{wantLine("wait 2000 srv-removable be-a/srv1")}},
+		{group: "command", name: "shutdown_sessions",
+			op:    Op{Kind: OpShutdownSessions, Backend: "be-a", Server: "srv1"},
+			lines: []string{wantLine("shutdown sessions server be-a/srv1")}},
+		{group: "command", name: "server_del",
+			op:    Op{Kind: OpServerDel, Backend: "be-a", Server: "srv1"},
+			lines: []string{wantLine("del server be-a/srv1")}},
+		{group: "payload form", name: "map_add travels as a payload",
 			op:    Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "example.com", Value: "be-a"},
-			lines: []string{pre + "add map maps/host.map <<HAPTIC\nexample.com be-a\nHAPTIC\n"}},
-		{name: "map_add keeps a value's spaces", version: v30,
-			op:    Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "a  b c"},
-			lines: []string{pre + "add map maps/host.map <<HAPTIC\nk a  b c\nHAPTIC\n"}},
-		{name: "map_add of an empty value", version: v30,
-			op:    Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "k"},
-			lines: []string{pre + "add map maps/host.map <<HAPTIC\nk \nHAPTIC\n"}},
-		{name: "map_add on 2.6 ends with an empty line", version: v26,
-			op:    Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "example.com", Value: "be-a"},
-			lines: []string{pre + "add map maps/host.map <<\nexample.com be-a\n\n"}},
-		{name: "map_set", version: v30, op: Op{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-b"},
-			lines: []string{pre + "set map maps/host.map example.com be-b\n"}},
-		{name: "map_del goes alone", version: v34, op: Op{Kind: OpMapDel, Path: "maps/host.map", Key: "example.com"},
-			lines: []string{pre + "del map maps/host.map example.com\n"}},
-		{name: "map_replace sends the entries, not the file", version: v34,
-			op: Op{Kind: OpMapReplace, Path: "maps/full.map"},
+			lines: []string{wantPayload("HAPTIC", "add map maps/host.map", "example.com be-a\n")}},
+		{group: "payload form", name: "map_add keeps the spaces of a value",
+			op:    Op{Kind: OpMapAdd, Path: "m.map", Key: "k", Value: "a  b c"},
+			lines: []string{wantPayload("HAPTIC", "add map m.map", "k a  b c\n")}},
+		{group: "payload form", name: "map_add of an empty value keeps the space",
+			op:    Op{Kind: OpMapAdd, Path: "m.map", Key: "k"},
+			lines: []string{wantPayload("HAPTIC", "add map m.map", "k \n")}},
+		{group: "command", name: "map_set",
+			op:    Op{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-b"},
+			lines: []string{wantLine("set map maps/host.map example.com be-b")}},
+		{group: "command", name: "map_del travels alone",
+			op:    Op{Kind: OpMapDel, Path: "maps/host.map", Key: "example.com"},
+			lines: []string{wantLine("del map maps/host.map example.com")}},
+		{group: "command", name: "map_replace prepares, fills and commits a version",
+			op: Op{Kind: OpMapReplace, Path: "m.map"}, files: map[string]string{"m.map": "a 1\n"},
 			lines: []string{
-				pre + "prepare map maps/full.map\n",
-				pre + "add map " + ver + "maps/full.map <<HAPTIC\na 1\nb 2 3\nempty \nHAPTIC\n",
-				pre + "commit map " + ver + "maps/full.map\n"}},
-		{name: "map_replace on 2.6", version: v26, op: Op{Kind: OpMapReplace, Path: "maps/full.map"},
+				wantLine("prepare map m.map"),
+				wantPayload("HAPTIC", "add map "+ver+"m.map", "a 1\n"),
+				wantLine("commit map " + ver + "m.map")}},
+		{group: "payload form", name: "cert_set sends the PEM and aborts on failure",
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, files: pems,
+			lines: certLines(testPEM), abort: certAbort},
+		{group: "command", name: "cert_new creates the store first",
+			op: Op{Kind: OpCertNew, Path: "certs/b.pem"}, files: pems,
+			lines: append([]string{wantLine("new ssl cert certs/b.pem")}, certLines(testPEM)...), abort: certAbort},
+		{group: "command", name: "ca_set",
+			op: Op{Kind: OpCASet, Path: "ca/c.pem"}, files: pems,
 			lines: []string{
-				pre + "prepare map maps/full.map\n",
-				pre + "add map " + ver + "maps/full.map <<\na 1\nb 2 3\nempty \n\n",
-				pre + "commit map " + ver + "maps/full.map\n"}},
-		{name: "map_replace of an empty map", version: v30, op: Op{Kind: OpMapReplace, Path: "maps/empty.map"},
-			lines: []string{pre + "prepare map maps/empty.map\n", pre + "commit map " + ver + "maps/empty.map\n"}},
-
-		// Certificates, CA files, crt-lists: a payload travels alone.
-		{name: "cert_set", version: v34, op: Op{Kind: OpCertSet, Path: "certs/b.pem"},
+				wantPayload("HAPTIC", "set ssl ca-file ca/c.pem", testPEM),
+				wantLine("commit ssl ca-file ca/c.pem")},
+			abort: []string{wantLine("abort ssl ca-file ca/c.pem")}},
+		{group: "command", name: "ca_new creates the CA file first",
+			op: Op{Kind: OpCANew, Path: "ca/c.pem"}, files: pems,
 			lines: []string{
-				pre + "set ssl cert certs/b.pem <<HAPTIC\n" + testPEM + "HAPTIC\n",
-				pre + "commit ssl cert certs/b.pem\n"}},
-		{name: "cert_new", version: v30, op: Op{Kind: OpCertNew, Path: "certs/b.pem"},
-			lines: []string{
-				pre + "new ssl cert certs/b.pem\n",
-				pre + "set ssl cert certs/b.pem <<HAPTIC\n" + testPEM + "HAPTIC\n",
-				pre + "commit ssl cert certs/b.pem\n"}},
-		{name: "cert_set with a blank line on 3.0", version: v30, op: Op{Kind: OpCertSet, Path: "certs/blank.pem"},
-			lines: []string{
-				pre + "set ssl cert certs/blank.pem <<HAPTIC\n" + blankPEM + "HAPTIC\n",
-				pre + "commit ssl cert certs/blank.pem\n"}},
-		{name: "ca_set on 2.6", version: v26, op: Op{Kind: OpCASet, Path: "ca/c.pem"},
-			lines: []string{
-				pre + "set ssl ca-file ca/c.pem <<\n" + testPEM + "\n",
-				pre + "commit ssl ca-file ca/c.pem\n"}},
-		{name: "ca_new", version: v34, op: Op{Kind: OpCANew, Path: "ca/c.pem"},
-			lines: []string{
-				pre + "new ssl ca-file ca/c.pem\n",
-				pre + "set ssl ca-file ca/c.pem <<HAPTIC\n" + testPEM + "HAPTIC\n",
-				pre + "commit ssl ca-file ca/c.pem\n"}},
-		{name: "crtlist_add with options and SNI filters", version: v30,
-			op: Op{Kind: OpCRTListAdd, Path: "certs/list.txt", Cert: "certs/c.pem",
-				Options:    []KeywordArg{{Name: "alpn", Args: []string{"h2"}}, {Name: "no-ca-names"}},
+				wantLine("new ssl ca-file ca/c.pem"),
+				wantPayload("HAPTIC", "set ssl ca-file ca/c.pem", testPEM),
+				wantLine("commit ssl ca-file ca/c.pem")},
+			abort: []string{wantLine("abort ssl ca-file ca/c.pem")}},
+		{group: "command", name: "crtlist_add of a bare certificate",
+			op:    Op{Kind: OpCRTListAdd, Path: "certs/list.txt", Cert: "certs/c.pem"},
+			lines: []string{wantPayload("HAPTIC", "add ssl crt-list certs/list.txt", "certs/c.pem\n")}},
+		{group: "payload form", name: "crtlist_add with options and SNI filters",
+			op: Op{Kind: OpCRTListAdd, Path: "l.txt", Cert: "c", Options: []KeywordArg{{Name: "alpn", Args: []string{"h2"}}},
 				SNIFilters: []string{"*.example.com", "!secret.example.com"}},
-			lines: []string{pre + "add ssl crt-list certs/list.txt <<HAPTIC\ncerts/c.pem [alpn h2 no-ca-names] *.example.com !secret.example.com\nHAPTIC\n"}},
-		{name: "crtlist_del", version: v30, op: Op{Kind: OpCRTListDel, Path: "certs/list.txt", Cert: "certs/c.pem"},
-			lines: []string{pre + "del ssl crt-list certs/list.txt certs/c.pem\n"}},
+			lines: []string{wantPayload("HAPTIC", "add ssl crt-list l.txt", "c [alpn h2] *.example.com !secret.example.com\n")}},
+		{group: "payload form", name: "crtlist_add puts every option in one bracket pair",
+			op: Op{Kind: OpCRTListAdd, Path: "l.txt", Cert: "c", Options: []KeywordArg{
+				{Name: "alpn", Args: []string{"h2"}}, {Name: "verify", Args: []string{"none"}}, {Name: "no-ca-names"}}},
+			lines: []string{wantPayload("HAPTIC", "add ssl crt-list l.txt", "c [alpn h2 verify none no-ca-names]\n")}},
+		{group: "command", name: "crtlist_del",
+			op:    Op{Kind: OpCRTListDel, Path: "certs/list.txt", Cert: "certs/c.pem"},
+			lines: []string{wantLine("del ssl crt-list certs/list.txt certs/c.pem")}},
 
-		// Refusals.
-		{name: "an unknown kind", version: v34, op: Op{Kind: "backend_teleport", Backend: "b"},
-			err: errUnknownOp, errText: `unknown op kind: "backend_teleport"`},
-		{name: "a semicolon in a name", version: v34, op: srv(func(o *Op) { o.Backend = "be;a" }),
-			err: errUnsafeToken, errText: `unsafe runtime token: backend "be;a"`},
-		{name: "an empty name", version: v34, op: srv(func(o *Op) { o.Backend = "" }),
-			err: errUnsafeToken, errText: "unsafe runtime token: backend is empty"},
-		{name: "a payload opener in an address", version: v34, op: srv(func(o *Op) { o.Address = "<<EOF" }),
-			err: errUnsafeToken, errText: `unsafe runtime token: address "<<EOF"`},
-		{name: "a port HAProxy would wrap", version: v34,
-			op:  Op{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "10.0.0.1", Port: 70000},
-			err: errUnsafeToken, errText: "unsafe runtime token: port 70000 outside 0..65535"},
-		{name: "an unset weight", version: v34, op: Op{Kind: OpServerSetWeight, Backend: "be-a", Server: "srv1"},
-			err: errUnsafeToken, errText: "unsafe runtime token: weight is unset"},
-		{name: "a wait without a timeout", version: v34, op: Op{Kind: OpServerWaitRemovable, Backend: "be-a", Server: "srv1"},
-			err: errUnsafeToken, errText: "unsafe runtime token: timeout_ms 0 outside 1..30000"},
-		{name: "a mode HAProxy lacks", version: v34, op: Op{Kind: OpBackendAdd, Backend: "b", Profile: "web", Mode: "udp"},
-			err: errUnsafeToken, errText: `unsafe runtime token: mode "udp"`},
-		{name: "a space in a map_set value", version: v34, op: Op{Kind: OpMapSet, Path: "m", Key: "k", Value: "a b"},
-			err: errUnsafeToken, errText: `unsafe runtime token: value "a b"`},
-		{name: "a bracket in a crt-list option", version: v34,
-			op:  Op{Kind: OpCRTListAdd, Path: "l", Cert: "c", Options: []KeywordArg{{Name: "alpn", Args: []string{"h2]"}}}},
-			err: errUnsafeToken, errText: `unsafe runtime token: crt-list word "h2]"`},
-		{name: "a command over the line budget", version: v34,
-			op:      Op{Kind: OpMapSet, Path: "m", Key: "k", Value: strings.Repeat("v", lineBudget-len("set map m k ")+1)},
-			errText: fmt.Sprintf("command of %d bytes exceeds the %d-byte line limit", lineBudget+1, lineBudget)},
-		{name: "a payload over the payload limit", version: v34, op: Op{Kind: OpCertSet, Path: "certs/big.pem"},
+		// The worker's version picks the payload terminator.
+		{group: "worker version", name: "3.0 takes the custom terminator", version: "3.0.11-1+deb13u4",
+			op:    Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "v"},
+			lines: []string{wantPayload("HAPTIC", "add map m", "k v\n")}},
+		{group: "worker version", name: "2.6 gets the default empty-line terminator", version: "2.6.12",
+			op:    Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "v"},
+			lines: []string{wantPayload("", "add map m", "k v\n")}},
+		{group: "worker version", name: "an unreadable version gets the default terminator", version: "unknown",
+			op:    Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "v"},
+			lines: []string{wantPayload("", "add map m", "k v\n")}},
+		{group: "worker version", name: "3.0 takes a PEM with a blank line", version: "3.0.11",
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, files: map[string]string{"certs/b.pem": blankPEM},
+			lines: certLines(blankPEM), abort: certAbort},
+		{group: "worker version", name: "2.6 refuses a PEM with a blank line", version: "2.6.12",
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, files: map[string]string{"certs/b.pem": blankPEM},
+			err: errUnsafeToken, errText: unsafe + "payload contains the terminator line"},
+
+		// map_replace sends the parsed entries, never the file.
+		{group: "entries not the file", name: "comments and blank lines dropped, tabs and empty values rewritten",
+			op: Op{Kind: OpMapReplace, Path: "m"}, files: map[string]string{"m": "# generated by haptic\n\nexample.com be-a\n\n" +
+				"# ingress/default\nb.example.com\tbe-b\nempty.example.com\n  spaced.example.com   a  b  \n"},
+			lines: []string{
+				wantLine("prepare map m"),
+				wantPayload("HAPTIC", "add map "+ver+"m", "example.com be-a\nb.example.com be-b\nempty.example.com \nspaced.example.com a  b\n"),
+				wantLine("commit map " + ver + "m")}},
+		{group: "empty map", name: "an empty file",
+			op: Op{Kind: OpMapReplace, Path: "m"}, files: map[string]string{"m": ""},
+			lines: []string{wantLine("prepare map m"), wantLine("commit map " + ver + "m")}},
+		{group: "empty map", name: "a file of comments only",
+			op: Op{Kind: OpMapReplace, Path: "m"}, files: map[string]string{"m": "# only a comment\n\n"},
+			lines: []string{wantLine("prepare map m"), wantLine("commit map " + ver + "m")}},
+		{group: "map line limit", name: "a line over the payload limit",
+			op: Op{Kind: OpMapReplace, Path: "m"}, files: map[string]string{"m": "a 1\nlong " + strings.Repeat("x", MaxPayloadBytes) + "\nb 2\n"},
+			err: errUnsafeToken, errText: fmt.Sprintf(unsafe+"map line of %d bytes exceeds the %d-byte payload limit", len("long \n")+MaxPayloadBytes, MaxPayloadBytes)},
+		{group: "map line limit", name: "a line of exactly the payload limit travels",
+			op: Op{Kind: OpMapReplace, Path: "m"}, files: map[string]string{"m": fullMapLine},
+			lines: []string{
+				wantLine("prepare map m"),
+				wantPayload("HAPTIC", "add map "+ver+"m", fullMapLine),
+				wantLine("commit map " + ver + "m")}},
+
+		// A payload line equal to the terminator would end the payload early.
+		{group: "ends itself", name: "a terminator line", files: map[string]string{"c.pem": "-----BEGIN CERTIFICATE-----\nHAPTIC\n-----END CERTIFICATE-----\n"},
+			op: Op{Kind: OpCertSet, Path: "c.pem"}, err: errUnsafeToken, errText: unsafe + "payload contains the terminator line"},
+		{group: "ends itself", name: "a terminator line ending in CR LF", files: map[string]string{"c.pem": "-----BEGIN CERTIFICATE-----\r\nHAPTIC\r\n-----END CERTIFICATE-----\r\n"},
+			op: Op{Kind: OpCertSet, Path: "c.pem"}, err: errUnsafeToken, errText: unsafe + "payload contains the terminator line"},
+		{group: "ends itself", name: "a last line that is the terminator", files: map[string]string{"c.pem": "-----BEGIN CERTIFICATE-----\nMIIB\nHAPTIC"},
+			op: Op{Kind: OpCertSet, Path: "c.pem"}, err: errUnsafeToken, errText: unsafe + "payload contains the terminator line"},
+		{group: "ends itself", name: "the terminator and a space is data", files: map[string]string{"certs/b.pem": "HAPTIC \n"},
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, lines: certLines("HAPTIC \n"), abort: certAbort},
+		{group: "ends itself", name: "a space and the terminator is data", files: map[string]string{"certs/b.pem": " HAPTIC\n"},
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, lines: certLines(" HAPTIC\n"), abort: certAbort},
+		{group: "ends itself", name: "a longer word is data", files: map[string]string{"certs/b.pem": "HAPTICS\n"},
+			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, lines: certLines("HAPTICS\n"), abort: certAbort},
+
+		// Sizes: a command fits the line budget, a payload its limit.
+		{group: "oversized", name: "a command over the line budget",
+			op:      Op{Kind: OpMapSet, Path: "maps/host.map", Key: "k", Value: strings.Repeat("v", lineBudget)},
+			errText: fmt.Sprintf("command of %d bytes exceeds the %d-byte line limit", len("set map maps/host.map k ")+lineBudget, lineBudget)},
+		{group: "oversized", name: "a command of exactly the line budget",
+			op:    Op{Kind: OpMapSet, Path: "maps/host.map", Key: "k", Value: strings.TrimPrefix(fullSet, "set map maps/host.map k ")},
+			lines: []string{wantLine(fullSet)}},
+		{group: "oversized", name: "a payload over the payload limit",
+			op: Op{Kind: OpCertSet, Path: "c.pem"}, files: map[string]string{"c.pem": bigPEM},
 			errText: fmt.Sprintf("payload of %d bytes exceeds the %d-byte payload limit", len(bigPEM), MaxPayloadBytes)},
-		{name: "a map line over the payload limit", version: v34, op: Op{Kind: OpMapReplace, Path: "maps/long.map"},
-			err: errUnsafeToken, errText: fmt.Sprintf("unsafe runtime token: map line of %d bytes exceeds the %d-byte payload limit",
-				len("k \n")+MaxPayloadBytes, MaxPayloadBytes)},
-		{name: "an empty PEM", version: v34, op: Op{Kind: OpCASet, Path: "certs/empty.pem"},
-			err: errUnsafeToken, errText: "unsafe runtime token: payload is empty"},
-		{name: "a PEM holding the terminator line", version: v34, op: Op{Kind: OpCertSet, Path: "certs/term.pem"},
-			err: errUnsafeToken, errText: "unsafe runtime token: payload contains the terminator line"},
-		{name: "a PEM with a blank line on 2.6", version: v26, op: Op{Kind: OpCertSet, Path: "certs/blank.pem"},
-			err: errUnsafeToken, errText: "unsafe runtime token: payload contains the terminator line"},
-		{name: "a file that cannot be read", version: v34, op: Op{Kind: OpCertSet, Path: "certs/missing.pem"},
-			errText: "reading certs/missing.pem: no file certs/missing.pem"},
+
+		// An empty PEM is refused; an unreadable file is an error of its own.
+		{group: "empty payload", name: "cert_set", op: Op{Kind: OpCertSet, Path: "c.pem"}, files: map[string]string{"c.pem": ""},
+			err: errUnsafeToken, errText: unsafe + "payload is empty"},
+		{group: "empty payload", name: "cert_new", op: Op{Kind: OpCertNew, Path: "c.pem"}, files: map[string]string{"c.pem": ""},
+			err: errUnsafeToken, errText: unsafe + "payload is empty"},
+		{group: "empty payload", name: "ca_set", op: Op{Kind: OpCASet, Path: "c.pem"}, files: map[string]string{"c.pem": ""},
+			err: errUnsafeToken, errText: unsafe + "payload is empty"},
+		{group: "empty payload", name: "ca_new", op: Op{Kind: OpCANew, Path: "c.pem"}, files: map[string]string{"c.pem": ""},
+			err: errUnsafeToken, errText: unsafe + "payload is empty"},
+		{group: "empty payload", name: "an unreadable file is not an empty payload", op: Op{Kind: OpCertSet, Path: "missing.pem"},
+			errText: "reading missing.pem: no file missing.pem"},
+
+		{group: "unknown kind", name: "an op kind the agent does not know",
+			op: Op{Kind: "backend_teleport", Backend: "b"}, err: errUnknownOp, errText: `unknown op kind: "backend_teleport"`},
+
+		// Words that fail the token grammar: refused, never sanitised.
+		{group: "unsafe token", name: "semicolon in backend", op: compileServerAdd(func(o *Op) { o.Backend = "be;a" }),
+			err: errUnsafeToken, errText: unsafe + `backend "be;a"`},
+		{group: "unsafe token", name: "newline in server", op: compileServerAdd(func(o *Op) { o.Server = "s\n1" }),
+			err: errUnsafeToken, errText: unsafe + `server "s\n1"`},
+		{group: "unsafe token", name: "payload opener in address", op: compileServerAdd(func(o *Op) { o.Address = "<<EOF" }),
+			err: errUnsafeToken, errText: unsafe + `address "<<EOF"`},
+		{group: "unsafe token", name: "backslash in keyword", op: compileServerAdd(func(o *Op) { o.Keywords = []KeywordArg{{Name: `ch\eck`}} }),
+			err: errUnsafeToken, errText: unsafe + `keyword "ch\\eck"`},
+		{group: "unsafe token", name: "tab in keyword argument", op: compileServerAdd(func(o *Op) { o.Keywords = []KeywordArg{{Name: "inter", Args: []string{"2\ts"}}} }),
+			err: errUnsafeToken, errText: unsafe + `keyword argument "2\ts"`},
+		{group: "unsafe token", name: "empty keyword argument", op: compileServerAdd(func(o *Op) { o.Keywords = []KeywordArg{{Name: "inter", Args: []string{""}}} }),
+			err: errUnsafeToken, errText: unsafe + "keyword argument is empty"},
+		{group: "unsafe token", name: "port 65536", op: compileServerAdd(func(o *Op) { o.Port = 65536 }),
+			err: errUnsafeToken, errText: unsafe + "port 65536 outside 0..65535"},
+		{group: "unsafe token", name: "negative port", op: compileServerAdd(func(o *Op) { o.Port = -1 }),
+			err: errUnsafeToken, errText: unsafe + "port -1 outside 0..65535"},
+		{group: "unsafe token", name: "empty backend", op: compileServerAdd(func(o *Op) { o.Backend = "" }),
+			err: errUnsafeToken, errText: unsafe + "backend is empty"},
+		{group: "unsafe token", name: "space in map_set value", op: Op{Kind: OpMapSet, Path: "m", Key: "k", Value: "a b"},
+			err: errUnsafeToken, errText: unsafe + `value "a b"`},
+		{group: "unsafe token", name: "empty map_set value", op: Op{Kind: OpMapSet, Path: "m", Key: "k"},
+			err: errUnsafeToken, errText: unsafe + "value is empty"},
+		{group: "unsafe token", name: "newline in map_add value", op: Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "a\nb"},
+			err: errUnsafeToken, errText: unsafe + `value "a\nb"`},
+		{group: "unsafe token", name: "carriage return in map_add value", op: Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "a\rb"},
+			err: errUnsafeToken, errText: unsafe + `value "a\rb"`},
+		{group: "unsafe token", name: "space in map_add key", op: Op{Kind: OpMapAdd, Path: "m", Key: "k k", Value: "v"},
+			err: errUnsafeToken, errText: unsafe + `key "k k"`},
+		{group: "unsafe token", name: "semicolon in map path", op: Op{Kind: OpMapDel, Path: "m;show info", Key: "k"},
+			err: errUnsafeToken, errText: unsafe + `path "m;show info"`},
+		{group: "unsafe token", name: "bad mode", op: Op{Kind: OpBackendAdd, Backend: "b", Profile: "web", Mode: "udp"},
+			err: errUnsafeToken, errText: unsafe + `mode "udp"`},
+		{group: "unsafe token", name: "empty mode", op: Op{Kind: OpBackendAdd, Backend: "b", Profile: "web"},
+			err: errUnsafeToken, errText: unsafe + `mode ""`},
+		{group: "unsafe token", name: "unsafe guid", op: Op{Kind: OpBackendAdd, Backend: "b", Profile: "web", Mode: "http", GUID: "g g"},
+			err: errUnsafeToken, errText: unsafe + `guid "g g"`},
+		{group: "unsafe token", name: "bad state", op: Op{Kind: OpServerSetState, Backend: "b", Server: "s", State: "up"},
+			err: errUnsafeToken, errText: unsafe + `state "up"`},
+		{group: "unsafe token", name: "empty state", op: Op{Kind: OpServerSetState, Backend: "b", Server: "s"},
+			err: errUnsafeToken, errText: unsafe + `state ""`},
+		{group: "unsafe token", name: "timeout_ms 0", op: Op{Kind: OpServerWaitRemovable, Backend: "b", Server: "s"},
+			err: errUnsafeToken, errText: unsafe + "timeout_ms 0 outside 1..30000"},
+		{group: "unsafe token", name: "timeout_ms 30001", op: Op{Kind: OpBackendWaitRemovable, Backend: "b", TimeoutMs: 30001},
+			err: errUnsafeToken, errText: unsafe + "timeout_ms 30001 outside 1..30000"},
+		{group: "unsafe token", name: "nil weight", op: Op{Kind: OpServerSetWeight, Backend: "b", Server: "s"},
+			err: errUnsafeToken, errText: unsafe + "weight is unset"},
+		{group: "unsafe token", name: "weight 257", op: Op{Kind: OpServerSetWeight, Backend: "b", Server: "s", Weight: intPtr(257)},
+			err: errUnsafeToken, errText: unsafe + "weight 257 outside 0..256"},
+		{group: "unsafe token", name: "set addr port 70000", op: Op{Kind: OpServerSetAddr, Backend: "b", Server: "s", Address: "10.0.0.1", Port: 70000},
+			err: errUnsafeToken, errText: unsafe + "port 70000 outside 0..65535"},
+		{group: "unsafe token", name: "DEL byte in cert", op: Op{Kind: OpCRTListDel, Path: "l", Cert: "c\x7f"},
+			err: errUnsafeToken, errText: unsafe + `cert "c\x7f"`},
+		{group: "unsafe token", name: "space in SNI filter", op: Op{Kind: OpCRTListAdd, Path: "l", Cert: "c", SNIFilters: []string{"a b"}},
+			err: errUnsafeToken, errText: unsafe + `sni filter "a b"`},
+		{group: "unsafe token", name: "unsafe crt-list option", op: Op{Kind: OpCRTListAdd, Path: "l", Cert: "c", Options: []KeywordArg{{Name: "alpn", Args: []string{"h2]"}}}},
+			err: errUnsafeToken, errText: unsafe + `crt-list word "h2]"`},
+		{group: "unsafe token", name: "unsafe cert path", op: Op{Kind: OpCertSet, Path: "certs/a b.pem"},
+			err: errUnsafeToken, errText: unsafe + `path "certs/a b.pem"`},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p, err := compileOp(&tt.op, files, terminatorFor(tt.version))
-			if tt.err != nil || tt.errText != "" {
-				if err == nil || tt.err != nil && !errors.Is(err, tt.err) || err.Error() != tt.errText {
-					t.Fatalf("err = %v, want %v (%s)", err, tt.errText, tt.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := packLines(p); !slices.Equal(got, tt.lines) {
-				t.Errorf("lines\n got %q\nwant %q", got, tt.lines)
-			}
-		})
+}()
+
+// TestCompileOpTable compiles every case of the op table for its worker
+// and checks the exact lines sent, or the exact refusal.
+func TestCompileOpTable(t *testing.T) {
+	for _, tc := range compileOpCases {
+		t.Run(tc.group+": "+tc.name, tc.run)
 	}
 }
 
-func TestCompilePayloadForms(t *testing.T) {
-	compile := func(op Op, files map[string]string) program {
-		t.Helper()
-		p, err := compileOp(&op, contentOf(files), payloadTerminator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	if p := compile(Op{Kind: OpMapAdd, Path: "m.map", Key: "k", Value: "a  b c"}, nil); p.Commands[0].Payload != "k a  b c\n" {
-		t.Errorf("map_add payload = %q", p.Commands[0].Payload)
-	}
-	if p := compile(Op{Kind: OpMapAdd, Path: "m.map", Key: "k"}, nil); p.Commands[0].Payload != "k \n" {
-		t.Errorf("map_add empty value = %q", p.Commands[0].Payload)
-	}
-	p := compile(Op{Kind: OpCertSet, Path: "certs/a.pem"}, map[string]string{"certs/a.pem": testPEM})
-	if p.Commands[0].Payload != testPEM || !reflect.DeepEqual(p.Abort, []command{{Text: "abort ssl cert certs/a.pem"}}) {
-		t.Errorf("cert program = %+v", p)
-	}
-	p = compile(Op{Kind: OpCRTListAdd, Path: "l.txt", Cert: "c", Options: []KeywordArg{{Name: "alpn", Args: []string{"h2"}}},
-		SNIFilters: []string{"*.example.com", "!secret.example.com"}}, nil)
-	if got := p.Commands[0].Payload; got != "c [alpn h2] *.example.com !secret.example.com\n" {
-		t.Errorf("crt-list payload = %q", got)
-	}
-	p = compile(Op{Kind: OpCRTListAdd, Path: "l.txt", Cert: "c", Options: []KeywordArg{
-		{Name: "alpn", Args: []string{"h2"}}, {Name: "verify", Args: []string{"none"}}, {Name: "no-ca-names"}}}, nil)
-	if got := p.Commands[0].Payload; got != "c [alpn h2 verify none no-ca-names]\n" {
-		t.Errorf("crt-list options payload = %q", got)
-	}
-	if got := renderLine([]lineCommand{{command: compile(Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "example.com", Value: "be-a"}, nil).Commands[0]}}, payloadTerminator); got != "set severity-output number;experimental-mode on;add map maps/host.map <<HAPTIC\nexample.com be-a\nHAPTIC\n" {
-		t.Errorf("rendered map_add = %q", got)
-	}
-}
-
-func TestCompileRejectsUnsafeTokens(t *testing.T) {
-	server := func(mut func(*Op)) Op {
-		op := Op{Kind: OpServerAdd, Backend: "be-a", Server: "s1", Address: "10.0.0.1", Port: 80}
-		mut(&op)
-		return op
-	}
-	tests := []struct {
-		name string
-		op   Op
-	}{
-		{"semicolon in backend", server(func(o *Op) { o.Backend = "be;a" })},
-		{"newline in server", server(func(o *Op) { o.Server = "s\n1" })},
-		{"payload opener in address", server(func(o *Op) { o.Address = "<<EOF" })},
-		{"backslash in keyword", server(func(o *Op) { o.Keywords = []KeywordArg{{Name: `ch\eck`}} })},
-		{"tab in keyword argument", server(func(o *Op) { o.Keywords = []KeywordArg{{Name: "inter", Args: []string{"2\ts"}}} })},
-		{"empty keyword argument", server(func(o *Op) { o.Keywords = []KeywordArg{{Name: "inter", Args: []string{""}}} })},
-		{"port 65536", server(func(o *Op) { o.Port = 65536 })},
-		{"negative port", server(func(o *Op) { o.Port = -1 })},
-		{"empty backend", server(func(o *Op) { o.Backend = "" })},
-		{"space in map_set value", Op{Kind: OpMapSet, Path: "m", Key: "k", Value: "a b"}},
-		{"empty map_set value", Op{Kind: OpMapSet, Path: "m", Key: "k"}},
-		{"newline in map_add value", Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "a\nb"}},
-		{"carriage return in map_add value", Op{Kind: OpMapAdd, Path: "m", Key: "k", Value: "a\rb"}},
-		{"space in map_add key", Op{Kind: OpMapAdd, Path: "m", Key: "k k", Value: "v"}},
-		{"semicolon in map path", Op{Kind: OpMapDel, Path: "m;show info", Key: "k"}},
-		{"bad mode", Op{Kind: OpBackendAdd, Backend: "b", Profile: "web", Mode: "udp"}},
-		{"empty mode", Op{Kind: OpBackendAdd, Backend: "b", Profile: "web"}},
-		{"unsafe guid", Op{Kind: OpBackendAdd, Backend: "b", Profile: "web", Mode: "http", GUID: "g g"}},
-		{"bad state", Op{Kind: OpServerSetState, Backend: "b", Server: "s", State: "up"}},
-		{"empty state", Op{Kind: OpServerSetState, Backend: "b", Server: "s"}},
-		{"timeout_ms 0", Op{Kind: OpServerWaitRemovable, Backend: "b", Server: "s"}},
-		{"timeout_ms 30001", Op{Kind: OpBackendWaitRemovable, Backend: "b", TimeoutMs: 30001}},
-		{"nil weight", Op{Kind: OpServerSetWeight, Backend: "b", Server: "s"}},
-		{"weight 257", Op{Kind: OpServerSetWeight, Backend: "b", Server: "s", Weight: intPtr(257)}},
-		{"set addr port 70000", Op{Kind: OpServerSetAddr, Backend: "b", Server: "s", Address: "10.0.0.1", Port: 70000}},
-		{"DEL byte in cert", Op{Kind: OpCRTListDel, Path: "l", Cert: "c\x7f"}},
-		{"space in SNI filter", Op{Kind: OpCRTListAdd, Path: "l", Cert: "c", SNIFilters: []string{"a b"}}},
-		{"unsafe crt-list option", Op{Kind: OpCRTListAdd, Path: "l", Cert: "c", Options: []KeywordArg{{Name: "alpn", Args: []string{"h2]"}}}}},
-		{"unsafe cert path", Op{Kind: OpCertSet, Path: "certs/a b.pem"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := compileOp(&tt.op, contentOf(nil), payloadTerminator)
-			if !errors.Is(err, errUnsafeToken) {
-				t.Fatalf("err = %v, want errUnsafeToken", err)
-			}
-			if !strings.HasPrefix(err.Error(), "unsafe runtime token: ") {
-				t.Errorf("err text = %q", err)
-			}
-		})
-	}
-	_, err := compileOp(&Op{Kind: OpServerAdd, Backend: "be;a", Server: "s", Address: "a"}, nil, payloadTerminator)
-	if err == nil || err.Error() != `unsafe runtime token: backend "be;a"` {
-		t.Errorf("err = %v", err)
-	}
-	_, err = compileOp(&Op{Kind: OpServerAdd, Server: "s", Address: "a"}, nil, payloadTerminator)
-	if err == nil || err.Error() != `unsafe runtime token: backend is empty` {
-		t.Errorf("err = %v", err)
-	}
-}
-
-func TestCompileRefusesUnknownOpKind(t *testing.T) {
-	_, err := compileOp(&Op{Kind: "backend_teleport", Backend: "b"}, nil, payloadTerminator)
-	if !errors.Is(err, errUnknownOp) || err.Error() != `unknown op kind: "backend_teleport"` {
-		t.Fatalf("err = %v", err)
-	}
-}
-
-func TestCompileRefusesAnOversizedCommand(t *testing.T) {
-	op := Op{Kind: OpMapSet, Path: "maps/host.map", Key: "k", Value: strings.Repeat("v", lineBudget)}
-	_, err := compileOp(&op, nil, payloadTerminator)
-	if err == nil || !strings.Contains(err.Error(), "line limit") {
-		t.Fatalf("err = %v", err)
-	}
-	// Exactly at the budget is allowed.
-	op.Value = strings.Repeat("v", lineBudget-len("set map maps/host.map k "))
-	if _, err := compileOp(&op, nil, payloadTerminator); err != nil {
-		t.Fatalf("a command of exactly %d bytes: %v", lineBudget, err)
-	}
-	// A payload over MaxPayloadBytes is refused too.
-	big := "-----BEGIN CERTIFICATE-----\n" + strings.Repeat("A", MaxPayloadBytes) + "\n"
-	_, err = compileOp(&Op{Kind: OpCertSet, Path: "c.pem"}, contentOf(map[string]string{"c.pem": big}), payloadTerminator)
-	if err == nil || !strings.Contains(err.Error(), "payload limit") {
-		t.Fatalf("oversized payload err = %v", err)
-	}
-}
-
-func TestCompileRefusesAnEmptyPayload(t *testing.T) {
-	for _, kind := range []string{OpCertSet, OpCertNew, OpCASet, OpCANew} {
-		_, err := compileOp(&Op{Kind: kind, Path: "c.pem"}, contentOf(map[string]string{"c.pem": ""}), payloadTerminator)
-		if !errors.Is(err, errUnsafeToken) || err.Error() != "unsafe runtime token: payload is empty" {
-			t.Errorf("%s: err = %v", kind, err)
+// runCompileOpGroup runs the op table's cases of one group, the ones an
+// existing test pins.
+func runCompileOpGroup(t *testing.T, group string) {
+	ran := 0
+	for _, tc := range compileOpCases {
+		if tc.group == group {
+			ran++
+			t.Run(tc.name, tc.run)
 		}
 	}
-	// A file that cannot be read is an error, not an empty payload.
-	if _, err := compileOp(&Op{Kind: OpCertSet, Path: "missing.pem"}, contentOf(nil), payloadTerminator); err == nil || errors.Is(err, errUnsafeToken) {
-		t.Errorf("unreadable file: err = %v", err)
+	if ran == 0 {
+		t.Fatalf("the op table has no %q case", group)
 	}
+}
+
+// The tests below each pin one group of the op table.
+
+// TestCompilePayloadForms pins what a payload op carries: a map value keeps
+// its spaces and an empty one its separating space, a PEM travels whole
+// with the abort that closes its transaction, and a crt-list entry puts its
+// options in one bracket pair before its SNI filters.
+func TestCompilePayloadForms(t *testing.T) { runCompileOpGroup(t, "payload form") }
+
+// TestCompileRejectsUnsafeTokens pins that a word failing the token grammar
+// is refused with errUnsafeToken naming its field, never cleaned up.
+func TestCompileRejectsUnsafeTokens(t *testing.T) { runCompileOpGroup(t, "unsafe token") }
+
+// TestCompileRefusesUnknownOpKind pins that a kind the agent does not
+// execute is refused with errUnknownOp before anything is sent.
+func TestCompileRefusesUnknownOpKind(t *testing.T) { runCompileOpGroup(t, "unknown kind") }
+
+// TestCompileRefusesAnOversizedCommand pins the size limits: a command over
+// the line budget or a payload over MaxPayloadBytes is refused, and a
+// command of exactly the budget compiles.
+func TestCompileRefusesAnOversizedCommand(t *testing.T) { runCompileOpGroup(t, "oversized") }
+
+// TestCompileRefusesAnEmptyPayload pins that an empty PEM is refused (an
+// empty payload is misparsed by HAProxy), while a file that cannot be read
+// is an error of its own, not an unsafe token.
+func TestCompileRefusesAnEmptyPayload(t *testing.T) { runCompileOpGroup(t, "empty payload") }
+
+// TestMapReplaceSendsTheEntriesNotTheFile pins that map_replace sends the
+// parsed entries: HAProxy's payload parser has no comments and reads a key
+// up to the first space or tab, newlines included.
+func TestMapReplaceSendsTheEntriesNotTheFile(t *testing.T) {
+	runCompileOpGroup(t, "entries not the file")
+}
+
+// TestMapReplaceOfAnEmptyMapIsPrepareAndCommit pins that a map without
+// entries installs an empty version: prepare, then commit, no chunk.
+func TestMapReplaceOfAnEmptyMapIsPrepareAndCommit(t *testing.T) { runCompileOpGroup(t, "empty map") }
+
+// TestAPayloadThatEndsItselfIsRefused pins that a payload line equal to the
+// terminator, which would end the payload early, is refused, and that the
+// terminator inside a longer line is data.
+func TestAPayloadThatEndsItselfIsRefused(t *testing.T) { runCompileOpGroup(t, "ends itself") }
+
+// TestMapReplaceRefusesALineOverThePayloadLimit pins that a map line that
+// cannot fit one payload is refused, and one of exactly the limit travels.
+func TestMapReplaceRefusesALineOverThePayloadLimit(t *testing.T) {
+	runCompileOpGroup(t, "map line limit")
 }
 
 func mapReplaceBody(t *testing.T, p program) string {
@@ -566,66 +639,6 @@ func TestMapReplaceChunksThePayload(t *testing.T) {
 	}
 	if got := mapReplaceBody(t, p); got != want.String() {
 		t.Errorf("chunks do not reassemble the body")
-	}
-}
-
-func TestMapReplaceSendsTheEntriesNotTheFile(t *testing.T) {
-	file := "# generated by haptic\n\nexample.com be-a\n\n# ingress/default\nb.example.com\tbe-b\nempty.example.com\n  spaced.example.com   a  b  \n"
-	p, err := compileOp(&Op{Kind: OpMapReplace, Path: "m"}, contentOf(map[string]string{"m": file}), payloadTerminator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "example.com be-a\nb.example.com be-b\nempty.example.com \nspaced.example.com a  b\n"
-	if got := mapReplaceBody(t, p); got != want {
-		t.Errorf("payload = %q\nwant %q", got, want)
-	}
-}
-
-func TestMapReplaceOfAnEmptyMapIsPrepareAndCommit(t *testing.T) {
-	for _, file := range []string{"", "# only a comment\n\n"} {
-		p, err := compileOp(&Op{Kind: OpMapReplace, Path: "m"}, contentOf(map[string]string{"m": file}), payloadTerminator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		texts := []string{}
-		for _, c := range p.Commands {
-			texts = append(texts, c.Text)
-		}
-		if !slices.Equal(texts, []string{"prepare map m", "commit map @" + versionPlaceholder + " m"}) {
-			t.Errorf("%q: commands %q", file, texts)
-		}
-	}
-}
-
-func TestAPayloadThatEndsItselfIsRefused(t *testing.T) {
-	for _, pem := range []string{
-		"-----BEGIN CERTIFICATE-----\nHAPTIC\n-----END CERTIFICATE-----\n",
-		"-----BEGIN CERTIFICATE-----\r\nHAPTIC\r\n-----END CERTIFICATE-----\r\n",
-		"-----BEGIN CERTIFICATE-----\nMIIB\nHAPTIC",
-	} {
-		_, err := compileOp(&Op{Kind: OpCertSet, Path: "c.pem"}, contentOf(map[string]string{"c.pem": pem}), payloadTerminator)
-		if !errors.Is(err, errUnsafeToken) || !strings.Contains(err.Error(), "payload contains the terminator line") {
-			t.Errorf("%q: err = %v", pem, err)
-		}
-	}
-	// The terminator as part of a line is data.
-	for _, pem := range []string{"HAPTIC \n", " HAPTIC\n", "HAPTICS\n"} {
-		if _, err := compileOp(&Op{Kind: OpCertSet, Path: "c.pem"}, contentOf(map[string]string{"c.pem": pem}), payloadTerminator); err != nil {
-			t.Errorf("%q: %v", pem, err)
-		}
-	}
-}
-
-func TestMapReplaceRefusesALineOverThePayloadLimit(t *testing.T) {
-	file := "a 1\nlong " + strings.Repeat("x", MaxPayloadBytes) + "\nb 2\n"
-	_, err := compileOp(&Op{Kind: OpMapReplace, Path: "m"}, contentOf(map[string]string{"m": file}), payloadTerminator)
-	if !errors.Is(err, errUnsafeToken) {
-		t.Fatalf("err = %v", err)
-	}
-	// A line of exactly MaxPayloadBytes (its '\n' included) travels.
-	file = "k " + strings.Repeat("x", MaxPayloadBytes-3) + "\n"
-	if _, err := compileOp(&Op{Kind: OpMapReplace, Path: "m"}, contentOf(map[string]string{"m": file}), payloadTerminator); err != nil {
-		t.Fatalf("a line of exactly %d bytes: %v", MaxPayloadBytes, err)
 	}
 }
 

@@ -1,7 +1,14 @@
-// Tests of the HAProxy runtime layer: reply framing and judging as tables
-// with no socket; execution, reads, the master and the worker session on
-// the fake HAProxy in each of its dialects and, when HAPTIC_HAPROXY names a
-// binary, on the real one.
+// Tests of the runtime layer's I/O: judging replies (tables, no socket),
+// executing compiled lines, the reads, the master's show proc and reload,
+// and the interactive worker session; then the benchmarks of the layer
+// against a bare socket. Each socket test body runs on the fake HAProxy in
+// its three dialects and, when HAPTIC_HAPROXY names a binary, on the real
+// one. This file also holds the targets and helpers the deferred-delete
+// tests share.
+//
+// It must never read back through the layer under test: a read-back goes
+// through a raw socket of its own (target.show), so a bug in the layer
+// cannot confirm itself.
 
 package haptic
 
@@ -26,7 +33,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Reply framing and judging (unit).
+// Judging (unit).
 
 func TestSplitSegments(t *testing.T) {
 	tests := []struct {
@@ -53,8 +60,8 @@ func TestClassify(t *testing.T) {
 		segment, expect string
 		want            error
 	}{
-		// HAProxy's own answers to the agent's commands, success and
-		// refusal, judged through an anchor where the command has one.
+		// Every verdict the layer relies on, judged through an anchor where it
+		// has one.
 		{"[6]: New server registered.", "New server registered", nil},
 		{"[3]: Already exists a server with the same name in backend.", "New server registered", errRejected},
 		{"[4]: IP changed from '10.0.0.1' to '10.0.0.2', port changed from '80' to '81' by 'stats socket command'", "chang", nil},
@@ -148,6 +155,97 @@ func TestMatchBatch(t *testing.T) {
 	}
 }
 
+// TestAnAnchoredCommandNeedsItsText pins the anchor check: a command with a
+// success text takes the next segment, and a segment without that text is
+// an unreadable answer even when HAProxy's level calls it a success. In
+// each row the optional prefix cannot swallow the wrong segment: it took
+// its own chatter, or the segment before holds the anchor's text.
+func TestAnAnchoredCommandNeedsItsText(t *testing.T) {
+	anchor := func(text string) command { return command{Text: text, Expect: "New server registered"} }
+	U := errUnreadableResponse
+	for _, tc := range []struct {
+		name    string
+		segs    []string
+		cmds    []command
+		want    []error
+		outputs []string
+	}{
+		{"after the prefix's chatter, the anchor's own text",
+			[]string{"[6]: experimental mode on", "[6]: New server registered."},
+			[]command{anchor("add server be-a/s1")}, []error{nil},
+			[]string{"[6]: New server registered."}},
+		{"after the prefix's chatter, another text",
+			[]string{"[6]: experimental mode on", "[6]: Server s1 is ready."},
+			[]command{anchor("add server be-a/s1")}, []error{U},
+			[]string{"[6]: Server s1 is ready."}},
+		{"the second anchor answered with another text",
+			[]string{"[6]: New server registered.", "[6]: Server s2 is ready."},
+			[]command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}, []error{nil, U},
+			[]string{"[6]: New server registered.", "[6]: Server s2 is ready."}},
+		{"an untagged answer without the text",
+			[]string{"[6]: New server registered.", "Server s2 is ready."},
+			[]command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}, []error{nil, U},
+			[]string{"[6]: New server registered.", "Server s2 is ready."}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs, outputs := matchSegments(tc.segs, append([]command{prefixEntry}, tc.cmds...))
+			if !slices.Equal(errs[1:], tc.want) {
+				t.Errorf("verdicts %v, want %v", errs[1:], tc.want)
+			}
+			if !slices.Equal(outputs[1:], tc.outputs) {
+				t.Errorf("outputs %q, want %q", outputs[1:], tc.outputs)
+			}
+		})
+	}
+	// The same through a raw reply: the prefix commands are silent, so the
+	// first segment is the first anchor's.
+	cmds := []command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}
+	v := judgeLine([]byte("\n\n[6]: New server registered.\n\n[6]: Server s2 is ready.\n\n"), cmds)
+	if v.Errs[0] != nil || !errors.Is(v.Errs[1], errUnreadableResponse) {
+		t.Errorf("judgeLine: %v", v.Errs)
+	}
+}
+
+// TestALevelThreeReplyIsARejection pins the severity rule: a reply tagged
+// at level 0 to 3 is a refusal on its level alone, whatever its words; a
+// level-4 reply is judged by its words.
+func TestALevelThreeReplyIsARejection(t *testing.T) {
+	texts := []string{"Require 'backend/server'.", "Only servers in maintenance mode can be deleted.", "Out of memory."}
+	for _, text := range texts {
+		for _, phrase := range rejectionPhrases {
+			if strings.Contains(strings.ToLower(text), phrase) {
+				t.Fatalf("%q holds the rejection phrase %q: the row would not test the level", text, phrase)
+			}
+		}
+		if err := classify("[4]: " + text); err != nil {
+			t.Errorf("classify([4]: %q) = %v, want nil", text, err)
+		}
+		for level := range 4 {
+			seg := fmt.Sprintf("[%d]: %s", level, text)
+			if err := classify(seg); err != errRejected {
+				t.Errorf("classify(%q) = %v, want %v", seg, err, errRejected)
+			}
+			quiet := matchBatch([]string{seg}, []command{prefixEntry, {Text: "disable server be-a/s1"}})
+			anchored := matchBatch([]string{seg}, []command{prefixEntry, {Text: "add server be-a/s1", Expect: "New server registered"}})
+			if quiet[1] != errRejected || anchored[1] != errRejected {
+				t.Errorf("%q: quiet %v, anchored %v, want %v", seg, quiet[1], anchored[1], errRejected)
+			}
+		}
+	}
+	// Through the runtime layer: the fake answers one command at level 3.
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	tg.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) {
+			return "Require 'backend/server'.", strings.HasPrefix(cmd, "disable server")
+		}
+	})
+	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil))
+	if !errors.Is(err, errRejected) || len(results) != 1 || results[0].OK || results[0].Output != "[3]: Require 'backend/server'." {
+		t.Errorf("err = %v, results %+v", err, results)
+	}
+}
+
 func TestCountResponses(t *testing.T) {
 	tests := []struct {
 		raw     string
@@ -178,9 +276,8 @@ func TestCountResponses(t *testing.T) {
 	if !errors.Is(v.Errs[0], errUnreadableResponse) {
 		t.Errorf("empty reply: %v", v.Errs[0])
 	}
-	// HAProxy's exact reply to a line of six commands (the two silent
-	// prefix commands, two adds, two silent commands) is complete and all
-	// success.
+	// HAProxy's reply to two server adds, an enable and a disable (the two
+	// prefix commands silent) is complete and all success.
 	cmds := []command{{Text: "add server be-a/s3 10.0.0.1:80", Expect: "New server registered"},
 		{Text: "add server be-a/s4 10.0.0.1:80", Expect: "New server registered"},
 		{Text: "enable server be-a/s3"}, {Text: "disable server be-a/s3"}}
@@ -418,8 +515,8 @@ type runtimeTarget interface {
 }
 
 // target is one HAProxy holding the runtime fixture: maps/host.map,
-// certs/a.pem, certs/ca.pem, certs/list.txt and backend be-a with srv1 and
-// srv-check (testdata/haproxy/runtime.cfg on the real binary).
+// certs/a.pem, certs/ca.pem, certs/list.txt, and backend be-a with srv1
+// and srv-check.
 type target struct {
 	runtimeTarget
 	fake *FakeHAProxy // nil on the real binary
@@ -429,9 +526,9 @@ type target struct {
 // runtimeFakeVersions are the fake's dialects the "both" tests run on.
 var runtimeFakeVersions = []string{"3.4.3-1deb11u1", "3.0.11-1+deb13u4", "2.6.12-1+deb12u4"}
 
-// dialectOf names the dialect of a version, "3.4", "3.0" or "2.6", by
-// CapsFor's version rule: 3.4 has dynamic backends, 3.0 dynamic servers
-// only, 2.6 neither (and no custom payload terminators).
+// dialectOf names the dialect of a version, by CapsFor's version rule:
+// "3.4" from 3.4 on (dynamic backends), "3.0" from 3.0 (dynamic servers),
+// "2.6" below.
 func dialectOf(version string) string {
 	switch caps := CapsFor(version, nil); {
 	case caps.DynamicBackends:
@@ -466,7 +563,7 @@ func fakeTarget(t *testing.T, version string) *target {
 }
 
 // seedRuntimeFixture gives the fake what the real fixture's configuration
-// loads (testdata/haproxy/runtime.cfg), through the harness's own seeding.
+// loads, through the harness's own seeding.
 func seedRuntimeFixture(t *testing.T, f *FakeHAProxy) {
 	ca := newTestCA(t, "haptic fixture CA")
 	cert, key := ca.issue(t, testCertOptions{CommonName: "a.example.com", DNSNames: []string{"a.example.com"}})
@@ -474,8 +571,8 @@ func seedRuntimeFixture(t *testing.T, f *FakeHAProxy) {
 	f.With(fx.seedFake)
 }
 
-// bothRuntimeTests are the runtime tests that hold for any HAProxy: each
-// runs on the fake (TestX) and on the real binary
+// bothRuntimeTests are the runtime tests that must hold on the real binary
+// as on the fake: each runs on the fake (TestX) and on the real binary
 // (TestRuntimeAgainstRealHAProxy/TestX).
 var bothRuntimeTests = []struct {
 	name string
@@ -1042,6 +1139,75 @@ func TestExecuteRetriesOnlyAConnectFailure(t *testing.T) {
 			t.Errorf("set map sent %d times", sent)
 		}
 	})
+}
+
+// TestARuntimeTransportErrorAfterTheWriteIsNotRetried pins the runtime
+// layer's retry rule from the worker's side: once a line was written the
+// worker may have run it, so a transport error while the reply is read (a
+// reset, or the deadline) fails the op and the line is never sent again;
+// only a failed dial is retried, once.
+func TestARuntimeTransportErrorAfterTheWriteIsNotRetried(t *testing.T) {
+	op := []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-z"}}
+	for _, tc := range []struct {
+		name  string
+		serve func(conn net.Conn, done <-chan struct{})
+		want  string // in the error
+	}{
+		// Closing with unread bytes makes the reader see a reset.
+		{"reset after the worker read the line", func(conn net.Conn, _ <-chan struct{}) {
+			conn.Read(make([]byte, 1))
+			conn.Close()
+		}, "connection reset by peer"},
+		{"no reply within the deadline", func(conn net.Conn, done <-chan struct{}) {
+			bufio.NewReader(conn).ReadString('\n')
+			<-done // the worker never answers
+			conn.Close()
+		}, "i/o timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, err := os.MkdirTemp("", "hp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			path := filepath.Join(dir, "w.sock")
+			ln, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu       sync.Mutex
+				accepted int
+				wg       sync.WaitGroup
+			)
+			done := make(chan struct{})
+			t.Cleanup(func() { close(done); ln.Close(); wg.Wait() })
+			wg.Go(func() {
+				for {
+					conn, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					mu.Lock()
+					accepted++
+					mu.Unlock()
+					wg.Go(func() { tc.serve(conn, done) })
+				}
+			})
+			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path, IOTimeout: 200 * time.Millisecond})
+			results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+			mu.Lock()
+			n := accepted
+			mu.Unlock()
+			if n != 1 {
+				t.Errorf("the worker accepted %d connections, want 1 (error %v)", n, err)
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), "runtime socket: ") || !strings.Contains(err.Error(), tc.want) ||
+				len(results) != 1 || results[0].OK {
+				t.Errorf("err = %v, results %+v", err, results)
+			}
+		})
+	}
 }
 
 func TestExecuteHonoursTheDeadline(t *testing.T) {
@@ -1717,165 +1883,5 @@ func BenchmarkMapReplace10kRaw(b *testing.B) {
 			rawExchange(b, h.WorkerSocket(), linePrefix+frameCommand("add map @"+version+" maps/host.map", chunk, term))
 		}
 		rawExchange(b, h.WorkerSocket(), linePrefix+"commit map @"+version+" maps/host.map\n")
-	}
-}
-
-// TestAnAnchoredCommandNeedsItsText pins the anchor check: a command with a
-// success text takes the next segment, and a segment without that text is
-// an unreadable answer even when HAProxy's level calls it a success. In
-// each row the optional prefix cannot swallow the wrong segment: it took
-// its own chatter, or the segment before holds the anchor's text.
-func TestAnAnchoredCommandNeedsItsText(t *testing.T) {
-	anchor := func(text string) command { return command{Text: text, Expect: "New server registered"} }
-	U := errUnreadableResponse
-	for _, tc := range []struct {
-		name    string
-		segs    []string
-		cmds    []command
-		want    []error
-		outputs []string
-	}{
-		{"after the prefix's chatter, the anchor's own text",
-			[]string{"[6]: experimental mode on", "[6]: New server registered."},
-			[]command{anchor("add server be-a/s1")}, []error{nil},
-			[]string{"[6]: New server registered."}},
-		{"after the prefix's chatter, another text",
-			[]string{"[6]: experimental mode on", "[6]: Server s1 is ready."},
-			[]command{anchor("add server be-a/s1")}, []error{U},
-			[]string{"[6]: Server s1 is ready."}},
-		{"the second anchor answered with another text",
-			[]string{"[6]: New server registered.", "[6]: Server s2 is ready."},
-			[]command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}, []error{nil, U},
-			[]string{"[6]: New server registered.", "[6]: Server s2 is ready."}},
-		{"an untagged answer without the text",
-			[]string{"[6]: New server registered.", "Server s2 is ready."},
-			[]command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}, []error{nil, U},
-			[]string{"[6]: New server registered.", "Server s2 is ready."}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			errs, outputs := matchSegments(tc.segs, append([]command{prefixEntry}, tc.cmds...))
-			if !slices.Equal(errs[1:], tc.want) {
-				t.Errorf("verdicts %v, want %v", errs[1:], tc.want)
-			}
-			if !slices.Equal(outputs[1:], tc.outputs) {
-				t.Errorf("outputs %q, want %q", outputs[1:], tc.outputs)
-			}
-		})
-	}
-	// The same through a raw reply: the prefix commands are silent, so the
-	// first segment is the first anchor's.
-	cmds := []command{anchor("add server be-a/s1"), anchor("add server be-a/s2")}
-	v := judgeLine([]byte("\n\n[6]: New server registered.\n\n[6]: Server s2 is ready.\n\n"), cmds)
-	if v.Errs[0] != nil || !errors.Is(v.Errs[1], errUnreadableResponse) {
-		t.Errorf("judgeLine: %v", v.Errs)
-	}
-}
-
-// TestALevelThreeReplyIsARejection pins the severity rule: a reply tagged
-// at level 0 to 3 is a refusal on its level alone, whatever its words; a
-// level-4 reply is judged by its words.
-func TestALevelThreeReplyIsARejection(t *testing.T) {
-	texts := []string{"Require 'backend/server'.", "Only servers in maintenance mode can be deleted.", "Out of memory."}
-	for _, text := range texts {
-		for _, phrase := range rejectionPhrases {
-			if strings.Contains(strings.ToLower(text), phrase) {
-				t.Fatalf("%q holds the rejection phrase %q: the row would not test the level", text, phrase)
-			}
-		}
-		if err := classify("[4]: " + text); err != nil {
-			t.Errorf("classify([4]: %q) = %v, want nil", text, err)
-		}
-		for level := range 4 {
-			seg := fmt.Sprintf("[%d]: %s", level, text)
-			if err := classify(seg); err != errRejected {
-				t.Errorf("classify(%q) = %v, want %v", seg, err, errRejected)
-			}
-			quiet := matchBatch([]string{seg}, []command{prefixEntry, {Text: "disable server be-a/s1"}})
-			anchored := matchBatch([]string{seg}, []command{prefixEntry, {Text: "add server be-a/s1", Expect: "New server registered"}})
-			if quiet[1] != errRejected || anchored[1] != errRejected {
-				t.Errorf("%q: quiet %v, anchored %v, want %v", seg, quiet[1], anchored[1], errRejected)
-			}
-		}
-	}
-	// Through the runtime layer: the fake answers one command at level 3.
-	tg := fakeTarget(t, "")
-	r := tg.newRuntime(t, nil)
-	tg.fake.With(func(m *FakeModel) {
-		m.Reject = func(cmd string) (string, bool) {
-			return "Require 'backend/server'.", strings.HasPrefix(cmd, "disable server")
-		}
-	})
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil))
-	if !errors.Is(err, errRejected) || len(results) != 1 || results[0].OK || results[0].Output != "[3]: Require 'backend/server'." {
-		t.Errorf("err = %v, results %+v", err, results)
-	}
-}
-
-// TestARuntimeTransportErrorAfterTheWriteIsNotRetried pins the runtime
-// layer's retry rule from the worker's side: once a line was written the
-// worker may have run it, so a transport error while the reply is read (a
-// reset, or the deadline) fails the op and the line is never sent again;
-// only a failed dial is retried, once.
-func TestARuntimeTransportErrorAfterTheWriteIsNotRetried(t *testing.T) {
-	op := []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "be-z"}}
-	for _, tc := range []struct {
-		name  string
-		serve func(conn net.Conn, done <-chan struct{})
-		want  string // in the error
-	}{
-		// Closing with unread bytes makes the reader see a reset.
-		{"reset after the worker read the line", func(conn net.Conn, _ <-chan struct{}) {
-			conn.Read(make([]byte, 1))
-			conn.Close()
-		}, "connection reset by peer"},
-		{"no reply within the deadline", func(conn net.Conn, done <-chan struct{}) {
-			bufio.NewReader(conn).ReadString('\n')
-			<-done // the worker never answers
-			conn.Close()
-		}, "i/o timeout"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir, err := os.MkdirTemp("", "hp")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			path := filepath.Join(dir, "w.sock")
-			ln, err := net.Listen("unix", path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var (
-				mu       sync.Mutex
-				accepted int
-				wg       sync.WaitGroup
-			)
-			done := make(chan struct{})
-			t.Cleanup(func() { close(done); ln.Close(); wg.Wait() })
-			wg.Go(func() {
-				for {
-					conn, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					mu.Lock()
-					accepted++
-					mu.Unlock()
-					wg.Go(func() { tc.serve(conn, done) })
-				}
-			})
-			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path, IOTimeout: 200 * time.Millisecond})
-			results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
-			mu.Lock()
-			n := accepted
-			mu.Unlock()
-			if n != 1 {
-				t.Errorf("the worker accepted %d connections, want 1 (error %v)", n, err)
-			}
-			if err == nil || !strings.HasPrefix(err.Error(), "runtime socket: ") || !strings.Contains(err.Error(), tc.want) ||
-				len(results) != 1 || results[0].OK {
-				t.Errorf("err = %v, results %+v", err, results)
-			}
-		})
 	}
 }
