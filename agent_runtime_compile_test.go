@@ -24,7 +24,6 @@ import (
 
 func intPtr(v int) *int { return &v }
 
-
 func contentOf(files map[string]string) func(string) ([]byte, error) {
 	return func(path string) ([]byte, error) {
 		data, ok := files[path]
