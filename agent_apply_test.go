@@ -434,15 +434,6 @@ func TestRuntimeApplyRunsOpsWithoutReloading(t *testing.T) {
 	}
 }
 
-// landedEnv is an env with the seed's plan-1 landed by a reload.
-func landedEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) (*testEnv, fileSet) {
-	t.Helper()
-	e := newTestEnv(t, mutate, prepare)
-	fs := seedFiles()
-	e.land(t, "plan-1", fs)
-	return e, fs
-}
-
 func TestFenceRules(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	fs2 := fs.clone()
@@ -808,14 +799,6 @@ func TestAFailedReloadAfterOpsReloadsTheRestoredSet(t *testing.T) {
 	if st := e.c.state(""); st.InvariantViolation != "" {
 		t.Errorf("invariant %q", st.InvariantViolation)
 	}
-}
-
-// reloadManifest composes a reload of fs against the current state, as a
-// controller does for a change only a reload can carry.
-func reloadManifest(e *testEnv, planID string, fs fileSet) *Manifest {
-	m := e.c.manifest(planID, fs)
-	m.Mode = ModeReload
-	return m
 }
 
 // resend composes the same work with new fencing fields against the

@@ -179,8 +179,10 @@ func TestASlowHeaderIsCutOff(t *testing.T) {
 }
 
 // TestTheDefaultLimitsBoundEveryListener: every server has a cap, a header,
-// a read, a write and an idle timeout; the API keeps the timeouts of the
-// wire contract, and the drain may answer after its longest wait.
+// a read, a write and an idle timeout; the API keeps the timeouts
+// controllers are built against (10 s for the headers, 2 min to read a
+// request, as long as the client waits for an apply, 3 min to write the
+// answer, 2 min idle), and the drain may answer after its longest wait.
 func TestTheDefaultLimitsBoundEveryListener(t *testing.T) {
 	limits := defaultListenerLimits(10 * time.Second)
 	for _, name := range []string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain} {

@@ -1,9 +1,10 @@
 // This file owns the shared harness every agent test builds on: starting an
-// agent beside the fake HAProxy (startTestAgent, launchAgentWith, newTestEnv)
-// with the harness configuration, a small client of its API that composes
-// manifests against the agent's current state and sends multipart applies,
-// desired file sets and what is on disk, counters, short socket paths, and
-// edits of a stopped agent's state file.
+// agent beside the fake HAProxy (startTestAgent, launchAgentWith, newTestEnv,
+// landedEnv) with the harness configuration, a small client of its API that
+// composes manifests against the agent's current state (reloadManifest for a
+// change only a reload carries) and sends multipart applies, desired file
+// sets and what is on disk, counters, short socket paths, and edits of a
+// stopped agent's state file.
 //
 // It must never assert behaviour: the tests do. A helper here may fail a
 // test only when it cannot deliver what it promises (an agent that will not
@@ -195,6 +196,15 @@ func newTestEnvOn(t testing.TB, version string, mutate func(*AgentConfig), prepa
 	return &testEnv{fake: fake, a: a, c: newAgentClient(t, a), cfg: cfg, stop: stop}
 }
 
+// landedEnv is an env with the seed's plan-1 landed by a reload.
+func landedEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *FakeHAProxy)) (*testEnv, fileSet) {
+	t.Helper()
+	e := newTestEnv(t, mutate, prepare)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	return e, fs
+}
+
 // restart stops the agent and starts a new one on the same directory.
 func (e *testEnv) restart(t testing.TB) {
 	t.Helper()
@@ -213,6 +223,14 @@ func (e *testEnv) land(t testing.TB, planID string, fs fileSet, ops ...Op) Apply
 		t.Fatalf("apply %s: %+v", planID, res)
 	}
 	return res
+}
+
+// reloadManifest composes a reload of fs against the current state, as a
+// controller does for a change only a reload can carry.
+func reloadManifest(e *testEnv, planID string, fs fileSet) *Manifest {
+	m := e.c.manifest(planID, fs)
+	m.Mode = ModeReload
+	return m
 }
 
 // landThenSchedule lands the seed set as plan-1, then sends plan-2 (the
@@ -521,7 +539,7 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
-// metric reads one counter series of the agent.
+// metricValue reads one counter series of the agent.
 func metricValue(a *Agent, family string, labels ...string) uint64 {
 	m := a.metrics
 	switch family {

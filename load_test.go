@@ -198,7 +198,10 @@ func TestLoadTwoLeadersAndReaders(t *testing.T) {
 	e.a.reads.wg.Wait()
 	heapAfter := heapAfterGC()
 
-	// Every attempt got an answer the contract allows.
+	// Every attempt got an answer a controller racing another must be ready
+	// for: no transport error and no refusal, only an OK result or a
+	// conflict whose reason is prev_mismatch, stale_epoch or
+	// worker_ops_mismatch (each tells the loser to re-read the state).
 	okApplies, reasons := 0, map[string]int{}
 	var chain []loadApply
 	var newerLanded time.Time // when the first epoch-2 ACK was answered
