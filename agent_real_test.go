@@ -99,7 +99,12 @@ func TestRealHAProxyEndToEnd(t *testing.T) {
 		_, present := names["srv1"]
 		return err == nil && !present
 	})
-	if metricValue(a, "deferred_deletes_total", "server", "done") != 1 {
-		t.Error("deferred_deletes_total{server,done}")
+	// The queue counts the delete once it has confirmed it, a moment after
+	// the server is gone from the worker.
+	waitFor(t, "the deferred delete counted", func() bool {
+		return metricValue(a, "deferred_deletes_total", "server", "done") >= 1
+	})
+	if v := metricValue(a, "deferred_deletes_total", "server", "done"); v != 1 {
+		t.Errorf("deferred_deletes_total{server,done} = %v, want 1", v)
 	}
 }
