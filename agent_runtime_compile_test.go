@@ -641,6 +641,68 @@ func TestMapReplaceChunksThePayload(t *testing.T) {
 	}
 }
 
+// parsedMapPayload is the payload by its definition: the parsed entries,
+// "key value\n" each.
+func parsedMapPayload(data string) string {
+	var b strings.Builder
+	for _, e := range ParseMapEntries(data) {
+		b.WriteString(e.Key + " " + e.Value + "\n")
+	}
+	return b.String()
+}
+
+// TestMapPayloadTakesACanonicalFileAsItIs pins which files are their own
+// payload, and that the scan never takes a file the parse would change.
+func TestMapPayloadTakesACanonicalFileAsItIs(t *testing.T) {
+	tests := []struct {
+		file      string
+		canonical bool
+	}{
+		{"", true},
+		{"a 1\n", true},
+		{"example.com be-a\nexample.org be-b\n", true},
+		{"k value with spaces\n", true},
+		{"a 1", false},         // no final newline
+		{"a\n", false},         // no value: the payload needs "a \n"
+		{"a \n", false},        // trailing space
+		{"a  1\n", false},      // value starts with a space
+		{" a 1\n", false},      // leading space
+		{"#a 1\n", false},      // a comment
+		{"a\t1\n", false},      // a tab separates
+		{"a 1\r\n", false},     // CRLF
+		{"\n", false},          // a blank line
+		{"a 1\x00\n", false},   // a control byte
+		{"a 1\u00a0\n", false}, // non-ASCII, which TrimSpace may trim
+	}
+	for _, tt := range tests {
+		if got := canonicalMapFile([]byte(tt.file)); got != tt.canonical {
+			t.Errorf("canonicalMapFile(%q) = %v, want %v", tt.file, got, tt.canonical)
+		}
+		if tt.canonical && parsedMapPayload(tt.file) != tt.file {
+			t.Errorf("%q is called canonical but parses to %q", tt.file, parsedMapPayload(tt.file))
+		}
+	}
+	if !canonicalMapFile([]byte(benchMap10k("be-a"))) {
+		t.Error("a rendered host map is not canonical: the fast path never runs")
+	}
+	alphabet := []string{"a", "b", " ", " ", "\t", "#", "\r", "\n", "\n", "\u00a0", "\x00", "~"}
+	rng := rand.New(rand.NewPCG(15, 16))
+	for range 20000 {
+		var file strings.Builder
+		for range rng.IntN(12) {
+			file.WriteString(alphabet[rng.IntN(len(alphabet))])
+		}
+		data := file.String()
+		got, err := mapPayload([]byte(data))
+		if err != nil {
+			continue // an entry HAProxy's payload cannot carry
+		}
+		if want := parsedMapPayload(data); got != want {
+			t.Fatalf("mapPayload(%q) = %q, want %q", data, got, want)
+		}
+	}
+}
+
 func TestPayloadFramingFollowsTheWorkerVersion(t *testing.T) {
 	tests := []struct {
 		version, term, line string
