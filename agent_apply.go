@@ -565,7 +565,10 @@ func (run *applyRun) logApply() {
 // transact writes the file set and activates it. Before the first rename,
 // the journal keeps how every touched path looked under the LKG plan, and
 // an intent record, synced, keeps how it looked just before this apply; so
-// a crash at any later point is put back at the next start.
+// a crash at any later point is put back at the next start. Runtime ops
+// are sent while the intent syncs, compiled from the staged parts: the
+// worker answers within the sync, and a refusal still falls back to a
+// reload once the files are written.
 func (run *applyRun) transact() {
 	dels := deletions(run.before.ManifestPaths, run.m.Files)
 	run.txn = run.files.begin(run.stagedList(), dels)
@@ -573,6 +576,10 @@ func (run *applyRun) transact() {
 		run.abort(StageBackup, err)
 		return
 	}
+	st := run.led.view()
+	act := chooseActivation(&st, run.m)
+	var ops *opsOutcome
+	var opsTook time.Duration
 	writeStart := run.now()
 	if run.txn.touches() || run.mayRunOps() {
 		journal := run.before.Journal.clone()
@@ -583,8 +590,17 @@ func (run *applyRun) transact() {
 		if err == nil {
 			err = run.files.syncDirs(run.txn.linkDirs)
 		}
+		var durable func() error
 		if err == nil {
-			err = run.led.intend(run.m.PlanID, run.txn.undo)
+			durable, err = run.led.intend(run.m.PlanID, run.txn.undo)
+		}
+		if err == nil {
+			if act == activateOps {
+				opsStart := run.now()
+				ops = run.runtimeOps(run.stagedContent)
+				opsTook = run.now().Sub(opsStart)
+			}
+			err = durable()
 		}
 		if err != nil {
 			run.abort(StageBackup, err)
@@ -595,13 +611,24 @@ func (run *applyRun) transact() {
 		run.abort(StageWrite, err)
 		return
 	}
-	run.timing.WriteMs = run.msSince(writeStart)
+	run.timing.WriteMs = run.msSince(writeStart.Add(opsTook))
 	run.led.observe(run.treeDelta())
 
-	opsStart := run.now()
-	st := run.led.view()
-	run.activate(chooseActivation(&st, run.m))
+	opsStart := run.now().Add(-opsTook)
+	run.activate(act, ops)
 	run.timing.OpsMs = run.msSince(opsStart)
+}
+
+// stagedContent is what the apply puts at rel, before its renames: the
+// staged part, else (an unchanged or unsent file) the held file.
+func (run *applyRun) stagedContent(rel string) ([]byte, error) {
+	if f := run.staged[rel]; f != nil && !f.unchanged {
+		if f.inline != nil {
+			return f.inline, nil
+		}
+		return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
+	}
+	return run.files.readHeld(rel)
 }
 
 // mayRunOps reports whether activation may send ops to the worker: then a
@@ -657,8 +684,9 @@ func chooseActivation(st *agentState, m *Manifest) activation {
 	return activateOps
 }
 
-// activate does what act needs, once the files are written.
-func (run *applyRun) activate(act activation) {
+// activate does what act needs, once the files are written; ops is the
+// outcome of runtime ops already sent, if any.
+func (run *applyRun) activate(act activation, ops *opsOutcome) {
 	switch act {
 	case activateScheduled:
 		st := run.led.view()
@@ -675,7 +703,10 @@ func (run *applyRun) activate(act activation) {
 	case activateUnknownBaseline:
 		run.reload(reasonUnknownBaseline)
 	default:
-		run.afterOps(run.runtimeOps())
+		if ops == nil {
+			ops = run.runtimeOps(run.files.readHeld)
+		}
+		run.afterOps(ops)
 	}
 }
 
@@ -688,12 +719,12 @@ type opsOutcome struct {
 	err        error
 }
 
-// runtimeOps compiles the manifest's runtime ops and runs them on the
-// worker the agent expects. Each line of commands reads the worker's
-// identity on its own connection before its commands, so the check and the
-// ops are one exchange.
-func (run *applyRun) runtimeOps() *opsOutcome {
-	c, err := run.compile(run.m.RuntimeOps())
+// runtimeOps compiles the manifest's runtime ops from content and runs
+// them on the worker the agent expects. Each line of commands reads the
+// worker's identity on its own connection before its commands, so the
+// check and the ops are one exchange.
+func (run *applyRun) runtimeOps(content func(string) ([]byte, error)) *opsOutcome {
+	c, err := run.compile(run.m.RuntimeOps(), content)
 	if err != nil {
 		return &opsOutcome{compileErr: err}
 	}
@@ -770,7 +801,7 @@ func (c *compiledOps) empty() bool {
 // compile splits the deletes off, has the queue check them, and compiles
 // every inline op before anything is sent: a batch whose last op cannot be
 // compiled sends nothing.
-func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
+func (run *applyRun) compile(ops []Op, content func(string) ([]byte, error)) (*compiledOps, error) {
 	inline, servers, backends := splitDeletes(ops)
 	if err := run.queue.check(servers, backends); err != nil {
 		return nil, err
@@ -778,7 +809,7 @@ func (run *applyRun) compile(ops []Op) (*compiledOps, error) {
 	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
 	term := run.rt.terminator()
 	for i := range inline {
-		p, err := compileOp(&inline[i], run.files.readHeld, term)
+		p, err := compileOp(&inline[i], content, term)
 		if err != nil {
 			return nil, err
 		}
@@ -888,7 +919,7 @@ func (run *applyRun) runInPlace() {
 		fail(errors.New(msgInPlaceStale))
 		return
 	}
-	c, err := run.compile(m.InPlaceOps)
+	c, err := run.compile(m.InPlaceOps, run.files.readHeld)
 	if err != nil {
 		run.invariant(false, invOpsExecutable)
 		fail(err)

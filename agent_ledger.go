@@ -166,6 +166,9 @@ type ledger struct {
 	dropAfterSync []string
 	treeVersion   uint64
 	intentOpen    bool
+	// intentSynced delivers the result of the intent's sync while it runs
+	// beside the apply's ops; every other use of the log waits for it.
+	intentSynced chan error
 
 	// In memory only: gone after a restart by design.
 	inventory         Inventory
@@ -451,6 +454,9 @@ func (l *ledger) started() {
 type recordOpt func(*logRecord)
 
 func (l *ledger) write(kind string, next *agentState, sync bool, opts ...recordOpt) error {
+	if err := l.awaitIntentSync(); err != nil {
+		return err
+	}
 	set, err := changedFields(&l.persisted, next)
 	if err != nil {
 		return err
@@ -485,6 +491,9 @@ func (l *ledger) nextSeq() uint64 {
 }
 
 func (l *ledger) syncLog() error {
+	if err := l.awaitIntentSync(); err != nil {
+		return err
+	}
 	if err := l.log.sync(); err != nil {
 		l.broken = err
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
@@ -551,6 +560,9 @@ func (l *ledger) compactIfFull() error {
 }
 
 func (l *ledger) compact() error {
+	if err := l.awaitIntentSync(); err != nil {
+		return err
+	}
 	if err := l.files.flush(); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
@@ -590,6 +602,7 @@ func (l *ledger) close() {
 	if l.log == nil {
 		return
 	}
+	l.awaitIntentSync()
 	if !l.intentOpen {
 		l.compact()
 	}
@@ -829,22 +842,53 @@ func (l *ledger) reserveProofs(worker bool) (applied, workerProof string, err er
 	return applied, workerProof, nil
 }
 
-// intend opens a change of the tree: its undo is durable before the first
-// rename, so that a crash at any later point puts the tree back.
-func (l *ledger) intend(planID string, undo []undoEntry) error {
+// intend opens a change of the tree: it writes the intent record with its
+// undo and starts its sync, and the returned durable waits for that sync.
+// The apply calls durable before its first rename, so that a crash at any
+// later point puts the tree back. Between the two it may already send its
+// ops, which hides one round trip to HAProxy inside the sync: a process
+// crash keeps the written record (the page cache outlives the agent), and a
+// machine crash takes the worker's runtime changes down with it, so neither
+// can leave ops in a worker that no record explains.
+func (l *ledger) intend(planID string, undo []undoEntry) (durable func() error, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next := cloneState(l.st)
-	err := l.promise(recordIntent, next, true, func(r *logRecord) {
+	err = l.promise(recordIntent, next, false, func(r *logRecord) {
 		r.Undo = undo
 		if r.Undo == nil {
 			r.Undo = []undoEntry{}
 		}
 	})
-	if err == nil {
-		l.intentOpen = true
+	if err != nil {
+		return nil, err
 	}
-	return err
+	l.intentOpen = true
+	synced := make(chan error, 1)
+	l.intentSynced = synced
+	go func(log *stateLog) { synced <- log.sync() }(l.log)
+	return func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.awaitIntentSync()
+	}, nil
+}
+
+// awaitIntentSync waits for the intent's sync, if one runs, and takes its
+// result: a failed sync breaks the log like any failed write.
+func (l *ledger) awaitIntentSync() error {
+	if l.intentSynced == nil {
+		return nil
+	}
+	err := <-l.intentSynced
+	l.intentSynced = nil
+	if err != nil {
+		l.broken = err
+		l.logger.Error("could not sync the agent's state", "kind", recordIntent, "err", err)
+		return fmt.Errorf("%w: %w", errLedgerBroken, err)
+	}
+	l.afterSync()
+	return nil
 }
 
 // observe records what a transaction wrote, without re-hashing: the bytes

@@ -9,6 +9,8 @@ package haptic
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -53,6 +55,119 @@ func (c *syncCounter) reset() (log, dirs, others int) {
 	log, dirs, others = c.logSyncs, c.dirSyncs, c.others
 	c.logSyncs, c.dirSyncs, c.others, c.ops = 0, 0, 0, nil
 	return
+}
+
+// hasMapKey reports whether the fake worker's map at path holds key.
+func hasMapKey(fake *FakeHAProxy, path, key string) bool {
+	return slices.ContainsFunc(fake.MapEntries(path), func(e MapEntry) bool { return e.Key == key })
+}
+
+// TestRuntimeOpsRunWhileTheIntentSyncs pins the overlap of the hot path:
+// the intent's sync waits, through the disk hook, until the worker holds
+// the apply's map entry, so the apply lands only when its ops are sent
+// while the intent syncs. Run in order, the sync would wait for ops that
+// never come, fail after its deadline, and abort the apply.
+func TestRuntimeOpsRunWhileTheIntentSyncs(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+
+	next := fs.clone()
+	next["maps/host.map"] += "overlap.example be-b\n"
+	var armed sync.Once
+	var sawOps bool
+	d.setHook(func(op diskOp) error {
+		if op.Op != "sync" || op.Path != logPath {
+			return nil
+		}
+		var err error
+		armed.Do(func() { // the first log sync of the apply is its intent's
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				if hasMapKey(e.fake, "maps/host.map", "overlap.example") {
+					sawOps = true
+					return
+				}
+			}
+			err = errors.New("the ops never reached the worker while the intent synced")
+		})
+		return err
+	})
+	res := e.c.apply(e.c.manifest("plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "overlap.example", Value: "be-b"}), next)
+	d.setHook(nil)
+	if !res.OK || res.Mode != ResultRuntime || !sawOps {
+		t.Fatalf("apply: %+v (ops seen during the intent's sync: %v)", res, sawOps)
+	}
+	if got := e.disk(t)["maps/host.map"]; got != next["maps/host.map"] {
+		t.Fatalf("disk map %q, want %q", got, next["maps/host.map"])
+	}
+}
+
+// TestAFailedIntentSyncAfterTheOpsRestoresAndReloads: when the intent's
+// sync fails after the ops reached the worker, the apply is aborted, the
+// last-known-good set is restored, and the worker reloads it, so the entry
+// the ops added is gone from it too. A large map (past the size carried in
+// the log) is replaced by the same apply, compiled from its staged part.
+func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	fs := seedFiles()
+	var big strings.Builder
+	for i := range 4000 {
+		fmt.Fprintf(&big, "host-%05d.example.com be-a\n", i)
+	}
+	fs["maps/big.map"] = big.String()
+	e.land(t, "plan-1", fs)
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+
+	// First the replace alone lands: its ops were compiled from the staged
+	// part, not from the file still live when they ran.
+	replaced := fs.clone()
+	replaced["maps/big.map"] = strings.ReplaceAll(big.String(), "be-a", "be-b")
+	res := e.land(t, "plan-2", replaced, Op{Kind: OpMapReplace, Path: "maps/big.map"})
+	if res.Mode != ResultRuntime {
+		t.Fatalf("replace: %+v", res)
+	}
+	e.a.reads.wg.Wait()
+	if got := e.fake.MapEntries("maps/big.map"); len(got) != 4000 || got[0].Value != "be-b" || got[3999].Value != "be-b" {
+		t.Fatalf("worker map after the replace: %d entries, first %+v", len(got), got[:min(1, len(got))])
+	}
+
+	next := replaced.clone()
+	next["maps/host.map"] += "lost.example be-b\n"
+	var fail sync.Once
+	d.setHook(func(op diskOp) error {
+		var err error
+		if op.Op == "sync" && op.Path == logPath {
+			fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
+		}
+		return err
+	})
+	reloadsBefore := fakeReloads(e.fake)
+	res = e.c.apply(e.c.manifest("plan-3", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}), next)
+	d.setHook(nil)
+	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || res.Rollback == nil || !res.Rollback.Performed || !res.Rollback.Reloaded {
+		t.Fatalf("apply: %+v", res)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Fatalf("the tree is not the last-known-good set")
+	}
+	if hasMapKey(e.fake, "maps/host.map", "lost.example") || fakeReloads(e.fake) != reloadsBefore+1 {
+		t.Fatalf("the worker keeps the aborted entry (reloads %d, before %d)", fakeReloads(e.fake), reloadsBefore)
+	}
+	// The log works again: the next push, a reload since the abort left no
+	// applied plan to diff against, lands.
+	if res := e.c.apply(reloadManifest(e, "plan-4", next), next); !res.OK || res.Mode != ResultReload {
+		t.Fatalf("the apply after the abort: %+v", res)
+	}
+}
+
+// fakeReloads is the fake master's reload count.
+func fakeReloads(f *FakeHAProxy) int {
+	var n int
+	f.With(func(m *FakeModel) { n = m.Reloads })
+	return n
 }
 
 // TestAnApplySyncsOnlyAtItsDurablePoints counts the syncs of each kind of
