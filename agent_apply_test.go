@@ -1250,6 +1250,30 @@ func testCertPEM(t testing.TB) string {
 	return string(cert) + string(key)
 }
 
+// TestAReloadReadsTheNewWorkerAndItsInventoryInOneExchange pins the
+// reload's tail: once the master answers, one worker connection reads the
+// new worker's identity and its inventory together, and the answer carries
+// that inventory.
+func TestAReloadReadsTheNewWorkerAndItsInventoryInOneExchange(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	next := fs.clone()
+	next["haproxy.cfg"] += "# changed\n"
+	var before int
+	e.fake.With(func(m *FakeModel) { before = m.WorkerConnections })
+	res := e.c.apply(reloadManifest(e, "plan-2", next), next)
+	var after int
+	e.fake.With(func(m *FakeModel) { after = m.WorkerConnections })
+	if !res.OK || res.Mode != ResultReload {
+		t.Fatalf("%+v", res)
+	}
+	if after-before != 1 {
+		t.Errorf("the reload opened %d worker connections, want 1", after-before)
+	}
+	if res.Inventory == nil || !slices.Contains(res.Inventory.Maps, "maps/host.map") || res.HAProxy.WorkerPID != e.fake.Worker().WorkerPID {
+		t.Errorf("inventory %+v of worker %d, the fake's worker is %d", res.Inventory, res.HAProxy.WorkerPID, e.fake.Worker().WorkerPID)
+	}
+}
+
 func TestACreatedCertificateEntersTheInventory(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	fs2 := fs.clone()

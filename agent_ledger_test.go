@@ -163,6 +163,46 @@ func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
 	}
 }
 
+// TestTheNewSetIsSyncedWhileHAProxyReloadsIt: the syncs that make a
+// reloaded set the next last-known-good run while HAProxy loads it, not
+// after its answer. The fake's reload takes long enough that a sync made
+// after the reload sees the new worker; each sync of the changed config
+// must see the old one.
+func TestTheNewSetIsSyncedWhileHAProxyReloadsIt(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	old := e.fake.Worker()
+	e.fake.With(func(m *FakeModel) { m.ReloadTakes = 300 * time.Millisecond })
+	config := filepath.Join(e.cfg.BaseDir, "haproxy.cfg")
+	var mu sync.Mutex
+	var syncs, late int
+	d.setHook(func(op diskOp) error {
+		if op.Op == "sync" && op.Path == config {
+			mu.Lock()
+			defer mu.Unlock()
+			syncs++
+			if !e.fake.Worker().SameWorker(old) {
+				late++
+			}
+		}
+		return nil
+	})
+	next := fs.clone()
+	next["haproxy.cfg"] += "# 2\n"
+	res := e.c.apply(reloadManifest(e, "plan-2", next), next)
+	d.setHook(nil)
+	if !res.OK || res.Mode != ResultReload {
+		t.Fatalf("%+v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if syncs == 0 || late > 0 {
+		t.Fatalf("%d syncs of the new config, %d of them after the new worker came", syncs, late)
+	}
+}
+
 // fakeReloads is the fake master's reload count.
 func fakeReloads(f *FakeHAProxy) int {
 	var n int

@@ -1117,6 +1117,24 @@ func dataLines(text string) []string {
 // listing that fails is reported, and the others still count: their errors
 // are joined.
 func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
+	_, inv, err := r.listWorker(ctx, generation, false)
+	return inv, err
+}
+
+// identifiedInventory reads which worker answers and its inventory in one
+// exchange, so the inventory is that worker's. An identity that cannot be
+// read is an errNoIdentity error with no inventory; listings that fail leave
+// the identity and say why.
+func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, Inventory, error) {
+	return r.listWorker(ctx, 0, true)
+}
+
+// errNoIdentity marks a listing whose worker identity could not be read.
+var errNoIdentity = errors.New("no worker identity")
+
+// listWorker reads the five inventory listings on one line, after the
+// worker's identity when identify is set.
+func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, identify bool) (HAProxyInfo, Inventory, error) {
 	inv := Inventory{Generation: generation}
 	listings := []struct {
 		cmd  string
@@ -1141,17 +1159,36 @@ func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inve
 		{"show ssl crl-file", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.CRLFiles},
 		{"show ssl crt-list", firstField, &inv.CRTLists},
 	}
-	cmds := make([]string, len(listings))
-	for i, l := range listings {
-		cmds[i] = l.cmd
+	var cmds []string
+	if identify {
+		cmds = append(cmds, identityCommand)
+	}
+	for _, l := range listings {
+		cmds = append(cmds, l.cmd)
 	}
 	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
+	if err != nil && identify {
+		return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
+	}
 	if err != nil {
 		var errs []error
 		for _, l := range listings {
 			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, err))
 		}
-		return inv, errors.Join(errs...)
+		return HAProxyInfo{}, inv, errors.Join(errs...)
+	}
+	var info HAProxyInfo
+	if identify {
+		if readErrs[0] == nil {
+			info, err = parseWorkerInfo(texts[0])
+		} else {
+			err = readErrs[0]
+		}
+		if err != nil {
+			return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
+		}
+		r.version.Store(&info.Version)
+		texts, readErrs = texts[1:], readErrs[1:]
 	}
 	var errs []error
 	for i, l := range listings {
@@ -1173,7 +1210,7 @@ func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inve
 		slices.Sort(names)
 		*l.into = slices.Compact(names)
 	}
-	return inv, errors.Join(errs...)
+	return info, inv, errors.Join(errs...)
 }
 
 func firstField(line string) string {

@@ -130,9 +130,18 @@ func (w *workerTracker) reloadForApply(ctx context.Context, ref planRef) (*Reloa
 
 func (w *workerTracker) reloadAndRecord(ctx context.Context, ref planRef, promote bool) (*ReloadInfo, error) {
 	w.led.clearPending()
+	// The files the new worker loads are made durable while it loads them:
+	// the syncs a new last-known-good needs cost nothing beside a reload,
+	// and nothing changes the tree until the reload has its verdict.
+	settled := make(chan struct{})
+	go func() {
+		defer close(settled)
+		w.led.settleFiles()
+	}()
 	w.mu.Lock()
 	info, err := w.reloadAndAwait(ctx)
 	w.mu.Unlock()
+	<-settled
 	if err != nil {
 		return info, err
 	}
@@ -205,35 +214,40 @@ func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error)
 	}
 	w.metrics.reloads.inc("ok")
 	wctx, cancel := context.WithDeadline(ctx, start.Add(w.reloadTimeout))
-	worker, err := w.awaitNewWorker(wctx, prev)
+	worker, inv, err := w.awaitNewWorker(wctx, prev)
 	cancel()
 	info.TookMs = time.Since(start).Milliseconds()
 	if err != nil {
 		info.OK = false
 		return info, err
 	}
-	// The inventory refresh is not part of the reload: it runs under the
-	// caller's context, not what is left of the reload timeout.
-	inv := w.listInventory(ctx)
 	w.led.adoptReloadedWorker(worker, inv)
 	w.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
 	return info, nil
 }
 
-// awaitNewWorker polls show info until a worker other than prev answers.
-// Ops are never sent to the outgoing worker.
-func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, error) {
+// awaitNewWorker polls until a worker other than prev answers, and returns
+// it with its inventory (nil when a listing failed). Each poll reads the
+// identity and the inventory on one line: the first answer of the new
+// worker, almost always the first poll, is then the whole refresh, and the
+// inventory is the adopted worker's own. Ops are never sent to the outgoing
+// worker.
+func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
-		info, err := w.rt.info(ctx)
-		if err == nil && info.HasWorkerIdentity() && !prev.SameWorker(info) {
-			return info, nil
+		info, inv, err := w.rt.identifiedInventory(ctx)
+		if !errors.Is(err, errNoIdentity) && info.HasWorkerIdentity() && !prev.SameWorker(info) {
+			if err != nil {
+				w.logger.Warn("could not refresh the runtime inventory of the new worker", "err", err)
+				return info, nil, nil
+			}
+			return info, &inv, nil
 		}
 		select {
 		case <-ctx.Done():
-			return HAProxyInfo{}, errNoNewWorker
+			return HAProxyInfo{}, nil, errNoNewWorker
 		case <-t.C:
 		}
 	}

@@ -50,14 +50,15 @@ type FakeModel struct {
 	FailedReloads       int    // master row of show proc: [failed: N]
 	WorkerReloads       int    // worker row of show proc: reloads survived
 
-	Backends  map[string]*FakeBackend
-	Maps      map[string][]MapEntry
-	Certs     map[string]string   // path → PEM; "" is a store created by new ssl cert, never committed
-	CAFiles   map[string]string   // path → PEM
-	CRLFiles  map[string]string   // path → PEM
-	CRTLists  map[string][]string // list → entry lines, as show ssl crt-list prints them
-	Frontends map[string]uint64   // conn_tot by frontend; default {"status": 0, "http-tcp": 0}
-	Commands  []string            // worker commands received, in order (what Sent returns)
+	Backends          map[string]*FakeBackend
+	Maps              map[string][]MapEntry
+	Certs             map[string]string   // path → PEM; "" is a store created by new ssl cert, never committed
+	CAFiles           map[string]string   // path → PEM
+	CRLFiles          map[string]string   // path → PEM
+	CRTLists          map[string][]string // list → entry lines, as show ssl crt-list prints them
+	Frontends         map[string]uint64   // conn_tot by frontend; default {"status": 0, "http-tcp": 0}
+	Commands          []string            // worker commands received, in order (what Sent returns)
+	WorkerConnections int                 // worker-socket connections accepted
 
 	// Reject, when set, is asked about every recorded worker command before
 	// it runs; reject true refuses it with "[3]: <message>". It is called
@@ -459,6 +460,9 @@ func (f *FakeHAProxy) accept(ln net.Listener, master bool) {
 		f.conns[conn] = master
 		f.wg.Add(1)
 		f.connMu.Unlock()
+		if !master {
+			f.With(func(m *FakeModel) { m.WorkerConnections++ })
+		}
 		go func() {
 			defer f.wg.Done()
 			defer f.forget(conn)
