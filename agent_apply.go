@@ -565,10 +565,7 @@ func (run *applyRun) logApply() {
 // transact writes the file set and activates it. Before the first rename,
 // the journal keeps how every touched path looked under the LKG plan, and
 // an intent record, synced, keeps how it looked just before this apply; so
-// a crash at any later point is put back at the next start. Runtime ops
-// are sent while the intent syncs, compiled from the staged parts: the
-// worker answers within the sync, and a refusal still falls back to a
-// reload once the files are written.
+// a crash at any later point is put back at the next start.
 func (run *applyRun) transact() {
 	dels := deletions(run.before.ManifestPaths, run.m.Files)
 	run.txn = run.files.begin(run.stagedList(), dels)
@@ -578,31 +575,11 @@ func (run *applyRun) transact() {
 	}
 	st := run.led.view()
 	act := chooseActivation(&st, run.m)
-	var ops *opsOutcome
-	var opsTook time.Duration
 	writeStart := run.now()
+	var early *opsOutcome
 	if run.txn.touches() || run.mayRunOps() {
-		journal := run.before.Journal.clone()
-		err := run.txn.backup(&journal)
-		// Even a partial journal is kept: its entries describe paths that
-		// are still as they were, and abort restores and clears them.
-		run.led.setJournal(journal)
-		if err == nil {
-			err = run.files.syncDirs(run.txn.linkDirs)
-		}
-		var durable func() error
-		if err == nil {
-			durable, err = run.led.intend(run.m.PlanID, run.txn.undo)
-		}
-		if err == nil {
-			if act == activateOps {
-				opsStart := run.now()
-				ops = run.runtimeOps(run.stagedContent)
-				opsTook = run.now().Sub(opsStart)
-			}
-			err = durable()
-		}
-		if err != nil {
+		var err error
+		if early, err = run.intend(act); err != nil {
 			run.abort(StageBackup, err)
 			return
 		}
@@ -611,12 +588,42 @@ func (run *applyRun) transact() {
 		run.abort(StageWrite, err)
 		return
 	}
-	run.timing.WriteMs = run.msSince(writeStart.Add(opsTook))
+	run.timing.WriteMs = (run.now().Sub(writeStart) - early.duration()).Milliseconds()
 	run.led.observe(run.treeDelta())
 
-	opsStart := run.now().Add(-opsTook)
-	run.activate(act, ops)
-	run.timing.OpsMs = run.msSince(opsStart)
+	opsStart := run.now()
+	run.activate(act, early)
+	run.timing.OpsMs = (run.now().Sub(opsStart) + early.duration()).Milliseconds()
+}
+
+// intend reaches the transaction's first durable point: the journal's
+// backup links and their directories, then the intent record. Runtime ops
+// are sent while the intent syncs, compiled from the staged parts, and
+// their outcome is returned: the worker's round trip hides inside the
+// sync, and a refusal still falls back to a reload once the files are
+// written. A sync that fails after the ops ran aborts the apply, and the
+// abort reloads the restored set.
+func (run *applyRun) intend(act activation) (*opsOutcome, error) {
+	journal := run.before.Journal.clone()
+	err := run.txn.backup(&journal)
+	// Even a partial journal is kept: its entries describe paths that are
+	// still as they were, and abort restores and clears them.
+	run.led.setJournal(journal)
+	if err == nil {
+		err = run.files.syncDirs(run.txn.linkDirs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	durable, err := run.led.intend(run.m.PlanID, run.txn.undo)
+	if err != nil {
+		return nil, err
+	}
+	var ops *opsOutcome
+	if act == activateOps {
+		ops = run.runtimeOps(run.stagedContent)
+	}
+	return ops, durable()
 }
 
 // stagedContent is what the apply puts at rel, before its renames: the
@@ -710,13 +717,22 @@ func (run *applyRun) activate(act activation, ops *opsOutcome) {
 	}
 }
 
-// opsOutcome is how the runtime ops ended.
+// opsOutcome is how the runtime ops ended, and how long they took.
 type opsOutcome struct {
 	compileErr error
 	c          *compiledOps
 	worker     HAProxyInfo
 	results    []OpResult
 	err        error
+	took       time.Duration
+}
+
+// duration is how long the ops took; none ran for a nil outcome.
+func (o *opsOutcome) duration() time.Duration {
+	if o == nil {
+		return 0
+	}
+	return o.took
 }
 
 // runtimeOps compiles the manifest's runtime ops from content and runs
@@ -724,15 +740,16 @@ type opsOutcome struct {
 // worker's identity on its own connection before its commands, so the
 // check and the ops are one exchange.
 func (run *applyRun) runtimeOps(content func(string) ([]byte, error)) *opsOutcome {
+	start := run.now()
 	c, err := run.compile(run.m.RuntimeOps(), content)
 	if err != nil {
-		return &opsOutcome{compileErr: err}
+		return &opsOutcome{compileErr: err, took: run.now().Sub(start)}
 	}
 	if c.empty() {
-		return &opsOutcome{c: c}
+		return &opsOutcome{c: c, took: run.now().Sub(start)}
 	}
 	worker, results, err := run.execute(c.programs)
-	return &opsOutcome{c: c, worker: worker, results: results, err: err}
+	return &opsOutcome{c: c, worker: worker, results: results, err: err, took: run.now().Sub(start)}
 }
 
 // afterOps finishes a runtime apply: a batch
