@@ -10,9 +10,13 @@ package haptic
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -29,6 +33,7 @@ type benchSamples struct {
 	agent, raw []time.Duration
 	timing     []ApplyTiming
 	datasync   []time.Duration // the disk's own cost of one durable record, when measured
+	httpFloor  []time.Duration // a bare POST of the same body, when measured
 }
 
 func median(d []time.Duration) time.Duration {
@@ -59,6 +64,13 @@ func (s *benchSamples) report(b *testing.B) {
 		b.ReportMetric(float64(d.Microseconds())/1000, "fdatasync-ms")
 		b.ReportMetric(float64(budget.Microseconds())/1000, "budget-ms")
 		b.ReportMetric(float64(a)/float64(budget), "of-budget")
+	}
+	if len(s.httpFloor) > 0 {
+		// What no apply can go below on this machine: the HTTP exchange
+		// alone plus the raw round trip, against the 3× raw goal.
+		f := median(s.httpFloor)
+		b.ReportMetric(float64(f.Microseconds())/1000, "http-floor-ms")
+		b.ReportMetric(float64(f+r)/float64(r), "floor-ratio")
 	}
 	if len(s.timing) > 0 {
 		part := func(f func(ApplyTiming) int64) float64 {
@@ -159,10 +171,12 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 	rawAdd := linePrefix + frameCommand("add map "+e2eHostMap, "bench-raw.test be-b\n", terminatorFor(e.h.Version()))
 	rawDel := linePrefix + "del map " + e2eHostMap + " bench-raw.test\n"
 	log := openDatasyncProbe(b, e)
+	floor := startHTTPFloor(b, with, addOp)
 	var s benchSamples
 	for b.Loop() {
 		s.add(e.applyTimed(b, with, []Op{addOp}, ModeAuto, ResultRuntime))
 		e.applyTimed(b, without, []Op{delOp}, ModeAuto, ResultRuntime)
+		s.httpFloor = append(s.httpFloor, floor.post(b))
 		reply, took := rawLine(b, e.h.WorkerSocket(), rawAdd)
 		if strings.Contains(reply, "]: ") && !strings.Contains(reply, "[6]") {
 			b.Fatalf("raw add map: %q", reply)
@@ -172,6 +186,60 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 		s.datasync = append(s.datasync, appendDatasync(b, log))
 	}
 	s.report(b)
+}
+
+// httpFloor is a loopback HTTP server whose handler only reads a
+// multipart body and answers an apply-sized JSON, and the one-entry
+// apply's body for it: one POST costs what the HTTP exchange of an apply
+// costs before the agent does anything.
+type httpFloor struct {
+	url, contentType string
+	body             []byte
+	c                *http.Client
+}
+
+func startHTTPFloor(b *testing.B, plan *Plan, op Op) *httpFloor {
+	answer := bytes.Repeat([]byte("a"), 777)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mr, err := r.MultipartReader()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for p, err := mr.NextPart(); err == nil; p, err = mr.NextPart() {
+			io.Copy(io.Discard, p)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(answer)
+	}))
+	b.Cleanup(srv.Close)
+	m, _ := benchApply(&State{}, plan, []Op{op}, ModeAuto)
+	manifest, err := json.Marshal(m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	mw.WriteField(PartManifest, string(manifest))
+	fw, _ := mw.CreateFormFile("file", e2eHostMap)
+	for _, f := range plan.Files {
+		if f.Path == e2eHostMap {
+			io.WriteString(fw, f.Content)
+		}
+	}
+	mw.Close()
+	return &httpFloor{url: srv.URL + PathApply, contentType: mw.FormDataContentType(), body: body.Bytes(), c: srv.Client()}
+}
+
+func (f *httpFloor) post(b *testing.B) time.Duration {
+	start := time.Now()
+	resp, err := f.c.Post(f.url, f.contentType, bytes.NewReader(f.body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return time.Since(start)
 }
 
 // openDatasyncProbe opens a file beside the agent's state, where a record
