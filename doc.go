@@ -19,9 +19,9 @@
 //	controller                                     one pod
 //	render ─► Plan ─► Diff(plan, baseline)         Agent (NewAgent, Run)
 //	                    │ runtime / file_only        fence ─► stage parts
-//	                    │ / reload + reasons         ─► journal + write files
-//	                    ▼                            ─► runtime ops │ reload
-//	NewManifest ─► Client.Apply ── POST /v1/apply ─► commit to the ledger
+//	                    │ / reload + reasons         ─► journal + intent
+//	                    ▼                            ─► runtime ops, write │
+//	NewManifest ─► Client.Apply ── POST /v1/apply ─► write, reload ─► commit
 //	Deploy: state ─► diff ─► apply ─► resend       │ worker   │ master
 //	        ─► re-diff on a conflict              ▼ socket   ▼ socket
 //	                                              HAProxy worker ◄─ master
