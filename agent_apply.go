@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"mime"
 	"mime/multipart"
@@ -627,8 +628,12 @@ func (run *applyRun) intend(act activation) (*opsOutcome, error) {
 }
 
 // stagedContent is what the apply puts at rel, before its renames: the
-// staged part, else (an unchanged or unsent file) the held file.
+// staged part, else (an unchanged or unsent file) the held file. A path the
+// apply deletes has no content, as it has none once the apply is written.
 func (run *applyRun) stagedContent(rel string) ([]byte, error) {
+	if _, deleted := slices.BinarySearch(run.txn.deletes, rel); deleted {
+		return nil, fmt.Errorf("%q: %w (the apply deletes it)", rel, fs.ErrNotExist)
+	}
 	if f := run.staged[rel]; f != nil && !f.unchanged {
 		if f.inline != nil {
 			return f.inline, nil

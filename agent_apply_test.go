@@ -1250,6 +1250,50 @@ func testCertPEM(t testing.TB) string {
 	return string(cert) + string(key)
 }
 
+// TestAReloadWhoseInventoryLineFailsStillFindsItsWorker: when the line
+// that reads the new worker with its listings comes back cut, the identity
+// alone decides: the reload lands, without an inventory.
+func TestAReloadWhoseInventoryLineFailsStillFindsItsWorker(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.fake.With(func(m *FakeModel) {
+		m.CutReply = func(line string) (int, bool) { return 10, strings.Contains(line, "show ssl crt-list") }
+	})
+	next := fs.clone()
+	next["haproxy.cfg"] += "# changed\n"
+	res := e.c.apply(reloadManifest(e, "plan-2", next), next)
+	if !res.OK || res.Mode != ResultReload || res.HAProxy.WorkerPID != e.fake.Worker().WorkerPID {
+		t.Fatalf("%+v (fake worker %d)", res, e.fake.Worker().WorkerPID)
+	}
+	if res.Inventory != nil {
+		t.Errorf("an inventory from a cut reply: %+v", res.Inventory)
+	}
+}
+
+// TestAnOpOnAPathTheApplyDeletesIsNeverSent: ops are compiled before the
+// renames, while a path the apply deletes is still on disk; its old bytes
+// must not be sent. The op cannot be compiled, as it cannot once the file
+// is gone, and the apply reloads instead.
+func TestAnOpOnAPathTheApplyDeletesIsNeverSent(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs["maps/old.map"] = "a b\n"
+	e.land(t, "plan-1b", fs)
+	next := fs.clone()
+	delete(next, "maps/old.map")
+	sentBefore := len(e.fake.Sent())
+	res := e.c.apply(e.c.manifest("plan-2", next, Op{Kind: OpMapReplace, Path: "maps/old.map"}), next)
+	if !res.OK || res.Mode != ResultReload || len(res.OpResults) != 0 {
+		t.Fatalf("%+v", res)
+	}
+	for _, cmd := range e.fake.Sent()[sentBefore:] {
+		if strings.Contains(cmd, "maps/old.map") {
+			t.Fatalf("sent %q for a path the apply deletes", cmd)
+		}
+	}
+	if st := e.c.state(""); st.InvariantViolation != invOpsExecutable {
+		t.Errorf("invariant %q, want %q", st.InvariantViolation, invOpsExecutable)
+	}
+}
+
 // TestAReloadReadsTheNewWorkerAndItsInventoryInOneExchange pins the
 // reload's tail: once the master answers, one worker connection reads the
 // new worker's identity and its inventory together, and the answer carries

@@ -166,9 +166,9 @@ type ledger struct {
 	dropAfterSync []string
 	treeVersion   uint64
 	intentOpen    bool
-	// intentSynced delivers the result of the intent's sync while it runs
-	// beside the apply's ops; every other use of the log waits for it.
-	intentSynced chan error
+	// intentSync is the intent's sync while it runs beside the apply's
+	// ops; every other use of the log waits for it first.
+	intentSync *intentSync
 
 	// In memory only: gone after a restart by design.
 	inventory         Inventory
@@ -864,30 +864,51 @@ func (l *ledger) intend(planID string, undo []undoEntry) (durable func() error, 
 		return nil, err
 	}
 	l.intentOpen = true
-	synced := make(chan error, 1)
-	l.intentSynced = synced
-	go func(log *stateLog) { synced <- log.sync() }(l.log)
+	p := &intentSync{done: make(chan struct{})}
+	l.intentSync = p
+	go func(log *stateLog) {
+		p.err = log.sync()
+		close(p.done)
+	}(l.log)
 	return func() error {
+		<-p.done
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return l.awaitIntentSync()
+		if l.intentSync == p {
+			l.intentSync = nil
+		}
+		if p.err != nil {
+			l.broken = p.err
+			l.logger.Error("could not sync the agent's state", "kind", recordIntent, "err", p.err)
+			return fmt.Errorf("%w: %w", errLedgerBroken, p.err)
+		}
+		l.afterSync()
+		return nil
 	}, nil
 }
 
-// awaitIntentSync waits for the intent's sync, if one runs, and takes its
-// result: a failed sync breaks the log like any failed write.
+// intentSync is one intent's sync running in the background. Its result
+// belongs to the apply that wrote the intent: others may wait for it, and
+// fail with it, but only that apply's durable takes it, so a failure is
+// never consumed by a write that happened to come first.
+type intentSync struct {
+	done chan struct{}
+	err  error
+}
+
+// awaitIntentSync waits for the intent's sync, if one runs: a use of the
+// log after a failed one fails too, since the kernel may have dropped the
+// intent's unsynced bytes.
 func (l *ledger) awaitIntentSync() error {
-	if l.intentSynced == nil {
+	p := l.intentSync
+	if p == nil {
 		return nil
 	}
-	err := <-l.intentSynced
-	l.intentSynced = nil
-	if err != nil {
-		l.broken = err
-		l.logger.Error("could not sync the agent's state", "kind", recordIntent, "err", err)
-		return fmt.Errorf("%w: %w", errLedgerBroken, err)
+	<-p.done
+	if p.err != nil {
+		l.broken = p.err
+		return fmt.Errorf("%w: %w", errLedgerBroken, p.err)
 	}
-	l.afterSync()
 	return nil
 }
 

@@ -163,6 +163,49 @@ func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
 	}
 }
 
+// TestAFailedIntentSyncIsTheApplysWhoeverWaitsFirst: while the ops run, a
+// second writer of the ledger (an invalidation, or the adoption of the
+// worker the ops found instead of the expected one) may wait for the
+// intent's sync before the apply does. When that sync fails, the apply
+// still learns it: it never renames a file behind an intent that may not
+// be on disk.
+func TestAFailedIntentSyncIsTheApplysWhoeverWaitsFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(e *testEnv)
+	}{
+		{"an invalidation writes first", func(e *testEnv) { holdOn(e.fake, "add map", e.a.led.invalidate) }},
+		{"the ops adopt another worker", func(e *testEnv) { newWorker(e.fake, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &hookDisk{}
+			e := newTestEnvWithDisk(t, d, nil)
+			fs := seedFiles()
+			e.land(t, "plan-1", fs)
+			logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+			var fail sync.Once
+			d.setHook(func(op diskOp) error {
+				var err error
+				if op.Op == "sync" && op.Path == logPath {
+					fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
+				}
+				return err
+			})
+			tc.setup(e)
+			next := fs.clone()
+			next["maps/host.map"] += "x.example be-b\n"
+			res := e.c.apply(e.c.manifest("plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-b"}), next)
+			d.setHook(nil)
+			if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.Contains(res.Error.Message, "injected") {
+				t.Fatalf("the failed intent sync went unreported: %+v %+v", res, res.Error)
+			}
+			if !sameSet(e.disk(t), fs) {
+				t.Fatal("files were renamed behind an intent that is not durable")
+			}
+		})
+	}
+}
+
 // TestTheNewSetIsSyncedWhileHAProxyReloadsIt: the syncs that make a
 // reloaded set the next last-known-good run while HAProxy loads it, not
 // after its answer. The fake's reload takes long enough that a sync made

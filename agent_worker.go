@@ -131,8 +131,10 @@ func (w *workerTracker) reloadForApply(ctx context.Context, ref planRef) (*Reloa
 func (w *workerTracker) reloadAndRecord(ctx context.Context, ref planRef, promote bool) (*ReloadInfo, error) {
 	w.led.clearPending()
 	// The files the new worker loads are made durable while it loads them:
-	// the syncs a new last-known-good needs cost nothing beside a reload,
-	// and nothing changes the tree until the reload has its verdict.
+	// the syncs a new last-known-good needs cost nothing beside a reload.
+	// Every reload runs under the apply lock (an apply's, the pacer's, a
+	// repair's, the start's), so nothing changes the tree or its unsynced
+	// marks until the reload has its verdict and the flush is joined.
 	settled := make(chan struct{})
 	go func() {
 		defer close(settled)
@@ -231,14 +233,22 @@ func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error)
 // it with its inventory (nil when a listing failed). Each poll reads the
 // identity and the inventory on one line: the first answer of the new
 // worker, almost always the first poll, is then the whole refresh, and the
-// inventory is the adopted worker's own. Ops are never sent to the outgoing
-// worker.
+// inventory is the adopted worker's own. A line that fails as a whole (a
+// cut or oversized reply) is followed by the identity alone, so that a
+// listing the worker cannot answer costs the inventory, never the reload.
+// Ops are never sent to the outgoing worker.
 func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
 		info, inv, err := w.rt.identifiedInventory(ctx)
-		if !errors.Is(err, errNoIdentity) && info.HasWorkerIdentity() && !prev.SameWorker(info) {
+		if errors.Is(err, errNoIdentity) {
+			var infoErr error
+			if info, infoErr = w.rt.info(ctx); infoErr != nil {
+				info = HAProxyInfo{}
+			}
+		}
+		if info.HasWorkerIdentity() && !prev.SameWorker(info) {
 			if err != nil {
 				w.logger.Warn("could not refresh the runtime inventory of the new worker", "err", err)
 				return info, nil, nil
