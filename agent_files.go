@@ -1317,7 +1317,7 @@ func (s *fileStore) undoPath(u undoEntry) error {
 			return err
 		}
 	default:
-		if err := s.rewrite(u.Path, abs, u.Data); err != nil {
+		if _, err := s.rewrite(u.Path, abs, u.Data); err != nil {
 			return err
 		}
 	}
@@ -1366,38 +1366,39 @@ func (s *fileStore) relink(rel, abs, backup string) error {
 }
 
 // rewrite puts the given bytes at abs through a synced temp file in the
-// path's mount. A file that already holds them may hold them only in the
-// page cache (a process crash after an install whose bytes rode in a
-// record), so it is marked for the next flush rather than trusted.
-func (s *fileStore) rewrite(rel, abs string, data []byte) error {
+// path's mount, and reports whether the file did not already hold them. A
+// file that does may hold them only in the page cache (a process crash
+// after an install whose bytes rode in a record), so it is marked for the
+// next flush rather than trusted.
+func (s *fileStore) rewrite(rel, abs string, data []byte) (changed bool, err error) {
 	created, err := mkdirAll(s.disk, filepath.Dir(abs), storeDirMode)
 	s.noteDirs(created)
 	if err != nil {
-		return fmt.Errorf("restore %q: %w", rel, err)
+		return len(created) > 0, fmt.Errorf("restore %q: %w", rel, err)
 	}
 	if s.holds(abs, DigestString(string(data)), int64(len(data))) {
 		s.mu.Lock()
 		s.unsynced[abs] = true
 		s.unsyncedDirs[filepath.Dir(abs)] = true
 		s.mu.Unlock()
-		return nil
+		return false, nil
 	}
 	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
 		_, err := w.Write(data)
 		return err
 	}, true)
 	if err != nil {
-		return fmt.Errorf("restore %q: %w", rel, err)
+		return false, fmt.Errorf("restore %q: %w", rel, err)
 	}
 	if err := s.rename(tmp, abs); err != nil {
 		s.disk.Remove(tmp)
-		return fmt.Errorf("restore %q: %w", rel, err)
+		return false, fmt.Errorf("restore %q: %w", rel, err)
 	}
 	s.mu.Lock()
 	delete(s.unsynced, abs)
 	s.unsyncedDirs[filepath.Dir(abs)] = true
 	s.mu.Unlock()
-	return nil
+	return true, nil
 }
 
 // ---------------------------------------------------------------------------

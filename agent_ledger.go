@@ -308,7 +308,14 @@ func (l *ledger) recoverTree(loaded *loadedLog) (reload bool) {
 	if loaded.intent != nil {
 		l.dropAfterSync = append(l.dropAfterSync, undoLinks(loaded.intent.Undo)...)
 	}
-	l.redo(loaded, owned, inJournal)
+	if l.redo(loaded, owned, inJournal) {
+		// After a power loss HAProxy may have started before the agent and
+		// loaded the tree the redo just changed: the worker is vouched for
+		// only once it loads the tree as it is now.
+		l.logger.Warn("committed files a crash took were rewritten; HAProxy reloads them")
+		next.TreeChangedAt = time.Now()
+		reload = true
+	}
 	if err := files.flush(); err != nil {
 		l.logger.Error("making the recovered tree durable failed", "err", err)
 	}
@@ -318,8 +325,9 @@ func (l *ledger) recoverTree(loaded *loadedLog) (reload bool) {
 
 // redo rewrites each committed file whose bytes a record carried and that
 // the disk no longer holds, and removes each committed deletion a power
-// loss undid. A path a restored journal brought back is the journal's.
-func (l *ledger) redo(loaded *loadedLog, owned []string, inJournal map[string]bool) {
+// loss undid. A path a restored journal brought back is the journal's. It
+// reports whether it changed the tree.
+func (l *ledger) redo(loaded *loadedLog, owned []string, inJournal map[string]bool) (changed bool) {
 	isOwned := make(map[string]bool, len(owned))
 	for _, p := range owned {
 		isOwned[p] = true
@@ -331,9 +339,11 @@ func (l *ledger) redo(loaded *loadedLog, owned []string, inJournal map[string]bo
 			continue
 		}
 		abs, err := l.files.abs(p)
+		var rewrote bool
 		if err == nil {
-			err = l.files.rewrite(p, abs, data)
+			rewrote, err = l.files.rewrite(p, abs, data)
 		}
+		changed = changed || rewrote
 		if err != nil {
 			l.logger.Error("rewriting a committed file failed", "path", p, "err", err)
 		}
@@ -342,10 +352,16 @@ func (l *ledger) redo(loaded *loadedLog, owned []string, inJournal map[string]bo
 		if isOwned[p] {
 			continue
 		}
+		if abs, err := l.files.abs(p); err == nil {
+			if _, err := l.files.disk.Lstat(abs); err == nil {
+				changed = true
+			}
+		}
 		if err := l.files.unlink(p); err != nil && !errors.Is(err, errInvalidPath) {
 			l.logger.Error("removing a deleted file failed", "path", p, "err", err)
 		}
 	}
+	return changed
 }
 
 // adoptTree compares the hashed tree with the one the state recorded. An

@@ -10,7 +10,11 @@
 //  3. an apply whose commit was durable (so it may have been answered OK)
 //     is still the applied plan;
 //  4. the generation and the proof counter never fall below what the agent
-//     may have reported.
+//     may have reported;
+//
+// and, for the worker, that a recovery which changed the tree asks HAProxy
+// to reload it: after a power loss HAProxy may boot before the agent and
+// load what the recovery then changes.
 //
 // HAPTIC_POWERLOSS=1 forks up to maxCrashImages images per operation
 // instead of the quick run's few.
@@ -229,7 +233,13 @@ func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofB
 		return "ledger: " + err.Error()
 	}
 	defer led.log.close()
-	led.recoverTree(loaded)
+	beforeRecovery := treeOf(img, cfg.BaseDir)
+	reload := led.recoverTree(loaded)
+	if !reload && !sameSet(beforeRecovery, treeOf(img, cfg.BaseDir)) {
+		// HAProxy may have booted before the agent and loaded the tree the
+		// recovery changed: it must load the recovered one.
+		return "the worker: recovery changed the tree without asking HAProxy to reload it"
+	}
 	st := led.view()
 	tree, err := files.hashTree(st.ManifestPaths)
 	if err != nil {
