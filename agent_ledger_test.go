@@ -136,14 +136,7 @@ func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
 
 	next := replaced.clone()
 	next["maps/host.map"] += "lost.example be-b\n"
-	var fail sync.Once
-	d.setHook(func(op diskOp) error {
-		var err error
-		if op.Op == "sync" && op.Path == logPath {
-			fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
-		}
-		return err
-	})
+	d.setHook(failFirstSync(logPath))
 	reloadsBefore := fakeReloads(e.fake)
 	res = e.c.apply(e.c.manifest("plan-3", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}), next)
 	d.setHook(nil)
@@ -183,14 +176,7 @@ func TestAFailedIntentSyncIsTheApplysWhoeverWaitsFirst(t *testing.T) {
 			fs := seedFiles()
 			e.land(t, "plan-1", fs)
 			logPath := filepath.Join(e.cfg.BaseDir, logFileName)
-			var fail sync.Once
-			d.setHook(func(op diskOp) error {
-				var err error
-				if op.Op == "sync" && op.Path == logPath {
-					fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
-				}
-				return err
-			})
+			d.setHook(failFirstSync(logPath))
 			tc.setup(e)
 			next := fs.clone()
 			next["maps/host.map"] += "x.example be-b\n"
@@ -243,6 +229,19 @@ func TestTheNewSetIsSyncedWhileHAProxyReloadsIt(t *testing.T) {
 	defer mu.Unlock()
 	if syncs == 0 || late > 0 {
 		t.Fatalf("%d syncs of the new config, %d of them after the new worker came", syncs, late)
+	}
+}
+
+// failFirstSync is a disk hook that fails the first sync of path, the
+// log's next record being an apply's intent.
+func failFirstSync(path string) func(diskOp) error {
+	var fail sync.Once
+	return func(op diskOp) error {
+		var err error
+		if op.Op == "sync" && op.Path == path {
+			fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
+		}
+		return err
 	}
 }
 
