@@ -673,15 +673,10 @@ func TestRefusedReloadKeepsThePreviousBaseline(t *testing.T) {
 }
 
 func TestARestartBetweenAppliesKeepsTheBaseline(t *testing.T) {
-	fake := startTestFake(t, "")
-	cfg := testAgentConfig(t, fake)
-	a, stop := launchTestAgent(t, cfg, true)
-	c := newAgentClient(t, a)
+	_, cfg, c, first := landedThenStopped(t)
 	fs := seedFiles()
-	first := c.apply(c.manifest("plan-1", fs), fs)
-	stop()
 
-	a, _ = launchTestAgent(t, cfg, true)
+	a, _ := launchTestAgent(t, cfg, true)
 	c2 := newAgentClient(t, a)
 	c2.seq = c.seq
 	st := c2.state("")
@@ -746,16 +741,10 @@ func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 }
 
 func TestATreeThatChangedWhileTheAgentWasAwayInvalidatesTheBaseline(t *testing.T) {
-	fake := startTestFake(t, "")
-	cfg := testAgentConfig(t, fake)
-	a, stop := launchTestAgent(t, cfg, true)
-	c := newAgentClient(t, a)
-	fs := seedFiles()
-	c.apply(c.manifest("plan-1", fs), fs)
-	stop()
+	_, cfg, _, _ := landedThenStopped(t)
 	os.WriteFile(filepath.Join(cfg.BaseDir, "haproxy.cfg"), []byte("global\n  # edited by hand\n"), 0o644)
 
-	a, _ = launchTestAgent(t, cfg, true)
+	a, _ := launchTestAgent(t, cfg, true)
 	st := newAgentClient(t, a).state("")
 	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
 		t.Errorf("baseline survived an edited tree: %+v", st)
@@ -798,17 +787,11 @@ func TestACorruptStateFileIsFatal(t *testing.T) {
 }
 
 func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
-	fake := startTestFake(t, "")
-	cfg := testAgentConfig(t, fake)
-	a, stop := launchTestAgent(t, cfg, true)
-	c := newAgentClient(t, a)
-	fs := seedFiles()
-	c.apply(c.manifest("plan-1", fs), fs)
-	stop()
+	fake, cfg, _, _ := landedThenStopped(t)
 	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
 	pid := fake.Worker().WorkerPID
 
-	a, _ = launchTestAgent(t, cfg, true)
+	a, _ := launchTestAgent(t, cfg, true)
 	st := newAgentClient(t, a).state("")
 	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
 		t.Errorf("baseline after recovery: %+v", st)

@@ -66,17 +66,11 @@ func TestReadinessWaitsForEveryCondition(t *testing.T) {
 }
 
 func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
-	fake := startTestFake(t, "")
-	cfg := testAgentConfig(t, fake)
-	a, stop := launchTestAgent(t, cfg, true)
-	c := newAgentClient(t, a)
-	fs := seedFiles()
-	c.apply(c.manifest("plan-1", fs), fs)
-	stop()
+	fake, cfg, c, _ := landedThenStopped(t)
 	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
 	fake.With(func(m *FakeModel) { m.ReloadFails = true })
 
-	a, _ = launchTestAgent(t, cfg, true)
+	a, _ := launchTestAgent(t, cfg, true)
 	c = newAgentClient(t, a)
 	if code, body := getText(t, a, PathReadyz); code != http.StatusOK || body != "ready\n" {
 		t.Errorf("readyz = %d %q", code, body)
@@ -93,6 +87,7 @@ func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
 	}
 	// A later apply neither takes readiness away nor needs a restart.
 	fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	fs := seedFiles()
 	if res := c.apply(c.manifest("plan-3", fs), fs); !res.OK || res.Mode != ResultReload {
 		t.Errorf("apply after recovery: %+v", res)
 	}

@@ -780,10 +780,16 @@ func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []stri
 // info reads the worker's identity with "show info float" and records its
 // version for payload framing.
 func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
-	text, err := r.read(ctx, readPrefix, "show info float")
+	text, err := r.read(ctx, readPrefix, identityCommand)
 	if err != nil {
 		return HAProxyInfo{}, fmt.Errorf("show info: %w", err)
 	}
+	return r.identify(text)
+}
+
+// identify parses a show info reply and keeps the version it names, which
+// decides the payload framing of the lines that follow.
+func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	info, err := parseWorkerInfo(text)
 	if err != nil {
 		return HAProxyInfo{}, err
@@ -1133,8 +1139,8 @@ func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, 
 var errNoIdentity = errors.New("no worker identity")
 
 // listWorker reads the five inventory listings on one line, after the
-// worker's identity when identify is set.
-func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, identify bool) (HAProxyInfo, Inventory, error) {
+// worker's identity when withIdentity is set.
+func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, withIdentity bool) (HAProxyInfo, Inventory, error) {
 	inv := Inventory{Generation: generation}
 	listings := []struct {
 		cmd  string
@@ -1160,14 +1166,14 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, iden
 		{"show ssl crt-list", firstField, &inv.CRTLists},
 	}
 	var cmds []string
-	if identify {
+	if withIdentity {
 		cmds = append(cmds, identityCommand)
 	}
 	for _, l := range listings {
 		cmds = append(cmds, l.cmd)
 	}
 	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
-	if err != nil && identify {
+	if err != nil && withIdentity {
 		return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
 	}
 	if err != nil {
@@ -1178,16 +1184,15 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, iden
 		return HAProxyInfo{}, inv, errors.Join(errs...)
 	}
 	var info HAProxyInfo
-	if identify {
+	if withIdentity {
 		if readErrs[0] == nil {
-			info, err = parseWorkerInfo(texts[0])
+			info, err = r.identify(texts[0])
 		} else {
 			err = readErrs[0]
 		}
 		if err != nil {
 			return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
 		}
-		r.version.Store(&info.Version)
 		texts, readErrs = texts[1:], readErrs[1:]
 	}
 	var errs []error

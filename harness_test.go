@@ -205,6 +205,22 @@ func landedEnv(t testing.TB, mutate func(*AgentConfig), prepare func(*Agent, *Fa
 	return e, fs
 }
 
+// landedThenStopped lands the seed set as plan-1 on a fresh fake and agent
+// and stops the agent, as a restart test begins: it returns the fake, the
+// configuration to start the next agent on, the stopped agent's client and
+// plan-1's answer.
+func landedThenStopped(t testing.TB) (*FakeHAProxy, AgentConfig, *agentClient, ApplyResult) {
+	t.Helper()
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	a, stop := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	first := c.apply(c.manifest("plan-1", fs), fs)
+	stop()
+	return fake, cfg, c, first
+}
+
 // restart stops the agent and starts a new one on the same directory.
 func (e *testEnv) restart(t testing.TB) {
 	t.Helper()
