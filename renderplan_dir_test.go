@@ -20,7 +20,6 @@ import (
 // PlanFromDir.
 
 func TestPlanFromDir(t *testing.T) {
-	dir := t.TempDir()
 	ca := newTestCA(t, "plan-ca")
 	certPEM, keyPEM := ca.issue(t, testCertOptions{CommonName: "site", DNSNames: []string{"site.example.com"}})
 	config := "# rendered by hand\n" +
@@ -43,19 +42,7 @@ func TestPlanFromDir(t *testing.T) {
 		"certs/.well-known/x":  "y",
 		"errors/.editor-swap~": "z",
 	}
-	for rel, content := range files {
-		abs := filepath.Join(dir, filepath.FromSlash(rel))
-		if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(abs, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	p, err := PlanFromDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := planOfFiles(t, files)
 	type fileRow struct {
 		path, kind string
 		reload     bool
