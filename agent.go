@@ -19,7 +19,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -58,6 +57,7 @@ type AgentConfig struct {
 	DrainQuietPeriod     time.Duration // --drain-quiet-period; 0 means 2s
 	DrainMaxWait         time.Duration // --drain-max-wait; 0 means 10s
 	DrainIgnoreFrontends []string      // --drain-ignore-frontend
+	FileMode             os.FileMode   // --file-mode; the mode of every file written into the tree; 0 means 0640
 	AgentVersion         string        // reported as agent_version; "" means "dev"
 	Logger               *slog.Logger  // nil means slog.Default()
 }
@@ -194,8 +194,9 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		Config: cfg.ConfigFile,
 		Reserved: append([]string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob},
 			defaultSocketPaths(cfg.BaseDir)...),
-		Logger: cfg.Logger,
-		Disk:   opts.disk,
+		FileMode: cfg.FileMode,
+		Logger:   cfg.Logger,
+		Disk:     opts.disk,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
@@ -215,7 +216,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) {
 		a.metrics.deferredDeletes.inc(kind, outcome)
 	})
-	led, loaded, err := newLedger(opts.disk, paths, files, a.queue, cfg.Logger)
+	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -224,12 +225,12 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		reloadTimeout: cfg.ReloadTimeout, now: a.now}
 	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
-		reloadIntervalMin: cfg.ReloadIntervalMin, configFile: cfg.ConfigFile}
+		reloadIntervalMin: cfg.ReloadIntervalMin, blobPath: paths.planBlob}
 	a.pacer = newPacer(a.deps, a.Ready)
 	a.reads = &readBacks{deps: a.deps, pacer: a.pacer, base: func() context.Context { return a.baseCtx }}
 	a.deps.readBack = a.reads.start
 	a.deps.pokePacer = a.pacer.poke
-	a.metrics.generation.set(led.generation())
+	a.metrics.generation.set(led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		led.close()
 		return nil, err
@@ -608,8 +609,12 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	a.reads.stop()
 	// The apply lock waits for an apply still in flight (its server was
-	// shut down with a grace), so the state is closed between two runs.
+	// shut down with a grace), so the state is closed between two runs;
+	// after a clean stop the state file alone holds it.
 	a.deps.applyMu.Lock()
+	if a.Ready() {
+		a.deps.compact()
+	}
 	a.led.close()
 	a.deps.applyMu.Unlock()
 	if errors.Is(err, context.Canceled) {
@@ -723,46 +728,96 @@ func (a *Agent) countConnections(ctx context.Context) (uint64, error) {
 // ---------------------------------------------------------------------------
 // Startup.
 
-// initialise brings the agent to readiness: finish what the log says was in
-// flight, sweep, probe HAProxy until it answers, keep what the tree and the
-// worker still prove, and reload when the previous process was interrupted
-// in the middle of an apply.
+// initialise brings the agent to readiness: put the tree back as the log
+// says it must be (or, with a damaged log, keep it as it stands and forget
+// the baseline), hash it and keep what it still proves, probe HAProxy
+// until it answers and keep what the worker still proves, reload when the
+// worker may hold what no record explains, and start a fresh snapshot.
 func (a *Agent) initialise(ctx context.Context) error {
-	reload := a.led.recoverTree(a.loaded)
+	st, hashed, reload, err := recoverDisk(a.files, a.led, a.loaded, a.logger)
 	a.loaded = nil
-	st := a.led.view()
-	if err := a.files.sweepTemp(st.Journal); err != nil {
-		a.logger.Warn("sweeping temp and backup directories failed", "err", err)
-	}
-	if err := a.files.sweepRestoreStaging(st.ManifestPaths); err != nil {
-		a.logger.Warn("sweeping restore staging links failed", "err", err)
-	}
-	sweepStateTemps(a.files.disk, a.paths.state, a.logger)
-	tree, err := a.files.hashTree(st.ManifestPaths)
 	if err != nil {
 		return err
 	}
-	a.led.adoptTree(tree)
+	sweepStateTemps(a.files.disk, a.paths.state, a.logger)
 	info, inv, err := a.probeUntilReady(ctx)
 	if err != nil {
 		return err
 	}
-	a.led.adoptWorkerAtStart(info, inv)
+	a.led.restart(workerAtStart(st, info), hashed, inv)
 	a.queue.setWorker(info)
 	if reload {
 		a.deps.applyMu.Lock()
-		_, err := a.worker.reload(ctx, planRef{})
+		_, err := a.worker.reload(ctx)
 		a.deps.applyMu.Unlock()
 		if err != nil {
-			a.logger.Error("the recovery reload failed", "err", err)
+			a.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
 			a.deps.invariant(false, invRecoveryReload)
 		}
-		a.led.reloadedAtStart(err == nil)
+		// A recovery reload that failed vouches for nothing.
+		a.led.forget(func(s *agentState) {
+			s.Running, s.WorkerOps = planRef{}, planRef{}
+			if err == nil && s.Applied.complete() {
+				s.Running, s.WorkerOps = s.Applied, s.Applied
+			}
+			clearPending(s)
+		})
 	}
-	a.led.started()
+	if err := a.deps.compact(); err != nil {
+		a.logger.Warn("could not compact the agent's state at startup", "err", err)
+	}
 	close(a.initialized)
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
+}
+
+// recoverDisk is the part of the start that needs only the disk. It puts
+// every path a record since the snapshot touched back as the replayed log
+// says it must be: a counted apply's files, an undone or unclosed one's
+// earlier bytes. With a damaged log it keeps the tree as it stands and
+// forgets the baseline instead. Then it hashes the tree and keeps what
+// it still proves. reload: the worker may hold an unclosed apply's ops or
+// files, or (HAProxy may boot before the agent after a power loss) the tree
+// it loaded is not the one recovery left.
+func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.Logger) (agentState, map[string]FileAt, bool, error) {
+	st, recorded := led.view()
+	reload := false
+	switch {
+	case loaded.damage != "":
+		logger.Error("the agent's state is damaged; it is set aside, the tree is kept as it stands and the baseline is forgotten, so the next push reloads",
+			"damaged", loaded.damage)
+		st = damagedAtStart(st)
+	case len(loaded.touched) > 0:
+		wants := make([]want, len(loaded.touched))
+		for i, p := range loaded.touched {
+			wants[i] = want{Path: p}
+			if at, ok := recorded[p]; ok {
+				wants[i].At = &at
+			}
+			if abs, err := files.abs(p); err == nil {
+				files.noteDirty(abs, filepath.Dir(abs)) // the start's snapshot drops the records that could redo it
+			}
+		}
+		changed, err := files.restore(wants, loaded.sources)
+		if err != nil {
+			logger.Error("recovery could not put every file back", "err", err)
+		}
+		if changed {
+			logger.Warn("files a crash left behind were put back as the log says; HAProxy reloads them")
+			st.TreeChangedAt = time.Now()
+		}
+		reload = changed
+	}
+	if loaded.reload && loaded.damage == "" {
+		logger.Warn("an apply was interrupted; HAProxy reloads the tree")
+		reload = true
+	}
+	hashed, err := files.hashTree(ownedPaths(recorded, loaded.touched))
+	if err != nil {
+		return st, nil, false, err
+	}
+	st, _ = treeAtStart(st, recorded, hashed)
+	return st, hashed, reload, nil
 }
 
 // sweepStateTemps removes the temp files a crash in the middle of writing
@@ -776,9 +831,7 @@ func sweepStateTemps(d disk, statePath string, logger *slog.Logger) {
 	for _, e := range entries {
 		name := e.Name()
 		if matched, _ := filepath.Match(stateTempPattern, name); !matched {
-			if matched, _ = filepath.Match(planBlobPattern, name); !matched {
-				continue
-			}
+			continue
 		}
 		if err := d.Remove(filepath.Join(dir, name)); err != nil {
 			logger.Warn("could not remove a leftover state temp file", "path", filepath.Join(dir, name), "err", err)
@@ -894,8 +947,24 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, a.led.stateAnswer(a.cfg.AgentVersion, q.Get("plan") != "0"))
+	st := a.led.stateAnswer(a.cfg.AgentVersion, q.Get("plan") != "0", a.queue.pending())
+	// Every read asks the worker who it is (a tenth of a millisecond): the
+	// answer vouches for the running and worker-ops plans only while the
+	// worker answering is the one they were recorded for. A plain read
+	// never adopts (a reload may be changing the worker right now); it only
+	// withholds what it cannot vouch for.
+	ctx, cancel := context.WithTimeout(r.Context(), stateIdentityTimeout)
+	info, err := a.rt.info(ctx)
+	cancel()
+	if err != nil || !st.HAProxy.SameWorker(info) {
+		st.HAProxy, st.RunningPlanID, st.RunningPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof = info, "", "", "", ""
+	}
+	writeJSON(w, http.StatusOK, st)
 }
+
+// stateIdentityTimeout bounds a state read's question to the worker: a
+// worker that does not answer within it is not vouched for.
+const stateIdentityTimeout = time.Second
 
 // maxTreeRefreshRetries bounds how often a verified read re-hashes because
 // an apply changed the tree while it was hashing.
@@ -905,9 +974,9 @@ const maxTreeRefreshRetries = 3
 // keeping the proof of every entry whose digest and size did not change.
 // An observation an apply overtook is never adopted.
 func (a *Agent) refreshTree() error {
-	for attempt := 0; attempt <= maxTreeRefreshRetries; attempt++ {
+	for range maxTreeRefreshRetries + 1 {
 		paths, version := a.led.observed()
-		fresh, err := a.hashPaths(paths)
+		fresh, err := a.files.hashTree(paths)
 		if err != nil {
 			return err
 		}
@@ -917,20 +986,6 @@ func (a *Agent) refreshTree() error {
 	}
 	a.logger.Info("verified state read: applies kept changing the tree; answering with the current tree")
 	return nil
-}
-
-// hashPaths hashes a set that may exceed MaxFiles (the committed set plus
-// an apply's new paths, at most twice MaxFiles) in chunks hashTree accepts.
-func (a *Agent) hashPaths(paths []string) (map[string]FileAt, error) {
-	tree := make(map[string]FileAt, len(paths))
-	for start := 0; start < len(paths); start += MaxFiles {
-		part, err := a.files.hashTree(paths[start:min(start+MaxFiles, len(paths))])
-		if err != nil {
-			return nil, err
-		}
-		maps.Copy(tree, part)
-	}
-	return tree, nil
 }
 
 // handlePutPlan stores the plan blob of the applied plan. It never takes

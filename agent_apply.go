@@ -1,23 +1,24 @@
-// This file owns the apply pipeline, in the order one apply flows through
-// it: reading and checking the manifest, the fence, staging the parts, the
-// missing answer, the known-bad cache, LKG promotion, role proofs, the
-// write transaction, activation (runtime ops, in-place ops or a reload),
-// abort and rollback, and the one commit that every apply, scheduled
-// reload and read-back repair ends in. Pacing and read-back live in
-// agent_pacing.go, the worker checks and reloads in agent_worker.go.
+// This file owns one apply, in the order it flows: reading and checking
+// the manifest, admission (the fence, staging the parts, the missing
+// answer, the known-bad cache, last-known-good promotion, role proofs),
+// then the run: the apply's record, the install, activation (runtime ops,
+// in-place ops or a reload), the undo of a failure, and the end record that
+// every apply, scheduled reload and read-back repair closes with. The
+// decisions it follows are agent_apply_steps.go's.
 //
-// It never decides what HAProxy should do: it executes exactly what the
-// manifest asks, and whenever it cannot, it reloads the files on disk.
+// It never decides what HAProxy should do: it executes what the manifest
+// asks, and whenever it cannot, it reloads the files on disk. A failure
+// undoes exactly its own apply, never one that was answered.
 
 package haptic
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"mime"
 	"mime/multipart"
@@ -28,29 +29,16 @@ import (
 	"time"
 )
 
-// Reload reasons, logged with every reload decision.
-const (
-	reasonMode                 = "mode"
-	reasonUnknownBaseline      = "unknown_baseline"
-	reasonUnknownOp            = "unknown_op"
-	reasonWorkerChanged        = "worker_changed"
-	reasonOpRejected           = "op_rejected"
-	reasonDeferredDeleteCommit = "deferred_delete_commit"
-	reasonScheduled            = "scheduled"
-	reasonRepair               = "read_back_repair"
-)
-
 // Invariant names, a closed set.
 const (
-	invGenerationMonotonic       = "generation_monotonic"
-	invDiskIsTheDesiredSet       = "disk_is_the_desired_set"
-	invRuntimeModeDoesNotReload  = "runtime_mode_does_not_reload"
-	invReloadModeReloads         = "reload_mode_reloads"
-	invNoopRunsNoOps             = "noop_runs_no_ops"
-	invJournalOnlyWhileDiverged  = "journal_only_while_diverged"
-	invMountProbeFoundEveryMount = "mount_probe_found_every_mount"
-	invOpsExecutable             = "ops_executable"
-	invRecoveryReload            = "recovery_reload"
+	invGenerationMonotonic      = "generation_monotonic"
+	invDiskIsTheDesiredSet      = "disk_is_the_desired_set"
+	invRuntimeModeDoesNotReload = "runtime_mode_does_not_reload"
+	invReloadModeReloads        = "reload_mode_reloads"
+	invNoopRunsNoOps            = "noop_runs_no_ops"
+	invJournalOnlyWhileDiverged = "journal_only_while_diverged"
+	invOpsExecutable            = "ops_executable"
+	invRecoveryReload           = "recovery_reload"
 )
 
 const (
@@ -69,10 +57,11 @@ type applyDeps struct {
 	queue   *deleteQueue
 	metrics *agentMetrics
 	logger  *slog.Logger
+	now     func() time.Time
+	nack    knownBad
 
-	now               func() time.Time
 	reloadIntervalMin time.Duration
-	configFile        string
+	blobPath          string
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
@@ -86,88 +75,15 @@ func (d *applyDeps) msSince(t time.Time) int64 { return d.now().Sub(t).Milliseco
 
 // invariant counts, logs and remembers a broken invariant. It never panics.
 func (d *applyDeps) invariant(ok bool, name string) {
-	if ok {
-		return
-	}
-	d.metrics.invariantViolations.inc(name)
-	d.logger.Error("invariant violated", "invariant", name)
-	d.led.noteInvariant(name)
-}
-
-// applyRun is one apply in flight, from the fence to the answer; a
-// scheduled reload and a read-back repair are runs too, so that every one
-// of them ends in the same commit and abort.
-type applyRun struct {
-	*applyDeps
-	ctx    context.Context
-	m      *Manifest
-	revert bool
-	start  time.Time
-	timing ApplyTiming
-
-	staged    map[string]*stagedFile
-	unpatched map[string]bool
-	sawPlan   bool
-	blob      []byte
-
-	work    []byte
-	workKey string
-
-	appliedProof, workerProof string
-	invalidations0            uint64
-	before                    agentState // the state when the run began
-	beforeTree                map[string]FileAt
-
-	txn         *fileTxn
-	finishStart time.Time
-	result      ApplyResult
-	opsRan      bool
-	reason      string
-	readBack    *compiledOps
-	restored    *restoredTree // what an abort put back
-
-	remember   bool // a deterministic refusal to cache once the result is final
-	abortStage string
-	refused    bool // HAProxy refused the reload itself
-	// reloadUnknown: a reload failed without HAProxy's verdict (a timeout,
-	// a master that went away), so it may still take effect.
-	reloadUnknown bool
-	// reloaded: the apply's own reload took effect; its plan becomes the
-	// last-known-good with the commit.
-	reloaded bool
-}
-
-// restoredTree is the tree a rollback left: its ownership set and hashes,
-// and the tree before the run, whose proofs a restored file keeps.
-type restoredTree struct {
-	owned  []string
-	tree   map[string]FileAt
-	before map[string]FileAt
-}
-
-func newApplyRun(d *applyDeps, ctx context.Context, m *Manifest) *applyRun {
-	return &applyRun{applyDeps: d, ctx: ctx, m: m, revert: m.Mode == ModeRevertLKG, start: d.now(),
-		staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
-}
-
-func (run *applyRun) stagedList() []*stagedFile {
-	out := make([]*stagedFile, 0, len(run.staged))
-	for _, f := range run.staged {
-		out = append(out, f)
-	}
-	return out
-}
-
-func (run *applyRun) discardStaged() {
-	for _, f := range run.staged {
-		f.discard(run.files.disk)
+	if !ok {
+		d.metrics.invariantViolations.inc(name)
+		d.logger.Error("invariant violated", "invariant", name)
+		d.led.noteInvariant(name)
 	}
 }
-
-func (run *applyRun) appliedRef() planRef { return planRef{run.m.PlanID, run.appliedProof} }
 
 // ---------------------------------------------------------------------------
-// The handler.
+// The handler, and reading and checking the manifest.
 
 // handleApply is POST /v1/apply: the manifest is read and checked, the
 // clock starts, and everything that reads or changes the state runs under
@@ -203,16 +119,16 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoDowngrade(m)
-	run := newApplyRun(a.deps, a.baseCtx, m)
+	run := &applyRun{applyDeps: a.deps, ctx: a.baseCtx, m: m, start: a.now(), staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
 	defer run.discardStaged()
-	code, body := run.admitAndRun(mr)
+	code, body := run.admit(mr)
 	writeJSON(w, code, body)
 }
 
 // stallGuard ends an upload that makes no progress: every read must bring
-// bytes within stall, or it fails with a message that says so. Parts are
-// read under the apply lock, so a client that stops sending would otherwise
-// hold every other apply up for the server's whole read timeout.
+// bytes within stall. Parts are read under the apply lock, so a client that
+// stops sending would otherwise hold every other apply up for the server's
+// whole read timeout.
 type stallGuard struct {
 	io.ReadCloser
 	rc    *http.ResponseController
@@ -230,17 +146,13 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ---------------------------------------------------------------------------
-// Reading and checking the manifest.
-
-// isFormData reports whether a Content-Type is multipart/form-data.
 func isFormData(contentType string) bool {
 	mediaType, _, err := mime.ParseMediaType(contentType)
 	return err == nil && mediaType == "multipart/form-data"
 }
 
 // readManifest reads the first part, which must be the manifest, and
-// decodes it (decodeManifest).
+// decodes it (decodeManifest bounds what decoding may build).
 func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
@@ -279,11 +191,10 @@ func normaliseLegacy(m *Manifest) {
 }
 
 // validateManifest checks a decoded manifest before anything is staged, in
-// a fixed order so that a bad manifest always gets the same answer: op
-// batches, plan id, file count, the in-place and validated pairs, the mode,
-// then every file's path, kind and digest, and the config file's presence.
-// The first failure wins. abs applies the path rules and refuses reserved paths, so a
-// manifest naming a socket is refused here rather than at staging.
+// a fixed order so that a bad manifest always gets the same answer; the
+// first failure wins. abs applies the path rules and refuses reserved
+// paths, so a manifest naming a socket is refused here rather than at
+// staging.
 func validateManifest(m *Manifest, config string, abs func(string) (string, error)) error {
 	if err := m.ValidateOpBatches(); err != nil {
 		return err
@@ -338,16 +249,24 @@ func autoDowngrade(m *Manifest) {
 }
 
 // ---------------------------------------------------------------------------
-// The known-bad cache's key.
+// The known-bad cache: HAProxy's own verdict on a set of bytes, for a minute.
+
+// knownBad holds one refusal. It lives in memory only, so it is empty after
+// every start, and only the apply lock's holder touches it.
+type knownBad struct {
+	key    string
+	work   []byte
+	until  time.Time
+	result ApplyResult
+}
 
 // workIdentity is the work the manifest asks for, without its fencing
 // fields and without patches: a set counts as the same work however it
 // arrived. Field order and the absence of omitempty are part of the key.
 func workIdentity(m *Manifest) ([]byte, string, error) {
-	files := make([]ManifestFile, len(m.Files))
-	for i, f := range m.Files {
-		f.Patch = nil
-		files[i] = f
+	files := slices.Clone(m.Files)
+	for i := range files {
+		files[i].Patch = nil
 	}
 	w := struct {
 		IdentityVersion            int            `json:"identity_version"`
@@ -371,22 +290,70 @@ func workIdentity(m *Manifest) ([]byte, string, error) {
 	return b, DigestString(string(b)), nil
 }
 
+// lookup answers a refusal only for byte-equal work within its minute:
+// digests are 64-bit and may collide.
+func (k *knownBad) lookup(key string, work []byte, now time.Time) (ApplyResult, bool) {
+	if k.work == nil || len(work) == 0 || now.After(k.until) || k.key != key || !bytes.Equal(k.work, work) {
+		return ApplyResult{}, false
+	}
+	return cloneResult(k.result), true
+}
+
 // ---------------------------------------------------------------------------
 // Admission: everything that can still refuse an apply without touching
 // anything.
 
-// admitAndRun fences, stages, checks the parts and the known-bad cache,
-// promotes the LKG, reserves the proofs and runs the apply, all under the
-// apply lock: the fence holds only while nothing else can change the state
-// it checked. A stalled upload cannot hold the lock for long: staging ends
-// when the client sends nothing for stallTimeout.
-func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
+// applyRun is one apply in flight, or a scheduled reload or a read-back
+// repair, which end the same way.
+type applyRun struct {
+	*applyDeps
+	ctx       context.Context
+	m         *Manifest
+	start     time.Time
+	timing    ApplyTiming
+	staged    map[string]*stagedFile
+	unpatched map[string]bool
+	blob      []byte
+	sawPlan   bool
+	budget    int // inline bytes left for the record
+
+	id             applyIdentity
+	before         agentState
+	invalidations0 uint64
+	result         ApplyResult
+	readBack       *compiledOps
+	reason         string // why it reloaded
+	seq            uint64       // its record, once written
+	changes        []fileChange // the paths it changes
+	same           []fileChange // parts sent whose bytes the disk already held: only their proofs change
+	// refused: HAProxy itself refused this apply's files, a verdict on
+	// them worth remembering for a minute.
+	refused bool
+}
+
+func (run *applyRun) discardStaged() {
+	for _, f := range run.staged {
+		f.discard(run.files.disk)
+	}
+}
+
+// admit fences, stages, checks the parts and the known-bad cache, promotes
+// the LKG, reserves the proofs and runs the apply, all under the apply
+// lock: the fence holds only while nothing else can change the state it
+// checked. A stalled upload cannot hold the lock for long: staging ends
+// when the client sends nothing for the stall timeout.
+func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	m := run.m
 	run.applyMu.Lock()
 	defer run.applyMu.Unlock()
-	if code, body, fenced := run.fence(); fenced {
-		return code, body
+	st := run.led.state()
+	window := run.now().Before(run.led.pacingDue(run.reloadIntervalMin))
+	if reason := fenceReason(m, &st, inPlaceWillRun(m, st.reloadPending(), window)); reason != "" {
+		run.metrics.applyRejected.inc(rejectedStageFencing)
+		run.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
+		return http.StatusConflict, conflictOf(&st, reason)
 	}
+	run.budget = maxInlinePerApply
 	if err := run.stageParts(mr); err != nil {
 		run.metrics.applyRejected.inc(StageParts)
 		code := stagingStatus(err)
@@ -399,8 +366,8 @@ func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
 	}
 	run.timing.StageMs = run.msSince(run.start)
 	admitStart := run.now()
-	if !run.revert {
-		if missing := run.led.missing(m, run.staged, run.unpatched); len(missing) > 0 {
+	if m.Mode != ModeRevertLKG {
+		if missing := run.missing(); len(missing) > 0 {
 			return http.StatusConflict, Missing{Missing: missing}
 		}
 	}
@@ -408,42 +375,27 @@ func (run *applyRun) admitAndRun(mr *multipart.Reader) (int, any) {
 	if err != nil {
 		run.logger.Warn("could not encode the work identity; the known-bad cache is skipped", "err", err)
 	}
-	run.work, run.workKey = work, key
-	if cached, hit := run.led.lookupNack(run.workKey, run.work, run.now()); hit {
+	if cached, hit := run.nack.lookup(key, work, run.now()); hit {
 		run.logger.Info("apply answered from the known-bad cache", "plan_id", m.PlanID)
 		return http.StatusOK, cached
 	}
-	// LKG promotion runs only after every refusal point, because clearing
-	// the journal cannot be undone.
-	promoted, err := run.led.promoteLKGAndSettle(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
-	if err != nil {
+	// Promotion runs only after every refusal point, because clearing the
+	// journal cannot be undone.
+	if err := run.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof}); err != nil {
 		return http.StatusInternalServerError, ApplyError{Stage: StageLKG, Message: err.Error()}
 	}
-	if promoted {
-		run.logger.Info("last-known-good promoted", "plan_id", m.ValidatedPlanID)
-	}
-	if !run.revert {
-		run.appliedProof, run.workerProof, err = run.led.reserveProofs(len(m.InPlaceOps) > 0)
-		if err != nil {
+	if m.Mode != ModeRevertLKG {
+		if err := run.reserveProofs(); err != nil {
 			return http.StatusInternalServerError, ApplyError{Stage: StageIdentity, Message: err.Error()}
 		}
 	}
 	run.timing.AdmitMs = run.msSince(admitStart)
 	result := run.runApply()
-	return http.StatusOK, result
-}
-
-// fence answers 409 with the current state when a fencing rule refuses the
-// manifest. Nothing is written, the LKG is not promoted, the journal is
-// not touched.
-func (run *applyRun) fence() (int, any, bool) {
-	reason, c := run.led.fence(run.m, run.now(), run.reloadIntervalMin)
-	if reason == "" {
-		return 0, nil, false
+	if run.refused && len(work) > 0 {
+		run.nack = knownBad{key: key, work: work, until: run.now().Add(nackTTL), result: cloneResult(result)}
+		run.nack.result.Inventory = nil // an inventory delta rides one answer only
 	}
-	run.metrics.applyRejected.inc(rejectedStageFencing)
-	run.logger.Info("apply fenced", "plan_id", run.m.PlanID, "reason", reason)
-	return http.StatusConflict, c, true
+	return http.StatusOK, result
 }
 
 // stageParts reads every part after the manifest: at most MaxFiles file
@@ -511,828 +463,73 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 	}
 	var f *stagedFile
 	if mf.Patch != nil {
-		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size)
+		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size, &run.budget)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
 			return nil
 		}
 	} else {
-		f, err = run.files.stage(rel, part, mf.Digest, mf.Size)
+		f, err = run.files.stage(rel, part, mf.Digest, mf.Size, &run.budget)
 	}
 	if err != nil {
+		f.discard(run.files.disk)
 		return err
 	}
 	run.staged[rel] = f
 	return nil
 }
 
-// ---------------------------------------------------------------------------
-// The run.
-
-// runApply runs the transaction and its commit, and starts the read-back.
-// It returns a copy of the result.
-func (run *applyRun) runApply() ApplyResult {
-	m := run.m
-	run.result = ApplyResult{PlanID: m.PlanID, OK: true, At: run.now().UTC().Format(time.RFC3339)}
-	run.invalidations0 = run.led.invalidationCount()
-	run.before = run.led.view()
-	run.beforeTree = run.led.treeCopy()
-	if run.revert {
-		run.revertLKG()
-	} else {
-		run.transact()
-	}
-	run.finishStart = run.now()
-	run.finish()
-	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
-		run.applyDeps.readBack(run.readBack, run.appliedRef())
-	}
-	run.logApply()
-	return cloneResult(run.result)
-}
-
-func (run *applyRun) logApply() {
-	attrs := []any{"plan_id", run.m.PlanID, "mode", run.result.Mode, "ok", run.result.OK,
-		"generation", run.led.generation(), "total_ms", run.msSince(run.start)}
-	if run.reason != "" {
-		attrs = append(attrs, "reload_reason", run.reason)
-	}
-	if run.result.Error != nil {
-		attrs = append(attrs, "error_stage", run.result.Error.Stage, "error", run.result.Error.Message)
-	}
-	run.logger.Info("apply", attrs...)
-}
-
-// transact writes the file set and activates it. Before the first rename,
-// the journal keeps how every touched path looked under the LKG plan, and
-// an intent record, synced, keeps how it looked just before this apply; so
-// a crash at any later point is put back at the next start.
-func (run *applyRun) transact() {
-	dels := deletions(run.before.ManifestPaths, run.m.Files)
-	run.txn = run.files.begin(run.stagedList(), dels)
-	if err := run.files.markUnchanged(run.txn); err != nil {
-		run.abort(StageBackup, err)
-		return
-	}
-	st := run.led.view()
-	act := chooseActivation(&st, run.m)
-	writeStart := run.now()
-	var early *opsOutcome
-	if run.txn.touches() || run.mayRunOps() {
-		var err error
-		if early, err = run.intend(act); err != nil {
-			run.abort(StageBackup, err)
-			return
-		}
-	}
-	if err := run.txn.write(); err != nil {
-		run.abort(StageWrite, err)
-		return
-	}
-	run.timing.WriteMs = (run.now().Sub(writeStart) - early.duration()).Milliseconds()
-	run.led.observe(run.treeDelta())
-
-	opsStart := run.now()
-	run.activate(act, early)
-	run.timing.OpsMs = (run.now().Sub(opsStart) + early.duration()).Milliseconds()
-}
-
-// intend reaches the transaction's first durable point: the journal's
-// backup links and their directories, then the intent record. Runtime ops
-// are sent while the intent syncs, compiled from the staged parts, and
-// their outcome is returned: the worker's round trip hides inside the
-// sync, and a refusal still falls back to a reload once the files are
-// written. A sync that fails after the ops ran aborts the apply, and the
-// abort reloads the restored set.
-func (run *applyRun) intend(act activation) (*opsOutcome, error) {
-	journal := run.before.Journal.clone()
-	err := run.txn.backup(&journal)
-	// Even a partial journal is kept: its entries describe paths that are
-	// still as they were, and abort restores and clears them.
-	run.led.setJournal(journal)
-	if err == nil {
-		err = run.files.syncDirs(run.txn.linkDirs)
-	}
-	if err != nil {
-		return nil, err
-	}
-	durable, err := run.led.intend(run.m.PlanID, run.txn.undo)
-	if err != nil {
-		return nil, err
-	}
-	var ops *opsOutcome
-	if act == activateOps {
-		ops = run.runtimeOps(run.stagedContent)
-	}
-	return ops, durable()
-}
-
-// stagedContent is what the apply puts at rel, before its renames: the
-// staged part, else (an unchanged or unsent file) the held file. A path the
-// apply deletes has no content, as it has none once the apply is written.
-func (run *applyRun) stagedContent(rel string) ([]byte, error) {
-	if _, deleted := slices.BinarySearch(run.txn.deletes, rel); deleted {
-		return nil, fmt.Errorf("%q: %w (the apply deletes it)", rel, fs.ErrNotExist)
-	}
-	if f := run.staged[rel]; f != nil && !f.unchanged {
-		if f.inline != nil {
-			return f.inline, nil
-		}
-		return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
-	}
-	return run.files.readHeld(rel)
-}
-
-// mayRunOps reports whether activation may send ops to the worker: then a
-// crash before the commit must end in a reload, which an open intent asks
-// for. A reload alone needs none: the worker it starts loads the committed
-// tree, which a restart recognises by the worker's start time.
-func (run *applyRun) mayRunOps() bool {
-	return len(run.m.RuntimeOps()) > 0 || len(run.m.InPlaceOps) > 0
-}
-
-// treeDelta is what the transaction did to the tree: each sent path holds
-// the manifest's digest, proof and size (unchanged parts included), each
-// deleted path is gone.
-func (run *applyRun) treeDelta() map[string]*FileAt {
-	byPath := make(map[string]ManifestFile, len(run.m.Files))
-	for _, f := range run.m.Files {
-		byPath[f.Path] = f
-	}
-	delta := make(map[string]*FileAt, len(run.staged)+len(run.txn.deletes))
-	for p := range run.staged {
-		mf := byPath[p]
-		delta[p] = &FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}
-	}
-	for _, p := range run.txn.deletes {
-		delta[p] = nil
-	}
-	return delta
-}
-
-// ---------------------------------------------------------------------------
-// Activation.
-
-// activation is what an apply's files need from HAProxy.
-type activation int
-
-const (
-	activateScheduled       activation = iota // a reload is pending: join it, and run the in-place ops
-	activateReload                            // the manifest asks for a reload
-	activateUnknownBaseline                   // no applied plan to run ops against: reload
-	activateOps                               // run the runtime ops; with none, nothing to do
-)
-
-// chooseActivation picks what the written files need, first match wins.
-func chooseActivation(st *agentState, m *Manifest) activation {
-	switch {
-	case st.reloadPending():
-		return activateScheduled
-	case m.Mode == ModeReload:
-		return activateReload
-	case !st.applied().complete():
-		return activateUnknownBaseline
-	}
-	return activateOps
-}
-
-// activate does what act needs, once the files are written; ops is the
-// outcome of runtime ops already sent, if any.
-func (run *applyRun) activate(act activation, ops *opsOutcome) {
-	switch act {
-	case activateScheduled:
-		st := run.led.view()
-		due, err := run.led.schedule(run.appliedRef(), st.ReloadPendingAt)
-		if err != nil {
-			run.abort(StageWrite, err)
-			return
-		}
-		run.result.Mode = ResultScheduled
-		run.result.Reload = &ReloadInfo{ScheduledAt: formatDue(due)}
-		run.runInPlace()
-	case activateReload:
-		run.reload(reasonMode)
-	case activateUnknownBaseline:
-		run.reload(reasonUnknownBaseline)
-	default:
-		if ops == nil {
-			ops = run.runtimeOps(run.files.readHeld)
-		}
-		run.afterOps(ops)
-	}
-}
-
-// opsOutcome is how the runtime ops ended, and how long they took.
-type opsOutcome struct {
-	compileErr error
-	c          *compiledOps
-	worker     HAProxyInfo
-	results    []OpResult
-	err        error
-	took       time.Duration
-}
-
-// duration is how long the ops took; none ran for a nil outcome.
-func (o *opsOutcome) duration() time.Duration {
-	if o == nil {
-		return 0
-	}
-	return o.took
-}
-
-// runtimeOps compiles the manifest's runtime ops from content and runs
-// them on the worker the agent expects. Each line of commands reads the
-// worker's identity on its own connection before its commands, so the
-// check and the ops are one exchange.
-func (run *applyRun) runtimeOps(content func(string) ([]byte, error)) *opsOutcome {
-	start := run.now()
-	c, err := run.compile(run.m.RuntimeOps(), content)
-	if err != nil {
-		return &opsOutcome{compileErr: err, took: run.now().Sub(start)}
-	}
-	if c.empty() {
-		return &opsOutcome{c: c, took: run.now().Sub(start)}
-	}
-	worker, results, err := run.execute(c.programs)
-	return &opsOutcome{c: c, worker: worker, results: results, err: err, took: run.now().Sub(start)}
-}
-
-// afterOps finishes a runtime apply: a batch
-// that could not be compiled, was refused, or reached another worker (which
-// is adopted) falls back to a reload; a good one hands its deletes to the
-// queue.
-func (run *applyRun) afterOps(o *opsOutcome) {
-	if o.compileErr != nil {
-		run.invariant(false, invOpsExecutable)
-		run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", o.compileErr)
-		run.reload(reasonUnknownOp)
-		return
-	}
-	if o.c.empty() {
-		run.settle()
-		return
-	}
-	run.result.OpResults = append(run.result.OpResults, o.results...)
-	switch {
-	case errors.Is(o.err, errWorkerMoved):
-		run.logger.Warn("the ops reached another worker", "err", o.err)
-		run.reload(reasonWorkerChanged)
-		return
-	case o.err != nil:
-		run.led.clearWorkerOps() // part of a batch may have landed
-		run.metrics.opErrors.inc(firstFailedKind(o.results))
-		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", o.err)
-		run.reload(reasonOpRejected)
-		return
-	}
-	if err := run.enqueueDeletes(o.worker, o.c); err != nil {
-		run.logger.Warn("deferred deletes could not be queued", "err", err)
-		run.reload(reasonDeferredDeleteCommit)
-		return
-	}
-	run.led.foldCreated(o.c.certs, o.c.caFiles)
-	run.result.Mode = ResultRuntime
-	run.readBack = o.c
-}
-
-func formatDue(due time.Time) string { return due.UTC().Format(time.RFC3339Nano) }
-
-// settle finishes an apply that needs nothing from HAProxy.
-func (run *applyRun) settle() {
-	run.result.Mode = ResultNoop
-	if run.txn.changes() > 0 {
-		run.result.Mode = ResultFileOnly
-	}
-}
-
-// compiledOps is a batch ready to run, with the notes the read-back and
-// the inventory need.
-type compiledOps struct {
-	programs []program
-	servers  []serverRef
-	backends []string
-
-	maps, backendsTouched, certs, caFiles []string
-	deleting                              map[string]bool
-}
-
-func (c *compiledOps) empty() bool {
-	return len(c.programs) == 0 && len(c.servers) == 0 && len(c.backends) == 0
-}
-
-// compile splits the deletes off, has the queue check them, and compiles
-// every inline op before anything is sent: a batch whose last op cannot be
-// compiled sends nothing.
-func (run *applyRun) compile(ops []Op, content func(string) ([]byte, error)) (*compiledOps, error) {
-	inline, servers, backends := splitDeletes(ops)
-	if err := run.queue.check(servers, backends); err != nil {
-		return nil, err
-	}
-	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
-	term := run.rt.terminator()
-	for i := range inline {
-		p, err := compileOp(&inline[i], content, term)
-		if err != nil {
-			return nil, err
-		}
-		c.programs = append(c.programs, p)
-	}
-	for _, be := range backends {
-		c.deleting[be] = true
-	}
-	for _, op := range ops {
-		switch op.Kind {
-		case OpMapAdd, OpMapSet, OpMapDel, OpMapReplace:
-			c.maps = appendUnique(c.maps, op.Path)
-		case OpCertNew:
-			c.certs = appendUnique(c.certs, op.Path)
-		case OpCANew:
-			c.caFiles = appendUnique(c.caFiles, op.Path)
-		case OpServerAdd, OpServerEnable, OpServerDisable, OpServerSetAddr, OpServerSetWeight,
-			OpServerSetState, OpServerWaitRemovable, OpShutdownSessions, OpServerDel:
-			c.backendsTouched = appendUnique(c.backendsTouched, op.Backend)
-		}
-	}
-	return c, nil
-}
-
-func appendUnique(s []string, v string) []string {
-	if v == "" || slices.Contains(s, v) {
-		return s
-	}
-	return append(s, v)
-}
-
-// execute runs the programs MaxOpsPerApply at a time on the expected
-// worker, stopping at the first failing chunk, and returns the worker they
-// ran on. A batch of deletes alone sends no line, so the worker is checked
-// on its own. A worker other than the expected one is adopted (which
-// invalidates the baseline) and reported as errWorkerMoved, and so is a
-// worker a concurrent verified read adopted while the ops ran; ops that
-// reached a worker the agent then reloads away are not reported.
-func (run *applyRun) execute(programs []program) (HAProxyInfo, []OpResult, error) {
-	expected := run.led.expectedWorker()
-	if len(programs) == 0 {
-		observed, err := run.worker.check(run.ctx)
-		if err == nil {
-			return observed, nil, nil
-		}
-		return observed, nil, fmt.Errorf("%w: %w", errWorkerMoved, err)
-	}
-	var results []OpResult
-	for start := 0; start < len(programs); start += MaxOpsPerApply {
-		chunk := programs[start:min(start+MaxOpsPerApply, len(programs))]
-		run.opsRan = true
-		res, observed, err := run.rt.executeAs(run.ctx, chunk, &expected)
-		if errors.Is(err, errWorkerMoved) {
-			run.worker.adopt(run.ctx, observed)
-			return observed, results, err
-		}
-		results = append(results, res...)
-		if err != nil {
-			return observed, results, err
-		}
-	}
-	if now := run.led.expectedWorker(); !now.SameWorker(expected) {
-		return now, results, fmt.Errorf("%w: %w", errWorkerMoved, workerChangedError(expected, now))
-	}
-	return expected, results, nil
-}
-
-// firstFailedKind attributes a failed batch to its first failed op.
-func firstFailedKind(results []OpResult) string {
-	for _, r := range results {
-		if !r.OK {
-			return r.Kind
-		}
-	}
-	return "unknown"
-}
-
-// enqueueDeletes hands the removal half of the deletes to the queue, only
-// after the inline half succeeded and the worker was re-checked.
-func (run *applyRun) enqueueDeletes(worker HAProxyInfo, c *compiledOps) error {
-	if len(c.servers) == 0 && len(c.backends) == 0 {
-		return nil
-	}
-	if err := run.queue.enqueue(worker, c.servers, c.backends); err != nil {
-		return err
-	}
-	run.queue.wake()
-	return nil
-}
-
-// runInPlace runs the in-place ops against the worker that keeps serving
-// until the pending reload fires, in a single execution. Any failure
-// invalidates the baseline; the apply stays OK and never triggers a second
-// reload.
-func (run *applyRun) runInPlace() {
-	m := run.m
-	if len(m.InPlaceOps) == 0 {
-		return
-	}
-	fail := func(err error) {
-		run.result.Error = &ApplyError{Stage: StageInPlace, Message: err.Error()}
-		run.led.invalidate()
-		run.logger.Warn("in-place ops failed; the baseline is invalidated", "plan_id", m.PlanID, "err", err)
-	}
-	st := run.led.view()
-	if !samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, st.workerOps()) {
-		fail(errors.New(msgInPlaceStale))
-		return
-	}
-	c, err := run.compile(m.InPlaceOps, run.files.readHeld)
-	if err != nil {
-		run.invariant(false, invOpsExecutable)
-		fail(err)
-		return
-	}
-	worker, results, err := run.execute(c.programs)
-	run.result.OpResults = append(run.result.OpResults, results...)
-	if err != nil {
-		if !errors.Is(err, errWorkerMoved) {
-			run.metrics.opErrors.inc(firstFailedKind(results))
-		}
-		fail(err)
-		return
-	}
-	if err := run.enqueueDeletes(worker, c); err != nil {
-		fail(err)
-		return
-	}
-	run.led.foldCreated(c.certs, c.caFiles)
-	run.led.recordWorkerOps(planRef{m.WorkerOpsPlanID, run.workerProof})
-}
-
-// ---------------------------------------------------------------------------
-// Reloads.
-
-// reload reloads now, or schedules the reload when the pacing window is
-// open. Only for the reason "mode" do in-place ops run too: a fallback
-// reload has no valid in-place subset.
-func (run *applyRun) reload(reason string) {
-	run.reason = run.reloadReason(reason)
-	due := run.led.pacingDue(run.reloadIntervalMin)
-	open := run.now().Before(due)
-	run.logger.Info("reload decided", "plan_id", run.m.PlanID, "reason", reason, "scheduled", open)
-	if open {
-		due, err := run.led.schedule(run.appliedRef(), due)
-		if err != nil {
-			run.abort(StageReload, err)
-			return
-		}
-		run.pokePacer()
-		run.result.Mode = ResultScheduled
-		run.result.Reload = &ReloadInfo{ScheduledAt: formatDue(due)}
-		if reason == reasonMode {
-			run.runInPlace()
-		}
-		return
-	}
-	info, err := run.worker.reloadForApply(run.ctx, run.appliedRef())
-	run.result.Reload = info
-	if err != nil {
-		run.refused = errors.Is(err, errReloadRejected)
-		run.reloadUnknown = reloadWithoutVerdict(err)
-		run.abort(StageReload, err)
-		return
-	}
-	run.reloaded = true
-	run.result.Mode = ResultReload
-}
-
-// ---------------------------------------------------------------------------
-// Revert, abort and rollback.
-
-// revertLKG restores the last-known-good set and reloads it.
-func (run *applyRun) revertLKG() {
-	if err := run.rollback(); err != nil {
-		run.abort(StageRevert, err)
-		return
-	}
-	run.metrics.rollbacks.inc()
-	run.result.Rollback = &RollbackInfo{Performed: true}
-	st := run.led.view()
-	info, err := run.worker.reload(run.ctx, st.lkg())
-	run.result.Reload = info
-	if err != nil {
-		run.abort(StageRevertReload, err)
-		return
-	}
-	run.result.Rollback.Reloaded = true
-	run.result.Mode = ResultReload
-}
-
-// abort rolls the tree back to the last-known-good set and turns the result
-// into a NACK. The failed reload, if any, stays in result.reload.
-func (run *applyRun) abort(stage string, cause error) {
-	run.metrics.applyRejected.inc(stage)
-	run.metrics.rollbacks.inc()
-	r := &run.result
-	r.OK, r.Mode = false, ResultRejected
-	r.Error = &ApplyError{Stage: stage, Message: cause.Error()}
-	r.Rollback = &RollbackInfo{}
-	run.discardStaged()
-	run.led.clearPending()
-	run.logger.Warn("apply aborted; restoring the last-known-good set", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
-	if err := run.rollback(); err != nil {
-		run.logger.Error("restoring the last-known-good set failed", "err", err)
-		return
-	}
-	r.Rollback.Performed = true
-	// The worker holds what the rollback undid when ops ran, when the
-	// apply's own reload took effect (and its commit then failed), or when
-	// a reload's outcome is unknown (HAProxy may still be loading the set
-	// the rollback took away): it must load the restored set again. Until it
-	// has, the agent vouches for no running plan.
-	if run.opsRan || run.reloadUnknown || run.reloaded {
-		st := run.led.view()
-		if _, err := run.worker.reloadToRecover(run.ctx, st.lkg()); err != nil {
-			run.invariant(false, invRecoveryReload)
-			run.led.forgetRunning()
-			run.logger.Error("the recovery reload after the abort failed; the running plan is unknown", "err", err)
-			run.scheduleRepair(st.lkg())
-		} else {
-			r.Rollback.Reloaded = true
-		}
-	}
-	if errors.Is(cause, errReloadRejected) && len(run.work) > 0 {
-		run.remember, run.abortStage = true, stage
-	}
-}
-
-// scheduleRepair asks the pacer to reload the restored set once more after
-// a recovery reload that got no verdict either: a master still busy with a
-// slow reload may be serving the set the rollback took away, and the agent
-// keeps trying, a bounded number of times, until it serves the restored
-// one.
-func (run *applyRun) scheduleRepair(lkg planRef) {
-	if !lkg.complete() || run.ctx.Err() != nil {
-		return
-	}
-	if !run.led.takeRepair() {
-		run.logger.Error("the restored set could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
-		return
-	}
-	if _, err := run.led.schedule(lkg, run.now().Add(run.worker.reloadTimeout)); err == nil && run.pokePacer != nil {
-		run.pokePacer()
-	}
-}
-
-// rollback puts the last-known-good set back: the rollback is durable
-// before any file moves, the files are restored and their directories
-// synced, and the tree the restore left is hashed for the commit. A restored
-// file whose bytes did not change keeps its proof, so the next apply need
-// not resend it.
-func (run *applyRun) rollback() error {
-	st := run.led.view()
-	if err := run.led.beginRollback(st.Journal); err != nil {
-		// Nothing moved yet: the intent, if any, still puts the tree back
-		// at the next start. Restore anyway, so that this process serves
-		// the last-known-good set now.
-		run.logger.Error("the rollback could not be recorded; restoring anyway", "err", err)
-	}
-	if err := run.files.restore(st.Journal); err != nil {
-		return err
-	}
-	if err := run.files.flush(); err != nil {
-		return err
-	}
-	owned := restoredOwnership(run.before.ManifestPaths, st.Journal)
-	tree, err := run.files.hashTree(owned)
-	if err != nil {
-		return err
-	}
-	run.restored = &restoredTree{owned: owned, tree: tree, before: run.beforeTree}
-	return nil
-}
-
-// restoredOwnership is the ownership set after a restore: the owned paths
-// minus the ones the journal created, plus every path it brought back. The
-// owned paths are those before the apply, so a refusal leaves ownership as
-// it was: a path the refused set named, never written because something
-// stood in its way, is not owned.
-//
-// A modified entry is added too, because a path first modified and then
-// deleted by a later apply (the first journal entry wins, so its kind stays
-// "modified") is restored to disk by the rollback, and without ownership it
-// would stay there forever: no later apply could delete it.
-func restoredOwnership(owned []string, j backupJournal) []string {
-	created := map[string]bool{}
+// missing lists the manifest's files neither staged nor held with the proof
+// the manifest quotes, sorted: a file can be skipped only when the
+// controller quotes the proof the agent handed out.
+func (run *applyRun) missing() []string {
+	_, tree := run.led.view()
 	var out []string
-	for _, e := range j.Entries {
-		switch e.Kind {
-		case journalCreated:
-			created[e.Path] = true
-		case journalDeleted, journalModified:
-			out = append(out, e.Path)
+	for _, mf := range run.m.Files {
+		held, ok := tree[mf.Path]
+		if run.staged[mf.Path] == nil && (run.unpatched[mf.Path] || !ok || mf.Proof == "" ||
+			held != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
+			out = append(out, mf.Path)
 		}
-	}
-	for _, p := range owned {
-		if !created[p] {
-			out = append(out, p)
-		}
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
-}
-
-// ---------------------------------------------------------------------------
-// Commit.
-
-// finish ends every run in one durable record: an OK apply commits (and
-// answers OK only once its commit is durable; a commit that cannot be
-// written aborts the apply instead), anything else records its rollback
-// and the failure.
-func (run *applyRun) finish() {
-	if run.result.OK {
-		if err := run.commit(); err != nil {
-			run.abort(StageWrite, fmt.Errorf("could not record the apply: %w", err))
-		} else {
-			run.afterFinish()
-			return
-		}
-	}
-	o := run.outcome()
-	if err := run.led.finishRun(o, run.restored); err != nil {
-		run.logger.Error("the failed apply could not be recorded", "plan_id", run.m.PlanID, "err", err)
-	}
-	if run.remember {
-		run.led.rememberNack(run.workKey, run.abortStage, run.work, run.result, run.now().Add(nackTTL))
-	}
-	run.afterFinish()
-}
-
-// commit records an OK apply: the bytes of the files it installed without
-// a sync ride in the record, the paths it deleted are named, and the links
-// only its undo needed go once the record is durable.
-func (run *applyRun) commit() error {
-	o := run.outcome()
-	c := commitWrites{restored: run.restored}
-	if run.txn != nil {
-		c.delta = run.treeDelta()
-		var synced []*stagedFile
-		budget := maxInlinePerApply
-		for _, f := range run.txn.installs {
-			switch {
-			case !f.installed:
-			case f.inline != nil && len(f.inline) <= budget:
-				c.redo = append(c.redo, redoEntry{Path: f.Rel, Data: f.inline})
-				budget -= len(f.inline)
-			default:
-				synced = append(synced, f)
-			}
-		}
-		c.gone = run.txn.deletes
-		c.dropAfter = undoLinks(run.txn.undo)
-		if err := run.files.syncInstalled(synced); err != nil {
-			return err
-		}
-	}
-	if err := run.led.commit(o, c); err != nil {
-		return err
-	}
-	if o.promote.complete() {
-		// The next apply links the new last-known-good's files into its
-		// journal, and a link is only as durable as the bytes it leads to.
-		run.led.settleFiles()
-	}
-	return nil
-}
-
-// outcome describes how the run ended, for the ledger's settle. The
-// result's timing is final here: the record keeps it as last_apply, and the
-// answer says the same.
-func (run *applyRun) outcome() outcome {
-	run.result.Timing = run.timing
-	if !run.finishStart.IsZero() {
-		run.result.Timing.FinishMs = run.msSince(run.finishStart)
-	}
-	run.result.Timing.TotalMs = run.msSince(run.start)
-	o := outcome{
-		result: run.result, ok: run.result.OK, ref: run.appliedRef(), token: run.m.Token,
-		schema: run.m.PlanSchemaVersion, revert: run.revert, invalidations0: run.invalidations0,
-		refused: run.refused && !run.opsRan, before: run.before, blob: run.blob,
-	}
-	if run.reloaded {
-		o.promote = run.appliedRef()
-	}
-	if !run.revert && run.txn != nil {
-		o.landsTree = true
-		o.paths = manifestPaths(run.m.Files)
-		o.tree = treeDigestOf(run.led.treeCopy(), o.paths)
-	}
-	if run.restored != nil {
-		o.restoredTree = treeDigest(run.restored.tree) == run.before.TreeDigest
-	}
-	return o
-}
-
-// treeDigestOf folds the entries of paths in tree.
-func treeDigestOf(tree map[string]FileAt, paths []string) string {
-	sub := make(map[string]FileAt, len(paths))
-	for _, p := range paths {
-		if at, ok := tree[p]; ok {
-			sub[p] = at
-		}
-	}
-	return treeDigest(sub)
-}
-
-func manifestPaths(files []ManifestFile) []string {
-	out := make([]string, len(files))
-	for i, f := range files {
-		out[i] = f.Path
 	}
 	slices.Sort(out)
 	return out
 }
 
-// afterFinish fills the answer from the state, counts it and checks the
-// invariants.
-func (run *applyRun) afterFinish() {
-	prevGen := run.before.Generation
-	run.led.fillResult(&run.result)
-	run.metrics.applyTotal.inc(run.result.Mode)
-	st := run.led.view()
-	run.metrics.generation.set(st.Generation)
-	if run.m.Mode == ModeReload && run.reason == reasonScheduled {
-		return
+// promoteLKG makes the applied plan the last-known-good once the
+// controller's validation vouches for it, which empties the journal. The
+// tree is made durable first: the next apply links its files into the new
+// journal, and a link is only as durable as the bytes it leads to.
+func (run *applyRun) promoteLKG(v planRef) error {
+	if st := run.led.state(); !samePlanRef(v, st.Applied) || st.LKG == v {
+		return nil
 	}
-	in := invariantInputs{
-		ok:             run.result.OK,
-		revert:         run.revert,
-		prevGeneration: prevGen,
-		generation:     st.Generation,
-		result:         &run.result,
-		files:          run.m.Files,
-		tree:           run.led.treeCopy(),
-		journalEntries: len(st.Journal.Entries),
-		applied:        st.applied(),
-		lkg:            st.lkg(),
-		crossDevice:    run.files.crossDevice.Load(),
+	if err := run.files.flush(); err != nil {
+		return err
 	}
-	for _, name := range failedInvariants(in) {
-		run.invariant(false, name)
+	err := run.led.commit(&logRecord{ResetJournal: true}, false, func(s *agentState) { s.LKG = v })
+	if err == nil {
+		run.logger.Info("last-known-good promoted", "plan_id", v.ID)
 	}
+	return err
 }
 
-// ---------------------------------------------------------------------------
-// Invariants.
-
-// invariantInputs is what the after-finish invariants look at.
-type invariantInputs struct {
-	ok, revert                 bool
-	prevGeneration, generation uint64
-	result                     *ApplyResult
-	files                      []ManifestFile
-	tree                       map[string]FileAt
-	journalEntries             int
-	applied, lkg               planRef
-	crossDevice                uint64
-}
-
-// failedInvariants returns the names of the after-finish invariants that
-// do not hold, in a fixed order so that a log line or metric names them
-// the same way every time.
-func failedInvariants(in invariantInputs) []string {
-	var failed []string
-	check := func(ok bool, name string) {
-		if !ok {
-			failed = append(failed, name)
-		}
+// reserveProofs issues the applied proof, and the worker proof for in-place
+// ops. The counter reaches the disk with the apply's own record, which is
+// synced before any answer reports a proof, so a proof is never reported
+// twice, not even across a power loss.
+func (run *applyRun) reserveProofs() error {
+	need := uint64(1 + boolInt(len(run.m.InPlaceOps) > 0))
+	run.led.mu.Lock()
+	defer run.led.mu.Unlock()
+	s := &run.led.st
+	if s.ProofGeneration > ^uint64(0)-need {
+		return errors.New(msgProofsExhausted)
 	}
-	if in.ok {
-		check(in.generation == in.prevGeneration+1, invGenerationMonotonic)
-		if !in.revert {
-			check(treeHoldsExactly(in.tree, in.files), invDiskIsTheDesiredSet)
-		}
+	run.id.ref = planRef{run.m.PlanID, fmt.Sprintf("a:%d", s.ProofGeneration+1)}
+	if need == 2 {
+		run.id.worker = planRef{run.m.WorkerOpsPlanID, fmt.Sprintf("a:%d", s.ProofGeneration+2)}
 	}
-	if r := in.result; r != nil {
-		switch r.Mode {
-		case ResultRuntime:
-			check(r.Reload == nil || (!r.Reload.Performed && r.Reload.ScheduledAt == ""), invRuntimeModeDoesNotReload)
-		case ResultReload:
-			check(r.Reload != nil && r.Reload.Performed, invReloadModeReloads)
-		case ResultNoop:
-			check(len(r.OpResults) == 0, invNoopRunsNoOps)
-		}
-	}
-	check(in.journalEntries == 0 || in.applied != in.lkg, invJournalOnlyWhileDiverged)
-	check(in.crossDevice == 0, invMountProbeFoundEveryMount)
-	return failed
-}
-
-// treeHoldsExactly reports whether tree holds exactly files, with equal
-// digest, proof and size.
-func treeHoldsExactly(tree map[string]FileAt, files []ManifestFile) bool {
-	if len(tree) != len(files) {
-		return false
-	}
-	for _, f := range files {
-		if tree[f.Path] != (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}) {
-			return false
-		}
-	}
-	return true
+	s.ProofGeneration += need
+	return nil
 }

@@ -13,15 +13,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/textproto"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -63,11 +64,9 @@ func (e *testEnv) unchanged(t testing.TB, before snapshot) {
 func tempLeftovers(t testing.TB, a *Agent) []string {
 	t.Helper()
 	var left []string
-	for _, m := range a.files.mounts {
-		entries, _ := os.ReadDir(filepath.Join(m, storeTempDir))
-		for _, e := range entries {
-			left = append(left, e.Name())
-		}
+	entries, _ := os.ReadDir(filepath.Join(a.files.base, storeTempDir))
+	for _, e := range entries {
+		left = append(left, e.Name())
 	}
 	return left
 }
@@ -400,8 +399,13 @@ func TestFirstApplyWritesTheTreeAndReloads(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent.json")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("state file mode: %v %v", fi, err)
 	}
-	if fi, _ := os.Stat(filepath.Join(e.cfg.BaseDir, "maps/host.map")); fi.Mode().Perm() != 0o644 {
+	// Private keys and userlist passwords live in the tree: no access for
+	// other users.
+	if fi, _ := os.Stat(filepath.Join(e.cfg.BaseDir, "maps/host.map")); fi.Mode().Perm() != 0o640 {
 		t.Errorf("file mode %v", fi.Mode())
+	}
+	if fi, _ := os.Stat(filepath.Join(e.cfg.BaseDir, "maps")); fi.Mode().Perm() != 0o750 {
+		t.Errorf("directory mode %v", fi.Mode())
 	}
 }
 
@@ -531,7 +535,7 @@ func TestAFencedApplyDoesNotPromoteTheLKG(t *testing.T) {
 	fs2["notes/new.txt"] = "new\n"
 	res := applyFileOnly(t, e.c, "plan-2", fs2)
 	journal := readStateFile(t, e.cfg.BaseDir).Journal
-	if len(journal.Entries) == 0 {
+	if len(journal) == 0 {
 		t.Fatal("the file_only apply left no journal")
 	}
 	before := e.snapshot(t)
@@ -546,8 +550,8 @@ func TestAFencedApplyDoesNotPromoteTheLKG(t *testing.T) {
 	if st := e.c.state(""); st.LKGPlanID != "plan-1" {
 		t.Errorf("LKG %q", st.LKGPlanID)
 	}
-	if got := readStateFile(t, e.cfg.BaseDir).Journal; !slices.Equal(got.Entries, journal.Entries) {
-		t.Errorf("journal %v → %v", journal.Entries, got.Entries)
+	if got := readStateFile(t, e.cfg.BaseDir).Journal; !reflect.DeepEqual(got, journal) {
+		t.Errorf("journal %v → %v", journal, got)
 	}
 }
 
@@ -619,8 +623,8 @@ func TestAbsenceDeletesAnOwnedPath(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.cfg.BaseDir, "notes")); err != nil {
 		t.Errorf("the directory was removed: %v", err)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); !slices.Equal(ps.ManifestPaths, fs2.paths()) {
-		t.Errorf("ownership %v", ps.ManifestPaths)
+	if owned := readOwned(t, e.cfg.BaseDir); !slices.Equal(owned, fs2.paths()) {
+		t.Errorf("ownership %v", owned)
 	}
 }
 
@@ -691,8 +695,8 @@ func TestAFailedReloadRestoresTheLastKnownGoodSet(t *testing.T) {
 		metricValue(e.a, "reloads_total", "failed") != 1 {
 		t.Error("metrics")
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, fs.paths()) {
-		t.Errorf("state file %+v", ps)
+	if owned := readOwned(t, e.cfg.BaseDir); !slices.Equal(owned, fs.paths()) {
+		t.Errorf("ownership %v", owned)
 	}
 }
 
@@ -728,7 +732,7 @@ func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
 				t.Error("the hung reload did not leave the last-known-good set and worker")
 			}
 			for i := 0; i < 2; i++ {
-				_, err := e.a.worker.reload(e.a.baseCtx, planRef{})
+				_, err := e.a.worker.reload(e.a.baseCtx)
 				if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || err.Error() != tc.want {
 					t.Errorf("performReload: %v (errReloadTimeout %v), want %q", err, errors.Is(err, errReloadTimeout), tc.want)
 				}
@@ -759,8 +763,8 @@ func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
 	if res.Reload == nil || !res.Reload.Performed || res.Reload.OK || res.Reload.WorkerPID != 0 {
 		t.Errorf("reload %+v", res.Reload)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.Nack != nil {
-		t.Errorf("a missing new worker is not a deterministic failure: %+v", ps.Nack)
+	if e.a.deps.nack.work != nil {
+		t.Errorf("a missing new worker is not a deterministic failure: %+v", e.a.deps.nack)
 	}
 }
 
@@ -790,11 +794,13 @@ func TestAFailedReloadAfterOpsReloadsTheRestoredSet(t *testing.T) {
 	if res.Reload == nil || res.Reload.OK || !strings.Contains(res.Reload.Output, "unknown keyword 'bogus'") {
 		t.Errorf("reload %+v", res.Reload)
 	}
-	if res.RunningPlanID != "plan-1" || res.LKGPlanID != "plan-1" || res.AppliedPlanID != "" {
+	// The tree is back as the apply found it and the worker reloaded it:
+	// the baseline the apply started from holds again.
+	if res.RunningPlanID != "plan-1" || res.LKGPlanID != "plan-1" || res.AppliedPlanID != "plan-1" {
 		t.Errorf("baseline %+v", res)
 	}
 	if !sameSet(e.disk(t), fs) {
-		t.Error("the tree is not the LKG set")
+		t.Error("the tree is not the one the apply found")
 	}
 	if st := e.c.state(""); st.InvariantViolation != "" {
 		t.Errorf("invariant %q", st.InvariantViolation)
@@ -859,24 +865,25 @@ func TestKnownBadExpiresAfterSixtySeconds(t *testing.T) {
 
 func TestCachedNACKRequiresExactWorkDespiteDigestCollision(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
-	a := e.a
-	result := ApplyResult{PlanID: "plan-x", Mode: ResultRejected}
-	now := a.now()
-	a.led.rememberNack("k", StageReload, []byte("work-A"), result, now.Add(time.Minute))
-	if got, hit := a.led.lookupNack("k", []byte("work-A"), now); !hit || got.PlanID != "plan-x" {
+	now := e.a.now()
+	k := knownBad{key: "k", work: []byte("work-A"), until: now.Add(time.Minute), result: ApplyResult{PlanID: "plan-x", Mode: ResultRejected}}
+	if got, hit := k.lookup("k", []byte("work-A"), now); !hit || got.PlanID != "plan-x" {
 		t.Error("the exact work missed")
 	}
-	if _, hit := a.led.lookupNack("k", []byte("work-B"), now); hit {
+	if _, hit := k.lookup("k", []byte("work-B"), now); hit {
 		t.Error("a colliding key with other work hit")
 	}
-	if _, hit := a.led.lookupNack("k", nil, now); hit {
+	if _, hit := k.lookup("k", nil, now); hit {
 		t.Error("nil work hit")
 	}
-	a.led.rememberNack("k", StageReload, nil, result, now.Add(time.Minute))
-	if _, hit := a.led.lookupNack("k", nil, now); hit {
+	if _, hit := k.lookup("k", []byte("work-A"), now.Add(2*time.Minute)); hit {
+		t.Error("an expired record hit")
+	}
+	k.work = nil
+	if _, hit := k.lookup("k", nil, now); hit {
 		t.Error("nil work hit a record without work")
 	}
-	if _, hit := a.led.lookupNack("k", []byte("work-A"), now); hit {
+	if _, hit := k.lookup("k", []byte("work-A"), now); hit {
 		t.Error("a record without work hit")
 	}
 }
@@ -898,8 +905,8 @@ func TestATransportFailureIsNotRememberedAsKnownBad(t *testing.T) {
 	if second.OK || second.Error == nil || second.Error.Message != first.Error.Message || second.At == "" {
 		t.Errorf("second %+v", second)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.Nack != nil {
-		t.Errorf("a transport failure was remembered: %+v", ps.Nack)
+	if e.a.deps.nack.work != nil {
+		t.Errorf("a transport failure was remembered: %+v", e.a.deps.nack)
 	}
 }
 
@@ -1002,76 +1009,20 @@ func TestLKGPromotionClearsTheJournal(t *testing.T) {
 	if code != 200 || !res.OK || res.LKGPlanID != "plan-2" || res.LKGPlanProof != res2.AppliedPlanProof {
 		t.Fatalf("%d %s", code, body)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal.Entries) != 0 {
-		t.Errorf("journal %v", ps.Journal.Entries)
+	if ps := readStateFile(t, e.cfg.BaseDir); len(ps.Journal) != 0 {
+		t.Errorf("journal %v", ps.Journal)
 	}
-	entries, _ := os.ReadDir(filepath.Join(e.a.files.base, storeBackupDir))
+	// The old journal's backups go with the next snapshot, which no longer
+	// names them.
+	e.a.deps.applyMu.Lock()
+	e.a.deps.compact()
+	e.a.deps.applyMu.Unlock()
+	entries, _ := os.ReadDir(filepath.Join(e.a.files.base, storeLinkDir))
 	if len(entries) != 0 {
 		t.Errorf("backups left: %v", entries)
 	}
 	if st := e.c.state(""); st.InvariantViolation != "" {
 		t.Errorf("invariant %q", st.InvariantViolation)
-	}
-}
-
-// A successful reload promotes its plan to LKG only together with the cleared
-// journal: the new LKG pair and the empty journal are saved as one change,
-// because the journal's backups are what a rollback restores the LKG from.
-// When the cleared journal cannot be saved, the journal and its backups still
-// lead back to the old LKG, so the old LKG must stay: otherwise a later
-// rollback would restore plan-1's files under the name of plan-2.
-func TestAReloadWhoseJournalCannotBeClearedKeepsTheOldLKG(t *testing.T) {
-	d := &hookDisk{}
-	e := newTestEnvWithDisk(t, d, nil)
-	fs := seedFiles()
-	fs["notes/readme.txt"] = "v1\n"
-	res1 := e.land(t, "plan-1", fs)
-	fs2 := fs.clone()
-	fs2["notes/readme.txt"] = "v2\n"
-	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
-
-	// Saving fails: the disk refuses every write to the state log.
-	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
-	d.setHook(func(op diskOp) error {
-		if op.Path == logPath && op.Op == "write" {
-			return syscall.ENOSPC
-		}
-		return nil
-	})
-	e.a.deps.applyMu.Lock()
-	_, err := e.a.worker.reload(e.a.baseCtx, planRef{"plan-2", res2.AppliedPlanProof})
-	e.a.deps.applyMu.Unlock()
-	if err != nil {
-		t.Fatalf("performReload: %v", err)
-	}
-	st := e.a.led.view()
-	lkg, running, journal := st.lkg(), st.running(), len(st.Journal.Entries)
-	if lkg != (planRef{"plan-1", res1.AppliedPlanProof}) || running != (planRef{"plan-2", res2.AppliedPlanProof}) || journal == 0 {
-		t.Errorf("after the unsaved clear: lkg %+v running %+v journal entries %d", lkg, running, journal)
-	}
-	backups, _ := os.ReadDir(filepath.Join(e.a.files.base, storeBackupDir))
-	if len(backups) == 0 {
-		t.Error("the backups of the kept journal were deleted")
-	}
-
-	// Saving works again: the old LKG and its journal are what persists, and
-	// a failed reload rolls back to exactly plan-1's files under plan-1's name.
-	d.setHook(nil)
-	if err := e.a.led.save(); err != nil {
-		t.Fatal(err)
-	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.LKGPlanID != "plan-1" || len(ps.Journal.Entries) == 0 || ps.RunningPlanID != "plan-2" {
-		t.Errorf("state file lkg %q journal %v running %q", ps.LKGPlanID, ps.Journal.Entries, ps.RunningPlanID)
-	}
-	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
-	fs3 := fs2.clone()
-	fs3["haproxy.cfg"] += "bogus\n"
-	res3 := e.c.apply(reloadManifest(e, "plan-3", fs3), fs3)
-	if res3.OK || res3.Rollback == nil || !res3.Rollback.Performed || res3.LKGPlanID != "plan-1" {
-		t.Fatalf("%+v %+v", res3, res3.Rollback)
-	}
-	if !sameSet(e.disk(t), fs) {
-		t.Errorf("the rollback to LKG plan-1 left %v", e.disk(t))
 	}
 }
 
@@ -1104,8 +1055,8 @@ func TestRevertLKGRestoresAndReloads(t *testing.T) {
 		st.InvariantViolation != "" || st.Generation != 3 {
 		t.Errorf("state %+v", st)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); !slices.Equal(ps.ManifestPaths, fs.paths()) || len(ps.Journal.Entries) != 0 {
-		t.Errorf("ownership %v journal %v", ps.ManifestPaths, ps.Journal.Entries)
+	if owned, ps := readOwned(t, e.cfg.BaseDir), readStateFile(t, e.cfg.BaseDir); !slices.Equal(owned, fs.paths()) || len(ps.Journal) != 0 {
+		t.Errorf("ownership %v journal %v", owned, ps.Journal)
 	}
 	if metricValue(e.a, "rollbacks_total") != 1 {
 		t.Error("rollbacks_total")
@@ -1145,7 +1096,7 @@ func TestARevertConsumesTheScheduledReload(t *testing.T) {
 	if st.ReloadPendingAt != "" || st.RunningPlanID != "plan-1" || st.AppliedPlanID != "plan-1" {
 		t.Errorf("state %+v", st)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.PendingReloadPlanID != "" || !ps.ReloadPendingAt.IsZero() {
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Pending.ID != "" || !ps.PendingAt.IsZero() {
 		t.Errorf("pending survived: %+v", ps)
 	}
 }
@@ -1163,9 +1114,7 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	if st := e.c.state("?plan=0"); !st.AppliedPlanStored || st.AppliedPlan != nil {
 		t.Errorf("plan=0: %+v", st)
 	}
-	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent-plan.bin")); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("blob file %v %v", fi, err)
-	}
+
 	fs2 := fs.clone()
 	fs2["notes/x.txt"] = "x\n"
 	e.land(t, "plan-2", fs2)
@@ -1179,6 +1128,10 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	e.restart(t)
 	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" || st.AppliedPlanID != "plan-3" {
 		t.Errorf("after restart: %+v", st)
+	}
+	// A clean stop wrote the blob beside the snapshot, for the agent alone.
+	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent-plan.bin")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("blob file %v %v", fi, err)
 	}
 	m := reloadManifest(e, "plan-3", fs2)
 	e.c.apply(m, fs2)
@@ -1198,8 +1151,8 @@ func TestPlanBlobIsReboundToTheNewProof(t *testing.T) {
 	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
 		t.Errorf("%+v", st)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.PlanBlobPlanProof != "a:2" {
-		t.Errorf("blob proof %q", ps.PlanBlobPlanProof)
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Blob.Proof != "a:2" {
+		t.Errorf("blob proof %q", ps.Blob.Proof)
 	}
 }
 
@@ -1302,9 +1255,10 @@ func TestAReloadReadsTheNewWorkerAndItsInventoryInOneExchange(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	next := fs.clone()
 	next["haproxy.cfg"] += "# changed\n"
+	m := reloadManifest(e, "plan-2", next)
 	var before int
 	e.fake.With(func(m *FakeModel) { before = m.WorkerConnections })
-	res := e.c.apply(reloadManifest(e, "plan-2", next), next)
+	res := e.c.apply(m, next)
 	var after int
 	e.fake.With(func(m *FakeModel) { after = m.WorkerConnections })
 	if !res.OK || res.Mode != ResultReload {
@@ -1393,7 +1347,11 @@ func newWorker(fake *FakeHAProxy, samePID bool) {
 	})
 }
 
-func TestAnInvalidationDuringAnApplyOutranksIt(t *testing.T) {
+// TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan: a verified read
+// adopts a new worker while the apply's ops run, which invalidates the
+// baseline; the apply falls back to a reload, whose new worker loads the
+// whole set, so the apply lands its plan.
+func TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	holdOn(e.fake, "add map", func() {
 		newWorker(e.fake, false)
@@ -1406,10 +1364,10 @@ func TestAnInvalidationDuringAnApplyOutranksIt(t *testing.T) {
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "i.example be-i\n"
 	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})
-	if res.Mode != ResultReload || res.RunningPlanID != "plan-2" || res.AppliedPlanID != "" || res.AppliedPlanProof != "" {
+	if res.Mode != ResultReload || res.RunningPlanID != "plan-2" || res.AppliedPlanID != "plan-2" || res.AppliedPlanProof == "" {
 		t.Errorf("%+v", res)
 	}
-	if st := e.c.state(""); st.AppliedPlanID != "" || st.InvariantViolation != "" {
+	if st := e.c.state(""); st.AppliedPlanID != "plan-2" || st.InvariantViolation != "" {
 		t.Errorf("state %+v", st)
 	}
 }
@@ -1417,7 +1375,7 @@ func TestAnInvalidationDuringAnApplyOutranksIt(t *testing.T) {
 func TestApplyCommitPreservesConcurrentWorkerInvalidation(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	prevToken := e.c.state("").AppliedToken
-	holdOn(e.fake, "add map", e.a.led.invalidate)
+	holdOn(e.fake, "add map", func() { e.a.led.invalidate(false) })
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "i.example be-i\n"
 	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})
@@ -1467,8 +1425,8 @@ func TestStateVerifyObservesTheTree(t *testing.T) {
 	if got := v.Files["haproxy.cfg"]; got.Proof != testProof(fs["haproxy.cfg"]) {
 		t.Errorf("an unchanged file lost its proof: %+v", got)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.TreeDigest != treeDigest(v.Files) {
-		t.Error("tree_digest not updated")
+	if got := readState(t, e.cfg.BaseDir).tree; !maps.Equal(got, v.Files) {
+		t.Errorf("the persisted tree %v, want the observation %v", got, v.Files)
 	}
 }
 
@@ -1476,8 +1434,11 @@ func TestStateVerifyObservesAForeignWorker(t *testing.T) {
 	e, _ := landedEnv(t, nil, nil)
 	old := e.fake.Worker()
 	newWorker(e.fake, false)
-	if st := e.c.state(""); st.HAProxy != old || st.AppliedPlanID != "plan-1" {
-		t.Errorf("plain read: %+v", st.HAProxy)
+	// A plain read asks the worker who it is: it reports the one answering
+	// and vouches for no running plan on it, without adopting it.
+	if st := e.c.state(""); st.HAProxy == old || !st.HAProxy.SameWorker(e.fake.Worker()) || st.AppliedPlanID != "plan-1" ||
+		st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("plain read: %+v", st)
 	}
 	st := e.c.state("?verify=1")
 	if st.HAProxy.WorkerPID != e.fake.Worker().WorkerPID || st.AppliedPlanID != "" || st.WorkerOpsPlanID != "" {
@@ -1615,42 +1576,27 @@ func TestReloadSerializesWorkerObservation(t *testing.T) {
 	}
 }
 
-func TestRestoredOwnership(t *testing.T) {
-	j := backupJournal{Entries: []journalEntry{
-		{Path: "new.txt", Kind: journalCreated},
-		{Path: "changed.txt", Kind: journalModified, Backup: "/b/0"},
-		{Path: "changed-then-dropped.txt", Kind: journalModified, Backup: "/b/1"},
-		{Path: "dropped.txt", Kind: journalDeleted, Backup: "/b/2"},
-	}}
-	owned := []string{"changed.txt", "haproxy.cfg", "new.txt"}
-	want := []string{"changed-then-dropped.txt", "changed.txt", "dropped.txt", "haproxy.cfg"}
-	if got := restoredOwnership(owned, j); !slices.Equal(got, want) {
-		t.Errorf("restoredOwnership = %v, want %v", got, want)
-	}
-}
-
 func TestARollbackOwnsEveryFileItRestores(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
-	lkg := seedFiles()
-	lkg["notes/g1.txt"] = "v1\n"
-	e.land(t, "plan-1", lkg)
-	p2 := lkg.clone()
-	p2["notes/g1.txt"] = "v2\n"
-	applyFileOnly(t, e.c, "plan-2", p2)
-	p3 := p2.clone()
-	delete(p3, "notes/g1.txt")
-	applyFileOnly(t, e.c, "plan-3", p3)
+	p1 := seedFiles()
+	p1["notes/g1.txt"] = "v1\n"
+	e.land(t, "plan-1", p1)
+	// A reload that deletes a file fails: the undo brings the file back,
+	// and it stays the agent's, so a later apply without it deletes it.
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
-	p4 := p3.clone()
-	p4["haproxy.cfg"] += "bogus\n"
-	if res := e.c.apply(reloadManifest(e, "plan-4", p4), p4); res.OK {
+	p2 := p1.clone()
+	delete(p2, "notes/g1.txt")
+	p2["haproxy.cfg"] += "bogus\n"
+	if res := e.c.apply(reloadManifest(e, "plan-2", p2), p2); res.OK {
 		t.Fatalf("%+v", res)
 	}
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
-	if !sameSet(e.disk(t), lkg) {
-		t.Fatalf("rollback: %v", e.disk(t))
+	if !sameSet(e.disk(t), p1) {
+		t.Fatalf("the undo left %v", e.disk(t).paths())
 	}
-	e.c.apply(reloadManifest(e, "plan-5", p3), p3)
+	p3 := p1.clone()
+	delete(p3, "notes/g1.txt")
+	e.c.apply(reloadManifest(e, "plan-3", p3), p3)
 	if got := e.disk(t); !sameSet(got, p3) {
 		t.Errorf("the restored file was not deleted by a later apply: %v", got.paths())
 	}
@@ -1659,7 +1605,7 @@ func TestARollbackOwnsEveryFileItRestores(t *testing.T) {
 func TestRoleProofSequenceExhaustionIsAnIdentityError(t *testing.T) {
 	fake := startTestFake(t, "")
 	cfg := testAgentConfig(t, fake)
-	os.WriteFile(filepath.Join(cfg.BaseDir, ".haptic-agent.json"), []byte(`{"proof_generation":18446744073709551615}`), 0o600)
+	writeSnapshot(t, cfg.BaseDir, agentState{ProofGeneration: 18446744073709551615}, nil, 0)
 	a, _ := launchTestAgent(t, cfg, true)
 	c := newAgentClient(t, a)
 	fs := seedFiles()
@@ -1678,13 +1624,10 @@ func TestRoleProofSequenceExhaustionIsAnIdentityError(t *testing.T) {
 // an aborted apply: the applied plan and its proof are forgotten while the
 // worker reference is kept, because the worker still runs plan-1.
 func TestFenceReasonTable(t *testing.T) {
-	held := agentState{
-		AppliedPlanID: "plan-1", AppliedPlanProof: "a:1", RunningPlanID: "plan-1", RunningPlanProof: "a:1",
-		WorkerOpsPlanID: "plan-1", WorkerOpsPlanProof: "a:1", LKGPlanID: "plan-1", LKGPlanProof: "a:1",
-		AppliedToken: Token{LeaderEpoch: 1, RenderSeq: 1},
-	}
+	p1 := planRef{"plan-1", "a:1"}
+	held := agentState{Applied: p1, Running: p1, WorkerOps: p1, LKG: p1, Token: Token{LeaderEpoch: 1, RenderSeq: 1}}
 	aborted := held
-	aborted.AppliedPlanID, aborted.AppliedPlanProof = "", ""
+	aborted.Applied = planRef{}
 	inPlace := func(m *Manifest) {
 		m.InPlaceOps = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "k", Value: "v"}}
 		m.WorkerOpsPlanID = "plan-2w"
@@ -1737,8 +1680,8 @@ func TestFenceReasonTable(t *testing.T) {
 			m := &Manifest{
 				IdentityVersion: ExactIdentityVersion, PlanID: "plan-2", Mode: tc.mode,
 				Token:              Token{LeaderEpoch: 1, RenderSeq: 2},
-				ExpectedPrevPlanID: s.AppliedPlanID, ExpectedPrevPlanProof: s.AppliedPlanProof, ExpectedPrevToken: s.AppliedToken,
-				ExpectedWorkerOpsPlanID: s.WorkerOpsPlanID, ExpectedWorkerOpsPlanProof: s.WorkerOpsPlanProof,
+				ExpectedPrevPlanID: s.Applied.ID, ExpectedPrevPlanProof: s.Applied.Proof, ExpectedPrevToken: s.Token,
+				ExpectedWorkerOpsPlanID: s.WorkerOps.ID, ExpectedWorkerOpsPlanProof: s.WorkerOps.Proof,
 			}
 			for _, f := range tc.mutate {
 				f(m)
@@ -1796,12 +1739,11 @@ func (e *testEnv) wantFenced(t *testing.T, m *Manifest, fs fileSet, reason strin
 	}
 }
 
-// TestAnExactAutoApplyAfterAnAbortIsFenced: an aborted apply leaves no
-// applied proof while the worker reference is kept. An exact auto apply
-// must quote the previous plan's proof, so one composed against that state
-// is refused with prev_mismatch and runs nothing; a reload, which needs no
-// proof the agent does not hold, lands.
-func TestAnExactAutoApplyAfterAnAbortIsFenced(t *testing.T) {
+// TestAnApplyThatFailedBeforeReloadingKeepsTheBaseline: an apply whose
+// write fails puts back what it changed and never reached the worker, so
+// the baseline it began with still holds: the next one-entry change is a
+// runtime apply.
+func TestAnApplyThatFailedBeforeReloadingKeepsTheBaseline(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	// A directory stands where the apply writes a file: the write fails,
 	// the apply aborts, and the applied plan is unknown.
@@ -1813,18 +1755,13 @@ func TestAnExactAutoApplyAfterAnAbortIsFenced(t *testing.T) {
 		t.Fatalf("the aborted apply: %+v", res)
 	}
 	st := e.c.state("")
-	if st.AppliedPlanID != "" || st.AppliedPlanProof != "" || st.WorkerOpsPlanID != "plan-1" || st.WorkerOpsPlanProof == "" {
+	if st.AppliedPlanID != "plan-1" || st.AppliedPlanProof == "" || st.WorkerOpsPlanID != "plan-1" || st.WorkerOpsPlanProof == "" {
 		t.Fatalf("after the abort: applied %q/%q, worker ops %q/%q", st.AppliedPlanID, st.AppliedPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof)
 	}
 	fs3 := fs.clone()
 	fs3["maps/host.map"] += "x.example be-x\n"
-	m := e.c.manifest("plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-x"})
-	if m.Mode != ModeAuto || m.ExpectedPrevPlanID != "" || m.ExpectedPrevPlanProof != "" || m.ExpectedWorkerOpsPlanProof != st.WorkerOpsPlanProof {
-		t.Fatalf("manifest %+v", m)
-	}
-	e.wantFenced(t, m, fs3, ReasonPrevMismatch)
-	if res := e.c.apply(reloadManifest(e, "plan-3", fs3), fs3); !res.OK || res.Mode != ResultReload {
-		t.Errorf("the reload after the fence: %+v", res)
+	if res := e.land(t, "plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-x"}); res.Mode != ResultRuntime {
+		t.Errorf("the next change after the abort: %+v", res)
 	}
 }
 

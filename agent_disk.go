@@ -27,9 +27,6 @@ type disk interface {
 	OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error)
 	CreateTemp(dir, pattern string) (diskFile, error)
 	Rename(oldpath, newpath string) error
-	// Exchange swaps two existing names atomically (renameat2 with
-	// RENAME_EXCHANGE): each name then refers to the other's file.
-	Exchange(oldpath, newpath string) error
 	Link(oldname, newname string) error
 	Remove(name string) error
 	Mkdir(name string, perm fs.FileMode) error
@@ -80,11 +77,6 @@ func osFileOf(f *os.File, err error) (diskFile, error) {
 func (f osFile) Sync() error                        { return datasync(f.File) }
 func (osDisk) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
 func (osDisk) Link(oldname, newname string) error   { return os.Link(oldname, newname) }
-
-// Exchange is renameat2(RENAME_EXCHANGE) where the system has it
-// (agent_disk_linux.go). A kernel or filesystem without it answers ENOSYS or
-// EINVAL, which callers treat as "use Rename".
-func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
 
 func (osDisk) Remove(name string) error                  { return os.Remove(name) }
 func (osDisk) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }
@@ -179,4 +171,36 @@ func readAllLimited(d disk, name string, limit int64) ([]byte, error) {
 		return nil, errTooLarge
 	}
 	return b, nil
+}
+
+// replaceFile writes r to a temp file beside dst (pattern names it), sets
+// its mode, syncs it and renames it over dst, so that dst is either the old
+// file or the whole new one. On any failure the temp file is removed. The
+// rename itself is durable only once the directory is synced, which is the
+// caller's to decide.
+func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (err error) {
+	f, err := d.CreateTemp(parentDir(dst), pattern)
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			d.Remove(tmp)
+		}
+	}()
+	if err = f.Chmod(mode); err != nil {
+		return err
+	}
+	if _, err = copyBytes(f, r); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	return d.Rename(tmp, dst)
 }

@@ -1,15 +1,9 @@
-// Systems without renameat2 replace files with a plain rename, and sync
-// files whole.
+// Systems without fdatasync sync files whole.
 
-//go:build !linux || !(amd64 || arm64)
+//go:build !linux
 
 package haptic
 
-import (
-	"os"
-	"syscall"
-)
-
-func exchange(oldpath, newpath string) error { return syscall.ENOSYS }
+import "os"
 
 func datasync(f *os.File) error { return f.Sync() }

@@ -57,7 +57,7 @@ func TestTheAgentsOwnPathsMustBeRealAndItsOwn(t *testing.T) {
 	}{
 		{"linked temp dir", storeTempDir, func(t *testing.T, p, outside, _ string) { symlink(t, outside, p) },
 			"--base-dir: %s is a symbolic link"},
-		{"linked backup dir", storeBackupDir, func(t *testing.T, p, outside, _ string) { symlink(t, outside, p) },
+		{"linked backup dir", storeLinkDir, func(t *testing.T, p, outside, _ string) { symlink(t, outside, p) },
 			"--base-dir: %s is a symbolic link"},
 		{"linked state file", defaultStateFile, func(t *testing.T, p, _, outsideFile string) { symlink(t, outsideFile, p) },
 			"--state-file: %s is a symbolic link"},
@@ -69,7 +69,7 @@ func TestTheAgentsOwnPathsMustBeRealAndItsOwn(t *testing.T) {
 			"--state-file: %s is not a regular file"},
 		{"temp dir of another user", storeTempDir, func(t *testing.T, p, _, _ string) { mkdir(t, p); chown(t, p, otherUID) },
 			"--base-dir: %s is owned by uid 54321, not by the agent's uid"},
-		{"backup dir of another user", storeBackupDir, func(t *testing.T, p, _, _ string) { mkdir(t, p); chown(t, p, otherUID) },
+		{"backup dir of another user", storeLinkDir, func(t *testing.T, p, _, _ string) { mkdir(t, p); chown(t, p, otherUID) },
 			"--base-dir: %s is owned by uid 54321, not by the agent's uid"},
 		{"state file of another user", defaultStateFile, func(t *testing.T, p, _, _ string) { writeFile(t, p, "{}"); chown(t, p, otherUID) },
 			"--state-file: %s is owned by uid 54321, not by the agent's uid"},
@@ -100,14 +100,14 @@ func TestTheAgentsOwnPathsMustBeRealAndItsOwn(t *testing.T) {
 // TestTheSweepDoesNotFollowALinkPlantedAfterStartup: a temp directory
 // swapped for a link once the store exists is not swept.
 func TestTheSweepDoesNotFollowALinkPlantedAfterStartup(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	outside, outsideFile := outsideDir(t)
 	tmp := filepath.Join(ts.dir, storeTempDir)
 	if err := os.Remove(tmp); err != nil {
 		t.Fatal(err)
 	}
 	symlink(t, outside, tmp)
-	err := ts.sweepTemp(backupJournal{})
+	err := ts.sweep(nil)
 	if err == nil || !strings.Contains(err.Error(), tmp+" is a symbolic link") {
 		t.Errorf("SweepTemp = %v", err)
 	}
@@ -118,7 +118,7 @@ func TestTheSweepDoesNotFollowALinkPlantedAfterStartup(t *testing.T) {
 // agent's own directories from an earlier run, and still sets their mode.
 func TestAnExistingStoreDirIsKeptAndItsModeSet(t *testing.T) {
 	cfg := validTestConfig(t)
-	for _, d := range []string{storeTempDir, storeBackupDir} {
+	for _, d := range []string{storeTempDir, storeLinkDir} {
 		if err := os.Mkdir(filepath.Join(cfg.BaseDir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -127,8 +127,8 @@ func TestAnExistingStoreDirIsKeptAndItsModeSet(t *testing.T) {
 	if err := newTestAgentOrError(t, cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{storeTempDir, storeBackupDir} {
-		if fi, err := os.Stat(filepath.Join(cfg.BaseDir, d)); err != nil || fi.Mode().Perm() != storeDirMode {
+	for _, d := range []string{storeTempDir, storeLinkDir} {
+		if fi, err := os.Stat(filepath.Join(cfg.BaseDir, d)); err != nil || fi.Mode().Perm() != 0o700 {
 			t.Errorf("%s: %v %v", d, fi.Mode().Perm(), err)
 		}
 	}

@@ -1,8 +1,7 @@
-// Tests of the agent's file store (agent_files.go): path rules, mount
-// probing, staging with size and digest checks, patches, the backup journal,
-// the write order and restore, and the sweep. They describe mounts through a
-// mountinfo file written by the test, so they run without privileges; EXDEV
-// is injected through the store's rename hook.
+// Tests of the agent's file store (agent_files.go): path rules, the
+// one-filesystem check, staging with size and digest checks, patches, the
+// undo links, the install order, putting bytes back from their sources,
+// and the sweep.
 
 package haptic
 
@@ -14,39 +13,28 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
+	"sync"
 	"testing"
 )
 
-// testStore is a file store over a fresh temp directory whose mount table
-// lists the given subdirectories as mount points.
+// testStore is a file store over a fresh temp directory, on a disk whose
+// renames the test can watch.
 type testStore struct {
 	*fileStore
-	dir string
+	dir  string
+	hook *hookDisk
 }
 
-func newTestStore(t *testing.T, mounts []string, mutate func(*fileStoreConfig)) *testStore {
+func newTestStore(t *testing.T, mutate func(*fileStoreConfig)) *testStore {
 	t.Helper()
 	dir := t.TempDir()
-	var info strings.Builder
-	fmt.Fprintf(&info, "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n")
-	for i, m := range mounts {
-		p := filepath.Join(dir, m)
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(&info, "%d 22 8:%d / %s rw,relatime - ext4 /dev/sdb%d rw\n", 40+i, 2+i, escapeMountField(p), i)
-	}
-	mi := filepath.Join(t.TempDir(), "mountinfo")
-	if err := os.WriteFile(mi, []byte(info.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	d := &hookDisk{}
 	cfg := fileStoreConfig{
-		Base:      dir,
-		Config:    "haproxy.cfg",
-		Reserved:  []string{filepath.Join(dir, ".haptic-agent.json"), filepath.Join(dir, "run/master.sock")},
-		MountInfo: mi,
-		Logger:    testLogger(),
+		Base:     dir,
+		Config:   "haproxy.cfg",
+		Reserved: []string{filepath.Join(dir, ".haptic-agent.json"), filepath.Join(dir, "run/master.sock")},
+		Logger:   testLogger(),
+		Disk:     d,
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -55,12 +43,13 @@ func newTestStore(t *testing.T, mounts []string, mutate func(*fileStoreConfig)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testStore{fileStore: s, dir: s.base}
+	return &testStore{fileStore: s, dir: s.base, hook: d}
 }
 
-// escapeMountField writes a path the way the kernel does in mountinfo.
-func escapeMountField(p string) string {
-	return strings.NewReplacer(`\`, `\134`, " ", `\040`, "\t", `\011`, "\n", `\012`).Replace(p)
+// budget is a fresh inline budget for one staged part.
+func budget() *int {
+	b := maxInlinePerApply
+	return &b
 }
 
 func (ts *testStore) write(t *testing.T, rel, content string) {
@@ -88,25 +77,23 @@ func (ts *testStore) read(t *testing.T, rel string) (string, bool) {
 
 func (ts *testStore) stageContent(t *testing.T, rel, content string) *stagedFile {
 	t.Helper()
-	f, err := ts.stage(rel, strings.NewReader(content), DigestString(content), int64(len(content)))
+	f, err := ts.stage(rel, strings.NewReader(content), DigestString(content), int64(len(content)), budget())
 	if err != nil {
 		t.Fatalf("stage %s: %v", rel, err)
 	}
 	return f
 }
 
-// tempEntries lists what is left in every mount's .haptic-tmp.
+// tempEntries lists what is left in .haptic-tmp.
 func (ts *testStore) tempEntries(t *testing.T) []string {
 	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(ts.dir, storeTempDir))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var left []string
-	for _, m := range ts.mounts {
-		entries, err := os.ReadDir(filepath.Join(m, storeTempDir))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range entries {
-			left = append(left, filepath.Join(m, storeTempDir, e.Name()))
-		}
+	for _, e := range entries {
+		left = append(left, e.Name())
 	}
 	return left
 }
@@ -154,7 +141,7 @@ func TestValidatePath(t *testing.T) {
 }
 
 func TestReservedPathsAreRefused(t *testing.T) {
-	ts := newTestStore(t, nil, func(c *fileStoreConfig) {
+	ts := newTestStore(t, func(c *fileStoreConfig) {
 		c.Reserved = append(c.Reserved, filepath.Join(c.Base, "sockets/worker.sock"))
 	})
 	// A symlinked directory leading to the reserved socket's parent.
@@ -170,7 +157,7 @@ func TestReservedPathsAreRefused(t *testing.T) {
 		if err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
 			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
+		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1, budget()); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
 			t.Errorf("stage(%q) = %v, want a reserved-path error", rel, err)
 		}
 	}
@@ -184,7 +171,7 @@ func TestReservedPathsAreRefused(t *testing.T) {
 }
 
 func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	outside := t.TempDir()
 	if err := os.WriteFile(filepath.Join(outside, "victim"), []byte("keep"), 0o644); err != nil {
 		t.Fatal(err)
@@ -200,11 +187,11 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 		if _, err := ts.abs(rel); err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
 			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1); !errors.Is(err, errInvalidPath) {
+		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1, budget()); !errors.Is(err, errInvalidPath) {
 			t.Errorf("stage(%q) = %v, want an invalid-path error", rel, err)
 		}
-		if _, err := ts.digest(rel); !errors.Is(err, errInvalidPath) {
-			t.Errorf("digest(%q) = %v, want an invalid-path error", rel, err)
+		if tree, err := ts.hashTree([]string{rel}); err != nil || len(tree) != 0 {
+			t.Errorf("hashTree(%q) = %v, %v, want nothing", rel, tree, err)
 		}
 	}
 	if b, err := os.ReadFile(filepath.Join(outside, "victim")); err != nil || string(b) != "keep" {
@@ -221,194 +208,43 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 	}
 }
 
-func TestParseMountInfo(t *testing.T) {
-	const info = `22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
-23 22 0:5 / /etc/haproxy rw - tmpfs tmpfs rw
-24 23 0:6 / /etc/haproxy/certs rw - tmpfs tmpfs rw
-25 23 0:7 / /etc/haproxy/with\040space rw - tmpfs tmpfs rw
-26 23 0:8 / /etc/haproxy/tab\011and\012nl\134bs rw - tmpfs tmpfs rw
-27 22 0:9 / /etc/haproxy2 rw - tmpfs tmpfs rw
-28 24 0:10 / /etc/haproxy/certs/deep rw - tmpfs tmpfs rw
-short line
-`
-	got, err := parseMountInfo(strings.NewReader(info), "/etc/haproxy")
-	if err != nil {
-		t.Fatal(err)
+// TestABaseDirectoryHoldingAMountIsRefused: the tree must be one
+// filesystem, so that every install and link stays within it; a mount
+// point below the base (the mount table's fifth field, escapes decoded) is
+// refused at start, one beside it is not.
+func TestABaseDirectoryHoldingAMountIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	base, _ := filepath.EvalSymlinks(dir)
+	mounts := func(points ...string) string {
+		var b strings.Builder
+		b.WriteString("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\nshort line\n")
+		for i, p := range points {
+			fmt.Fprintf(&b, "%d 22 0:%d / %s rw - tmpfs tmpfs rw\n", 30+i, 5+i, p)
+		}
+		mi := filepath.Join(t.TempDir(), "mountinfo")
+		os.WriteFile(mi, []byte(b.String()), 0o644)
+		return mi
 	}
-	want := []string{
-		"/etc/haproxy/certs",
-		"/etc/haproxy/with space",
-		"/etc/haproxy/tab\tand\nnl\\bs",
-		"/etc/haproxy/certs/deep",
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("parseMountInfo = %q, want %q", got, want)
+	escaped := strings.NewReplacer(" ", `\040`, "\t", `\011`).Replace(base + "/with space\tand tab")
+	for _, tc := range []struct {
+		name, info, want string
+	}{
+		{"a mount below", mounts(base + "/certs"), base + "/certs is a mount point inside " + base},
+		{"an escaped mount below", mounts(escaped), base + "/with space\tand tab is a mount point inside " + base},
+		{"the base itself and a sibling", mounts(base, base+"2"), ""},
+	} {
+		_, err := newFileStore(fileStoreConfig{Base: dir, Config: "haproxy.cfg", MountInfo: tc.info, Logger: testLogger()})
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
 	}
 	if got := unescapeMountField(`a\040b\x\12`); got != `a b\x\12` {
 		t.Errorf("unescapeMountField kept malformed escapes as %q", got)
 	}
 }
 
-func TestMountForPicksTheDeepestMount(t *testing.T) {
-	ts := newTestStore(t, []string{"certs", "certs/deep", "maps"}, nil)
-	tests := []struct{ rel, mount string }{
-		{"haproxy.cfg", ""},
-		{"certs/a.pem", "certs"},
-		{"certs/deep/b.pem", "certs/deep"},
-		{"certs/deeper/c.pem", "certs"},
-		{"maps/host.map", "maps"},
-		{"mapsx/host.map", ""},
-	}
-	for _, tc := range tests {
-		want := filepath.Join(ts.dir, tc.mount)
-		if got := ts.mountFor(filepath.Join(ts.dir, tc.rel)); got != want {
-			t.Errorf("mountFor(%s) = %s, want %s", tc.rel, got, want)
-		}
-	}
-	if got := ts.mountFor("/elsewhere/x"); got != ts.dir {
-		t.Errorf("mountFor(unknown) = %s, want the base", got)
-	}
-	if ts.mounts[0] != filepath.Join(ts.dir, "certs/deep") || ts.mounts[len(ts.mounts)-1] != ts.dir {
-		t.Errorf("mounts not sorted deepest first: %q", ts.mounts)
-	}
-}
-
-func TestEachMountGetsItsOwnTempAndBackupDirs(t *testing.T) {
-	ts := newTestStore(t, []string{"certs", "maps"}, nil)
-	if len(ts.mounts) != 3 {
-		t.Fatalf("mounts = %q", ts.mounts)
-	}
-	for _, m := range ts.mounts {
-		for _, d := range []string{storeTempDir, storeBackupDir} {
-			fi, err := os.Stat(filepath.Join(m, d))
-			if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755 {
-				t.Errorf("%s/%s: %v %v", m, d, fi, err)
-			}
-		}
-	}
-	for _, tc := range []struct{ rel, mount string }{
-		{"certs/a.pem", "certs"}, {"maps/host.map", "maps"}, {"haproxy.cfg", ""},
-	} {
-		f := ts.stageContent(t, tc.rel, "content of "+tc.rel)
-		if want := filepath.Join(ts.dir, tc.mount, storeTempDir); filepath.Dir(f.tmp) != want {
-			t.Errorf("%s staged in %s, want %s", tc.rel, filepath.Dir(f.tmp), want)
-		}
-		fi, err := os.Stat(f.tmp)
-		if err != nil || fi.Mode().Perm() != 0o644 {
-			t.Errorf("staged %s: %v %v", tc.rel, fi, err)
-		}
-		f.discard(ts.disk)
-	}
-	// A mount point that is a single bind-mounted file is skipped.
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "single"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	mi := filepath.Join(t.TempDir(), "mountinfo")
-	os.WriteFile(mi, []byte("30 1 0:1 / "+filepath.Join(dir, "single")+" rw - tmpfs tmpfs rw\n"), 0o644)
-	s, err := newFileStore(fileStoreConfig{Base: dir, MountInfo: mi, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(s.mounts) != 1 {
-		t.Errorf("a file mount point was kept: %q", s.mounts)
-	}
-}
-
-func TestGeneralOnItsOwnMountIsWrittenAndRolledBack(t *testing.T) {
-	ts := newTestStore(t, []string{"extra"}, nil)
-	ts.write(t, "haproxy.cfg", "config v1\n")
-	ts.write(t, "extra/blob.bin", "blob v1\n")
-
-	var j backupJournal
-	txn := ts.begin([]*stagedFile{
-		ts.stageContent(t, "extra/blob.bin", "blob v2\n"),
-		ts.stageContent(t, "haproxy.cfg", "config v2\n"),
-		ts.stageContent(t, "extra/new.bin", "new\n"),
-	}, nil)
-	if err := txn.backup(&j); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range j.Entries {
-		if e.Path == "extra/blob.bin" && filepath.Dir(e.Backup) != filepath.Join(ts.dir, "extra", storeBackupDir) {
-			t.Errorf("backup of a file on its own mount is in %s", e.Backup)
-		}
-	}
-	if err := txn.write(); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := ts.read(t, "extra/blob.bin"); got != "blob v2\n" {
-		t.Fatalf("written: %q", got)
-	}
-	if err := ts.restore(j); err != nil {
-		t.Fatal(err)
-	}
-	for rel, want := range map[string]string{"haproxy.cfg": "config v1\n", "extra/blob.bin": "blob v1\n"} {
-		if got, _ := ts.read(t, rel); got != want {
-			t.Errorf("%s after restore = %q, want %q", rel, got, want)
-		}
-	}
-	if _, ok := ts.read(t, "extra/new.bin"); ok {
-		t.Error("the created file survived the rollback")
-	}
-	if ts.crossDevice.Load() != 0 {
-		t.Error("a probed mount needed the copy fallback")
-	}
-}
-
-func TestCrossDeviceRenameFallsBackToACopyAndIsCounted(t *testing.T) {
-	var calls int
-	ts := newTestStore(t, nil, func(c *fileStoreConfig) {
-		c.Rename = func(oldpath, newpath string) error {
-			calls++
-			return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: syscall.EXDEV}
-		}
-	})
-	f := ts.stageContent(t, "maps/host.map", "a b\n")
-	txn := ts.begin([]*stagedFile{f}, nil)
-	if err := txn.write(); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := ts.read(t, "maps/host.map"); got != "a b\n" {
-		t.Errorf("copied content = %q", got)
-	}
-	fi, _ := os.Stat(filepath.Join(ts.dir, "maps/host.map"))
-	if fi.Mode().Perm() != 0o644 {
-		t.Errorf("copied mode = %v", fi.Mode())
-	}
-	if calls != 1 || ts.crossDevice.Load() != 1 {
-		t.Errorf("rename calls %d, cross-device count %d", calls, ts.crossDevice.Load())
-	}
-	if left := ts.tempEntries(t); len(left) != 0 {
-		t.Errorf("temp files left: %q", left)
-	}
-	entries, _ := os.ReadDir(filepath.Join(ts.dir, "maps"))
-	if len(entries) != 1 {
-		t.Errorf("copy siblings left: %v", entries)
-	}
-	// The agent turns the count into its invariant after every finish.
-	if got := failedInvariants(invariantInputs{crossDevice: ts.crossDevice.Load()}); !slices.Equal(got, []string{"mount_probe_found_every_mount"}) {
-		t.Errorf("failed invariants = %q", got)
-	}
-}
-
-func TestTreeDigestFormat(t *testing.T) {
-	if got := treeDigest(nil); got != "ef46db3751d8e999" {
-		t.Errorf("empty tree = %s", got)
-	}
-	tree := map[string]FileAt{
-		"maps/host.map": {Digest: DigestString("m"), Size: 1, Proof: "p1"},
-		"haproxy.cfg":   {Digest: DigestString("c"), Size: 1},
-		"a b":           {Digest: DigestString("x"), Size: 1},
-	}
-	want := DigestString("a b " + DigestString("x") + "\nhaproxy.cfg " + DigestString("c") + "\nmaps/host.map " + DigestString("m") + "\n")
-	if got := treeDigest(tree); got != want {
-		t.Errorf("treeDigest = %s, want %s", got, want)
-	}
-}
-
 func TestHashTreeSkipsAbsentAndNonRegular(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	ts.write(t, "haproxy.cfg", "global\n")
 	ts.write(t, "maps/host.map", strings.Repeat("k v\n", 5000))
 	os.MkdirAll(filepath.Join(ts.dir, "adir"), 0o755)
@@ -429,20 +265,10 @@ func TestHashTreeSkipsAbsentAndNonRegular(t *testing.T) {
 			t.Errorf("%s = %+v, want %+v", p, tree[p], at)
 		}
 	}
-	paths := make([]string, MaxFiles+1)
-	for i := range paths {
-		paths[i] = fmt.Sprintf("f%d", i)
-	}
-	if _, err := ts.hashTree(paths); err == nil || err.Error() != "4097 paths exceed the 4096-file limit" {
-		t.Errorf("4097 paths: %v", err)
-	}
-	if _, err := ts.hashTree(paths[:MaxFiles]); err != nil {
-		t.Errorf("4096 paths: %v", err)
-	}
 }
 
 func TestStageVerifiesSizeAndDigest(t *testing.T) {
-	ts := newTestStore(t, []string{"maps"}, nil)
+	ts := newTestStore(t, nil)
 	const content = "example.com be-a\n"
 	digest, size := DigestString(content), int64(len(content))
 	tests := []struct {
@@ -456,7 +282,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		{"wrong bytes", strings.ToUpper(content), fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" hashes to %s, manifest says %s`, DigestString(strings.ToUpper(content)), digest)},
 	}
 	for _, tc := range tests {
-		_, err := ts.stage("maps/host.map", strings.NewReader(tc.part), digest, size)
+		_, err := ts.stage("maps/host.map", strings.NewReader(tc.part), digest, size, budget())
 		if err == nil || err.Error() != tc.want || !errors.Is(err, errDigestMismatch) || !strings.Contains(err.Error(), "manifest digest") {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
@@ -475,13 +301,13 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 }
 
 func TestStagePatchSplicesTheHeldFile(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	base := "global\n  maxconn 100\ndefaults\n"
 	ts.write(t, "haproxy.cfg", base)
 	want := "global\n  maxconn 2000\ndefaults\n"
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 	repl := "2000"
-	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)))
+	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), budget())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,22 +318,22 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 
 	wrongBase := *p
 	wrongBase.BaseDigest = DigestString("other")
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want)), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("wrong base digest: %v", err)
 	}
-	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want))); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("absent base: %v", err)
 	}
 	misfit := *p
 	misfit.Offset = int64(len(base))
-	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)))
+	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)), budget())
 	if wantErr := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 3, base %d bytes`, len(base), len(base)); err == nil || err.Error() != wantErr {
 		t.Errorf("misfit: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want)), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("wrong bytes: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want))); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want)), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
@@ -520,7 +346,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 // length plus one byte before verifying the spliced result like a whole
 // file), so both report the same count: the reader is left holding the rest.
 func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	base := "global\n  maxconn 100\ndefaults\n"
 	ts.write(t, "haproxy.cfg", base)
 	want := "global\n  maxconn 2000\ndefaults\n"
@@ -530,7 +356,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 
 	whole := strings.NewReader(want + strings.Repeat("x", extra))
-	_, err := ts.stage("haproxy.cfg", whole, DigestString(want), size)
+	_, err := ts.stage("haproxy.cfg", whole, DigestString(want), size, budget())
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("Stage: %v, want %q", err, msg)
 	}
@@ -539,7 +365,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	}
 
 	repl := strings.NewReader("2000" + strings.Repeat("x", extra))
-	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size)
+	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size, budget())
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("StagePatch: %v, want %q", err, msg)
 	}
@@ -558,7 +384,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 // a seek error (which would also expose the absolute path), and leaves no
 // temp file.
 func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+	ts := newTestStore(t, nil)
 	base := "global\n  maxconn 100\ndefaults\n"
 	ts.write(t, "haproxy.cfg", base)
 	b := int64(len(base))
@@ -581,7 +407,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 		{"minimum size", 0, 1, math.MinInt64},
 	} {
 		p := &FilePatch{BaseDigest: DigestString(base), BaseSize: b, Offset: tc.offset, Length: tc.length}
-		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size)
+		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size, budget())
 		want := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, tc.offset, tc.length, b)
 		if err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %q", tc.name, err, want)
@@ -591,7 +417,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	for _, p := range []*FilePatch{{Offset: 0, Length: b}, {Offset: b, Length: 0}} {
 		p.BaseDigest, p.BaseSize = DigestString(base), b
 		want := base[:p.Offset] + "x" + base[p.Offset+p.Length:]
-		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)))
+		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)), budget())
 		if err != nil {
 			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
 			continue
@@ -603,81 +429,70 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	}
 }
 
-func TestBackupJournalKeepsTheFirstEntry(t *testing.T) {
-	ts := newTestStore(t, nil, nil)
+// TestLinkUndoKeepsHowEveryPathLooked: each existing path an apply changes
+// is linked aside with the bytes it held; a created path has no undo; the
+// digest of a path the agent does not own is read from the disk.
+func TestLinkUndoKeepsHowEveryPathLooked(t *testing.T) {
+	ts := newTestStore(t, nil)
 	ts.write(t, "haproxy.cfg", "v1\n")
 	ts.write(t, "old.map", "old\n")
-	var j backupJournal
-	txn := ts.begin([]*stagedFile{ts.stageContent(t, "haproxy.cfg", "v2\n"), ts.stageContent(t, "new.map", "n\n")}, []string{"old.map", "gone.map"})
-	if err := txn.backup(&j); err != nil {
+	ts.write(t, "foreign.txt", "not ours\n")
+	changes := []fileChange{{Path: "haproxy.cfg"}, {Path: "new.map"}, {Path: "old.map"}, {Path: "foreign.txt"}}
+	before := map[string]FileAt{"haproxy.cfg": {Digest: DigestString("v1\n"), Size: 3, Proof: "c:1"}, "old.map": {Digest: DigestString("old\n"), Size: 4}}
+	if err := ts.linkUndo(changes, before); err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]string{}
-	for _, e := range j.Entries {
-		kinds[e.Path] = e.Kind
-		if (e.Kind == journalCreated) != (e.Backup == "") {
-			t.Errorf("entry %+v", e)
-		}
-	}
-	want := map[string]string{"haproxy.cfg": journalModified, "new.map": journalCreated, "old.map": journalDeleted}
-	if !mapsEqual(kinds, want) {
-		t.Errorf("journal kinds = %v, want %v", kinds, want)
-	}
-	if err := txn.write(); err != nil {
-		t.Fatal(err)
-	}
-	first := slices.Clone(j.Entries)
-	// A second apply over the same paths keeps the LKG entries.
-	txn2 := ts.begin([]*stagedFile{ts.stageContent(t, "haproxy.cfg", "v3\n"), ts.stageContent(t, "new.map", "n2\n")}, nil)
-	if err := txn2.backup(&j); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(j.Entries, first) {
-		t.Errorf("second backup changed the journal: %+v", j.Entries)
-	}
-	for _, e := range j.Entries {
-		if e.Path == "haproxy.cfg" {
-			if b, _ := os.ReadFile(e.Backup); string(b) != "v1\n" {
-				t.Errorf("backup holds %q", b)
+	for _, c := range changes {
+		if c.Path == "new.map" {
+			if c.Old != nil || c.Undo != "" {
+				t.Errorf("a created path has an undo: %+v", c)
 			}
+			continue
+		}
+		b, err := os.ReadFile(c.Undo)
+		if err != nil || c.Old == nil || DigestString(string(b)) != c.Old.Digest || int64(len(b)) != c.Old.Size || c.Old.Proof != "" {
+			t.Errorf("%s: undo %q holds %q, old %+v (%v)", c.Path, c.Undo, b, c.Old, err)
 		}
 	}
-	// More than MaxFiles changes is refused before anything is linked.
-	many := make([]string, MaxFiles+1)
-	for i := range many {
-		many[i] = fmt.Sprintf("d%d", i)
-	}
-	var j2 backupJournal
-	if err := ts.begin(nil, many).backup(&j2); err == nil || err.Error() != "4097 changes exceed the 4096-file limit" || len(j2.Entries) != 0 {
-		t.Errorf("4097 changes: %v", err)
+	// A directory has nothing to keep: the install refuses it.
+	os.MkdirAll(filepath.Join(ts.dir, "adir"), 0o755)
+	dir := []fileChange{{Path: "adir"}}
+	if err := ts.linkUndo(dir, nil); err != nil || dir[0].Old != nil || dir[0].Undo != "" {
+		t.Errorf("a directory: %+v %v", dir[0], err)
 	}
 }
 
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
+// TestTheJournalKeepsTheFirstVersionOfAPath: the journal gains an entry
+// only for a path it lacks, so it keeps the last-known-good version across
+// the applies until the next reload; a pending reload's undo likewise keeps
+// what its first apply found.
+func TestTheJournalKeepsTheFirstVersionOfAPath(t *testing.T) {
+	journal := []journalEntry{{Path: "a", Backup: "/l/1"}}
+	undo := []journalEntry{{Path: "a", Backup: "/l/5"}, {Path: "b", Backup: "/l/6"}}
+	if got := journalAdditions(journal, undo); len(got) != 1 || got[0].Path != "b" {
+		t.Errorf("journalAdditions = %+v", got)
 	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
+	if got := addFirstTouches(journal, undo); len(got) != 2 || got[0].Backup != "/l/1" || got[1].Backup != "/l/6" {
+		t.Errorf("addFirstTouches = %+v", got)
 	}
-	return true
 }
 
-func TestWriteRenamesTheConfigLast(t *testing.T) {
+func TestInstallRenamesTheConfigLast(t *testing.T) {
+	ts := newTestStore(t, nil)
+	var mu sync.Mutex
 	var order []string
-	var ts *testStore
-	ts = newTestStore(t, nil, func(c *fileStoreConfig) {
-		c.Rename = func(oldpath, newpath string) error {
-			rel, _ := filepath.Rel(ts.dir, newpath)
+	ts.hook.setHook(func(op diskOp) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if op.Op == "rename" {
+			rel, _ := filepath.Rel(ts.dir, op.Path)
 			order = append(order, rel)
 			// Unlinks come after every rename.
-			if _, ok := ts.read(t, "doomed.map"); !ok {
+			if _, err := os.Lstat(filepath.Join(ts.dir, "doomed.map")); err != nil {
 				t.Errorf("doomed.map was unlinked before %s was renamed", rel)
 			}
-			return os.Rename(oldpath, newpath)
 		}
+		return nil
 	})
 	ts.write(t, "doomed.map", "x\n")
 	staged := []*stagedFile{
@@ -686,129 +501,100 @@ func TestWriteRenamesTheConfigLast(t *testing.T) {
 		ts.stageContent(t, "certs/a.pem", "a\n"),
 		ts.stageContent(t, "maps/b.map", "b\n"),
 	}
-	txn := ts.begin(staged, []string{"doomed.map", "absent.map"})
-	if err := txn.write(); err != nil {
+	if err := ts.install(staged, []string{"doomed.map", "absent.map"}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"certs/a.pem", "maps/b.map", "zz.map", "haproxy.cfg"}
-	if !slices.Equal(order, want) {
+	if want := []string{"zz.map", "certs/a.pem", "maps/b.map", "haproxy.cfg"}; !slices.Equal(order, want) {
 		t.Errorf("rename order = %q, want %q", order, want)
 	}
 	if _, ok := ts.read(t, "doomed.map"); ok {
 		t.Error("deletion not applied")
 	}
+	if fi, err := os.Stat(filepath.Join(ts.dir, "certs/a.pem")); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("an installed file's mode: %v %v", fi.Mode().Perm(), err)
+	}
+	if fi, err := os.Stat(filepath.Join(ts.dir, "certs")); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("a created directory's mode: %v %v", fi.Mode().Perm(), err)
+	}
 	// A directory where a file should go refuses the install.
 	os.MkdirAll(filepath.Join(ts.dir, "dir.map"), 0o755)
-	txn = ts.begin([]*stagedFile{ts.stageContent(t, "dir.map", "d\n")}, nil)
-	if err := txn.write(); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
+	f := ts.stageContent(t, "dir.map", "d\n")
+	if err := ts.install([]*stagedFile{f}, nil); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
 		t.Errorf("install over a directory: %v", err)
 	}
-	txn.discardStaged()
+	f.discard(ts.disk)
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)
 	}
 }
 
-func TestRestoreRestoresTheConfigLastAndRemovesCreatedFiles(t *testing.T) {
+// TestRestorePutsBytesBackFromTheirSourcesConfigLast: every path ends up
+// holding what its want says, the config last; a path that already holds
+// it is left alone, a source whose bytes do not match is passed over, and
+// a path none of the sources can fill keeps its content and is an error.
+func TestRestorePutsBytesBackFromTheirSourcesConfigLast(t *testing.T) {
+	ts := newTestStore(t, nil)
+	ts.write(t, "haproxy.cfg", "new config\n")
+	ts.write(t, "maps/a.map", "a 2\n")
+	ts.write(t, "maps/same.map", "same\n")
+	ts.write(t, "maps/created.map", "c\n")
+	ts.write(t, "aside/a", "a 1\n")
+	ts.write(t, "aside/torn", "a 1 but torn\n")
+	at := func(c string) *FileAt { return &FileAt{Digest: DigestString(c), Size: int64(len(c))} }
+	key := func(c string) FileAt { return *at(c) }
+	sources := map[FileAt][]source{
+		key("a 1\n"):           {{path: filepath.Join(ts.dir, "aside/torn")}, {path: filepath.Join(ts.dir, "aside/a")}},
+		key("lkg config\n"):    {{data: []byte("lkg config\n")}},
+		key("gone from all\n"): nil,
+	}
+	var mu sync.Mutex
 	var order []string
-	var ts *testStore
-	ts = newTestStore(t, nil, func(c *fileStoreConfig) {
-		c.Rename = func(oldpath, newpath string) error {
-			if strings.HasPrefix(filepath.Base(oldpath), storeRestorePrefx) {
-				rel, _ := filepath.Rel(ts.dir, newpath)
-				order = append(order, rel)
-			}
-			return os.Rename(oldpath, newpath)
+	ts.hook.setHook(func(op diskOp) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if op.Op == "rename" || op.Op == "remove" && !strings.Contains(op.Path, storeTempDir) {
+			rel, _ := filepath.Rel(ts.dir, op.Path)
+			order = append(order, rel)
 		}
+		return nil
 	})
-	lkg := map[string]string{"haproxy.cfg": "lkg config\n", "maps/a.map": "a 1\n", "maps/b.map": "b 1\n"}
-	for p, c := range lkg {
-		ts.write(t, p, c)
+	wants := []want{{"haproxy.cfg", at("lkg config\n")}, {"maps/a.map", at("a 1\n")}, {"maps/same.map", at("same\n")},
+		{"maps/created.map", nil}, {"maps/b.map", at("gone from all\n")}}
+	changed, err := ts.restore(wants, sources)
+	if !changed || err == nil || !strings.Contains(err.Error(), `restore "maps/b.map": no copy of its bytes`) {
+		t.Errorf("restore = %v, %v", changed, err)
 	}
-	var j backupJournal
-	txn := ts.begin([]*stagedFile{
-		ts.stageContent(t, "haproxy.cfg", "new config\n"),
-		ts.stageContent(t, "maps/a.map", "a 2\n"),
-		ts.stageContent(t, "maps/c.map", "c 1\n"),
-	}, []string{"maps/b.map"})
-	if err := txn.backup(&j); err != nil {
-		t.Fatal(err)
+	if want := []string{"maps/a.map", "maps/created.map", "haproxy.cfg"}; !slices.Equal(order, want) {
+		t.Errorf("order = %q, want %q", order, want)
 	}
-	if err := txn.write(); err != nil {
-		t.Fatal(err)
-	}
-	// A second file_only apply before any reload.
-	txn = ts.begin([]*stagedFile{ts.stageContent(t, "maps/a.map", "a 3\n"), ts.stageContent(t, "maps/d.map", "d\n")}, []string{"maps/c.map"})
-	if err := txn.backup(&j); err != nil {
-		t.Fatal(err)
-	}
-	if err := txn.write(); err != nil {
-		t.Fatal(err)
-	}
-	if j.Entries[0].Path != "haproxy.cfg" {
-		t.Fatalf("the config is not journalled first: %+v", j.Entries)
-	}
-	if err := ts.restore(j); err != nil {
-		t.Fatal(err)
-	}
-	// Journalled first, restored last; created files are removed, not renamed.
-	if want := []string{"maps/a.map", "maps/b.map", "haproxy.cfg"}; !slices.Equal(order, want) {
-		t.Errorf("restore order = %q, want %q", order, want)
-	}
-	got, err := ts.hashTree([]string{"haproxy.cfg", "maps/a.map", "maps/b.map", "maps/c.map", "maps/d.map"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(lkg) {
-		t.Errorf("restored tree %v", got)
-	}
-	for p, c := range lkg {
-		if got[p].Digest != DigestString(c) {
-			t.Errorf("%s not restored", p)
+	for p, c := range map[string]string{"haproxy.cfg": "lkg config\n", "maps/a.map": "a 1\n", "maps/same.map": "same\n"} {
+		if got, _ := ts.read(t, p); got != c {
+			t.Errorf("%s = %q, want %q", p, got, c)
 		}
 	}
-	ts.dropBackups(j)
-	entries, _ := os.ReadDir(filepath.Join(ts.dir, storeBackupDir))
-	if len(entries) != 0 {
-		t.Errorf("backups left: %v", entries)
+	if _, ok := ts.read(t, "maps/created.map"); ok {
+		t.Error("a path that did not exist before is still there")
 	}
-	entries, _ = os.ReadDir(filepath.Join(ts.dir, "maps"))
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			t.Errorf("restore staging left: %s", e.Name())
-		}
+	if changed, err := ts.restore(wants[:4], sources); changed || err != nil {
+		t.Errorf("a second restore changed %v: %v", changed, err)
 	}
 }
 
-func TestSweepTempEmptiesEveryMountsTempDir(t *testing.T) {
-	ts := newTestStore(t, []string{"certs"}, nil)
-	for _, m := range ts.mounts {
-		for i := range 3 {
-			os.WriteFile(filepath.Join(m, storeTempDir, fmt.Sprintf("part-%d", i)), []byte("x"), 0o644)
-			os.WriteFile(filepath.Join(m, storeBackupDir, fmt.Sprintf("%d-stale.bak", i)), []byte("x"), 0o644)
-		}
+func TestSweepEmptiesTheTempDirAndKeepsOnlyTheNamedLinks(t *testing.T) {
+	ts := newTestStore(t, nil)
+	for i := range 3 {
+		os.WriteFile(filepath.Join(ts.dir, storeTempDir, fmt.Sprintf("part-%d", i)), []byte("x"), 0o644)
+		os.WriteFile(filepath.Join(ts.dir, storeLinkDir, fmt.Sprintf("%d-stale", i)), []byte("x"), 0o644)
 	}
-	ts.write(t, "certs/a.pem", "a\n")
-	var j backupJournal
-	txn := ts.begin([]*stagedFile{ts.stageContent(t, "certs/a.pem", "b\n")}, nil)
-	if err := txn.backup(&j); err != nil {
-		t.Fatal(err)
-	}
-	txn.discardStaged()
-	if err := ts.sweepTemp(j); err != nil {
+	keep := filepath.Join(ts.dir, storeLinkDir, "1-stale")
+	if err := ts.sweep(map[string]bool{keep: true}); err != nil {
 		t.Fatal(err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp entries left: %q", left)
 	}
-	var kept []string
-	for _, m := range ts.mounts {
-		entries, _ := os.ReadDir(filepath.Join(m, storeBackupDir))
-		for _, e := range entries {
-			kept = append(kept, filepath.Join(m, storeBackupDir, e.Name()))
-		}
-	}
-	if len(kept) != 1 || kept[0] != j.Entries[0].Backup {
-		t.Errorf("backups kept %q, want only %q", kept, j.Entries[0].Backup)
+	entries, _ := os.ReadDir(filepath.Join(ts.dir, storeLinkDir))
+	if len(entries) != 1 || entries[0].Name() != "1-stale" {
+		t.Errorf("links kept %v, want only %s", entries, keep)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -62,12 +61,12 @@ func hasMapKey(fake *FakeHAProxy, path, key string) bool {
 	return slices.ContainsFunc(fake.MapEntries(path), func(e MapEntry) bool { return e.Key == key })
 }
 
-// TestRuntimeOpsRunWhileTheIntentSyncs pins the overlap of the hot path:
-// the intent's sync waits, through the disk hook, until the worker holds
-// the apply's map entry, so the apply lands only when its ops are sent
-// while the intent syncs. Run in order, the sync would wait for ops that
-// never come, fail after its deadline, and abort the apply.
-func TestRuntimeOpsRunWhileTheIntentSyncs(t *testing.T) {
+// TestRuntimeOpsRunWhileTheRecordSyncs pins the overlap of the hot path:
+// the apply record's sync waits, through the disk hook, until the worker
+// holds the apply's map entry, so the apply lands only when its ops are
+// sent while the record syncs. Run in order, the sync would wait for ops
+// that never come, fail after its deadline, and fail the apply.
+func TestRuntimeOpsRunWhileTheRecordSyncs(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWithDisk(t, d, nil)
 	fs := seedFiles()
@@ -83,33 +82,35 @@ func TestRuntimeOpsRunWhileTheIntentSyncs(t *testing.T) {
 			return nil
 		}
 		var err error
-		armed.Do(func() { // the first log sync of the apply is its intent's
+		armed.Do(func() { // the first log sync of the apply is its record's
 			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 				if hasMapKey(e.fake, "maps/host.map", "overlap.example") {
 					sawOps = true
 					return
 				}
 			}
-			err = errors.New("the ops never reached the worker while the intent synced")
+			err = errors.New("the ops never reached the worker while the record synced")
 		})
 		return err
 	})
 	res := e.c.apply(e.c.manifest("plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "overlap.example", Value: "be-b"}), next)
 	d.setHook(nil)
 	if !res.OK || res.Mode != ResultRuntime || !sawOps {
-		t.Fatalf("apply: %+v (ops seen during the intent's sync: %v)", res, sawOps)
+		t.Fatalf("apply: %+v (ops seen during the record's sync: %v)", res, sawOps)
 	}
 	if got := e.disk(t)["maps/host.map"]; got != next["maps/host.map"] {
 		t.Fatalf("disk map %q, want %q", got, next["maps/host.map"])
 	}
 }
 
-// TestAFailedIntentSyncAfterTheOpsRestoresAndReloads: when the intent's
-// sync fails after the ops reached the worker, the apply is aborted, the
-// last-known-good set is restored, and the worker reloads it, so the entry
-// the ops added is gone from it too. A large map (past the size carried in
-// the log) is replaced by the same apply, compiled from its staged part.
-func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
+// TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound: when the apply
+// record's sync fails after the ops reached the worker, the apply fails
+// having renamed nothing, and the worker reloads the tree as the apply
+// found it, so the entry the ops added is gone from the worker too, while
+// everything answered before stays: the earlier runtime replace of a
+// large map (past the size carried in the log, compiled from its staged
+// part) keeps its values on disk and in the worker.
+func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWithDisk(t, d, nil)
 	fs := seedFiles()
@@ -121,8 +122,6 @@ func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
 	e.land(t, "plan-1", fs)
 	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
 
-	// First the replace alone lands: its ops were compiled from the staged
-	// part, not from the file still live when they ran.
 	replaced := fs.clone()
 	replaced["maps/big.map"] = strings.ReplaceAll(big.String(), "be-a", "be-b")
 	res := e.land(t, "plan-2", replaced, Op{Kind: OpMapReplace, Path: "maps/big.map"})
@@ -141,54 +140,20 @@ func TestAFailedIntentSyncAfterTheOpsRestoresAndReloads(t *testing.T) {
 	res = e.c.apply(e.c.manifest("plan-3", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}), next)
 	d.setHook(nil)
 	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || res.Rollback == nil || !res.Rollback.Performed || !res.Rollback.Reloaded {
-		t.Fatalf("apply: %+v", res)
+		t.Fatalf("apply: %+v %+v", res, res.Rollback)
 	}
-	if !sameSet(e.disk(t), fs) {
-		t.Fatalf("the tree is not the last-known-good set")
+	if !sameSet(e.disk(t), replaced) {
+		t.Fatalf("the tree is not the one the apply found: %v", e.disk(t).paths())
 	}
 	if hasMapKey(e.fake, "maps/host.map", "lost.example") || fakeReloads(e.fake) != reloadsBefore+1 {
-		t.Fatalf("the worker keeps the aborted entry (reloads %d, before %d)", fakeReloads(e.fake), reloadsBefore)
+		t.Fatalf("the worker keeps the failed entry (reloads %d, before %d)", fakeReloads(e.fake), reloadsBefore)
 	}
-	// The log works again: the next push, a reload since the abort left no
-	// applied plan to diff against, lands.
-	if res := e.c.apply(reloadManifest(e, "plan-4", next), next); !res.OK || res.Mode != ResultReload {
-		t.Fatalf("the apply after the abort: %+v", res)
+	if st := e.c.state(""); st.AppliedPlanID != "plan-2" || st.RunningPlanID != "plan-2" {
+		t.Errorf("the baseline after the failed apply: %+v", st)
 	}
-}
-
-// TestAFailedIntentSyncIsTheApplysWhoeverWaitsFirst: while the ops run, a
-// second writer of the ledger (an invalidation, or the adoption of the
-// worker the ops found instead of the expected one) may wait for the
-// intent's sync before the apply does. When that sync fails, the apply
-// still learns it: it never renames a file behind an intent that may not
-// be on disk.
-func TestAFailedIntentSyncIsTheApplysWhoeverWaitsFirst(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		setup func(e *testEnv)
-	}{
-		{"an invalidation writes first", func(e *testEnv) { holdOn(e.fake, "add map", e.a.led.invalidate) }},
-		{"the ops adopt another worker", func(e *testEnv) { newWorker(e.fake, false) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := &hookDisk{}
-			e := newTestEnvWithDisk(t, d, nil)
-			fs := seedFiles()
-			e.land(t, "plan-1", fs)
-			logPath := filepath.Join(e.cfg.BaseDir, logFileName)
-			d.setHook(failFirstSync(logPath))
-			tc.setup(e)
-			next := fs.clone()
-			next["maps/host.map"] += "x.example be-b\n"
-			res := e.c.apply(e.c.manifest("plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "x.example", Value: "be-b"}), next)
-			d.setHook(nil)
-			if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.Contains(res.Error.Message, "injected") {
-				t.Fatalf("the failed intent sync went unreported: %+v %+v", res, res.Error)
-			}
-			if !sameSet(e.disk(t), fs) {
-				t.Fatal("files were renamed behind an intent that is not durable")
-			}
-		})
+	// The log works again: the next one-entry change is a runtime apply.
+	if res := e.land(t, "plan-4", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}); res.Mode != ResultRuntime {
+		t.Fatalf("the apply after the failure: %+v", res)
 	}
 }
 
@@ -233,13 +198,13 @@ func TestTheNewSetIsSyncedWhileHAProxyReloadsIt(t *testing.T) {
 }
 
 // failFirstSync is a disk hook that fails the first sync of path, the
-// log's next record being an apply's intent.
+// log's next record being an apply's.
 func failFirstSync(path string) func(diskOp) error {
 	var fail sync.Once
 	return func(op diskOp) error {
 		var err error
 		if op.Op == "sync" && op.Path == path {
-			fail.Do(func() { err = errors.New("injected: the intent's sync failed") })
+			fail.Do(func() { err = errors.New("injected: the record's sync failed") })
 		}
 		return err
 	}
@@ -253,10 +218,10 @@ func fakeReloads(f *FakeHAProxy) int {
 }
 
 // TestAnApplySyncsOnlyAtItsDurablePoints counts the syncs of each kind of
-// apply through the file layer. A one-entry runtime apply makes at most two
-// log syncs and two directory syncs (the intent before its first rename,
-// the commit before its answer, and the backup directory the first time the
-// map is journalled since the last reload); nothing else on its path syncs.
+// apply through the file layer. A one-entry runtime apply makes one log
+// sync (its record, before its first rename) and nothing else on its path
+// syncs, the first time its map is journalled since the last reload too; a
+// reload apply makes two.
 func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWithDisk(t, d, nil)
@@ -279,16 +244,16 @@ func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
 		return next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: key, Value: "be-k"}
 	}
 	for i, s := range []step{
-		{"runtime, the map journalled for the first time", ResultRuntime, 2, 2},
-		{"runtime, the map already journalled", ResultRuntime, 2, 2},
-		{"runtime, again", ResultRuntime, 2, 2},
+		{"runtime, the map journalled for the first time", ResultRuntime, 1, 0},
+		{"runtime, the map already journalled", ResultRuntime, 1, 0},
+		{"runtime, again", ResultRuntime, 1, 0},
 	} {
 		next, op := mapEntry(i)
 		res := e.land(t, "plan-r"+string(rune('0'+i)), next, op)
 		e.a.reads.wg.Wait()
 		log, dirs, others := c.reset()
 		t.Logf("%s: %d log syncs, %d directory syncs, %d other syncs", s.name, log, dirs, others)
-		if res.Mode != s.mode || log > s.maxLog || dirs > s.maxDir || others != 0 {
+		if res.Mode != s.mode || log != s.maxLog || dirs > s.maxDir || others != 0 {
 			t.Errorf("%s: mode %s, %d log syncs, %d directory syncs, %d other syncs; want at most %d and %d and no other",
 				s.name, res.Mode, log, dirs, others, s.maxLog, s.maxDir)
 		}
@@ -317,6 +282,9 @@ func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
 	applyFileOnly(t, e.c, "plan-fo", next)
 	log, dirs, others = c.reset()
 	t.Logf("file_only: %d log syncs, %d directory syncs, %d other syncs", log, dirs, others)
+	if log != 1 || dirs != 0 || others != 0 {
+		t.Errorf("file_only: %d log syncs, %d directory syncs, %d other", log, dirs, others)
+	}
 	next = next.clone()
 	next["haproxy.cfg"] += "# reload\n"
 	e.c.apply(reloadManifest(e, "plan-rl", next), next)
@@ -324,30 +292,37 @@ func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
 	// A reload makes its plan the last-known-good: its files are synced
 	// then, so that the next apply may link them into the journal at once.
 	t.Logf("reload: %d log syncs, %d directory syncs, %d file syncs", log, dirs, others)
-	if log > 2 {
-		t.Errorf("reload: %d log syncs", log)
+	if log != 2 {
+		t.Errorf("reload: %d log syncs, want 2", log)
 	}
 }
 
-func TestLogRecordsAreFramedAndATornTailIsCut(t *testing.T) {
+// TestLogFramesTellATornTailFromDamage: a log cut anywhere decodes to a
+// prefix of its records and no damage. A flipped byte in a record that a
+// later record says was synced is damage, reported at its offset with the
+// records after it; one in a record written after the last completed sync,
+// with only such records after it (a power loss may write their blocks out
+// of order), is a torn tail.
+func TestLogFramesTellATornTailFromDamage(t *testing.T) {
 	var b bytes.Buffer
-	for i := range 3 {
-		rec, err := encodeRecord(&logRecord{Seq: uint64(i + 1), Kind: recordState,
-			Set: map[string]json.RawMessage{"generation": json.RawMessage(`7`)}})
+	var offsets []int
+	// Records 1 and 2 were synced, 3 and 4 were written after that.
+	for i, durable := range []uint64{0, 1, 2, 2} {
+		offsets = append(offsets, b.Len())
+		frame, err := encodeFrame(&logRecord{Seq: uint64(i + 1), Kind: recordState, State: &agentState{Generation: uint64(i + 1)}, Durable: durable})
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.Write(rec)
+		b.Write(frame)
 	}
 	whole := b.Bytes()
-	recs, good := decodeRecords(whole)
-	if len(recs) != 3 || good != len(whole) {
-		t.Fatalf("decoded %d records, %d of %d bytes", len(recs), good, len(whole))
+	if recs, tail, good, damaged := decodeFrames(whole, 0); len(recs) != 4 || len(tail) != 0 || good != len(whole) || damaged != -1 {
+		t.Fatalf("decoded %d records (+%d), %d of %d bytes, damage at %d", len(recs), len(tail), good, len(whole), damaged)
 	}
 	for cut := 1; cut < len(whole); cut++ {
-		recs, good := decodeRecords(whole[:cut])
-		if good > cut || len(recs) > 3 {
-			t.Fatalf("cut at %d: %d records, good %d", cut, len(recs), good)
+		recs, _, good, damaged := decodeFrames(whole[:cut], 0)
+		if good > cut || damaged != -1 {
+			t.Fatalf("cut at %d: %d records, good %d, damage at %d", cut, len(recs), good, damaged)
 		}
 		for i, r := range recs {
 			if r.Seq != uint64(i+1) {
@@ -355,180 +330,156 @@ func TestLogRecordsAreFramedAndATornTailIsCut(t *testing.T) {
 			}
 		}
 	}
-	// A flipped byte in the second record's payload ends the log there.
-	bad := bytes.Clone(whole)
-	first, _ := encodeRecord(&recs[0])
-	bad[len(first)+logHeaderBytes+3] ^= 0x20
-	recs, good = decodeRecords(bad)
-	if len(recs) != 1 || good != len(first) {
-		t.Errorf("corrupt second record: %d records, good %d", len(recs), good)
+	flip := func(record int) []byte {
+		bad := bytes.Clone(whole)
+		bad[offsets[record]+frameHeaderBytes+3] ^= 0x20
+		return bad
 	}
-}
-
-// TestChangedFieldsRoundTrip: a record carries exactly the fields that
-// changed, and replaying it onto the old state gives the new one, zero
-// values included.
-func TestChangedFieldsRoundTrip(t *testing.T) {
-	prev := agentState{Generation: 3, AppliedPlanID: "p", AppliedPlanProof: "a:3", ManifestPaths: []string{"a", "b"},
-		Journal:         backupJournal{Entries: []journalEntry{{Path: "a", Kind: journalModified, Backup: "/x"}}},
-		ReloadPendingAt: time.Unix(100, 0).UTC()}
-	next := cloneState(prev)
-	next.Generation = 4
-	next.AppliedPlanProof = ""
-	next.Journal = backupJournal{}
-	next.ReloadPendingAt = time.Time{}
-	next.LastApply = &ApplyResult{PlanID: "p", OK: true}
-	set, err := changedFields(&prev, &next)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for k := range set {
-		names = append(names, k)
-	}
-	want := "applied_plan_proof generation journal last_apply reload_pending_at"
-	if got := strings.Join(sortedStrings(names), " "); got != want {
-		t.Errorf("changed fields %q, want %q", got, want)
-	}
-	replayed := cloneState(prev)
-	if err := applyFields(&replayed, set); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(replayed, next) {
-		t.Errorf("replayed\n%+v\nwant\n%+v", replayed, next)
-	}
-}
-
-func sortedStrings(s []string) []string {
-	out := append([]string(nil), s...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
+	for _, tc := range []struct {
+		record, records, tail int
+		damage                bool
+	}{
+		{1, 1, 2, true},  // record 2 was synced, as records 3 and 4 say
+		{0, 0, 3, true},  // so was record 1
+		{2, 2, 0, false}, // record 3 was not, nor was 4 that follows it
+		{3, 3, 0, false}, // the last record
+	} {
+		recs, tail, good, damaged := decodeFrames(flip(tc.record), 0)
+		want := -1
+		if tc.damage {
+			want = offsets[tc.record]
+		}
+		if len(recs) != tc.records || good != offsets[tc.record] || damaged != want || len(tail) != tc.tail {
+			t.Errorf("record %d flipped: %d records, good %d, damage at %d (want %d), %d after it",
+				tc.record+1, len(recs), good, damaged, want, len(tail))
 		}
 	}
-	return out
 }
 
-// TestSettle is the table of how a run's end changes the state.
+// TestSettle is the table of how a run's end changes the state: p1 is on
+// disk and in the worker, the apply lands p2.
 func TestSettle(t *testing.T) {
-	base := agentState{Generation: 5, AppliedPlanID: "p1", AppliedPlanProof: "a:1",
-		RunningPlanID: "p1", RunningPlanProof: "a:1", WorkerOpsPlanID: "p1", WorkerOpsPlanProof: "a:1",
-		LKGPlanID: "p1", LKGPlanProof: "a:1", AppliedToken: Token{1, 4}, TreeDigest: "t1"}
-	before := base
-	ok := ApplyResult{OK: true}
-	nack := ApplyResult{OK: false}
+	p1, p2, w2, lkg := planRef{"p1", "a:1"}, planRef{"p2", "a:2"}, planRef{"p2w", "a:3"}, planRef{"p0", "a:0"}
+	base := agentState{Generation: 5, Applied: p1, Running: p1, WorkerOps: p1, LKG: lkg, Token: Token{1, 4}}
+	pending := base
+	pending.Pending, pending.PendingAt, pending.PendingBase = p1, time.Unix(9, 0), planRef{"p0", "a:0"}
+	pending.PendingUndo = []journalEntry{{Path: "a"}}
+	id := applyIdentity{ref: p2, worker: w2, token: Token{1, 5}, schema: 1, changed: true,
+		undo: []journalEntry{{Path: "a", Backup: "/l/2"}, {Path: "b", Backup: "/l/3"}}}
+	now := time.Unix(100, 0)
+	type pairs struct {
+		gen                              uint64
+		applied, running, workerOps, lkg planRef
+		token                            Token
+	}
 	tests := []struct {
-		name          string
-		st            agentState
-		o             outcome
-		invalidations uint64
-		check         func(s agentState) string
+		name string
+		cur  agentState
+		id   applyIdentity
+		o    outcome
+		want pairs
+		more func(s agentState) string
 	}{
-		{"an OK apply records its pair, token and tree", base,
-			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}, landsTree: true, paths: []string{"x"}, tree: "t2"}, 0,
-			func(s agentState) string {
-				if s.Generation != 6 || s.applied() != (planRef{"p2", "a:2"}) || s.workerOps() != (planRef{"p2", "a:2"}) ||
-					s.AppliedToken != (Token{1, 5}) || s.TreeDigest != "t2" || s.running() != (planRef{"p1", "a:1"}) {
-					return "wrong"
+		{"a runtime or file_only apply lands its pair and token", base, id, outcome{ok: true, installed: true},
+			pairs{6, p2, p1, p2, lkg, Token{1, 5}}, func(s agentState) string {
+				if !s.TreeChangedAt.Equal(now) || s.ReloadOwed {
+					return "tree change time, or a reload owed"
 				}
 				return ""
 			}},
-		{"an overtaken apply records its tree but not its pair", base,
-			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}, landsTree: true, tree: "t2", invalidations0: 0}, 1,
-			func(s agentState) string {
-				if s.Generation != 6 || s.AppliedPlanID != "" || s.AppliedToken != (Token{1, 4}) || s.TreeDigest != "t2" {
-					return "wrong"
+		{"a reload lands its pair as running and last-known-good", base, id, outcome{ok: true, reloaded: true},
+			pairs{6, p2, p2, p2, p2, Token{1, 5}}, nil},
+		{"an apply an invalidation overtook lands its tree, not its pair", base, id, outcome{ok: true, overtaken: true},
+			pairs{6, planRef{}, p1, planRef{}, lkg, Token{1, 4}}, nil},
+		{"a scheduled apply keeps the worker pair and records what its reload undoes", base, id, outcome{ok: true, due: now},
+			pairs{6, p2, p1, p1, lkg, Token{1, 5}}, func(s agentState) string {
+				if s.Pending != p2 || !s.PendingAt.Equal(now) || s.PendingBase != p1 || len(s.PendingUndo) != 2 {
+					return fmt.Sprintf("pending %+v at %v base %+v undo %v", s.Pending, s.PendingAt, s.PendingBase, s.PendingUndo)
 				}
 				return ""
 			}},
-		{"a pending reload keeps the worker baseline", func() agentState {
-			s := base
-			s.ReloadPendingAt = time.Unix(1, 0)
-			return s
-		}(),
-			outcome{result: ok, ok: true, ref: planRef{"p2", "a:2"}, token: Token{1, 5}}, 0,
-			func(s agentState) string {
-				if s.applied() != (planRef{"p2", "a:2"}) || s.workerOps() != (planRef{"p1", "a:1"}) {
-					return "wrong"
+		{"an apply joining a pending reload keeps its due, its base and the first undo of a path", pending, id,
+			outcome{ok: true, due: pending.PendingAt, inPlace: true},
+			pairs{6, p2, p1, w2, lkg, Token{1, 5}}, func(s agentState) string {
+				if s.Pending != p2 || !s.PendingAt.Equal(pending.PendingAt) || s.PendingBase != pending.PendingBase ||
+					len(s.PendingUndo) != 2 || s.PendingUndo[0].Backup != "" {
+					return fmt.Sprintf("pending %+v base %+v undo %v", s.Pending, s.PendingBase, s.PendingUndo)
 				}
 				return ""
 			}},
-		{"a revert records the LKG pair", base,
-			outcome{result: ok, ok: true, revert: true, token: Token{1, 5}}, 0,
-			func(s agentState) string {
-				if s.applied() != (planRef{"p1", "a:1"}) || s.Generation != 6 {
-					return "wrong"
+		{"a revert lands the last-known-good pair", base, applyIdentity{ref: lkg, token: Token{1, 5}, revert: true},
+			outcome{ok: true, reloaded: true}, pairs{6, lkg, lkg, lkg, lkg, Token{1, 5}}, nil},
+		{"a re-landed plan re-binds its stored blob", func() agentState { s := base; s.Blob = planRef{"p2", "a:1"}; return s }(), id,
+			outcome{ok: true}, pairs{6, p2, p1, p2, lkg, Token{1, 5}}, func(s agentState) string {
+				if s.Blob != p2 {
+					return fmt.Sprintf("blob %+v", s.Blob)
 				}
 				return ""
 			}},
-		{"a failed apply clears the applied pair and keeps the token", base,
-			outcome{result: nack}, 0,
-			func(s agentState) string {
-				if s.AppliedPlanID != "" || s.AppliedToken != (Token{1, 4}) || s.Generation != 5 || s.running() != (planRef{"p1", "a:1"}) {
-					return "wrong"
+		// The refusal rows: a failure keeps the generation and token, and the
+		// pairs where they are still true.
+		{"a refused reload that was undone keeps the baseline it began with", base, id, outcome{undone: true, installed: true},
+			pairs{5, p1, p1, p1, lkg, Token{1, 4}}, nil},
+		{"an apply that failed before it changed anything keeps everything", base, id, outcome{undone: true},
+			pairs{5, p1, p1, p1, lkg, Token{1, 4}}, func(s agentState) string {
+				if !s.TreeChangedAt.IsZero() {
+					return "the tree change time moved"
 				}
 				return ""
 			}},
-		{"a refused reload that put the tree back restores the baseline", func() agentState {
-			s := base
-			s.setApplied(planRef{})
-			s.setWorkerOps(planRef{})
-			return s
-		}(),
-			outcome{result: nack, refused: true, restoredTree: true, before: before}, 0,
-			func(s agentState) string {
-				if s.applied() != (planRef{"p1", "a:1"}) || s.workerOps() != (planRef{"p1", "a:1"}) || s.Generation != 5 {
-					return "wrong"
-				}
-				return ""
-			}},
-		{"a refused reload over another tree forgets", base,
-			outcome{result: nack, refused: true, restoredTree: false, before: before}, 0,
-			func(s agentState) string {
-				if s.AppliedPlanID != "" {
-					return "wrong"
-				}
-				return ""
-			}},
-		{"a scheduled reload never moves the generation", base,
-			outcome{result: ok, ok: true, scheduled: true}, 0,
-			func(s agentState) string {
-				if s.Generation != 5 || s.applied() != (planRef{"p1", "a:1"}) {
-					return "wrong"
-				}
-				return ""
-			}},
-		{"a failed scheduled reload clears the applied pair", base,
-			outcome{result: nack, scheduled: true}, 0,
-			func(s agentState) string {
-				if s.Generation != 5 || s.AppliedPlanID != "" {
-					return "wrong"
-				}
-				return ""
-			}},
-		{"a re-landed plan re-binds its stored blob", func() agentState {
-			s := base
-			s.PlanBlobPlanID, s.PlanBlobPlanProof = "p1", "a:1"
-			return s
-		}(),
-			outcome{result: ok, ok: true, ref: planRef{"p1", "a:7"}, token: Token{1, 5}}, 0,
-			func(s agentState) string {
-				if s.PlanBlobPlanID != "p1" || s.PlanBlobPlanProof != "a:7" {
-					return "wrong"
+		{"ops that ran and a restored tree the worker reloaded", base, id, outcome{undone: true, opsRan: true, recovered: true},
+			pairs{5, p1, p1, p1, lkg, Token{1, 4}}, nil},
+		{"ops that ran and a recovery reload that failed vouch for no worker", base, id, outcome{undone: true, opsRan: true},
+			pairs{5, p1, planRef{}, planRef{}, lkg, Token{1, 4}}, nil},
+		{"a reload without a verdict whose undo failed forgets the applied pair", base, id, outcome{reloaded: true, installed: true},
+			pairs{5, planRef{}, planRef{}, planRef{}, lkg, Token{1, 4}}, nil},
+		{"a restored tree HAProxy refused too falls back to the last-known-good set", base, id,
+			outcome{undone: true, opsRan: true, lkgRestored: true}, pairs{5, lkg, lkg, lkg, lkg, Token{1, 4}}, nil},
+		{"an invalidation during a failed apply stays", func() agentState { s := base; s.Applied = planRef{}; return s }(), id,
+			outcome{undone: true, overtaken: true}, pairs{5, planRef{}, p1, p1, lkg, Token{1, 4}}, nil},
+		{"a failure keeps a pending reload it did not reload", pending, id, outcome{undone: true, installed: true},
+			pairs{5, p1, p1, p1, lkg, Token{1, 4}}, func(s agentState) string {
+				if s.Pending != p1 || len(s.PendingUndo) != 1 {
+					return fmt.Sprintf("pending %+v undo %v", s.Pending, s.PendingUndo)
 				}
 				return ""
 			}},
 	}
 	for _, tc := range tests {
-		got := settle(tc.st, tc.o, tc.invalidations)
-		if msg := tc.check(got); msg != "" {
-			t.Errorf("%s: %+v", tc.name, got)
+		tc.o.result = ApplyResult{PlanID: "p2", OK: tc.o.ok}
+		s := settle(tc.cur, base, tc.id, tc.o, now)
+		got := pairs{s.Generation, s.Applied, s.Running, s.WorkerOps, s.LKG, s.Token}
+		if got != tc.want {
+			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}
-		if got.LastApply == nil {
-			t.Errorf("%s: no last_apply", tc.name)
+		if tc.more != nil {
+			if msg := tc.more(s); msg != "" {
+				t.Errorf("%s: %s", tc.name, msg)
+			}
 		}
+		if s.LastApply == nil || s.LastApply.PlanID != "p2" {
+			t.Errorf("%s: last_apply %+v", tc.name, s.LastApply)
+		}
+	}
+}
+
+// TestLandingIsWhatACrashRightAfterTheRecordFinds: the state an apply's
+// record carries is the state it lands if it ends as planned, with a reload
+// owed while its ops may still be in flight.
+func TestLandingIsWhatACrashRightAfterTheRecordFinds(t *testing.T) {
+	p1, p2 := planRef{"p1", "a:1"}, planRef{"p2", "a:2"}
+	base := agentState{Generation: 5, Applied: p1, Running: p1, WorkerOps: p1, Token: Token{1, 4}}
+	id := applyIdentity{ref: p2, token: Token{1, 5}, changed: true}
+	now := time.Unix(100, 0)
+	ops := landing(base, id, steps{act: activateOps}, true, now)
+	if ops.Generation != 6 || ops.Applied != p2 || ops.WorkerOps != p2 || ops.Running != p1 || !ops.ReloadOwed {
+		t.Errorf("runtime: %+v", ops)
+	}
+	if fo := landing(base, id, steps{act: activateNothing}, false, now); fo.ReloadOwed || fo.Applied != p2 {
+		t.Errorf("file_only: %+v", fo)
+	}
+	if sc := landing(base, id, steps{act: activateSchedule}, false, now); sc.Pending != p2 || sc.WorkerOps != p1 || !sc.PendingAt.Equal(now) {
+		t.Errorf("scheduled: %+v", sc)
 	}
 }
 
@@ -537,9 +488,9 @@ func TestSettle(t *testing.T) {
 func TestWorkerAtStart(t *testing.T) {
 	changed := time.UnixMicro(2_000_000)
 	expected := HAProxyInfo{WorkerPID: 10, WorkerStartTimeUnixMicros: 1_000_000}
-	base := agentState{AppliedPlanID: "p1", AppliedPlanProof: "a:1", RunningPlanID: "p0", RunningPlanProof: "a:0",
-		WorkerOpsPlanID: "p1", WorkerOpsPlanProof: "a:1", ExpectedWorker: expected, TreeChangedAt: changed,
-		PendingReloadPlanID: "p1", PendingReloadPlanProof: "a:1", ReloadPendingAt: time.Unix(5, 0)}
+	p0, p1 := planRef{"p0", "a:0"}, planRef{"p1", "a:1"}
+	base := agentState{Applied: p1, Running: p0, WorkerOps: p1, Worker: expected, TreeChangedAt: changed,
+		Pending: p1, PendingAt: time.Unix(5, 0)}
 	tests := []struct {
 		name             string
 		st               agentState
@@ -547,14 +498,16 @@ func TestWorkerAtStart(t *testing.T) {
 		running, workOps planRef
 		pending          bool
 	}{
-		{"the same worker keeps everything", base, expected, planRef{"p0", "a:0"}, planRef{"p1", "a:1"}, true},
+		{"the same worker keeps everything", base, expected, p0, p1, true},
 		{"a worker that started after the tree changed loaded it", base,
-			HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, planRef{"p1", "a:1"}, planRef{"p1", "a:1"}, false},
+			HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, p1, p1, false},
 		{"a worker that started before the tree changed runs something else", base,
 			HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 1_500_000}, planRef{}, planRef{}, true},
+		{"the same PID with another start time is another worker", base,
+			HAProxyInfo{WorkerPID: 10, WorkerStartTimeUnixMicros: 1_500_000}, planRef{}, planRef{}, true},
 		{"a new worker without a known applied plan runs something unknown", func() agentState {
 			s := base
-			s.setApplied(planRef{})
+			s.Applied = planRef{}
 			return s
 		}(), HAProxyInfo{WorkerPID: 11, WorkerStartTimeUnixMicros: 3_000_000}, planRef{}, planRef{}, true},
 		{"an unknown change time vouches for nothing", func() agentState {
@@ -565,9 +518,9 @@ func TestWorkerAtStart(t *testing.T) {
 	}
 	for _, tc := range tests {
 		got := workerAtStart(tc.st, tc.observed)
-		if got.running() != tc.running || got.workerOps() != tc.workOps || got.reloadPending() != tc.pending ||
-			got.ExpectedWorker != tc.observed || got.applied() != tc.st.applied() {
-			t.Errorf("%s: running %+v worker ops %+v pending %v", tc.name, got.running(), got.workerOps(), got.reloadPending())
+		if got.Running != tc.running || got.WorkerOps != tc.workOps || got.reloadPending() != tc.pending ||
+			got.Worker != tc.observed || got.Applied != tc.st.Applied {
+			t.Errorf("%s: running %+v worker ops %+v pending %v", tc.name, got.Running, got.WorkerOps, got.reloadPending())
 		}
 	}
 }
@@ -721,10 +674,8 @@ func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 		t.Fatalf("blob not stored: %+v", before)
 	}
 	stop()
-	due := time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano)
-	editState(t, cfg.BaseDir, func(m map[string]any) {
-		m["pending_reload_plan_id"], m["pending_reload_plan_proof"], m["reload_pending_at"] = "plan-1", before.AppliedPlanProof, due
-		m["nack"] = map[string]any{"manifest_digest": "0123456789abcdef", "reason": "reload", "until": due}
+	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) {
+		s.Pending, s.PendingAt = planRef{"plan-1", before.AppliedPlanProof}, time.Now().Add(time.Hour)
 	})
 
 	a, _ = launchTestAgent(t, cfg, true)
@@ -735,7 +686,7 @@ func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 		st.ReloadPendingAt == "" || !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
 		t.Errorf("state after restart: %+v", st)
 	}
-	if a.led.nack != nil {
+	if a.deps.nack.work != nil {
 		t.Error("the known-bad record survived the restart")
 	}
 }
@@ -766,34 +717,48 @@ func (e *testEnv) restartStopped(t testing.TB) {
 // ---------------------------------------------------------------------------
 // Startup recovery: the state file, an interrupted apply, a pending reload.
 
-func TestACorruptStateFileIsFatal(t *testing.T) {
-	cfg := validTestConfig(t)
+// TestADamagedStateIsSetAsideAndTheBaselineForgotten: a state file that
+// fails its checksum is not acted on: the agent starts, keeps it aside for
+// inspection, keeps the tree as it stands and forgets the baseline, and a
+// file that does not even parse is no different.
+func TestADamagedStateIsSetAsideAndTheBaselineForgotten(t *testing.T) {
+	_, cfg, _, first := landedThenStopped(t)
 	path := filepath.Join(cfg.BaseDir, ".haptic-agent.json")
+	b, _ := os.ReadFile(path)
+	b[len(b)/2] ^= 0x01
+	os.WriteFile(path, b, 0o600)
+	a, _ := launchTestAgent(t, cfg, true)
+	st := newAgentClient(t, a).state("")
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.LKGPlanID != "" || !sameSet(diskSet(t, cfg.BaseDir), seedFiles()) {
+		t.Errorf("after a damaged snapshot: %+v", st)
+	}
+	if aside, err := os.ReadFile(path + damagedSuffix); err != nil || !bytes.Equal(aside, b) {
+		t.Errorf("the damaged snapshot was not kept aside: %v", err)
+	}
+	// What the agent owned is unknown with its snapshot, but the files stay,
+	// and the next push lands by a reload.
+	if first.AppliedPlanID != "plan-1" || len(st.Files) != 0 {
+		t.Errorf("a damaged snapshot vouches for files: %+v", st.Files)
+	}
+	c := newAgentClient(t, a)
+	fs := seedFiles()
+	if res := c.apply(reloadManifest(&testEnv{c: c}, "plan-2", fs), fs); !res.OK || res.Mode != ResultReload {
+		t.Errorf("the push after the damage: %+v", res)
+	}
 	os.WriteFile(path, []byte("{not json"), 0o600)
-	err := newTestAgentOrError(t, cfg)
-	if err == nil || !strings.HasPrefix(err.Error(), "parse "+path+": ") {
-		t.Errorf("NewAgent = %v", err)
-	}
-	// Unknown fields are ignored.
-	os.WriteFile(path, []byte(`{"generation":3,"from_the_future":true}`), 0o600)
-	a, err := NewAgent(cfg)
-	if err != nil {
-		t.Fatalf("unknown field: %v", err)
-	}
-	a.closeListeners()
-	if gen := a.led.generation(); gen != 3 {
-		t.Errorf("generation %d", gen)
+	if err := newTestAgentOrError(t, cfg); err != nil {
+		t.Errorf("NewAgent over an unparsable state file: %v", err)
 	}
 }
 
 func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
 	fake, cfg, _, _ := landedThenStopped(t)
-	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) { s.ReloadOwed = true })
 	pid := fake.Worker().WorkerPID
 
 	a, _ := launchTestAgent(t, cfg, true)
 	st := newAgentClient(t, a).state("")
-	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+	if st.AppliedPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.WorkerOpsPlanID != "plan-1" {
 		t.Errorf("baseline after recovery: %+v", st)
 	}
 	if fake.Worker().WorkerPID <= pid || st.HAProxy.WorkerPID != fake.Worker().WorkerPID {
@@ -801,40 +766,6 @@ func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
 	}
 	if st.LKGPlanID != "plan-1" || st.InvariantViolation != "" {
 		t.Errorf("LKG %q invariant %q", st.LKGPlanID, st.InvariantViolation)
-	}
-}
-
-func TestAnInterruptedBackedUpApplyRestoresTheJournal(t *testing.T) {
-	fake := startTestFake(t, "")
-	cfg := testAgentConfig(t, fake)
-	a, stop := launchTestAgent(t, cfg, true)
-	c := newAgentClient(t, a)
-	lkg := seedFiles()
-	lkg["notes/readme.txt"] = "v1\n"
-	c.apply(c.manifest("plan-1", lkg), lkg)
-	next := lkg.clone()
-	next["notes/readme.txt"] = "v2\n"
-	next["notes/new.txt"] = "new\n"
-	delete(next, "maps/host.map")
-	applyFileOnly(t, c, "plan-2", next)
-	stop()
-	// A third apply was cut half way through its writes (to journalled
-	// paths: an older agent journalled every path it was about to write).
-	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/readme.txt"), []byte("half written\n"), 0o644)
-	os.WriteFile(filepath.Join(cfg.BaseDir, "notes/new.txt"), []byte("half\n"), 0o644)
-	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "backed_up"; m["in_flight_plan_id"] = "plan-3" })
-
-	a, _ = launchTestAgent(t, cfg, true)
-	if got := diskSet(t, cfg.BaseDir); !sameSet(got, lkg) {
-		t.Errorf("tree after recovery = %v\nwant the LKG set %v", got, lkg)
-	}
-	st := newAgentClient(t, a).state("")
-	if !slices.Equal(slices.Sorted(mapsKeys(st.Files)), lkg.paths()) {
-		t.Errorf("state files %v", st.Files)
-	}
-	ps := readStateFile(t, cfg.BaseDir)
-	if len(ps.Journal.Entries) != 0 || !slices.Equal(ps.ManifestPaths, lkg.paths()) || ps.Phase != "" {
-		t.Errorf("state file: journal %v paths %v phase %q", ps.Journal.Entries, ps.ManifestPaths, ps.Phase)
 	}
 }
 
@@ -849,9 +780,8 @@ func TestAScheduledReloadWaitsForStartupToFinish(t *testing.T) {
 	fs2["notes/extra.txt"] = "extra\n"
 	applyFileOnly(t, c, "plan-2", fs2)
 	stop()
-	editState(t, cfg.BaseDir, func(m map[string]any) {
-		m["pending_reload_plan_id"], m["pending_reload_plan_proof"] = "plan-2", "a:2"
-		m["reload_pending_at"] = time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano)
+	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) {
+		s.Pending, s.PendingAt = planRef{"plan-2", "a:2"}, time.Now().Add(-time.Hour)
 	})
 	dir := shortTempDir(t)
 	cfg.WorkerSocket, cfg.MasterSocket = filepath.Join(dir, "w.sock"), filepath.Join(dir, "m.sock")

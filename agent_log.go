@@ -1,13 +1,15 @@
-// This file owns how the ledger's state reaches the disk: a snapshot (the
-// state file, written whole only when the log is compacted) and an
-// append-only log beside it whose records name what changed since. A
-// record is framed by its length and a CRC-32C of its payload, so that a
-// record torn by a crash is recognised and everything from it on is cut
-// off at the next start.
+// This file owns how the agent's state reaches its disk: a snapshot (the
+// state file, rewritten whole only at compaction) and an append-only log
+// beside it, and how the two are read back at start. Both are made of
+// frames: a magic number, the payload's length, its CRC-32C and the payload,
+// one JSON record. A frame cut short at the end of the log, with nothing
+// valid after it, is what a crash in the middle of an append leaves: it is
+// cut off. A frame that fails its checksum with a valid frame after it, or a
+// snapshot that fails its own, is damage, and a damaged history is never
+// acted on (loadLog reports it; the ledger forgets what it cannot trust).
 //
-// It must never decide what a change means (the ledger does) and never
-// sync unless asked: syncing is what makes an apply slow, so the ledger
-// asks only at the points where a promise is made.
+// It never decides what a record means beyond replaying it, and never syncs
+// unless asked: syncing is what makes an apply slow.
 
 package haptic
 
@@ -22,175 +24,153 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
-	"strings"
-	"sync"
 )
 
-// Log limits. A record carries at most a few files' bytes (each no larger
-// than maxInlineBytes) and the state's small fields; the log is compacted
-// into a new snapshot once it passes maxLogBytes or maxLogRecords, so that
-// a restart replays little.
+// Log limits. A record carries at most maxInlinePerApply bytes of files
+// and the state's small fields; the log is compacted into a new snapshot
+// once it passes maxLogBytes or maxLogRecords, so that a restart replays
+// little.
 const (
 	logFileName      = ".haptic-agent.log"
-	logHeaderBytes   = 8
-	maxRecordBytes   = 2*maxInlinePerApply + MaxPlanBlobBytes + 16<<20 // far above any real record; a bound for a corrupt length
+	frameMagic       = 0x54504148 // "HAPT" in the file
+	frameHeaderBytes = 12
+	maxRecordBytes   = 2*maxInlinePerApply + MaxPlanBlobBytes + 16<<20 // far above any real record; the bound of a corrupt length
 	maxLogBytes      = 8 << 20
-	maxLogReadBytes  = maxLogBytes + 4*maxRecordBytes // what a restart reads: a full log and the records past the threshold
 	maxLogRecords    = 4096
+	maxLogReadBytes  = maxLogBytes + 4*maxRecordBytes // a full log and the records written past the threshold
 	stateTempPattern = ".haptic-agent-state-*"
+	damagedSuffix    = ".damaged"
 )
 
-// Record kinds. An intent opens a change of the tree; the commit or the
-// rollback that follows closes it. A rollback that is not followed by an
-// abort record is finished at the next start.
+// Record kinds.
 const (
-	recordState    = "state"
-	recordIntent   = "intent"
-	recordCommit   = "commit"
-	recordRollback = "rollback"
-	recordAbort    = "abort"
+	recordSnapshot = "snapshot" // the state file: the whole state, tree and journal
+	recordApply    = "apply"    // one apply: the state it lands, its files and their undo
+	recordEnd      = "end"      // closes an apply: landed (ok) or undone
+	recordState    = "state"    // any other change of the state
 )
 
-// logRecord is one change of the persisted state.
+// logRecord is one frame's payload.
 type logRecord struct {
-	Seq  uint64                     `json:"seq"`
-	Kind string                     `json:"kind"`
-	Set  map[string]json.RawMessage `json:"set,omitempty"`     // state fields and their new values
-	Tree map[string]*FileAt         `json:"tree,omitempty"`    // tree entries; null removes one
-	Undo []undoEntry                `json:"undo,omitempty"`    // intent: how every touched path looked before
-	Redo []redoEntry                `json:"redo,omitempty"`    // commit: bytes installed without a sync
-	Gone []string                   `json:"gone,omitempty"`    // commit: paths the apply deleted
-	Back *backupJournal             `json:"journal,omitempty"` // rollback: the journal being restored
+	Seq   uint64             `json:"seq"`
+	Kind  string             `json:"kind"`
+	State *agentState        `json:"state,omitempty"`
+	Tree  map[string]*FileAt `json:"tree,omitempty"` // entries that changed (null removes one); a snapshot's whole tree
+
+	// An apply's files, how they looked before it, and the journal entries
+	// it added. An open apply counts only once an end record with ok
+	// closes it; any other counts unless an end record without ok does.
+	Files   []fileChange   `json:"files,omitempty"`
+	Journal []journalEntry `json:"journal,omitempty"` // a snapshot's whole journal
+	Open    bool           `json:"open,omitempty"`
+
+	// Blob is the plan blob an apply carried or PUT /v1/plan stored, until
+	// a snapshot writes it to its own file.
+	Blob []byte `json:"blob,omitempty"`
+
+	End uint64 `json:"end,omitempty"` // the apply an end record closes
+	// Durable is the last record whose sync had completed when this one was
+	// written: replay tells a torn tail from damage by it.
+	Durable uint64 `json:"durable,omitempty"`
+	OK  bool   `json:"ok,omitempty"`
+	// ResetJournal: the journal is empty from this record on (a new
+	// last-known-good plan).
+	ResetJournal bool `json:"reset_journal,omitempty"`
 }
 
-// redoEntry is the content of one file the commit installed without a
-// sync: recovery rewrites the file from it if a power loss took the bytes
-// or the rename.
-type redoEntry struct {
-	Path string `json:"path"`
-	Data []byte `json:"data"`
+// fileChange is one path an apply changes: what it holds after the apply
+// (nil: deleted) and where those bytes are, and what it held before (nil:
+// absent) and where those are. Recovery finds bytes by their digest, so a
+// source is only a place to look, and is verified before use.
+type fileChange struct {
+	Path string  `json:"path"`
+	New  *FileAt `json:"new,omitempty"`
+	Data []byte  `json:"data,omitempty"` // the new bytes, for a small file
+	Temp string  `json:"temp,omitempty"` // a synced temp file holding the new bytes
+	Old  *FileAt `json:"old,omitempty"`
+	Undo string  `json:"undo,omitempty"` // a link to the old bytes
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// encodeRecord frames a record: length, CRC-32C, JSON payload.
-func encodeRecord(r *logRecord) ([]byte, error) {
+// encodeFrame frames one record.
+func encodeFrame(r *logRecord) ([]byte, error) {
 	payload, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, logHeaderBytes, logHeaderBytes+len(payload))
-	binary.LittleEndian.PutUint32(out[0:4], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(out[4:8], crc32.Checksum(payload, crcTable))
+	if len(payload) > maxRecordBytes {
+		return nil, fmt.Errorf("a state record of %d bytes exceeds the %d-byte limit", len(payload), maxRecordBytes)
+	}
+	out := make([]byte, frameHeaderBytes, frameHeaderBytes+len(payload))
+	binary.LittleEndian.PutUint32(out[0:4], frameMagic)
+	binary.LittleEndian.PutUint32(out[4:8], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(out[8:12], crc32.Checksum(payload, crcTable))
 	return append(out, payload...), nil
 }
 
-// decodeRecords reads records from the start of b up to the first one that
-// is torn, fails its checksum or does not parse. It returns the records and
-// the length of the good prefix: everything after it is cut off.
-func decodeRecords(b []byte) ([]logRecord, int) {
-	var out []logRecord
-	pos := 0
-	for len(out) < maxLogRecords*2 && len(b)-pos >= logHeaderBytes {
-		n := int(binary.LittleEndian.Uint32(b[pos : pos+4]))
-		sum := binary.LittleEndian.Uint32(b[pos+4 : pos+8])
-		if n == 0 || n > maxRecordBytes || len(b)-pos-logHeaderBytes < n {
-			break
-		}
-		payload := b[pos+logHeaderBytes : pos+logHeaderBytes+n]
-		if crc32.Checksum(payload, crcTable) != sum {
-			break
-		}
-		var r logRecord
-		if err := json.Unmarshal(payload, &r); err != nil {
-			break
-		}
-		out = append(out, r)
-		pos += logHeaderBytes + n
+// frameAt decodes the frame at pos, or reports that none is there.
+func frameAt(b []byte, pos int) (r logRecord, next int, ok bool) {
+	if len(b)-pos < frameHeaderBytes || binary.LittleEndian.Uint32(b[pos:]) != frameMagic {
+		return r, 0, false
 	}
-	return out, pos
+	n := int(binary.LittleEndian.Uint32(b[pos+4:]))
+	end := pos + frameHeaderBytes + n
+	if n == 0 || n > maxRecordBytes || end > len(b) {
+		return r, 0, false
+	}
+	payload := b[pos+frameHeaderBytes : end]
+	if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(b[pos+8:]) || json.Unmarshal(payload, &r) != nil {
+		return logRecord{}, 0, false
+	}
+	return r, end, true
 }
 
-// ---------------------------------------------------------------------------
-// State fields by JSON name. A record carries only the fields that changed;
-// replay sets them on the snapshot. The tree travels separately (it is
-// large and changes a few entries at a time), and so do the fields only a
-// snapshot holds.
-
-// stateField is one field of agentState a record may carry.
-type stateField struct {
-	name  string
-	index int
-}
-
-var stateFields = sync.OnceValue(func() []stateField {
-	snapshotOnly := map[string]bool{"files": true, "log_seq": true, "pending_deletes": true,
-		"phase": true, "in_flight_plan_id": true, "nack": true}
-	t := reflect.TypeFor[agentState]()
-	var out []stateField
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if name == "" || name == "-" || snapshotOnly[name] {
+// decodeFrames reads frames from the start of b up to the first that is
+// not whole and valid; good is the length of that prefix. After a crash,
+// only records written since the last completed sync may be torn, lost or
+// (their blocks written out of order) followed by whole ones: so a break
+// is damage, not a torn tail, only when a valid frame after it says the
+// record at the break had been synced. damaged is then the break's offset
+// (else -1), and tail the valid frames after it, read only for what a
+// damaged history can still tell. A frame at or below the sequence the
+// prefix (or the snapshot, after) reached is an older generation's
+// leftover: the log is emptied in place at compaction.
+func decodeFrames(b []byte, after uint64) (records, tail []logRecord, good, damaged int) {
+	read := func(pos int) (out []logRecord, end int) {
+		for end = pos; len(out) < 2*maxLogRecords; {
+			r, next, ok := frameAt(b, end)
+			if !ok {
+				break
+			}
+			out, end = append(out, r), next
+		}
+		return out, end
+	}
+	records, good = read(0)
+	last := after
+	if len(records) > 0 {
+		last = max(last, records[len(records)-1].Seq)
+	}
+	damaged = -1
+	for pos := good + 1; pos+frameHeaderBytes <= len(b) && len(tail) < 2*maxLogRecords; pos++ {
+		r, _, ok := frameAt(b, pos)
+		if !ok || r.Seq <= last {
 			continue
 		}
-		out = append(out, stateField{name: name, index: i})
+		more, end := read(pos)
+		for _, m := range more {
+			if m.Durable > last && damaged < 0 {
+				damaged = good
+			}
+		}
+		tail, pos = append(tail, more...), end-1
 	}
-	return out
-})
-
-// changedFields encodes the fields of next that differ from prev.
-func changedFields(prev, next *agentState) (map[string]json.RawMessage, error) {
-	pv, nv := reflect.ValueOf(prev).Elem(), reflect.ValueOf(next).Elem()
-	var set map[string]json.RawMessage
-	for _, f := range stateFields() {
-		a, b := pv.Field(f.index), nv.Field(f.index)
-		if reflect.DeepEqual(a.Interface(), b.Interface()) {
-			continue
-		}
-		raw, err := json.Marshal(b.Interface())
-		if err != nil {
-			return nil, fmt.Errorf("encode %s: %w", f.name, err)
-		}
-		if set == nil {
-			set = map[string]json.RawMessage{}
-		}
-		set[f.name] = raw
+	if damaged < 0 {
+		tail = nil
 	}
-	return set, nil
-}
-
-// applyFields sets the named fields of st; a name this version does not
-// know is ignored, as a snapshot's unknown fields are.
-func applyFields(st *agentState, set map[string]json.RawMessage) error {
-	v := reflect.ValueOf(st).Elem()
-	for _, f := range stateFields() {
-		raw, ok := set[f.name]
-		if !ok {
-			continue
-		}
-		field := v.Field(f.index)
-		fresh := reflect.New(field.Type())
-		if err := json.Unmarshal(raw, fresh.Interface()); err != nil {
-			return fmt.Errorf("field %s: %w", f.name, err)
-		}
-		field.Set(fresh.Elem())
-	}
-	return nil
-}
-
-// cloneState copies st deeply enough that a later change of one does not
-// show in the other.
-func cloneState(st agentState) agentState {
-	st.ManifestPaths = slices.Clone(st.ManifestPaths)
-	st.Journal = st.Journal.clone()
-	st.Files = nil
-	if st.LastApply != nil {
-		la := cloneResult(*st.LastApply)
-		st.LastApply = &la
-	}
-	return st
+	return records, tail, good, damaged
 }
 
 // ---------------------------------------------------------------------------
@@ -198,103 +178,176 @@ func cloneState(st agentState) agentState {
 
 // loadedLog is what the snapshot and the log say, replayed.
 type loadedLog struct {
-	st     agentState
-	tree   map[string]FileAt // nil when the snapshot predates persisted trees
-	seq    uint64            // the last record's sequence number
-	bytes  int64             // the good prefix of the log
-	count  int               // records after the snapshot
-	intent *logRecord        // an intent no commit, rollback or abort closed
-	back   *backupJournal    // a rollback no abort finished
-	redo   map[string][]byte // the latest committed bytes of each path, since the snapshot
-	gone   map[string]bool   // paths committed as deleted since the snapshot
+	st      agentState
+	tree    map[string]FileAt
+	seq     uint64 // the last record's sequence number
+	good    int64  // the log's good prefix, where appends resume
+	count   int    // records since the snapshot
+	touched []string
+	sources map[FileAt][]source
+	blob    []byte // the latest blob a counted record carried
+	// reload: the worker may hold changes no closed record explains: an
+	// apply that may have changed it was never closed, or an undo's reload
+	// was owed.
+	reload bool
+	// damage names the damaged file and offset; the rest of loadedLog is
+	// then only what could be read, for the ledger to keep what is safe.
+	damage string
+}
+
+// source is one place that may hold the bytes of a digest: inline bytes
+// of a record, or a file (a synced temp file, an undo or journal link).
+type source struct {
+	data []byte
+	path string
 }
 
 // loadLog reads the snapshot at statePath and replays the log beside it. A
-// missing snapshot is the empty state. A snapshot that cannot be read or
-// parsed is fatal, because guessing would risk deleting files the agent
-// does not own; a torn log tail is cut off, which is what a crash in the
-// middle of an append leaves.
+// missing snapshot is the empty state. A file that cannot be read is an
+// error (guessing could delete files the agent does not own); a damaged one
+// is reported in damage, with what could still be read.
 func loadLog(d disk, statePath string) (*loadedLog, error) {
-	out := &loadedLog{redo: map[string][]byte{}, gone: map[string]bool{}}
-	b, err := readAllLimited(d, statePath, maxRecordBytes)
+	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}}
+	var records, tail []logRecord
+	b, err := readAllLimited(d, statePath, maxRecordBytes+frameHeaderBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		return nil, fmt.Errorf("read %s: %w", statePath, err)
 	default:
-		if err := json.Unmarshal(b, &out.st); err != nil {
-			return nil, fmt.Errorf("parse %s: %w", statePath, err)
+		snap, _, ok := frameAt(b, 0)
+		if !ok || snap.Kind != recordSnapshot || snap.State == nil {
+			out.damage = statePath + " at offset 0"
+		} else {
+			out.st, out.seq = *snap.State, snap.Seq
+			out.st.Journal = snap.Journal
+			applyTreeDelta(out.tree, snap.Tree)
+			out.index(snap, map[string]bool{})
+			out.touched = nil
 		}
 	}
-	out.tree, out.st.Files = out.st.Files, nil
-	if out.st.Phase == phaseCommitted {
-		out.st.Phase = phaseIdle
-	}
-	slices.Sort(out.st.ManifestPaths)
-	out.st.ManifestPaths = slices.Compact(out.st.ManifestPaths)
-	out.seq = out.st.LogSeq
-
 	logPath := logPathFor(statePath)
 	raw, err := readAllLimited(d, logPath, maxLogReadBytes)
-	if errors.Is(err, fs.ErrNotExist) {
-		return out, nil
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
 		return nil, fmt.Errorf("read %s: %w", logPath, err)
+	default:
+		var good, damaged int
+		records, tail, good, damaged = decodeFrames(raw, out.seq)
+		out.good = int64(good)
+		if damaged >= 0 && out.damage == "" {
+			out.damage = fmt.Sprintf("%s at offset %d", logPath, damaged)
+		}
 	}
-	records, good := decodeRecords(raw)
-	out.bytes = int64(good)
-	for i := range records {
-		r := &records[i]
-		if r.Seq <= out.st.LogSeq {
-			continue // already in the snapshot: compaction stopped before cutting the log
+	snapSeq := out.seq
+	records = slices.DeleteFunc(records, func(r logRecord) bool { return r.Seq <= snapSeq })
+	out.replay(records)
+	// Past damage, records are read only for the paths they name and the
+	// numbers they may have handed out.
+	seen := map[string]bool{}
+	for _, r := range tail {
+		out.index(r, seen)
+		if s := stateOf(r); s.Generation >= out.st.Generation {
+			out.st.Generation, out.st.Token = s.Generation, s.Token
 		}
-		if err := out.replay(r); err != nil {
-			return nil, fmt.Errorf("replay %s record %d: %w", logPath, r.Seq, err)
+		out.st.ProofGeneration = max(out.st.ProofGeneration, stateOf(r).ProofGeneration)
+		for p := range r.Tree {
+			out.touched = append(out.touched, p)
 		}
-		out.seq = r.Seq
-		out.count++
 	}
 	return out, nil
 }
 
-func (l *loadedLog) replay(r *logRecord) error {
-	if err := applyFields(&l.st, r.Set); err != nil {
-		return err
-	}
-	if len(r.Tree) > 0 && l.tree == nil {
-		l.tree = map[string]FileAt{}
-	}
-	for p, at := range r.Tree {
-		if at == nil {
-			delete(l.tree, p)
-		} else {
-			l.tree[p] = *at
+// replay applies the records after the snapshot. It settles first which
+// applies count: one that was undone, or an open one never closed with ok,
+// contributes nothing but the proofs it reserved and the places of its
+// bytes. The last record that carries a state is the state.
+func (l *loadedLog) replay(records []logRecord) {
+	counts := map[uint64]bool{}
+	closed := map[uint64]bool{}
+	for _, r := range records {
+		switch r.Kind {
+		case recordApply:
+			counts[r.Seq] = !r.Open
+		case recordEnd:
+			counts[r.End], closed[r.End] = r.OK, true
 		}
 	}
-	switch r.Kind {
-	case recordIntent:
-		l.intent, l.back = r, nil
-	case recordRollback:
-		l.intent, l.back = nil, r.Back
-	case recordCommit:
-		l.intent, l.back = nil, nil
-		for _, e := range r.Redo {
-			l.redo[e.Path] = e.Data
-			delete(l.gone, e.Path)
+	seen := map[string]bool{}
+	for _, r := range records {
+		l.seq, l.count = r.Seq, l.count+1
+		if r.Kind == recordApply {
+			l.index(r, seen)
+			l.reload = l.reload || !closed[r.Seq] && r.Open
+			if !counts[r.Seq] {
+				l.st.ProofGeneration = max(l.st.ProofGeneration, r.State.ProofGeneration)
+				continue
+			}
+			for _, f := range r.Files {
+				applyTreeDelta(l.tree, map[string]*FileAt{f.Path: f.New})
+			}
 		}
-		for _, p := range r.Gone {
-			delete(l.redo, p)
-			l.gone[p] = true
+		if r.Blob != nil {
+			l.blob = r.Blob
 		}
-	case recordAbort:
-		l.intent, l.back = nil, nil
+		if r.ResetJournal {
+			l.st.Journal = nil
+		}
+		if r.State != nil {
+			journal, proofs := l.st.Journal, l.st.ProofGeneration
+			l.st = *r.State
+			l.st.Journal, l.st.ProofGeneration = journal, max(proofs, r.State.ProofGeneration)
+		}
+		l.st.Journal = append(l.st.Journal, r.Journal...)
+		applyTreeDelta(l.tree, r.Tree)
 	}
-	return nil
+	l.reload = l.reload || l.st.ReloadOwed
+	slices.Sort(l.touched)
+}
+
+// index notes the paths an apply touched and every place it names bytes in.
+func (l *loadedLog) index(r logRecord, seen map[string]bool) {
+	add := func(at *FileAt, s source) {
+		if at != nil && (s.data != nil || s.path != "") {
+			key := FileAt{Digest: at.Digest, Size: at.Size}
+			l.sources[key] = append(l.sources[key], s)
+		}
+	}
+	for _, f := range r.Files {
+		if !seen[f.Path] {
+			seen[f.Path] = true
+			l.touched = append(l.touched, f.Path)
+		}
+		add(f.New, source{data: f.Data, path: f.Temp})
+		add(f.Old, source{path: f.Undo})
+	}
+	for _, list := range [][]journalEntry{r.Journal, stateOf(r).PendingUndo} {
+		for _, e := range list {
+			add(e.At, source{path: e.Backup})
+		}
+	}
+}
+
+func stateOf(r logRecord) agentState {
+	if r.State == nil {
+		return agentState{}
+	}
+	return *r.State
 }
 
 func logPathFor(statePath string) string {
 	return filepath.Join(filepath.Dir(statePath), logFileName)
+}
+
+// setAside renames a damaged file out of the way for inspection, under a
+// name that tells what it is, so that the agent can start afresh beside it.
+func setAside(d disk, path string) (string, error) {
+	aside := path + damagedSuffix
+	if err := d.Rename(path, aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	return aside, d.SyncDir(filepath.Dir(path))
 }
 
 // ---------------------------------------------------------------------------
@@ -304,31 +357,27 @@ func logPathFor(statePath string) string {
 type stateLog struct {
 	disk      disk
 	statePath string
-	logPath   string
-	f         diskFile // opened at the first append
+	f         diskFile
 	bytes     int64
 	count     int
+	synced    uint64 // the last record whose sync completed
 }
 
 // openStateLog prepares appends after the good prefix of the log: a torn
 // tail is cut off first, so that a later record never follows garbage.
 func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, error) {
-	w := &stateLog{disk: d, statePath: statePath, logPath: logPathFor(statePath), bytes: good, count: count}
-	_, statErr := d.Lstat(w.logPath)
-	f, err := d.OpenFile(w.logPath, os.O_RDWR|os.O_CREATE, privateFileMode)
+	logPath := logPathFor(statePath)
+	_, statErr := d.Lstat(logPath)
+	f, err := d.OpenFile(logPath, os.O_RDWR|os.O_CREATE, privateFileMode)
 	if err != nil {
 		return nil, err
 	}
 	if errors.Is(statErr, fs.ErrNotExist) {
 		// A record synced into a log whose own name is not durable could
 		// vanish with it.
-		if err := d.SyncDir(filepath.Dir(w.logPath)); err != nil {
-			f.Close()
-			return nil, err
-		}
+		err = d.SyncDir(filepath.Dir(logPath))
 	}
-	fi, err := f.Stat()
-	if err == nil && fi.Size() != good {
+	if err == nil {
 		err = f.Truncate(good)
 	}
 	if err == nil {
@@ -338,52 +387,48 @@ func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, e
 		f.Close()
 		return nil, err
 	}
-	w.f = f
-	return w, nil
+	return &stateLog{disk: d, statePath: statePath, f: f, bytes: good, count: count}, nil
 }
 
-// append writes one record, and syncs it when asked. A failed append cuts
+// append writes one record, and syncs it when asked. A failed write cuts
 // the log back to where it was, so that the next record does not follow a
 // partial one.
 func (w *stateLog) append(r *logRecord, sync bool) error {
-	b, err := encodeRecord(r)
+	b, err := encodeFrame(r)
 	if err != nil {
 		return err
 	}
-	if len(b)-logHeaderBytes > maxRecordBytes {
-		return fmt.Errorf("log record of %d bytes exceeds the %d-byte limit", len(b), maxRecordBytes)
-	}
 	if _, err := w.f.Write(b); err != nil {
-		w.cutBack()
+		w.cutBack(w.bytes)
 		return err
-	}
-	if sync {
-		if err := w.f.Sync(); err != nil {
-			w.cutBack()
-			return err
-		}
 	}
 	w.bytes += int64(len(b))
 	w.count++
+	if sync {
+		if err := w.f.Sync(); err != nil {
+			return err
+		}
+		w.synced = r.Seq
+	}
 	return nil
 }
 
-func (w *stateLog) cutBack() {
-	w.f.Truncate(w.bytes)
-	w.f.Seek(w.bytes, io.SeekStart)
+// cutBack cuts the log back to size bytes, where the next append goes.
+func (w *stateLog) cutBack(size int64) {
+	w.f.Truncate(size)
+	w.f.Seek(size, io.SeekStart)
+	w.bytes = size
 }
 
 // full reports whether the log should be compacted.
 func (w *stateLog) full() bool { return w.bytes >= maxLogBytes || w.count >= maxLogRecords }
 
-// sync makes every record written so far durable.
-func (w *stateLog) sync() error { return w.f.Sync() }
-
-// compact writes snap as the new snapshot, durably, and then empties the
-// log. A crash between the two leaves a log whose records the snapshot
-// already holds; their sequence numbers tell replay to skip them.
-func (w *stateLog) compact(snap *agentState) error {
-	b, err := json.Marshal(snap)
+// compact writes snap as the new snapshot, makes its rename durable, and
+// only then empties the log: a crash between the two leaves records the
+// snapshot already holds, which replay skips by their sequence numbers,
+// never an emptied log beside an older snapshot.
+func (w *stateLog) compact(snap *logRecord) error {
+	b, err := encodeFrame(snap)
 	if err != nil {
 		return err
 	}
@@ -403,9 +448,4 @@ func (w *stateLog) compact(snap *agentState) error {
 	return w.f.Sync()
 }
 
-func (w *stateLog) close() error {
-	if w.f == nil {
-		return nil
-	}
-	return w.f.Close()
-}
+func (w *stateLog) close() error { return w.f.Close() }

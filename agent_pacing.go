@@ -1,10 +1,14 @@
-// This file owns what happens to an apply after its answer, or between
-// applies: the pacer that fires a scheduled reload once the pacing window
-// has passed, and the background read-back that checks HAProxy holds what
-// a runtime apply meant and repairs a divergence with a reload. Both take
+// This file owns what happens after an apply's answer, or between applies:
+// the pacer that fires a scheduled reload once the pacing window has
+// passed, and the background read-back that checks HAProxy holds what a
+// runtime apply meant and repairs a divergence with a reload. Both take
 // the apply lock before touching files or HAProxy, so they never
-// interleave with an apply, and both end the way an apply does: in the
-// run's commit or abort.
+// interleave with an apply.
+//
+// Neither takes back an answered apply on a guess: a scheduled reload that
+// HAProxy refuses puts back the tree the pending reload's applies found (their
+// answers said the reload was still to come), and one cut short by the
+// agent's own shutdown changes nothing.
 
 package haptic
 
@@ -53,16 +57,11 @@ func (p *pacer) run(ctx context.Context) {
 }
 
 // fire performs the pending reload once it is due. It never runs before
-// initialisation: rolling the tree back before HAProxy is up would be
-// guessing. The generation does not change; the controller learns the
-// verdict from last_apply.
-//
-// Nor does it run once ctx has ended: run's select may pick the ticker
-// over ctx.Done(), and a reload attempted during shutdown fails on the
-// cancelled context, whose abort would roll back files an apply had
-// accepted; the pending reload survives the restart instead. The check is
-// repeated once the apply lock is held, since shutdown may begin while an
-// apply holds it.
+// initialisation, nor once ctx has ended (checked again under the apply
+// lock, since shutdown may begin while an apply holds it): a reload cut
+// short by shutdown has no verdict to act on, and the pending reload
+// survives the restart instead. The generation does not change; the
+// controller learns the verdict from last_apply.
 func (p *pacer) fire(ctx context.Context) {
 	d := p.deps
 	if !p.ready() || ctx.Err() != nil {
@@ -70,47 +69,95 @@ func (p *pacer) fire(ctx context.Context) {
 	}
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
-	if ctx.Err() != nil {
+	st := d.led.state()
+	if ctx.Err() != nil || !st.Pending.complete() || !st.reloadPending() || d.now().Before(st.PendingAt) {
 		return
 	}
-	ref, due := d.led.pending()
-	if !ref.complete() || due.IsZero() || d.now().Before(due) {
-		return
-	}
-	run := newApplyRun(d, ctx, &Manifest{PlanID: ref.ID, Mode: ModeReload})
-	run.appliedProof = ref.Proof
-	run.reason = reasonScheduled
-	run.before = d.led.view()
-	run.beforeTree = d.led.treeCopy()
-	run.invalidations0 = d.led.invalidationCount()
-	run.result = ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
-	info, err := d.worker.reload(ctx, ref)
-	run.result.Reload = info
+	ref := st.Pending
+	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
+	start := d.now()
+	info, err := d.reloadDurably(ctx)
+	result.Reload = info
+	result.Timing.OpsMs = d.msSince(start)
 	if err != nil && ctx.Err() != nil && !errors.Is(err, errReloadRejected) {
-		// Shutdown cut the reload short, so there is no verdict to act on
-		// (as for the read-back): the accepted files stay, and the pending
-		// reload stays for the next start. Only HAProxy's own refusal still
-		// rolls back, so that a configuration it rejected is not left for
-		// the next start.
-		d.led.schedule(ref, due)
 		d.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
 		return
 	}
+	if err == nil {
+		result.Timing.TotalMs = d.msSince(start)
+		err := d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) {
+			s.Running, s.WorkerOps, s.LKG = ref, ref, ref
+			clearPending(s)
+			s.LastApply = &result
+		})
+		if err != nil {
+			d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
+		}
+	} else {
+		result = d.undoPending(ctx, st, result, err)
+	}
+	d.led.fillResult(&result)
+	d.metrics.applyTotal.inc(result.Mode)
+	d.logger.Info("scheduled reload", "plan_id", ref.ID, "ok", result.OK)
+}
+
+// undoPending ends a scheduled reload that failed: the tree goes back to
+// how the pending reload's applies found it, and the applied pair to the
+// one before them. HAProxy's refusal left the previous worker serving; a
+// reload without a verdict may still take effect, so the worker reloads the
+// restored tree.
+func (d *applyDeps) undoPending(ctx context.Context, st agentState, result ApplyResult, cause error) ApplyResult {
+	d.logger.Warn("the scheduled reload failed; putting back the tree its applies found", "plan_id", st.Pending.ID, "err", cause)
+	d.metrics.applyRejected.inc(StageScheduledReload)
+	d.metrics.rollbacks.inc()
+	result.OK, result.Mode = false, ResultRejected
+	result.Error = &ApplyError{Stage: StageScheduledReload, Message: cause.Error()}
+	_, err := d.files.restore(wantsOf(journalChanges(st.PendingUndo), false), journalSources(st.PendingUndo))
+	result.Rollback = &RollbackInfo{Performed: err == nil}
 	if err != nil {
-		d.logger.Warn("the scheduled reload failed", "plan_id", ref.ID, "err", err)
-		run.refused = errors.Is(err, errReloadRejected)
-		run.reloadUnknown = reloadWithoutVerdict(err)
-		run.abort(StageScheduledReload, err)
+		d.logger.Error("putting back the scheduled reload's files failed", "err", err)
 	}
-	run.timing.OpsMs = d.msSince(run.start)
-	o := run.outcome()
-	o.scheduled = true
-	if err := d.led.finishRun(o, run.restored); err != nil {
-		d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
+	recovered := false
+	if reloadWithoutVerdict(cause) {
+		_, rerr := d.worker.reloadToRecover(ctx)
+		recovered = rerr == nil
+		result.Rollback.Reloaded = recovered
 	}
-	d.led.fillResult(&run.result)
-	d.metrics.applyTotal.inc(run.result.Mode)
-	d.logger.Info("scheduled reload", "plan_id", ref.ID, "ok", run.result.OK)
+	tree := map[string]*FileAt{}
+	for _, e := range st.PendingUndo {
+		tree[e.Path] = e.At
+	}
+	d.led.commit(&logRecord{Tree: tree}, true, func(s *agentState) {
+		s.Applied = planRef{}
+		if err == nil {
+			s.Applied = st.PendingBase
+		}
+		if reloadWithoutVerdict(cause) {
+			s.Running, s.WorkerOps = planRef{}, planRef{}
+			if recovered {
+				s.Running, s.WorkerOps = s.Applied, s.Applied
+			}
+		}
+		s.TreeChangedAt = d.now()
+		clearPending(s)
+		s.LastApply = &result
+	})
+	return result
+}
+
+// reloadDurably reloads HAProxy and makes the tree durable while HAProxy
+// loads it: the reloaded set becomes the last-known-good, whose files the
+// next apply links into its journal, and a link is only as good as the
+// bytes it leads to. The syncs cost nothing beside a reload.
+func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		d.flushTree()
+	}()
+	info, err := d.worker.reload(ctx)
+	<-flushed
+	return info, err
 }
 
 // ---------------------------------------------------------------------------
@@ -132,12 +179,11 @@ type readBacks struct {
 // apply of ref meant.
 func (b *readBacks) start(c *compiledOps, ref planRef) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.stopping {
-		b.mu.Unlock()
 		return
 	}
 	b.wg.Add(1)
-	b.mu.Unlock()
 	go func() {
 		defer b.wg.Done()
 		b.check(c, ref)
@@ -152,23 +198,20 @@ func (b *readBacks) stop() {
 	b.wg.Wait()
 }
 
-func (b *readBacks) isStopping() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stopping
-}
-
 // check runs under the apply lock, so no apply rewrites the files it
 // compares. It gives no verdict when a later apply or an invalidation moved
 // the applied pair, or when the agent is stopping.
 func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d := b.deps
-	if b.isStopping() {
+	b.mu.Lock()
+	stopping := b.stopping
+	b.mu.Unlock()
+	if stopping {
 		return
 	}
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
-	if st := d.led.view(); st.applied() != ref {
+	if d.led.state().Applied != ref {
 		return
 	}
 	ctx := b.base()
@@ -178,25 +221,23 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	}
 	d.metrics.mapDivergence.inc()
 	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
-	due := d.led.pacingDue(d.reloadIntervalMin)
-	if d.now().Before(due) {
-		if _, err := d.led.schedule(ref, due); err == nil {
-			b.pacer.poke()
-		}
+	if due := d.led.pacingDue(d.reloadIntervalMin); d.now().Before(due) {
+		d.led.forget(func(s *agentState) { s.Pending, s.PendingAt = ref, due })
+		b.pacer.poke()
 		return
 	}
-	if _, err := d.worker.reload(ctx, ref); err != nil {
+	if _, err := d.reloadDurably(ctx); err != nil {
 		d.logger.Error("the repair reload failed; the baseline is invalidated", "err", err)
-		d.led.invalidate()
+		d.led.invalidate(false)
+		return
 	}
-	// The reload cleared the journal; that is durable before the backups go.
-	d.led.save()
+	d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) { s.Running, s.WorkerOps, s.LKG = ref, ref, ref })
 }
 
 // divergence compares what the worker holds with what the batch touched:
 // every touched backend must still answer, and every touched map's keys
-// must match the map file on disk. A map too big to list is unverified,
-// not diverged.
+// must be exactly the map file's. A map too big to list is unverified, not
+// diverged.
 func divergence(ctx context.Context, rt *haproxyRuntime, files *fileStore, c *compiledOps) error {
 	for _, be := range c.backendsTouched {
 		if c.deleting[be] {
@@ -229,20 +270,18 @@ func divergence(ctx context.Context, rt *haproxyRuntime, files *fileStore, c *co
 	return nil
 }
 
-// sameMapKeys compares key sets only: equal entry counts and every desired
-// key present among the running ones.
+// sameMapKeys compares the key sets and the entry counts: a key the worker
+// holds that the file lacks is a divergence as much as a missing one.
 func sameMapKeys(running map[string][]string, desired []MapEntry) bool {
-	n := 0
+	n, keys := 0, map[string]bool{}
 	for _, values := range running {
 		n += len(values)
-	}
-	if n != len(desired) {
-		return false
 	}
 	for _, e := range desired {
 		if _, ok := running[e.Key]; !ok {
 			return false
 		}
+		keys[e.Key] = true
 	}
-	return true
+	return n == len(desired) && len(keys) == len(running)
 }

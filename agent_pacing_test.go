@@ -21,7 +21,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -351,7 +350,7 @@ func TestAScheduledReloadCoalescesAndRunsInPlaceOps(t *testing.T) {
 		t.Error("the third apply's files did not land")
 	}
 	ps := readStateFile(t, e.cfg.BaseDir)
-	if ps.PendingReloadPlanID != "plan-3" || ps.PendingReloadPlanProof != "a:3" || ps.ReloadPendingAt.UTC().Format(time.RFC3339Nano) != st.ReloadPendingAt {
+	if ps.Pending != (planRef{"plan-3", "a:3"}) || ps.PendingAt.UTC().Format(time.RFC3339Nano) != st.ReloadPendingAt {
 		t.Errorf("pending %+v", ps)
 	}
 }
@@ -496,7 +495,10 @@ func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 	}
 }
 
-func TestAFailedScheduledReloadReportsTheInvalidatedBaseline(t *testing.T) {
+// A scheduled reload HAProxy refuses puts back the tree the pending
+// reload's applies found, and the baseline they began with: the previous
+// worker kept serving it.
+func TestAFailedScheduledReloadRestoresTheBaselineItsAppliesFound(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
@@ -515,7 +517,7 @@ func TestAFailedScheduledReloadReportsTheInvalidatedBaseline(t *testing.T) {
 	if la := st.LastApply; la.PlanID != "plan-2" || la.Mode != ResultRejected || la.Error == nil || la.Error.Stage != StageScheduledReload {
 		t.Errorf("last_apply %+v", la)
 	}
-	if st.AppliedPlanID != "" || st.LKGPlanID != "plan-1" || st.ReloadPendingAt != "" || st.Generation != 2 {
+	if st.AppliedPlanID != "plan-1" || st.LKGPlanID != "plan-1" || st.RunningPlanID != "plan-1" || st.ReloadPendingAt != "" || st.Generation != 2 {
 		t.Errorf("state %+v", st)
 	}
 	if !sameSet(e.disk(t), fs) {
@@ -543,8 +545,8 @@ func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) 
 		la := e.c.state("").LastApply
 		return la != nil && !la.OK
 	})
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.Phase != phaseIdle || ps.InFlightPlanID != "" || ps.LastApply == nil || ps.LastApply.OK {
-		t.Errorf("state file phase %q in_flight %q last_apply %+v", ps.Phase, ps.InFlightPlanID, ps.LastApply)
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.ReloadOwed || ps.LastApply == nil || ps.LastApply.OK {
+		t.Errorf("state file: reload owed %v, last_apply %+v", ps.ReloadOwed, ps.LastApply)
 	}
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 	var reloads int
@@ -601,8 +603,8 @@ func untouchedByThePacer(t *testing.T, e *testEnv, fs2 fileSet, reloads int) {
 		})
 	}
 	ps := readStateFile(t, e.cfg.BaseDir)
-	if ps.Phase != phaseIdle || ps.LastApply == nil || ps.LastApply.PlanID != "plan-2" || ps.LastApply.Mode != ResultScheduled ||
-		ps.AppliedPlanID != "plan-2" || ps.PendingReloadPlanID != "plan-2" {
+	if ps.LastApply == nil || ps.LastApply.PlanID != "plan-2" || ps.LastApply.Mode != ResultScheduled ||
+		ps.Applied.ID != "plan-2" || ps.Pending.ID != "plan-2" {
 		t.Errorf("state file %+v, last_apply %+v", ps, ps.LastApply)
 	}
 }
@@ -635,8 +637,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		cancel()
 		e.a.pacer.fire(ctx)
 		untouchedByThePacer(t, e, fs2, reloads)
-		pending, _ := e.a.led.pending()
-		if pending.ID != "plan-2" {
+		if pending := e.a.led.state().Pending; pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
 		}
 	})
@@ -646,8 +647,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
 		e.a.pacer.fire(&endsWhileWaiting{Context: context.Background()})
 		untouchedByThePacer(t, e, fs2, reloads)
-		pending, _ := e.a.led.pending()
-		if pending.ID != "plan-2" {
+		if pending := e.a.led.state().Pending; pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
 		}
 	})
@@ -668,24 +668,28 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 	})
 }
 
-func TestAnAbortClearsThePendingReload(t *testing.T) {
+// TestAnAbortKeepsThePendingReloadOfTheAppliesBeforeIt: an apply that
+// joins a pending reload and fails puts back only its own files; the
+// scheduled apply before it was answered, and its files and its pending
+// reload stay.
+func TestAnAbortKeepsThePendingReloadOfTheAppliesBeforeIt(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
-	fs, fs2, _ := e.landThenSchedule(t)
+	_, fs2, scheduled := e.landThenSchedule(t)
 	fs3 := fs2.clone()
 	fs3["blocked/file.txt"] = "x\n"
+	fs3["maps/host.map"] += "three.example be-3\n"
 	os.MkdirAll(filepath.Join(e.cfg.BaseDir, "blocked/file.txt"), 0o755)
 	res := e.c.apply(e.c.manifest("plan-3", fs3), fs3)
-	if res.OK || res.Error == nil || res.Error.Stage != StageWrite {
+	if res.OK || res.Error == nil || res.Error.Stage != StageWrite || res.Rollback == nil || !res.Rollback.Performed {
 		t.Fatalf("%+v %+v", res, res.Error)
 	}
-	if st := e.c.state(""); st.ReloadPendingAt != "" {
-		t.Errorf("pending %q", st.ReloadPendingAt)
+	if st := e.c.state(""); st.ReloadPendingAt != scheduled.Reload.ScheduledAt || st.AppliedPlanID != "plan-2" {
+		t.Errorf("pending %q applied %q", st.ReloadPendingAt, st.AppliedPlanID)
 	}
-	if ps := readStateFile(t, e.cfg.BaseDir); ps.PendingReloadPlanID != "" || !ps.ReloadPendingAt.IsZero() {
-		t.Errorf("state file pending %+v", ps)
+	if ps := readStateFile(t, e.cfg.BaseDir); ps.Pending.ID != "plan-2" {
+		t.Errorf("state file pending %+v", ps.Pending)
 	}
-	got := e.disk(t)
-	if !sameSet(got, fs) {
+	if got := e.disk(t); !sameSet(got, fs2) {
 		t.Errorf("tree %v", got)
 	}
 }
@@ -705,7 +709,7 @@ func TestADivergenceReloadPersistsTheClearedJournal(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 	waitFor(t, "the repair", func() bool {
-		return metricValue(e.a, "map_divergence_total") == 1 && len(readStateFile(t, e.cfg.BaseDir).Journal.Entries) == 0
+		return metricValue(e.a, "map_divergence_total") == 1 && len(readStateFile(t, e.cfg.BaseDir).Journal) == 0
 	})
 	st := e.c.state("")
 	if st.RunningPlanID != "plan-2" || st.LKGPlanID != "plan-2" || st.AppliedPlanID != "plan-2" || st.InvariantViolation != "" {
@@ -955,30 +959,24 @@ func TestInvariantViolationIsCountedLoggedAndReported(t *testing.T) {
 	logs := &lockedBuffer{}
 	e := newTestEnv(t, func(c *AgentConfig) {
 		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	}, func(a *Agent, _ *FakeHAProxy) {
-		// Force a mount the probe missed: every install crosses a device.
-		a.files.rename = func(oldpath, newpath string) error {
-			if strings.Contains(filepath.Base(oldpath), "part-") {
-				return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: syscall.EXDEV}
-			}
-			return os.Rename(oldpath, newpath)
-		}
-	})
+	}, nil)
 	fs := seedFiles()
 	res := e.land(t, "plan-1", fs)
-	if !sameSet(e.disk(t), fs) {
-		t.Fatalf("the copy fallback did not install: %v", e.disk(t))
+	// A runtime op the agent cannot compile (a key with a space) breaks
+	// ops_executable: Diff never sends one.
+	fs1 := fs.clone()
+	fs1["maps/host.map"] += "a b be-x\n"
+	if res1 := e.land(t, "plan-1b", fs1, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "a b", Value: "be-x"}); res1.Mode != ResultReload {
+		t.Fatalf("%+v", res1)
 	}
 	st := e.c.state("")
-	if st.InvariantViolation != invMountProbeFoundEveryMount || metricValue(e.a, "invariant_violations_total", invMountProbeFoundEveryMount) != 1 {
+	if st.InvariantViolation != invOpsExecutable || metricValue(e.a, "invariant_violations_total", invOpsExecutable) != 1 {
 		t.Errorf("invariant %q", st.InvariantViolation)
 	}
-	if !strings.Contains(logs.String(), `"level":"ERROR","msg":"invariant violated","invariant":"mount_probe_found_every_mount"`) {
+	if !strings.Contains(logs.String(), `"level":"ERROR","msg":"invariant violated","invariant":"ops_executable"`) {
 		t.Errorf("logs:\n%s", logs.String())
 	}
-	if e.a.files.crossDevice.Load() != 2 {
-		t.Errorf("cross-device count %d", e.a.files.crossDevice.Load())
-	}
+	fs = fs1
 	// The agent keeps serving.
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "k.example be-k\n"
@@ -1018,25 +1016,26 @@ func TestDrainSocketAnswersTheDrain(t *testing.T) {
 }
 
 func TestFailedInvariantsChecksEveryAfterFinishInvariant(t *testing.T) {
-	in := invariantInputs{crossDevice: 1}
-	if got := failedInvariants(in); !slices.Equal(got, []string{invMountProbeFoundEveryMount}) {
+	m := &Manifest{Files: seedFiles().manifestFiles()}
+	ok := &ApplyResult{OK: true, Mode: ResultNoop}
+	tree := map[string]FileAt{}
+	for _, f := range m.Files {
+		tree[f.Path] = FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}
+	}
+	if got := failedInvariants(ok, m, 2, &agentState{Generation: 3}, tree); len(got) != 0 {
 		t.Errorf("%v", got)
 	}
-	ok := invariantInputs{ok: true, generation: 3, prevGeneration: 2, result: &ApplyResult{Mode: ResultNoop}}
-	if got := failedInvariants(ok); len(got) != 0 {
-		t.Errorf("%v", got)
-	}
-	bad := invariantInputs{ok: true, generation: 3, prevGeneration: 1, files: seedFiles().manifestFiles(),
-		result: &ApplyResult{Mode: ResultRuntime, Reload: &ReloadInfo{ScheduledAt: "x"}}, journalEntries: 1}
+	bad := &ApplyResult{OK: true, Mode: ResultRuntime, Reload: &ReloadInfo{ScheduledAt: "x"}}
+	st := &agentState{Generation: 3, Journal: []journalEntry{{Path: "x"}}}
 	want := []string{invGenerationMonotonic, invDiskIsTheDesiredSet, invRuntimeModeDoesNotReload, invJournalOnlyWhileDiverged}
-	if got := failedInvariants(bad); !slices.Equal(got, want) {
+	if got := failedInvariants(bad, m, 1, st, nil); !slices.Equal(got, want) {
 		t.Errorf("%v", got)
 	}
 	for mode, r := range map[string]*ApplyResult{
 		invReloadModeReloads: {Mode: ResultReload, Reload: &ReloadInfo{ScheduledAt: "x"}},
 		invNoopRunsNoOps:     {Mode: ResultNoop, OpResults: []OpResult{{Kind: OpMapAdd, OK: true}}},
 	} {
-		if got := failedInvariants(invariantInputs{result: r}); !slices.Equal(got, []string{mode}) {
+		if got := failedInvariants(r, m, 0, &agentState{}, nil); !slices.Equal(got, []string{mode}) {
 			t.Errorf("%s: %v", mode, got)
 		}
 	}

@@ -67,7 +67,7 @@ func TestReadinessWaitsForEveryCondition(t *testing.T) {
 
 func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
 	fake, cfg, c, _ := landedThenStopped(t)
-	editState(t, cfg.BaseDir, func(m map[string]any) { m["phase"] = "written"; m["in_flight_plan_id"] = "plan-2" })
+	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) { s.ReloadOwed = true })
 	fake.With(func(m *FakeModel) { m.ReloadFails = true })
 
 	a, _ := launchTestAgent(t, cfg, true)
@@ -79,11 +79,10 @@ func TestReadinessStaysTrueAfterAFailedRecoveryReload(t *testing.T) {
 	if st.InvariantViolation != "recovery_reload" || metricValue(a, "invariant_violations_total", "recovery_reload") != 1 {
 		t.Errorf("invariant %q", st.InvariantViolation)
 	}
-	if st.RunningPlanID != "" || st.AppliedPlanID != "" {
-		t.Errorf("after a failed recovery reload: running %q applied %q", st.RunningPlanID, st.AppliedPlanID)
-	}
-	if ps := readStateFile(t, cfg.BaseDir); ps.Phase != "" || ps.InFlightPlanID != "" {
-		t.Errorf("phase %q in flight %q", ps.Phase, ps.InFlightPlanID)
+	// The tree is the applied plan's, but a recovery reload that failed
+	// vouches for no worker.
+	if st.RunningPlanID != "" || st.WorkerOpsPlanID != "" || st.AppliedPlanID != "plan-1" {
+		t.Errorf("after a failed recovery reload: running %q worker ops %q applied %q", st.RunningPlanID, st.WorkerOpsPlanID, st.AppliedPlanID)
 	}
 	// A later apply neither takes readiness away nor needs a restart.
 	fake.With(func(m *FakeModel) { m.ReloadFails = false })

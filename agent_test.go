@@ -26,7 +26,7 @@ import (
 func totalInvariantViolations(a *Agent) uint64 {
 	var n uint64
 	for _, name := range []string{invGenerationMonotonic, invDiskIsTheDesiredSet, invRuntimeModeDoesNotReload,
-		invReloadModeReloads, invNoopRunsNoOps, invJournalOnlyWhileDiverged, invMountProbeFoundEveryMount,
+		invReloadModeReloads, invNoopRunsNoOps, invJournalOnlyWhileDiverged,
 		invOpsExecutable, invRecoveryReload} {
 		n += a.metrics.invariantViolations.value(name)
 	}

@@ -1,14 +1,16 @@
-// This file owns what the agent knows of the running HAProxy worker: which
-// one it expects, checking that the one answering is that one, adopting a
-// new one, and reloading. Everything here holds the worker-observation
-// lock from observing a worker to adopting it, so that a verified state
-// read never adopts a worker in the middle of a reload.
+// This file owns what the agent knows of the running HAProxy worker:
+// checking that the one answering is the one it expects, adopting a new
+// one, and reloading. Everything here holds the worker-observation lock
+// from observing a worker to adopting it, so that a verified state read
+// never adopts a worker in the middle of a reload.
 //
-// It never changes files; it tells the ledger which worker runs what.
+// It never changes files, and never says which plan a worker runs: the
+// apply's outcome does (settle).
 
 package haptic
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,15 +62,14 @@ func (w *workerTracker) check(ctx context.Context) (HAProxyInfo, error) {
 	return info, w.observedLocked(ctx, info)
 }
 
-// observedLocked compares a worker identity read on the worker socket with
-// the expected one and adopts it as foreign when it differs.
+// observedLocked compares a worker identity with the expected one and
+// adopts it as foreign when it differs.
 func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) error {
-	prev := w.led.expectedWorker()
+	prev := w.led.state().Worker
 	if prev.SameWorker(info) {
 		return nil
 	}
-	inv := w.listInventory(ctx)
-	w.led.adoptForeignWorker(info, inv)
+	w.led.adoptWorker(info, w.listInventory(ctx), true)
 	w.queue.setWorker(info)
 	err := workerChangedError(prev, info)
 	w.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
@@ -78,12 +79,11 @@ func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) er
 // adopt adopts a worker an exchange found answering instead of the
 // expected one.
 func (w *workerTracker) adopt(ctx context.Context, info HAProxyInfo) {
-	if !info.HasWorkerIdentity() {
-		return
+	if info.HasWorkerIdentity() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.observedLocked(ctx, info)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.observedLocked(ctx, info)
 }
 
 func workerChangedError(from, to HAProxyInfo) error {
@@ -112,89 +112,17 @@ type reloadFailure struct {
 func (e *reloadFailure) Error() string { return e.msg }
 func (e *reloadFailure) Unwrap() error { return e.err }
 
-// reload reloads HAProxy through the master and adopts the new worker,
-// holding the worker-observation lock throughout, then records the plan
-// the new worker loaded. An empty ref promotes nothing. Any reload attempt
-// consumes a pending one.
-func (w *workerTracker) reload(ctx context.Context, ref planRef) (*ReloadInfo, error) {
-	return w.reloadAndRecord(ctx, ref, true)
-}
-
-// reloadForApply is reload for an apply whose commit is still to come: the
-// new worker runs ref, but ref becomes the last-known-good only with the
-// commit. Until then the journal must stay, because an apply whose commit
-// cannot be written is rolled back through it.
-func (w *workerTracker) reloadForApply(ctx context.Context, ref planRef) (*ReloadInfo, error) {
-	return w.reloadAndRecord(ctx, ref, false)
-}
-
-func (w *workerTracker) reloadAndRecord(ctx context.Context, ref planRef, promote bool) (*ReloadInfo, error) {
-	w.led.clearPending()
-	// The files the new worker loads are made durable while it loads them:
-	// the syncs a new last-known-good needs cost nothing beside a reload.
-	// Every reload runs under the apply lock (an apply's, the pacer's, a
-	// repair's, the start's), so nothing changes the tree or its unsynced
-	// marks until the reload has its verdict and the flush is joined.
-	settled := make(chan struct{})
-	go func() {
-		defer close(settled)
-		w.led.settleFiles()
-	}()
+// reload sends the reload through the master and adopts the new worker,
+// holding the worker-observation lock throughout. The reload timeout bounds
+// the whole of it, but the runtime layer enforces it on the reload itself
+// and answers its own timeout verdicts; a context of our own around the
+// reload would expire first and turn those verdicts into transport errors
+// of varying text. So only the wait for the new worker gets a deadline
+// here: what remains of the timeout since the reload began.
+func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
 	w.mu.Lock()
-	info, err := w.reloadAndAwait(ctx)
-	w.mu.Unlock()
-	<-settled
-	if err != nil {
-		return info, err
-	}
-	if w.led.recordReload(ref, w.now(), promote) {
-		w.led.settleFiles()
-	}
-	return info, nil
-}
-
-// maxRecoveryReloads bounds the attempts of a recovery reload while the
-// master is still busy with an earlier reload (or re-executing itself).
-const maxRecoveryReloads = 64
-
-// recoveryReloadPause is the pause between two such attempts.
-const recoveryReloadPause = 200 * time.Millisecond
-
-// reloadToRecover reloads ref after a rollback, when the worker may hold
-// what the rollback undid: ops that ran, or a reload whose outcome is
-// unknown (no verdict within the reload timeout: HAProxy may still be
-// loading the set the rollback took off the disk). A master still busy with
-// that reload answers "another reload is in progress", or does not answer
-// while it re-executes, so the attempt is repeated until the reload timeout
-// has passed once more. Only HAProxy's own refusal ends it early.
-func (w *workerTracker) reloadToRecover(ctx context.Context, ref planRef) (*ReloadInfo, error) {
-	deadline := time.Now().Add(w.reloadTimeout)
-	var info *ReloadInfo
-	var err error
-	for range maxRecoveryReloads {
-		info, err = w.reload(ctx, ref)
-		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
-			return info, err
-		}
-		select {
-		case <-ctx.Done():
-			return info, err
-		case <-time.After(recoveryReloadPause):
-		}
-	}
-	return info, err
-}
-
-// reloadAndAwait sends the reload and waits for the new worker. The
-// reload timeout bounds the whole of it, but the runtime layer enforces it
-// on the reload itself and answers its own timeout verdicts ("reload: no
-// reply within <t>", "reload: no new worker within <t>"); a context of our
-// own around the reload would expire first, since the runtime's deadline
-// starts only after its show proc baseline, and turn those verdicts into
-// transport errors of varying text. So only the wait for the new worker
-// gets a deadline here: what remains of the timeout since the reload began.
-func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error) {
-	prev := w.led.expectedWorker()
+	defer w.mu.Unlock()
+	prev := w.led.state().Worker
 	if w.beforeReload != nil {
 		w.beforeReload()
 	}
@@ -205,11 +133,7 @@ func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error)
 		info.TookMs = time.Since(start).Milliseconds()
 		w.metrics.reloads.inc("failed")
 		if errors.Is(err, errReloadRejected) {
-			msg := log
-			if msg == "" {
-				msg = errReloadRejected.Error()
-			}
-			return info, &reloadFailure{msg: msg, err: err}
+			return info, &reloadFailure{msg: cmp.Or(log, errReloadRejected.Error()), err: err}
 		}
 		info.Performed = false
 		return info, err
@@ -223,20 +147,54 @@ func (w *workerTracker) reloadAndAwait(ctx context.Context) (*ReloadInfo, error)
 		info.OK = false
 		return info, err
 	}
-	w.led.adoptReloadedWorker(worker, inv)
+	w.led.adoptWorker(worker, inv, false)
+	w.led.reloaded(w.now())
 	w.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
 	return info, nil
 }
 
+// maxRecoveryReloads bounds the attempts of a recovery reload while the
+// master is still busy with an earlier reload (or re-executing itself);
+// recoveryReloadPause is the pause between two of them.
+const (
+	maxRecoveryReloads  = 64
+	recoveryReloadPause = 200 * time.Millisecond
+)
+
+// reloadToRecover reloads after an undo, when the worker may hold what the
+// undo took away: ops that ran, or a reload whose outcome is unknown (no
+// verdict within the reload timeout: HAProxy may still be loading the set
+// the undo took off the disk). A master still busy with that reload answers
+// "another reload is in progress", or does not answer while it re-executes,
+// so the attempt is repeated until the reload timeout has passed once more.
+// Only HAProxy's own refusal ends it early.
+func (w *workerTracker) reloadToRecover(ctx context.Context) (*ReloadInfo, error) {
+	deadline := time.Now().Add(w.reloadTimeout)
+	var info *ReloadInfo
+	var err error
+	for range maxRecoveryReloads {
+		info, err = w.reload(ctx)
+		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
+			return info, err
+		}
+		select {
+		case <-ctx.Done():
+			return info, err
+		case <-time.After(recoveryReloadPause):
+		}
+	}
+	return info, err
+}
+
 // awaitNewWorker polls until a worker other than prev answers, and returns
 // it with its inventory (nil when a listing failed). Each poll reads the
-// identity and the inventory on one line: the first answer of the new
-// worker, almost always the first poll, is then the whole refresh, and the
-// inventory is the adopted worker's own. A line that fails as a whole (a
-// cut or oversized reply) is followed by the identity alone, so that a
-// listing the worker cannot answer costs the inventory, never the reload.
-// Ops are never sent to the outgoing worker.
+// identity and the inventory on one line, so the first answer of the new
+// worker is the whole refresh and the inventory is the adopted worker's
+// own. A line that fails as a whole (a cut or oversized reply) is followed
+// by the identity alone, so that a listing the worker cannot answer costs
+// the inventory, never the reload. Ops are never sent to the outgoing
+// worker.
 func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()

@@ -676,10 +676,10 @@ func TestRealHAProxyServesDeployedChanges(t *testing.T) {
 			} else {
 				t.Logf("HAProxy %s prints no reload log; the agent reports %q", e.h.Version(), res.Error.Message)
 			}
-			// The tree goes back to the last known good set, the last
-			// reloaded one; the worker keeps what the runtime ops since
-			// then gave it, so the traffic is the previous render's.
-			e.expectDisk(t, lkg)
+			// The tree goes back to the set the apply found, runtime
+			// changes since the last reload included: the worker keeps what
+			// those gave it, so disk and traffic are the previous render's.
+			e.expectDisk(t, e.plan(current))
 			if got := e.workerPID(t); got != pid {
 				t.Fatalf("worker pid changed from %d to %d", pid, got)
 			}
@@ -688,8 +688,10 @@ func TestRealHAProxyServesDeployedChanges(t *testing.T) {
 			}
 			e.expectTraffic(t, "a.test", "beta only", onlyBackend("beta"))
 			e.expectTraffic(t, "c.test", "alpha only", onlyBackend("alpha"))
-			if st := e.state(t); st.AppliedPlanID != "" {
-				t.Fatalf("applied plan %q after a NACK, want empty", st.AppliedPlanID)
+			// HAProxy refused the set and the previous worker serves on: the
+			// baseline is the one the apply started from.
+			if st := e.state(t); st.AppliedPlanID != e.plan(current).ID || st.RunningPlanID == "" {
+				t.Fatalf("applied plan %q running %q after a NACK, want %q", st.AppliedPlanID, st.RunningPlanID, e.plan(current).ID)
 			}
 		}},
 		{"the next good deploy reloads and serves", func(t *testing.T) {

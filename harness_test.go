@@ -14,6 +14,7 @@
 package haptic
 
 import (
+	"maps"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -639,23 +640,40 @@ func unixClient(path string) *http.Client {
 // ---------------------------------------------------------------------------
 // The persisted state of a stopped agent.
 
-// editState rewrites the state file of a stopped agent.
-func editState(t testing.TB, base string, edit func(m map[string]any)) {
+// editState rewrites the persisted state of a stopped agent: the snapshot
+// with the log replayed on it becomes a new snapshot, edited, and the log
+// starts empty, as after a clean stop.
+func editState(t testing.TB, base string, edit func(s *agentState, tree map[string]FileAt)) {
 	t.Helper()
 	path := filepath.Join(base, ".haptic-agent.json")
-	b, err := os.ReadFile(path)
+	loaded, err := loadLog(osDisk{}, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
+	edit(&loaded.st, loaded.tree)
+	writeSnapshot(t, base, loaded.st, loaded.tree, loaded.seq)
+	if loaded.blob != nil {
+		if err := os.WriteFile(filepath.Join(base, planBlobFile), loaded.blob, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// writeSnapshot writes a state file holding st and tree, and no log.
+func writeSnapshot(t testing.TB, base string, st agentState, tree map[string]FileAt, seq uint64) {
+	t.Helper()
+	snap := &logRecord{Seq: seq, Kind: recordSnapshot, State: &st, Journal: st.Journal, Tree: map[string]*FileAt{}}
+	for p, at := range tree {
+		snap.Tree[p] = &at
+	}
+	b, err := encodeFrame(snap)
+	if err != nil {
 		t.Fatal(err)
 	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
+	if err := os.WriteFile(filepath.Join(base, ".haptic-agent.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
+	if err := os.Remove(filepath.Join(base, logFileName)); err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
 }
@@ -664,11 +682,22 @@ func editState(t testing.TB, base string, edit func(m map[string]any)) {
 // replayed on it, as the next start would read it.
 func readStateFile(t testing.TB, base string) agentState {
 	t.Helper()
+	return readState(t, base).st
+}
+
+// readOwned is the persisted tree's paths, sorted.
+func readOwned(t testing.TB, base string) []string {
+	t.Helper()
+	return slices.Sorted(maps.Keys(readState(t, base).tree))
+}
+
+func readState(t testing.TB, base string) *loadedLog {
+	t.Helper()
 	loaded, err := loadLog(osDisk{}, filepath.Join(base, ".haptic-agent.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return loaded.st
+	return loaded
 }
 
 // lockedBuffer is a log or output sink several goroutines write to.

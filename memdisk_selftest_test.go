@@ -9,7 +9,6 @@ package haptic
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -918,8 +917,7 @@ func TestMemDiskReplaceFile(t *testing.T) {
 // logFiller is a record of about 5 KB, so that three of them span four
 // blocks and a torn append cuts one.
 func logFiller(seq uint64) *logRecord {
-	return &logRecord{Seq: seq, Kind: recordState,
-		Set: map[string]json.RawMessage{"filler": json.RawMessage(strconv.Quote(strings.Repeat("x", 5000)))}}
+	return &logRecord{Seq: seq, Kind: recordState, Files: []fileChange{{Path: "filler", Data: []byte(strings.Repeat("x", 3700))}}}
 }
 
 // TestMemDiskStateLog runs the agent's log on a memDisk: after a synced
@@ -949,7 +947,7 @@ func TestMemDiskStateLog(t *testing.T) {
 	if got := seqs(); !slices.Equal(got, []uint64{1, 2, 3}) {
 		t.Errorf("before the sync: last records %v, want 1, 2 and 3", got)
 	}
-	memOK(t, w.sync())
+	memOK(t, w.f.Sync())
 	if got := seqs(); !slices.Equal(got, []uint64{3}) {
 		t.Errorf("after the sync: last records %v, want 3", got)
 	}

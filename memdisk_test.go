@@ -866,7 +866,7 @@ func (d *memDisk) checkpointLocked() {
 // mkdirAll creates a directory and its missing parents, mode 0755, and
 // makes the whole disk durable.
 func (d *memDisk) mkdirAll(name string) error {
-	if _, err := mkdirAll(d, name, storeDirMode); err != nil {
+	if _, err := mkdirAll(d, name, 0o755); err != nil {
 		return err
 	}
 	d.checkpoint()
@@ -876,10 +876,10 @@ func (d *memDisk) mkdirAll(name string) error {
 // writeFile creates or replaces the bytes of a file (a new one gets mode
 // 0644), creating its missing parents, and makes the whole disk durable.
 func (d *memDisk) writeFile(name string, data []byte) error {
-	if _, err := mkdirAll(d, parentDir(name), storeDirMode); err != nil {
+	if _, err := mkdirAll(d, parentDir(name), 0o755); err != nil {
 		return err
 	}
-	f, err := d.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, storeFileMode)
+	f, err := d.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
 	}

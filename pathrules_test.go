@@ -166,12 +166,3 @@ func TestClientRefusesAControlCharacterBeforeSending(t *testing.T) {
 	}
 }
 
-// TestAnOwnedPathTheRulesNowRefuseIsNotDeleted: a path an older agent
-// accepted and the rules now refuse is left on disk rather than deleted
-// through a check that would fail and abort every apply.
-func TestAnOwnedPathTheRulesNowRefuseIsNotDeleted(t *testing.T) {
-	got := deletions([]string{"maps/a\nb.map", "maps/old.map", "haproxy.cfg"}, []ManifestFile{{Path: "haproxy.cfg"}})
-	if len(got) != 1 || got[0] != "maps/old.map" {
-		t.Errorf("deletions = %q, want [maps/old.map]", got)
-	}
-}

@@ -227,38 +227,35 @@ func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofB
 	if err != nil {
 		return "file store: " + err.Error()
 	}
-	queue := newDeleteQueue(newHAProxyRuntime(runtimeConfig{Logger: logger}), logger, func(string, string) {})
-	led, loaded, err := newLedger(img, paths, files, queue, logger)
+	led, loaded, err := newLedger(img, paths.state, paths.planBlob, logger)
 	if err != nil {
 		return "ledger: " + err.Error()
 	}
 	defer led.log.close()
 	beforeRecovery := treeOf(img, cfg.BaseDir)
-	reload := led.recoverTree(loaded)
+	st, _, reload, err := recoverDisk(files, led, loaded, logger)
+	if err != nil {
+		return "recovery: " + err.Error()
+	}
 	if !reload && !sameSet(beforeRecovery, treeOf(img, cfg.BaseDir)) {
 		// HAProxy may have booted before the agent and loaded the tree the
 		// recovery changed: it must load the recovered one.
 		return "the worker: recovery changed the tree without asking HAProxy to reload it"
 	}
-	st := led.view()
-	tree, err := files.hashTree(st.ManifestPaths)
-	if err != nil {
-		return "hash: " + err.Error()
-	}
-	led.adoptTree(tree)
-	st = led.view()
 
 	got := treeOf(img, cfg.BaseDir)
 	isBefore, isAfter := sameSet(got, k.before), sameSet(got, k.after)
 	switch {
 	case !isBefore && !isAfter:
 		return fmt.Sprintf("requirement 1: the tree is a mix: %v", got.paths())
-	case st.AppliedPlanID == "plan-1" && !isBefore:
+	case st.Applied.ID == "plan-1" && !isBefore:
 		return "requirement 2: plan-1 is applied over the apply's set"
-	case st.AppliedPlanID == "plan-2" && !isAfter:
+	case st.Applied.ID == "plan-2" && !isAfter:
 		return "requirement 2: plan-2 is applied over the set before"
-	case acked && st.AppliedPlanID != "plan-2":
-		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.AppliedPlanID)
+	case acked && st.Applied.ID != "plan-2":
+		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.Applied.ID)
+	case acked && !isAfter:
+		return "an ACK taken back: the answered apply's files are not on disk"
 	case st.Generation < genBefore || (acked && st.Generation < genBefore+1):
 		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
 	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):

@@ -1,5 +1,0 @@
-//go:build linux && arm64
-
-package haptic
-
-const sysRenameat2 = 276
