@@ -322,7 +322,7 @@ type applyRun struct {
 	invalidations0 uint64
 	result         ApplyResult
 	readBack       *compiledOps
-	reason         string // why it reloaded
+	reason         string       // why it reloaded
 	seq            uint64       // its record, once written
 	changes        []fileChange // the paths it changes
 	same           []fileChange // parts sent whose bytes the disk already held: only their proofs change

@@ -73,7 +73,7 @@ type logRecord struct {
 	// Durable is the last record whose sync had completed when this one was
 	// written: replay tells a torn tail from damage by it.
 	Durable uint64 `json:"durable,omitempty"`
-	OK  bool   `json:"ok,omitempty"`
+	OK      bool   `json:"ok,omitempty"`
 	// ResetJournal: the journal is empty from this record on (a new
 	// last-known-good plan).
 	ResetJournal bool `json:"reset_journal,omitempty"`

@@ -14,12 +14,12 @@
 package haptic
 
 import (
-	"maps"
 	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"mime/multipart"
 	"net"
 	"net/http"

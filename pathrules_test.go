@@ -165,4 +165,3 @@ func TestClientRefusesAControlCharacterBeforeSending(t *testing.T) {
 		t.Errorf("%d requests sent", n)
 	}
 }
-
