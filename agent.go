@@ -50,7 +50,7 @@ type AgentConfig struct {
 	TLSDir               string        // --tls-dir; "" means no TLS
 	TLSClientName        string        // --tls-client-name: the DNS SAN a client certificate must carry
 	Username, Password   string        // DATAPLANE_USERNAME, DATAPLANE_PASSWORD
-	InsecureNoAuth       bool          // --insecure-no-auth: /v1/ without authentication; refused with TLSDir or credentials
+	InsecureNoAuth       bool          // --insecure-no-auth: start with no authentication; no effect beside TLS or credentials
 	ReloadIntervalMin    time.Duration // --reload-interval-min: the pacing window, at most 60s; 0 paces nothing
 	ReloadTimeout        time.Duration // --reload-timeout: one whole reload; 0 means 60s, also the most
 	AdminSocket          string        // --admin-socket; "" means none
