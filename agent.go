@@ -44,20 +44,20 @@ type AgentConfig struct {
 	MasterSocket         string        // --master-socket
 	WorkerSocket         string        // --worker-socket
 	StateFile            string        // --state-file
-	Listen               string        // --listen
+	Listen               string        // --listen: the API's TCP address
 	MetricsListen        string        // --metrics-listen; "" serves no metrics
 	TLSDir               string        // --tls-dir; "" means no TLS
-	TLSClientName        string        // --tls-client-name
+	TLSClientName        string        // --tls-client-name: the DNS SAN a client certificate must carry
 	Username, Password   string        // DATAPLANE_USERNAME, DATAPLANE_PASSWORD
-	InsecureNoAuth       bool          // --insecure-no-auth
-	ReloadIntervalMin    time.Duration // --reload-interval-min
-	ReloadTimeout        time.Duration // --reload-timeout; 0 means 60s
+	InsecureNoAuth       bool          // --insecure-no-auth: start with no authentication; no effect beside TLS or credentials
+	ReloadIntervalMin    time.Duration // --reload-interval-min: the pacing window, at most 60s; 0 paces nothing
+	ReloadTimeout        time.Duration // --reload-timeout: one whole reload; 0 means 60s, also the most
 	AdminSocket          string        // --admin-socket; "" means none
 	DrainSocket          string        // --drain-socket; "" means none
 	DrainQuietPeriod     time.Duration // --drain-quiet-period; 0 means 2s
 	DrainMaxWait         time.Duration // --drain-max-wait; 0 means 10s
-	DrainIgnoreFrontends []string      // --drain-ignore-frontend
-	FileMode             os.FileMode   // --file-mode; the mode of every file written into the tree; 0 means 0640
+	DrainIgnoreFrontends []string      // --drain-ignore-frontend: frontends the drain's counter leaves out
+	FileMode             os.FileMode   // --file-mode: the mode of every file written into the tree; 0 means 0640 (no access for others)
 	AgentVersion         string        // reported as agent_version; "" means "dev"
 	Logger               *slog.Logger  // nil means slog.Default()
 }

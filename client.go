@@ -50,8 +50,7 @@ type ClientConfig struct {
 	BaseURL string
 	// Username and Password are the HTTP Basic credentials, sent when either
 	// is non-empty, never over a unix socket.
-	Username string
-	Password string
+	Username, Password string
 	// TLS holds the client TLS settings (roots, client certificate or
 	// GetClientCertificate for rotation, server name). It requires an https
 	// BaseURL. nil means Go's defaults for https.

@@ -50,10 +50,10 @@ type Baseline struct {
 	Running               *Plan     // plan the running worker loaded; not read by Diff
 	WorkerOps             *Plan     // what the worker holds after in-place ops; base for in-place composition
 	Inventory             Inventory // what the running worker has loaded (maps, certs, ca_files, crl_files, crt_lists)
-	Caps                  Caps
-	PendingServerDeletes  int  // deferred server deletes already queued on the pod
-	PendingBackendDeletes int  // deferred backend deletes already queued on the pod
-	ReloadPending         bool // the pod has a reload scheduled but not done
+	Caps                  Caps      // what the pod's HAProxy and agent can do at runtime (CapsFor)
+	PendingServerDeletes  int       // deferred server deletes already queued on the pod
+	PendingBackendDeletes int       // deferred backend deletes already queued on the pod
+	ReloadPending         bool      // the pod has a reload scheduled but not done
 }
 
 // Caps says what the pod's HAProxy and agent can do at runtime.
@@ -117,16 +117,18 @@ func (c Caps) executes(kind string) bool {
 	return c.AgentOps == nil || c.AgentOps[kind]
 }
 
-// Decision is Diff's answer for one pod.
+// Decision is Diff's answer for one pod: its Verdict says what the change
+// needs, its Mode what the manifest asks of the agent (the package doc
+// tells these words from ApplyResult.Mode, what happened).
 type Decision struct {
-	Verdict    string         `json:"verdict"`
-	Ops        []Op           `json:"ops,omitempty"`
-	InPlace    []Op           `json:"in_place_ops,omitempty"`
-	WorkerPlan *Plan          `json:"-"`
-	Chunks     int            `json:"chunks,omitempty"`
-	Reasons    []string       `json:"reasons,omitempty"`
-	Files      []ManifestFile `json:"files"`
-	Mode       string         `json:"mode"`
+	Verdict    string         `json:"verdict"`                // a Verdict* value
+	Ops        []Op           `json:"ops,omitempty"`          // the runtime ops in their safe order; runtime only
+	InPlace    []Op           `json:"in_place_ops,omitempty"` // ops for the serving worker while a reload waits; any verdict
+	WorkerPlan *Plan          `json:"-"`                      // the worker's plan once InPlace ran; set exactly with InPlace
+	Chunks     int            `json:"chunks,omitempty"`       // the applies Ops needs (Chunk); runtime only
+	Reasons    []string       `json:"reasons,omitempty"`      // reload causes and file-only notes, at most 32
+	Files      []ManifestFile `json:"files"`                  // ManifestFiles(next), the complete desired set
+	Mode       string         `json:"mode"`                   // ModeReload for a reload verdict, else ModeAuto
 }
 
 // ComposedOps returns every op kind Diff can emit, in Ops or InPlace, as a

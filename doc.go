@@ -4,35 +4,141 @@
 // the pure decision Diff that says whether a change can reach the running
 // worker through the runtime API, and the client that drives one agent.
 //
+// # The contract's words
+//
+// A plan id is the digest of a render's whole content ([Plan.ComputeID]):
+// two pods with the same id hold byte-identical files.
+//
+// A proof is the agent's own witness that it wrote and verified a plan's
+// files: an opaque string it issues when an apply lands, never twice (not
+// even across restarts), and reports beside the plan id. A controller
+// quotes proofs back and never makes one up. An id with its proof is a
+// pair; two pairs are the same only when both proofs are non-empty and ids
+// and proofs are equal. A restart keeps the proofs while the files are
+// exactly what the agent wrote (it re-hashes them at every start), so the
+// next push can still be a runtime change; a file changed behind its back
+// loses its proof and the plan id with it, and the next push reloads rather
+// than run ops against a baseline nobody can vouch for. A file's proof
+// ([ManifestFile].Proof) is the controller's witness instead: the agent
+// asks for no part of a file whose record holds the proof, digest and size
+// the manifest quotes.
+//
+// The agent reports four pairs, in [State], [ApplyResult] and [Conflict]:
+//
+//   - applied: the plan whose files are on disk, the baseline a manifest's
+//     ExpectedPrev fields must name; none means the next push reloads.
+//   - running: the plan the running worker loaded at its last reload.
+//   - worker-ops: what the worker holds counting the runtime and in-place
+//     ops since then, the worker baseline a manifest's ExpectedWorkerOps
+//     fields must name. A runtime apply moves it with applied while running
+//     stays at the last reload's plan: running lagging applied is normal.
+//     While a reload is pending, the disk is ahead of the worker.
+//   - last-known-good (lkg): the plan the agent restores and reloads when
+//     HAProxy refuses a new one. A successful reload makes its plan the
+//     last-known-good.
+//
+// The token ([Token]) is the leader epoch and render sequence of the apply
+// that landed. An apply with a lower epoch is fenced (stale_epoch), so two
+// controllers cannot interleave their renders on one pod; [Manifest] lists
+// the seven fencing rules.
+//
+// The identity version (Manifest.IdentityVersion) is the proof protocol a
+// manifest speaks. [ExactIdentityVersion] (1) is exact identity: pairs are
+// compared with their proofs, and ops may run. Any other value is legacy: the agent turns
+// the apply into a reload and drops its ops and every proof field.
+//
+// The validated pair (Manifest.ValidatedPlanID and ValidatedPlanProof) is
+// the newest plan the controller's own haproxy -c passed. When it is the
+// agent's applied pair, the agent makes that plan last-known-good before
+// the apply runs: the set it falls back to when HAProxy refuses.
+//
+// In-place ops are ops for the worker that keeps serving while a reload
+// waits; "Applies" below says when they run.
+//
+// A verdict, a mode and a result are three words for three moments: what a
+// change needs (Diff's prediction), what the manifest asks of the agent, and
+// what happened. The wire fixes their JSON values, so the sets overlap:
+//
+//	field             produced by     values
+//	Decision.Verdict  Diff            runtime, file_only, reload
+//	Decision.Mode     Diff            auto, reload
+//	Manifest.Mode     NewManifest     auto, reload; the caller's own revert_lkg
+//	ApplyResult.Mode  the agent       runtime, file_only, reload, scheduled, noop, rejected
+//	haptic diff       the command     Diff's verdict, or noop for an identical render
+//	haptic push       the command     the agent's result, or failed for an error or a NACK
+//
+// A result can differ from the verdict: file_only lands as noop when the
+// disk already holds the files, runtime lands as reload when HAProxy refuses
+// an op or the worker changed, any apply lands as scheduled while a reload
+// is pending (a reload too, inside the pacing window), and rejected is a
+// NACK after a rollback. NewManifest asks
+// for reload, whatever the verdict, when the pod reports no proofs to fence
+// on, and the agent turns an auto apply into a reload when it names no
+// worker-ops proof.
+//
 // # The flow of one change
 //
 // A controller renders the whole configuration of a pod (haproxy.cfg, maps,
 // certificates) and describes the render as a [Plan]. [Diff] compares it
 // with what the pod holds ([BaselineFromState] of the agent's [State]) and
-// returns a [Decision]: "runtime" with typed [Op]s when every change can reach
-// the running worker through HAProxy's runtime API, "file_only" when only
-// files change, or "reload" with the reasons why not. [NewManifest] turns the
+// returns a [Decision]: "runtime" with typed ops ([Op]) when every change can
+// reach the running worker through HAProxy's runtime API, "file_only" when
+// only files change, or "reload" with the reasons why not. [NewManifest] turns the
 // decision into the body of one apply, and [Client.Apply] sends it; [Deploy]
 // is that whole loop for one pod, with the resend of parts the agent lacks
 // and the re-diff after a conflict.
 //
-//	controller                                     one pod
-//	render ─► Plan ─► Diff(plan, baseline)         Agent (NewAgent, Run)
-//	                    │ runtime / file_only        fence ─► stage parts
-//	                    │ / reload + reasons         ─► journal + intent
-//	                    ▼                            ─► runtime ops, write │
-//	NewManifest ─► Client.Apply ── POST /v1/apply ─► write, reload ─► commit
-//	Deploy: state ─► diff ─► apply ─► resend       │ worker   │ master
-//	        ─► re-diff on a conflict              ▼ socket   ▼ socket
-//	                                              HAProxy worker ◄─ master
+//	controller                                  one pod
+//	render ─► Plan ─► Diff(next, Baseline)      Agent (NewAgent, Run)
+//	            verdict, ops, reasons             POST /v1/apply:
+//	                    │                         fence ─► stage parts
+//	                    ▼                         ─► known-bad cache
+//	NewManifest ─► Client.Apply ── manifest ──►   ─► intent ─► write files
+//	                            ◄─ ApplyResult ─  ─► ops or reload ─► commit
+//	                            ◄─ 409 Conflict   ─► read-back (runtime)
+//	                               or Missing       │ worker    │ master
+//	Deploy: State ─► Diff ─► Apply ─► resend        ▼ socket    ▼ socket
+//	        ─► re-diff on a conflict ─► PutPlan   HAProxy worker ◄─ master
+//
+// # Applies
 //
 // The [Agent] owns the pod's file tree. It writes each file set in one
 // transaction with a backup journal, runs the ops or reloads, rolls back to
-// the last known good set when HAProxy refuses, fences stale leaders with an
-// epoch and the plan the controller believes the pod holds, and reports what
-// happened in an [ApplyResult]. What it promised survives a crash or a power
-// loss: every change of its state is a record in an append-only log that is
-// synced before the answer leaves.
+// the last-known-good set when HAProxy refuses, fences stale leaders, and
+// reports what happened in an [ApplyResult]. What it promised survives a
+// crash or a power loss: every change of its state is a record in an
+// append-only log that is synced before the answer leaves.
+//
+// In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
+// that keeps serving while a reload waits: one is pending, or this apply
+// asks for a reload that the pacing window (AgentConfig.ReloadIntervalMin)
+// schedules. Diff composes them against the exact worker-ops plan
+// (Baseline.WorkerOps) and only for objects that worker already has and the
+// reload's files carry too: server address, weight and state, added
+// servers, certificate updates, and map sets and deletes, all or none across
+// every map of the render. The worker then serves the new state until the
+// reload fires. Afterwards the worker-ops pair names Decision.WorkerPlan, a
+// derived plan, not the render. A failed in-place op leaves the apply an ACK
+// whose Error has stage in_place and clears the baseline, so the next push
+// reloads; it never causes a second reload.
+//
+// The known-bad cache remembers HAProxy's own refusal for 60 seconds: after
+// HAProxy refused to reload a set of files, the same work (plan, files, ops
+// and mode, whatever the token) is answered with the stored NACK, without
+// writing or reloading again, so a controller retrying a configuration
+// HAProxy refused does not roll every pod back and forth. I/O errors,
+// timeouts and transport errors are never remembered. The fence runs before
+// the cache, which holds one record and starts empty at every start.
+//
+// After every runtime apply that landed, a background read-back checks that
+// HAProxy holds what the ops meant: every touched backend still answers
+// show servers state, and every touched map's running keys are the map
+// file's (a map too large to list is skipped). A divergence is counted
+// (haptic_agent_map_divergence_total) and repaired by a reload of the
+// applied plan, scheduled when the pacing window is open. The read-back runs
+// under the apply lock and gives no verdict once a later apply moved the
+// applied pair or the agent is stopping; a failed repair clears the
+// baseline. The apply's answer never waits for it.
 //
 // # How to read it
 //
@@ -46,12 +152,12 @@
 //	client.go                 the controller's end of the wire, and Deploy
 //	pathrules.go              the characters a manifest path may hold, shared by both ends
 //	agent.go                  the agent's configuration, listeners, startup and handlers
-//	agent_apply.go            one apply, from manifest to commit
+//	agent_apply.go            one apply, from manifest to commit: fence, cache, transaction, abort
 //	agent_apply_bounds.go     what an apply may cost before it is admitted
 //	agent_ledger.go           the agent's state: one type, every change a named transition
 //	agent_log.go              how the state reaches the disk: the snapshot and the log
 //	agent_files.go            the file store: staging, the backup journal, install, restore
-//	agent_disk.go             the one interface every file operation goes through
+//	agent_disk*.go            the one interface every file operation goes through
 //	agent_worker.go           the worker the agent expects: check, adopt, reload
 //	agent_runtime_compile.go  an Op compiled into HAProxy commands, packed into lines
 //	agent_runtime.go          the runtime sockets: send, count, judge the replies; reads
@@ -65,6 +171,11 @@
 //	agent_reasons.go          why a reload the controller asked for is logged as it is
 //	fakehaproxy*.go           FakeHAProxy: an in-process HAProxy for tests, held to the real one
 //	harness_test.go           the harness every agent test builds on
+//	cmd/haptic/               the command: agent (state, health, drain), install, plan, diff, push, demo
+//	cmd/basic-apply/          the example program that drives an agent end to end
+//	internal/example/         what cmd/basic-apply and haptic demo share
+//	deploy/, Dockerfile       Kubernetes and systemd files, the image
+//	testdata/                 wire fixtures, real-HAProxy configurations, plan directories
 //
 // Pure decisions (Diff, the fence, settling a reload's verdict, compiling an
 // op, judging a reply) are plain functions over data; I/O stays at the edges,

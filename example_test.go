@@ -1,6 +1,7 @@
 // Examples of the package as a controller uses it, run by go test with
 // their output checked: the whole conversation with one pod (Example, which
-// the README quotes word for word, and a test here keeps it so), Diff
+// the README quotes word for word, and a test here keeps it so), Deploy's
+// loop over renders, an agent embedded beside the fake HAProxy, Diff
 // explaining a reload, and the plan PlanFromDir reads from a directory.
 
 package haptic_test
@@ -91,6 +92,88 @@ func Example() {
 	// true reload
 	// true runtime
 	// map_add true
+}
+
+// ExampleDeploy brings one pod to each render in turn, the controller's
+// loop: Deploy reads the pod's state, diffs, applies, resends the parts the
+// agent lacks and re-diffs when the pod moved. A NACK is a result, not an
+// error: the pod rolled back and still serves. Passing the previous render
+// as Applied lets a large file that changed a little travel as a patch.
+func ExampleDeploy() {
+	ctx := context.Background()
+	pod := startPod()
+	defer pod.stop()
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: pod.url, Username: pod.user, Password: pod.pass})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+
+	var applied *haptic.Plan // our copy of what the pod holds: none yet
+	for _, dir := range pod.renders {
+		next, err := haptic.PlanFromDir(dir)
+		if err != nil {
+			log.Fatal(err)
+		}
+		result, err := haptic.Deploy(ctx, client, next, haptic.DeployOptions{LeaderEpoch: 1, Applied: applied})
+		if err != nil {
+			log.Fatal(err) // a conflict with a newer leader, a transport or HTTP error
+		}
+		if !result.OK {
+			log.Fatalf("rejected at stage %s: %s", result.Error.Stage, result.Error.Message)
+		}
+		fmt.Println(result.Mode, len(result.OpResults), "op(s), token", result.AppliedToken.RenderSeq)
+		applied = next
+	}
+	// Output:
+	// reload 0 op(s), token 1
+	// runtime 1 op(s), token 2
+}
+
+// ExampleNewAgent embeds an agent in a program, beside the fake HAProxy as
+// a controller's own tests would run it. The agent binds only the listeners
+// its configuration names, and turns Ready once it has found HAProxy.
+func ExampleNewAgent() {
+	base, err := os.MkdirTemp("", "hex") // short: a unix socket path holds at most 107 bytes
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(base)
+	fake, err := haptic.StartFakeHAProxy(base, "3.0.11") // the sockets, on the agent's default names
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer fake.Close()
+
+	agent, err := haptic.NewAgent(haptic.AgentConfig{BaseDir: base, Listen: "127.0.0.1:0",
+		Username: "admin", Password: "admin", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- agent.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+	for deadline := time.Now().Add(10 * time.Second); !agent.Ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			log.Fatal("the agent did not find HAProxy within 10s")
+		}
+	}
+
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "admin", Password: "admin"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("haproxy", state.HAProxy.Version, "worker is the fake's:", state.HAProxy.SameWorker(fake.Worker()))
+	fmt.Printf("applied plan %q: the first push reloads\n", state.AppliedPlanID)
+	// Output:
+	// haproxy 3.0.11 worker is the fake's: true
+	// applied plan "": the first push reloads
 }
 
 // ExampleDiff shows Diff explaining a reload. A directory's plan declares

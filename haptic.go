@@ -184,151 +184,226 @@ const (
 
 // Manifest is the first part of every apply: the complete desired file set,
 // the fencing token and baseline the controller composed against, and the
-// runtime ops to run when that baseline holds.
+// runtime ops to run when that baseline holds. NewManifest builds it from a
+// Decision. Its JSON names are snake_case like every wire type's, while the
+// plan's are camelCase (Plan): both are the upstream contract, and neither
+// may be tidied to match the other.
+//
+// The agent first turns a legacy manifest, or an auto one that names no
+// worker-ops proof and has no in-place ops, into a reload without ops. It
+// then fences it before reading any part: the first of these rules that
+// matches refuses the apply with a 409 Conflict of that Reason, and nothing
+// is written.
+//
+//  1. stale_epoch: Token.LeaderEpoch is below the applied token's epoch.
+//  2. revert_target_mismatch: a revert_lkg whose PlanID and PlanProof are
+//     neither the applied nor the worker-ops pair, or are the running pair.
+//     A revert is checked against nothing else.
+//  3. ExpectedPrevPlanID is not the applied plan id: unknown_baseline when
+//     the agent has none, prev_mismatch otherwise.
+//  4. prev_mismatch: ExpectedPrevToken is not the applied token.
+//  5. prev_mismatch: an exact auto manifest's ExpectedPrevPlanProof is empty
+//     or not the applied proof.
+//  6. prev_mismatch: an exact reload's ExpectedPrevPlanProof is not the
+//     applied proof, when the agent holds one.
+//  7. worker_ops_mismatch: an auto manifest, or in-place ops that will run,
+//     whose ExpectedWorkerOpsPlanID and ExpectedWorkerOpsPlanProof are not
+//     the agent's worker-ops pair.
 type Manifest struct {
-	IdentityVersion            int            `json:"identity_version,omitempty"`
-	PlanID                     string         `json:"plan_id"`
-	PlanProof                  string         `json:"plan_proof,omitempty"`
-	PlanSchemaVersion          int            `json:"plan_schema_version"`
-	Token                      Token          `json:"token"`
-	ExpectedPrevPlanID         string         `json:"expected_prev_plan_id"`
-	ExpectedPrevPlanProof      string         `json:"expected_prev_plan_proof,omitempty"`
-	ExpectedPrevToken          Token          `json:"expected_prev_token"`
-	ExpectedWorkerOpsPlanID    string         `json:"expected_worker_ops_plan_id,omitempty"`
-	ExpectedWorkerOpsPlanProof string         `json:"expected_worker_ops_plan_proof,omitempty"`
-	WorkerOpsPlanID            string         `json:"worker_ops_plan_id,omitempty"`
-	WorkerOpsPlanProof         string         `json:"worker_ops_plan_proof,omitempty"`
-	ValidatedPlanID            string         `json:"validated_plan_id,omitempty"`
-	ValidatedPlanProof         string         `json:"validated_plan_proof,omitempty"`
-	Files                      []ManifestFile `json:"files"`
-	Ops                        []Op           `json:"ops,omitempty"`
-	OpBatches                  [][]Op         `json:"op_batches,omitempty"`
-	InPlaceOps                 []Op           `json:"in_place_ops,omitempty"`
-	Mode                       string         `json:"mode"`
+	// IdentityVersion is ExactIdentityVersion; anything else is legacy.
+	IdentityVersion int `json:"identity_version,omitempty"`
+	// PlanID is the desired plan's id; a revert_lkg names the plan it refuses.
+	PlanID string `json:"plan_id"`
+	// PlanProof is, for a revert_lkg only, the refused plan's proof.
+	PlanProof string `json:"plan_proof,omitempty"`
+	// PlanSchemaVersion is the plan's SchemaVersion, reported back in State.
+	PlanSchemaVersion int `json:"plan_schema_version"`
+	// Token fences this apply; it becomes the applied token when it lands.
+	Token Token `json:"token"`
+	// ExpectedPrevPlanID is the applied plan id it was composed against.
+	ExpectedPrevPlanID string `json:"expected_prev_plan_id"`
+	// ExpectedPrevPlanProof is that plan's proof.
+	ExpectedPrevPlanProof string `json:"expected_prev_plan_proof,omitempty"`
+	// ExpectedPrevToken is the applied token it was composed against.
+	ExpectedPrevToken Token `json:"expected_prev_token"`
+	// ExpectedWorkerOpsPlanID is the worker-ops plan id it was composed against.
+	ExpectedWorkerOpsPlanID string `json:"expected_worker_ops_plan_id,omitempty"`
+	// ExpectedWorkerOpsPlanProof is that plan's proof; without it no op runs.
+	ExpectedWorkerOpsPlanProof string `json:"expected_worker_ops_plan_proof,omitempty"`
+	// WorkerOpsPlanID names what the worker holds once InPlaceOps ran
+	// (Decision.WorkerPlan.ID), not the render; required with them.
+	WorkerOpsPlanID string `json:"worker_ops_plan_id,omitempty"`
+	// WorkerOpsPlanProof is ignored: the agent issues the worker proof.
+	WorkerOpsPlanProof string `json:"worker_ops_plan_proof,omitempty"`
+	// ValidatedPlanID is the newest plan the caller's haproxy -c passed.
+	ValidatedPlanID string `json:"validated_plan_id,omitempty"`
+	// ValidatedPlanProof is its proof, set with the id or not at all.
+	ValidatedPlanProof string `json:"validated_plan_proof,omitempty"`
+	// Files is the complete desired set, the config file included: a path
+	// the agent owns and Files lacks is deleted.
+	Files []ManifestFile `json:"files"`
+	// Ops is the first runtime batch, run only in mode auto.
+	Ops []Op `json:"ops,omitempty"`
+	// OpBatches are the batches run after Ops, for runtime_batches agents.
+	OpBatches [][]Op `json:"op_batches,omitempty"`
+	// InPlaceOps run on the serving worker while a reload waits.
+	InPlaceOps []Op `json:"in_place_ops,omitempty"`
+	// Mode is ModeAuto, ModeReload or ModeRevertLKG.
+	Mode string `json:"mode"`
 }
 
 // Token is the fencing token of an apply. Tokens are compared by equality of
 // both fields; only the epoch is ordered (stale_epoch).
 type Token struct {
-	LeaderEpoch uint64 `json:"leader_epoch"`
-	RenderSeq   uint64 `json:"render_seq"`
+	LeaderEpoch uint64 `json:"leader_epoch"` // the controller's leadership epoch, raised when it becomes leader
+	RenderSeq   uint64 `json:"render_seq"`   // counts the leader's renders within its epoch
 }
 
 // ManifestFile is one desired file. The agent treats a file as held (no part
 // needed) only when its record has the same non-empty proof, digest and size.
 type ManifestFile struct {
-	Path           string     `json:"path"`
-	Digest         string     `json:"digest"`
-	Proof          string     `json:"proof,omitempty"`
-	Size           int64      `json:"size"`
-	Kind           string     `json:"kind"`
-	ReloadOnChange bool       `json:"reload_on_change"`
-	Patch          *FilePatch `json:"patch,omitempty"`
+	Path           string     `json:"path"`             // base-relative and clean, at most MaxPathBytes, no dot-name
+	Digest         string     `json:"digest"`           // Digest of the whole content; required
+	Proof          string     `json:"proof,omitempty"`  // the controller's witness: ManifestFiles uses the digest
+	Size           int64      `json:"size"`             // bytes of the whole file
+	Kind           string     `json:"kind"`             // a FileKind* value
+	ReloadOnChange bool       `json:"reload_on_change"` // a change to this file needs a reload
+	Patch          *FilePatch `json:"patch,omitempty"`  // send a splice of the held copy (file_patch agents)
 }
 
 // FilePatch delivers a file as a splice of the held copy: the new content is
 // base[:Offset] + part + base[Offset+Length:], and the part carries
 // Size − BaseSize + Length bytes.
 type FilePatch struct {
-	BaseDigest string `json:"base_digest"`
-	BaseSize   int64  `json:"base_size"`
-	Offset     int64  `json:"offset"`
-	Length     int64  `json:"length"`
+	BaseDigest string `json:"base_digest"` // the held copy's digest; another one makes the agent ask for the whole file
+	BaseSize   int64  `json:"base_size"`   // the held copy's size
+	Offset     int64  `json:"offset"`      // start of the replaced range in the base
+	Length     int64  `json:"length"`      // bytes of the base replaced; Offset+Length <= BaseSize
 }
 
 // Op is one typed runtime command. Fields a kind does not use stay at their
 // zero value; the agent compiles each kind into HAProxy runtime commands
 // (compileOp in agent_runtime_compile.go).
 type Op struct {
-	Kind       string       `json:"kind"`
-	Backend    string       `json:"backend,omitempty"`
-	Server     string       `json:"server,omitempty"`
-	Profile    string       `json:"profile,omitempty"`
-	Mode       string       `json:"mode,omitempty"`
-	GUID       string       `json:"guid,omitempty"`
-	Address    string       `json:"address,omitempty"`
-	Port       int          `json:"port,omitempty"`
-	Weight     *int         `json:"weight,omitempty"` // a pointer, so that 0 travels
-	State      string       `json:"state,omitempty"`
-	Health     bool         `json:"health,omitempty"`
-	Keywords   []KeywordArg `json:"keywords,omitempty"`
-	TimeoutMs  int          `json:"timeout_ms,omitempty"`
-	Path       string       `json:"path,omitempty"`
-	Key        string       `json:"key,omitempty"`
-	Value      string       `json:"value,omitempty"`
-	Cert       string       `json:"cert,omitempty"`
-	Options    []KeywordArg `json:"options,omitempty"`
-	SNIFilters []string     `json:"sni_filters,omitempty"`
+	Kind       string       `json:"kind"`                  // an Op* value
+	Backend    string       `json:"backend,omitempty"`     // backend and server ops
+	Server     string       `json:"server,omitempty"`      // server ops
+	Profile    string       `json:"profile,omitempty"`     // backend_add: the defaults section it inherits
+	Mode       string       `json:"mode,omitempty"`        // backend_add: http or tcp
+	GUID       string       `json:"guid,omitempty"`        // backend_add: the backend's guid
+	Address    string       `json:"address,omitempty"`     // server_add, server_set_addr
+	Port       int          `json:"port,omitempty"`        // server_add, server_set_addr
+	Weight     *int         `json:"weight,omitempty"`      // server_set_weight; a pointer, so that 0 travels
+	State      string       `json:"state,omitempty"`       // server_set_state: a ServerState* value
+	Health     bool         `json:"health,omitempty"`      // server_enable: enable health checks too
+	Keywords   []KeywordArg `json:"keywords,omitempty"`    // server_add: the server line's keywords
+	TimeoutMs  int          `json:"timeout_ms,omitempty"`  // wait ops, at most MaxWaitBudgetMs
+	Path       string       `json:"path,omitempty"`        // map, cert, ca and crt-list ops: the file, base-relative
+	Key        string       `json:"key,omitempty"`         // map_add, map_set, map_del
+	Value      string       `json:"value,omitempty"`       // map_add (SafePayloadValue), map_set (SafeToken)
+	Cert       string       `json:"cert,omitempty"`        // crt-list ops: the line's certificate
+	Options    []KeywordArg `json:"options,omitempty"`     // crtlist_add: the line's ssl options
+	SNIFilters []string     `json:"sni_filters,omitempty"` // crtlist_add: the line's SNI filters
 }
 
 // KeywordArg is one HAProxy keyword with its arguments, carried as data so
 // that no consumer has to scan a line. It is part of the plan encoding too,
 // so it has exactly these two fields in this order.
 type KeywordArg struct {
-	Name string   `json:"name"`
-	Args []string `json:"args,omitempty"`
+	Name string   `json:"name"`           // the keyword, as HAProxy spells it
+	Args []string `json:"args,omitempty"` // its arguments, in order
 }
 
 // OpResult is one executed op's verdict, in execution order.
 type OpResult struct {
-	Kind   string `json:"kind"`
-	OK     bool   `json:"ok"`
-	Output string `json:"output,omitempty"`
+	Kind   string `json:"kind"`             // the op's kind
+	OK     bool   `json:"ok"`               // HAProxy accepted every command of the op
+	Output string `json:"output,omitempty"` // HAProxy's answer, when it said anything
 }
 
 // HAProxyInfo identifies the running worker. The PID and the start time
 // together name one worker process; the start time catches a PID reused
 // after a container restart.
 type HAProxyInfo struct {
-	Version                   string `json:"version"`
-	FullVersion               string `json:"full_version"`
-	WorkerPID                 int    `json:"worker_pid"`
-	WorkerStartTimeUnixMicros int64  `json:"worker_start_time_unix_micros"`
+	Version                   string `json:"version"`                       // show info's Version, read by CapsFor ("3.0.11")
+	FullVersion               string `json:"full_version"`                  // the same line: show info has no longer form
+	WorkerPID                 int    `json:"worker_pid"`                    // the worker's process id
+	WorkerStartTimeUnixMicros int64  `json:"worker_start_time_unix_micros"` // when the worker started
 }
 
-// State is the answer of GET /v1/state.
+// State is the answer of GET /v1/state: the agent's four plan pairs and
+// token, the files it holds and what the running worker loaded. A
+// controller builds its Baseline from it (BaselineFromState) and quotes its
+// pairs back in the next Manifest (NewManifest).
 type State struct {
-	APIVersion         int               `json:"api_version"`
-	AgentVersion       string            `json:"agent_version"`
-	PlanSchemaVersion  int               `json:"plan_schema_version"`
-	AgentOps           []string          `json:"agent_ops"`
-	Features           []string          `json:"features,omitempty"`
-	HAProxy            HAProxyInfo       `json:"haproxy"`
-	Generation         uint64            `json:"generation"`
-	AppliedPlanID      string            `json:"applied_plan_id"`
-	AppliedPlanProof   string            `json:"applied_plan_proof,omitempty"`
-	RunningPlanID      string            `json:"running_plan_id"`
-	RunningPlanProof   string            `json:"running_plan_proof,omitempty"`
-	WorkerOpsPlanID    string            `json:"worker_ops_plan_id"`
-	WorkerOpsPlanProof string            `json:"worker_ops_plan_proof,omitempty"`
-	AppliedToken       Token             `json:"applied_token"`
-	LKGPlanID          string            `json:"lkg_plan_id"`
-	LKGPlanProof       string            `json:"lkg_plan_proof,omitempty"`
-	AppliedPlan        []byte            `json:"applied_plan,omitempty"`
-	AppliedPlanStored  bool              `json:"applied_plan_stored"`
-	Files              map[string]FileAt `json:"files"`
-	Inventory          Inventory         `json:"runtime_inventory"`
-	ReloadPendingAt    string            `json:"reload_pending_at,omitempty"`
-	PendingDeletes     PendingDeletes    `json:"pending_deletes"`
-	LastApply          *ApplyResult      `json:"last_apply,omitempty"`
-	InvariantViolation string            `json:"invariant_violation,omitempty"`
+	// APIVersion is APIVersion; CheckSkew refuses another major.
+	APIVersion int `json:"api_version"`
+	// AgentVersion is AgentConfig.AgentVersion, "dev" by default.
+	AgentVersion string `json:"agent_version"`
+	// PlanSchemaVersion is the applied manifest's PlanSchemaVersion.
+	PlanSchemaVersion int `json:"plan_schema_version"`
+	// AgentOps are the op kinds the agent executes, in Op* order (CapsFor).
+	AgentOps []string `json:"agent_ops"`
+	// Features are the Feature* values the agent accepts.
+	Features []string `json:"features,omitempty"`
+	// HAProxy is the worker the agent last checked; verify=1 checks it now.
+	HAProxy HAProxyInfo `json:"haproxy"`
+	// Generation rises by one with every apply that lands.
+	Generation uint64 `json:"generation"`
+	// AppliedPlanID is the plan whose files are on disk; "" is no baseline.
+	AppliedPlanID string `json:"applied_plan_id"`
+	// AppliedPlanProof is the applied plan's proof.
+	AppliedPlanProof string `json:"applied_plan_proof,omitempty"`
+	// RunningPlanID is the plan the running worker loaded at its last reload.
+	RunningPlanID string `json:"running_plan_id"`
+	// RunningPlanProof is the running plan's proof.
+	RunningPlanProof string `json:"running_plan_proof,omitempty"`
+	// WorkerOpsPlanID is what the worker holds counting the ops since then.
+	WorkerOpsPlanID string `json:"worker_ops_plan_id"`
+	// WorkerOpsPlanProof is the worker-ops plan's proof.
+	WorkerOpsPlanProof string `json:"worker_ops_plan_proof,omitempty"`
+	// AppliedToken is the token of the apply that landed last.
+	AppliedToken Token `json:"applied_token"`
+	// LKGPlanID is the last-known-good plan, restored when HAProxy refuses.
+	LKGPlanID string `json:"lkg_plan_id"`
+	// LKGPlanProof is the last-known-good plan's proof.
+	LKGPlanProof string `json:"lkg_plan_proof,omitempty"`
+	// AppliedPlan is the applied plan's blob, byte for byte as the
+	// controller sent it; left out when the read passed plan=0.
+	AppliedPlan []byte `json:"applied_plan,omitempty"`
+	// AppliedPlanStored reports that the agent holds that blob.
+	AppliedPlanStored bool `json:"applied_plan_stored"`
+	// Files are the held files by path; a part whose proof matches is not sent.
+	Files map[string]FileAt `json:"files"`
+	// Inventory is what the worker loaded; an op changes only a loaded object.
+	Inventory Inventory `json:"runtime_inventory"`
+	// ReloadPendingAt is a scheduled reload's due time (RFC 3339 ns, UTC).
+	ReloadPendingAt string `json:"reload_pending_at,omitempty"`
+	// PendingDeletes are the deferred deletes still queued.
+	PendingDeletes PendingDeletes `json:"pending_deletes"`
+	// LastApply is the latest apply's result, or a paced reload's.
+	LastApply *ApplyResult `json:"last_apply,omitempty"`
+	// InvariantViolation names the invariant that failed last; the agent
+	// never stops over one, so this is where it shows.
+	InvariantViolation string `json:"invariant_violation,omitempty"`
 }
 
 // FileAt is one held file as the agent last observed it.
 type FileAt struct {
-	Digest string `json:"digest"`
-	Proof  string `json:"proof,omitempty"`
-	Size   int64  `json:"size"`
+	Digest string `json:"digest"`          // Digest of the file's bytes
+	Proof  string `json:"proof,omitempty"` // the proof its manifest entry quoted; "" once the file changed behind the agent
+	Size   int64  `json:"size"`            // bytes
 }
 
-// Inventory is what the running worker has loaded, as base-relative paths.
+// Inventory is what the running worker has loaded, as base-relative paths,
+// read after each reload and each new worker. Diff reads the lists as sets.
 type Inventory struct {
-	Generation uint64   `json:"generation"`
-	Maps       []string `json:"maps"`
-	Certs      []string `json:"certs"`
-	CAFiles    []string `json:"ca_files"`
-	CRLFiles   []string `json:"crl_files"`
-	CRTLists   []string `json:"crt_lists"`
+	Generation uint64   `json:"generation"` // rises when the lists change; Diff ignores it
+	Maps       []string `json:"maps"`       // show map
+	Certs      []string `json:"certs"`      // show ssl cert
+	CAFiles    []string `json:"ca_files"`   // show ssl ca-file
+	CRLFiles   []string `json:"crl_files"`  // show ssl crl-file
+	CRTLists   []string `json:"crt_lists"`  // show ssl crt-list; snake_case as on all the wire (the plan says crtLists)
 }
 
 // PendingDeletes lists the deferred deletes queued on the pod.
@@ -337,62 +412,84 @@ type PendingDeletes struct {
 	Backends []string `json:"backends"` // unpublished backends waiting for deletion
 }
 
-// ApplyResult is the 200 answer to an apply: an ACK (OK) or a NACK.
+// ApplyResult is the 200 answer to an apply: an ACK (OK) or a NACK. Its
+// pairs and token are the agent's state once the apply ended, which the
+// next manifest must expect.
 type ApplyResult struct {
-	PlanID             string        `json:"plan_id"`
-	OK                 bool          `json:"ok"`
-	Mode               string        `json:"mode"`
-	AppliedPlanID      string        `json:"applied_plan_id"`
-	AppliedPlanProof   string        `json:"applied_plan_proof,omitempty"`
-	RunningPlanID      string        `json:"running_plan_id"`
-	RunningPlanProof   string        `json:"running_plan_proof,omitempty"`
-	WorkerOpsPlanID    string        `json:"worker_ops_plan_id"`
-	WorkerOpsPlanProof string        `json:"worker_ops_plan_proof,omitempty"`
-	AppliedToken       Token         `json:"applied_token"`
-	LKGPlanID          string        `json:"lkg_plan_id"`
-	LKGPlanProof       string        `json:"lkg_plan_proof,omitempty"`
-	OpResults          []OpResult    `json:"op_results,omitempty"`
-	Reload             *ReloadInfo   `json:"reload,omitempty"`
-	Rollback           *RollbackInfo `json:"rollback,omitempty"`
-	Error              *ApplyError   `json:"error,omitempty"`
-	HAProxy            HAProxyInfo   `json:"haproxy"`
-	Inventory          *Inventory    `json:"runtime_inventory,omitempty"`
-	At                 string        `json:"at"`
-	Timing             ApplyTiming   `json:"timing"`
+	// PlanID is the manifest's plan id.
+	PlanID string `json:"plan_id"`
+	// OK is false for a NACK: the apply failed, Error says where.
+	OK bool `json:"ok"`
+	// Mode is what happened, a Result* value (the package doc's table).
+	Mode string `json:"mode"`
+	// AppliedPlanID is the applied plan id after the apply, as in State.
+	AppliedPlanID string `json:"applied_plan_id"`
+	// AppliedPlanProof is the applied proof the agent issued.
+	AppliedPlanProof string `json:"applied_plan_proof,omitempty"`
+	// RunningPlanID is the running plan id after the apply.
+	RunningPlanID string `json:"running_plan_id"`
+	// RunningPlanProof is the running plan's proof.
+	RunningPlanProof string `json:"running_plan_proof,omitempty"`
+	// WorkerOpsPlanID is the worker-ops plan id after the apply.
+	WorkerOpsPlanID string `json:"worker_ops_plan_id"`
+	// WorkerOpsPlanProof is the worker-ops plan's proof.
+	WorkerOpsPlanProof string `json:"worker_ops_plan_proof,omitempty"`
+	// AppliedToken is the applied token after the apply.
+	AppliedToken Token `json:"applied_token"`
+	// LKGPlanID is the last-known-good plan id after the apply.
+	LKGPlanID string `json:"lkg_plan_id"`
+	// LKGPlanProof is the last-known-good plan's proof.
+	LKGPlanProof string `json:"lkg_plan_proof,omitempty"`
+	// OpResults are the executed ops' verdicts, in execution order.
+	OpResults []OpResult `json:"op_results,omitempty"`
+	// Reload is the reload that ran or was scheduled, if any.
+	Reload *ReloadInfo `json:"reload,omitempty"`
+	// Rollback is set on a NACK and a revert: what was put back.
+	Rollback *RollbackInfo `json:"rollback,omitempty"`
+	// Error says where a NACK failed, or where in-place ops failed in an ACK.
+	Error *ApplyError `json:"error,omitempty"`
+	// HAProxy is the worker the agent expects after the apply.
+	HAProxy HAProxyInfo `json:"haproxy"`
+	// Inventory is the worker's, in the first answer after it changed only.
+	Inventory *Inventory `json:"runtime_inventory,omitempty"`
+	// At is when the apply started, RFC 3339 in UTC, to the second.
+	At string `json:"at"`
+	// Timing is where the apply spent its time.
+	Timing ApplyTiming `json:"timing"`
 }
 
 // ApplyTiming splits one apply's duration into its stages, in milliseconds.
 type ApplyTiming struct {
-	StageMs  int64 `json:"stage_ms"`
-	AdmitMs  int64 `json:"admit_ms"`
-	WriteMs  int64 `json:"write_ms"`
-	OpsMs    int64 `json:"ops_ms"`
-	FinishMs int64 `json:"finish_ms"`
-	TotalMs  int64 `json:"total_ms"`
+	StageMs  int64 `json:"stage_ms"`  // from the manifest's arrival to the parts verified: lock wait and fence included
+	AdmitMs  int64 `json:"admit_ms"`  // held files, known-bad cache, last-known-good promotion, proofs
+	WriteMs  int64 `json:"write_ms"`  // backing up and installing the files
+	OpsMs    int64 `json:"ops_ms"`    // the runtime commands, or the reload that ran instead
+	FinishMs int64 `json:"finish_ms"` // recording the outcome
+	TotalMs  int64 `json:"total_ms"`  // from the manifest's arrival to the answer
 }
 
 // ReloadInfo reports a reload that ran, or one that was scheduled.
 type ReloadInfo struct {
-	Performed   bool   `json:"performed"`
-	OK          bool   `json:"ok"`
-	WorkerPID   int    `json:"worker_pid,omitempty"`
-	TookMs      int64  `json:"took_ms,omitempty"`
-	Output      string `json:"output,omitempty"`
-	ScheduledAt string `json:"scheduled_at,omitempty"`
+	Performed   bool   `json:"performed"`              // HAProxy took the reload and gave a verdict
+	OK          bool   `json:"ok"`                     // the reload succeeded and a new worker answered
+	WorkerPID   int    `json:"worker_pid,omitempty"`   // the new worker's pid
+	TookMs      int64  `json:"took_ms,omitempty"`      // from sending reload to the new worker's answer
+	Output      string `json:"output,omitempty"`       // HAProxy's startup log
+	ScheduledAt string `json:"scheduled_at,omitempty"` // a scheduled reload's due time (RFC 3339 ns, UTC)
 }
 
-// RollbackInfo reports an abort's restore of the last-known-good set.
+// RollbackInfo reports a restore of the files: a NACK's, or a revert's.
 type RollbackInfo struct {
-	Performed bool `json:"performed"`
-	Reloaded  bool `json:"reloaded"`
+	Performed bool `json:"performed"` // the files were restored
+	Reloaded  bool `json:"reloaded"`  // HAProxy reloaded the restored files
 }
 
 // ApplyError says where an apply failed. It is the body of every agent
 // 4xx/5xx JSON answer and the error inside a NACK; Message carries
 // HAProxy's own words where HAProxy refused something.
 type ApplyError struct {
-	Stage   string `json:"stage"`
-	Message string `json:"message"`
+	Stage   string `json:"stage"`   // a Stage* value
+	Message string `json:"message"` // what failed, in HAProxy's words where it refused
 }
 
 // StateRead selects what a state read asks for. It is never serialized.
@@ -404,40 +501,40 @@ type StateRead struct {
 // Conflict is the 409 answer of a fenced apply. It reports the agent's
 // actual baseline so that the caller can re-diff; nothing was written.
 type Conflict struct {
-	AppliedPlanID      string `json:"applied_plan_id"`
-	AppliedPlanProof   string `json:"applied_plan_proof,omitempty"`
-	AppliedToken       Token  `json:"applied_token"`
-	RunningPlanID      string `json:"running_plan_id"`
-	RunningPlanProof   string `json:"running_plan_proof,omitempty"`
-	WorkerOpsPlanID    string `json:"worker_ops_plan_id"`
-	WorkerOpsPlanProof string `json:"worker_ops_plan_proof,omitempty"`
-	LKGPlanID          string `json:"lkg_plan_id"`
-	LKGPlanProof       string `json:"lkg_plan_proof,omitempty"`
-	Reason             string `json:"reason"`
+	AppliedPlanID      string `json:"applied_plan_id"`                 // the applied pair, as in State
+	AppliedPlanProof   string `json:"applied_plan_proof,omitempty"`    // its proof
+	AppliedToken       Token  `json:"applied_token"`                   // the applied token
+	RunningPlanID      string `json:"running_plan_id"`                 // the running pair
+	RunningPlanProof   string `json:"running_plan_proof,omitempty"`    // its proof
+	WorkerOpsPlanID    string `json:"worker_ops_plan_id"`              // the worker-ops pair
+	WorkerOpsPlanProof string `json:"worker_ops_plan_proof,omitempty"` // its proof
+	LKGPlanID          string `json:"lkg_plan_id"`                     // the last-known-good pair
+	LKGPlanProof       string `json:"lkg_plan_proof,omitempty"`        // its proof
+	Reason             string `json:"reason"`                          // the fencing rule that refused: a Reason* value
 }
 
 // Missing is the 409 answer naming the file parts the agent lacks, sorted.
 type Missing struct {
-	Missing []string `json:"missing"`
+	Missing []string `json:"missing"` // the paths to resend, whole ones for a patch whose base is gone
 }
 
 // PlanStored is the 200 answer to PUT /v1/plan.
 type PlanStored struct {
-	PlanID string `json:"plan_id"`
-	Proof  string `json:"proof"`
+	PlanID string `json:"plan_id"` // the applied plan the stored blob now describes
+	Proof  string `json:"proof"`   // its proof
 }
 
 // PlanMoved is the 409 answer to PUT /v1/plan when the pod moved on.
 type PlanMoved struct {
-	AppliedPlanID    string `json:"applied_plan_id"`
-	AppliedPlanProof string `json:"applied_plan_proof,omitempty"`
+	AppliedPlanID    string `json:"applied_plan_id"`              // the applied pair now; the blob was dropped
+	AppliedPlanProof string `json:"applied_plan_proof,omitempty"` // its proof
 }
 
 // DrainResult is the answer of GET /drain.
 type DrainResult struct {
-	Reason      string `json:"reason"`
-	Waited      string `json:"waited"`
-	Connections uint64 `json:"connections"`
+	Reason      string `json:"reason"`      // a DrainReason* value
+	Waited      string `json:"waited"`      // the drain's duration to the millisecond, as time.Duration prints it
+	Connections uint64 `json:"connections"` // connections the traffic frontends accepted, in total
 }
 
 // ValidateOpBatches checks the op budget of one apply: at most

@@ -58,113 +58,116 @@ const (
 // ConfigFilePath is the one main configuration path of every plan.
 const ConfigFilePath = "haproxy.cfg"
 
-// Plan is one render's description of its own output. Fields tagged
-// json:"-" are local only: the exact bytes a controller still holds in
-// memory. They never reach an id or a blob.
+// Plan is one render's description of its own output, made by the
+// generator that wrote the files (or PlanFromDir). Fields tagged json:"-"
+// are local only: the exact bytes a controller still holds in memory. They
+// never reach an id or a blob. The JSON names are camelCase (schemaVersion,
+// crtLists), unlike the wire's snake_case (crt_lists): both are the
+// upstream contract, and neither may be tidied to match the other.
 type Plan struct {
-	SchemaVersion int                `json:"schemaVersion"`
-	ID            string             `json:"id"`
-	Sections      []Section          `json:"sections"`
-	Backends      map[string]Backend `json:"backends"`
-	Profiles      map[string]Profile `json:"profiles"`
-	Maps          map[string]Map     `json:"maps"`
-	CRTLists      map[string]CRTList `json:"crtLists,omitempty"`
-	Files         []PlanFile         `json:"files"`
+	SchemaVersion int                `json:"schemaVersion"`      // PlanSchemaVersion
+	ID            string             `json:"id"`                 // the plan id, set by ComputeID
+	Sections      []Section          `json:"sections"`           // haproxy.cfg's runs, in file order
+	Backends      map[string]Backend `json:"backends"`           // the backend records, by name
+	Profiles      map[string]Profile `json:"profiles"`           // the defaults sections backends inherit, by name
+	Maps          map[string]Map     `json:"maps"`               // the map files' entries, by path
+	CRTLists      map[string]CRTList `json:"crtLists,omitempty"` // the crt-lists' entries, by path; the only omitempty field
+	Files         []PlanFile         `json:"files"`              // every file the render produced, in the producer's order
 }
 
 // Section is one run of haproxy.cfg. A generator's sections, joined in
 // order, are the config file byte for byte; PlanFromDir's leave out the
 // blank and comment lines between sections (configSections says why).
 type Section struct {
-	Kind       string `json:"kind"`
-	Name       string `json:"name"`
-	TextDigest string `json:"textDigest"`
-	Length     int    `json:"length"`
+	Kind       string `json:"kind"`       // a SectionKind* value
+	Name       string `json:"name"`       // unique in its kind: the backend's or profile's name; PlanFromDir's header line
+	TextDigest string `json:"textDigest"` // DigestString(Text)
+	Length     int    `json:"length"`     // len(Text)
 
-	Text      string `json:"-"`
-	TextKnown bool   `json:"-"`
+	Text      string `json:"-"` // the section's exact bytes
+	TextKnown bool   `json:"-"` // Text holds them; false in a plan decoded from a blob
 }
 
 // Backend is the record a generator emitted one backend section from.
 type Backend struct {
-	Name          string       `json:"name"`
-	Profile       string       `json:"profile,omitempty"`
-	Mode          string       `json:"mode,omitempty"`
-	GUID          string       `json:"guid,omitempty"`
-	Balance       string       `json:"balance,omitempty"`
-	HashType      string       `json:"hashType,omitempty"`
-	Shape         string       `json:"shape"`
-	ShapeReason   string       `json:"shapeReason,omitempty"`
-	Servers       []Server     `json:"servers,omitempty"`
-	DefaultServer []KeywordArg `json:"defaultServer,omitempty"`
+	Name          string       `json:"name"`                    // its key in Plan.Backends
+	Profile       string       `json:"profile,omitempty"`       // the profile it inherits; "" for none
+	Mode          string       `json:"mode,omitempty"`          // http or tcp; "" when not stated
+	GUID          string       `json:"guid,omitempty"`          // its guid keyword
+	Balance       string       `json:"balance,omitempty"`       // the balance algorithm
+	HashType      string       `json:"hashType,omitempty"`      // the hash-type arguments
+	Shape         string       `json:"shape"`                   // a Shape* value; anything but dynamic is structural
+	ShapeReason   string       `json:"shapeReason,omitempty"`   // why it is structural, for a reason text
+	Servers       []Server     `json:"servers,omitempty"`       // its server lines, in order
+	DefaultServer []KeywordArg `json:"defaultServer,omitempty"` // its default-server keywords, in order
 
-	BodyDigest     string `json:"bodyDigest"`
-	CommentsDigest string `json:"commentsDigest"`
-	RecordDigest   string `json:"recordDigest"`
-	TextDigest     string `json:"textDigest"`
+	BodyDigest     string `json:"bodyDigest"`     // the body lines' digest, opaque: compared for equality only
+	CommentsDigest string `json:"commentsDigest"` // the comment lines' digest, opaque
+	RecordDigest   string `json:"recordDigest"`   // the record fields' digest, opaque
+	TextDigest     string `json:"textDigest"`     // its section's TextDigest
 
-	Body         []string `json:"-"`
-	Comments     []string `json:"-"`
-	ContentKnown bool     `json:"-"`
+	Body         []string `json:"-"` // the body lines
+	Comments     []string `json:"-"` // the comment lines
+	ContentKnown bool     `json:"-"` // Body and Comments hold them; false in a plan decoded from a blob
 }
 
 // Server is one server line of a backend. A nil Weight means the line has
 // no weight keyword; a pointer to 0 is a real weight of 0.
 type Server struct {
-	Name     string       `json:"name"`
-	Address  string       `json:"address"`
-	Port     int          `json:"port"`
-	Weight   *int         `json:"weight,omitempty"`
-	Disabled bool         `json:"disabled,omitempty"`
-	GUID     string       `json:"guid,omitempty"`
-	Comment  string       `json:"comment,omitempty"`
-	Extra    []KeywordArg `json:"extra,omitempty"`
+	Name     string       `json:"name"`               // the server's name
+	Address  string       `json:"address"`            // an IP address or a host name
+	Port     int          `json:"port"`               // the port
+	Weight   *int         `json:"weight,omitempty"`   // its weight keyword; nil for none
+	Disabled bool         `json:"disabled,omitempty"` // the line carries disabled: the server starts in MAINT
+	GUID     string       `json:"guid,omitempty"`     // its guid keyword
+	Comment  string       `json:"comment,omitempty"`  // the line's comment
+	Extra    []KeywordArg `json:"extra,omitempty"`    // every other keyword, in line order (check, inter 2s)
 }
 
 // Profile is a named defaults section that backends inherit.
 type Profile struct {
-	Name       string `json:"name"`
-	BodyDigest string `json:"bodyDigest"`
-	HasRules   bool   `json:"hasRules,omitempty"`
+	Name       string `json:"name"`               // its key in Plan.Profiles
+	BodyDigest string `json:"bodyDigest"`         // the body's digest, opaque
+	HasRules   bool   `json:"hasRules,omitempty"` // the section declares rules
 }
 
 // Map is the entry list of one map file, ParseMapEntries of its content.
 type Map struct {
-	Path    string     `json:"path"`
-	Ordered bool       `json:"ordered"`
-	Entries []MapEntry `json:"entries,omitempty"`
+	Path    string     `json:"path"`              // the file's path, as HAProxy names it
+	Ordered bool       `json:"ordered"`           // lookups depend on entry order (first match wins)
+	Entries []MapEntry `json:"entries,omitempty"` // in file order, duplicates kept; nil when empty
 }
 
 // MapEntry is one line of a map file: the key and the rest of the line.
 type MapEntry struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
+	Key   string `json:"key"`   // the line's first word
+	Value string `json:"value"` // the rest of the line
 }
 
 // CRTList is the entry list of one crt-list file, as the generator stated it.
 type CRTList struct {
-	Path    string         `json:"path"`
-	Entries []CRTListEntry `json:"entries,omitempty"`
+	Path    string         `json:"path"`              // the file's path, as HAProxy names it
+	Entries []CRTListEntry `json:"entries,omitempty"` // its lines, in order
 }
 
 // CRTListEntry is one crt-list line: its certificate, ssl options and SNI
 // filters.
 type CRTListEntry struct {
-	Cert       string       `json:"cert"`
-	Options    []KeywordArg `json:"options,omitempty"`
-	SNIFilters []string     `json:"sniFilters,omitempty"`
+	Cert       string       `json:"cert"`                 // the certificate, as the line names it
+	Options    []KeywordArg `json:"options,omitempty"`    // the [ssl options] between brackets
+	SNIFilters []string     `json:"sniFilters,omitempty"` // the SNI filters that select the certificate
 }
 
 // PlanFile is one file the render produced.
 type PlanFile struct {
-	Path           string `json:"path"`
-	Kind           string `json:"kind"`
-	ReloadOnChange bool   `json:"reloadOnChange"`
-	Digest         string `json:"digest"`
-	Size           int64  `json:"size"`
+	Path           string `json:"path"`           // base-relative, as HAProxy names it; unique in Files
+	Kind           string `json:"kind"`           // a FileKind* value
+	ReloadOnChange bool   `json:"reloadOnChange"` // a change to this file needs a reload
+	Digest         string `json:"digest"`         // DigestString(Content)
+	Size           int64  `json:"size"`           // len(Content)
 
-	Content      string `json:"-"`
-	ContentKnown bool   `json:"-"`
+	Content      string `json:"-"` // the file's exact bytes
+	ContentKnown bool   `json:"-"` // Content holds them; false in a plan decoded from a blob
 }
 
 // ---------------------------------------------------------------------------
