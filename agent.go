@@ -107,7 +107,7 @@ type Agent struct {
 	reads   *readBacks
 	loaded  *loadedLog // what the log said at startup, until initialise has recovered it
 
-	authFail *authFailures // failed authentication: counted, logged, slowed
+	authFail *authFailures // failed authentication: counted, logged, budgeted per address
 
 	limits map[string]listenerLimits // per listener name; tests shorten them before Run
 

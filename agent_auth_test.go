@@ -2,7 +2,7 @@
 // (agent_auth.go): the API refuses a request without the right credentials
 // while the probes stay open, and --insecure-no-auth lets every route
 // answer without any. Mutual TLS is tested in agent_tls_test.go, the
-// counting and slowing of failures in agent_authfail_test.go.
+// counting and budget of failures in agent_authfail_test.go.
 
 package haptic
 
