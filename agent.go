@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -933,6 +934,28 @@ func (a *Agent) hashPaths(paths []string) (map[string]FileAt, error) {
 	return tree, nil
 }
 
+// checkPlanBlob admits a plan blob only when it decodes within the plan
+// limits and holds the plan planID: the id it carries is planID, and so is
+// the digest of its content. The agent hands a stored blob to every
+// controller that reads its state as the baseline of its next diff, so a
+// blob that does not decode (garbage, a zstd bomb that inflates past
+// MaxPlanJSONBytes) or holds another plan would make each of them reload
+// for want of a baseline, or diff against a plan the pod does not run. The
+// refusals read "plan blob does not decode: <why>" and "plan blob holds
+// plan <id> (its content hashes to <digest>), not plan <planID>".
+func checkPlanBlob(blob []byte, planID string) error {
+	p, err := DecodePlanBlob(blob)
+	if err != nil {
+		return errors.New("plan blob does not decode: " + strings.TrimPrefix(err.Error(), "haptic: plan blob: "))
+	}
+	carried := p.ID
+	p.ComputeID()
+	if carried != planID || p.ID != planID {
+		return fmt.Errorf("plan blob holds plan %q (its content hashes to %q), not plan %q", carried, p.ID, planID)
+	}
+	return nil
+}
+
 // handlePutPlan stores the plan blob of the applied plan. It never takes
 // the apply lock: a controller uploads the blob in the background after the
 // apply that landed the plan.
@@ -958,6 +981,10 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	case len(blob) == 0:
 		writeError(w, http.StatusBadRequest, StagePlan, "plan blob is empty")
+		return
+	}
+	if err := checkPlanBlob(blob, ref.ID); err != nil {
+		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}
 	moved, err := a.led.storeBlob(ref, blob)
