@@ -78,12 +78,19 @@ const (
 	probeInterval        = 200 * time.Millisecond
 	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
-	adminSocketMode      = 0o600
-	drainSocketMode      = 0o666
 	textContentType      = "text/plain; charset=utf-8"
 	jsonContentType      = "application/json"
 	msgAgentInitialising = "agent is initialising"
 )
+
+// localSocketMode is the mode of the admin and drain sockets, which never
+// authenticate: only the agent's own user may connect. Their callers
+// (`haptic agent state`, `health` and `drain`; in Kubernetes the preStop
+// hooks of both containers) run as that user: the pod's uid, which both
+// containers share, or root beside a systemd-managed HAProxy. A drain socket open to
+// every local user let any of them hold its connection cap, and a preStop
+// drain then took 11.3 s instead of 2 s.
+const localSocketMode = 0o600
 
 // agentPaths are the resolved local paths of one agent.
 type agentPaths struct {
@@ -484,12 +491,12 @@ func (a *Agent) bindListeners() (err error) {
 		}
 	}
 	if a.paths.admin != "" {
-		if a.adminLn, err = listenUnix("admin-socket", a.paths.admin, adminSocketMode); err != nil {
+		if a.adminLn, err = listenUnix("admin-socket", a.paths.admin, localSocketMode); err != nil {
 			return err
 		}
 	}
 	if a.paths.drain != "" {
-		if a.drainLn, err = listenUnix("drain-socket", a.paths.drain, drainSocketMode); err != nil {
+		if a.drainLn, err = listenUnix("drain-socket", a.paths.drain, localSocketMode); err != nil {
 			return err
 		}
 	}
