@@ -75,15 +75,18 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 		took := !authed.Load()
 		if took {
 			if ok, wait := a.authFail.take(r); !ok {
-				a.authFail.failed(r, scheme, false)
-				w.Header().Set("Connection", "close")
 				w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
-				writeText(w, http.StatusTooManyRequests, msgTooManyAuthFailures)
+				a.refuse(w, r, scheme, false, http.StatusTooManyRequests, msgTooManyAuthFailures)
 				return
 			}
 		}
-		if !a.credentialsMatch(w, r, scheme) {
-			a.authFail.failed(r, scheme, true)
+		switch {
+		case scheme == authSchemeTLS && !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()):
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgClientCertDenied)
+			return
+		case scheme == authSchemeBasic && !basicMatches(r, a.cfg.Username, a.cfg.Password):
+			w.Header().Set("WWW-Authenticate", basicRealmHeader)
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgUnauthorized)
 			return
 		}
 		if took {
@@ -94,24 +97,12 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// credentialsMatch checks r's credentials, and answers 401 when they do
-// not match.
-func (a *Agent) credentialsMatch(w http.ResponseWriter, r *http.Request, scheme string) bool {
-	if scheme == authSchemeTLS {
-		if a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()) {
-			return true
-		}
-		w.Header().Set("Connection", "close")
-		writeText(w, http.StatusUnauthorized, msgClientCertDenied)
-		return false
-	}
-	if basicMatches(r, a.cfg.Username, a.cfg.Password) {
-		return true
-	}
+// refuse counts, logs and answers a failed authentication, and closes its
+// connection.
+func (a *Agent) refuse(w http.ResponseWriter, r *http.Request, scheme string, checked bool, code int, text string) {
+	a.authFail.failed(r, scheme, checked)
 	w.Header().Set("Connection", "close")
-	w.Header().Set("WWW-Authenticate", basicRealmHeader)
-	writeText(w, http.StatusUnauthorized, msgUnauthorized)
-	return false
+	writeText(w, code, text)
 }
 
 // connAuthKey keys, in a connection's context, whether a request on that
