@@ -442,6 +442,9 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 			return fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 		}
 		if len(b) > 0 {
+			if err := checkPlanBlob(b, run.m.PlanID); err != nil {
+				return err
+			}
 			run.blob = b
 		}
 		return nil

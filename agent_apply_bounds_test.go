@@ -92,6 +92,13 @@ func TestAnOversizedManifestIsRefusedBeforeItIsDecoded(t *testing.T) {
 			"the manifest's lists hold more than 262144 elements"},
 		{"nested arguments", `{"plan_id":"p","ops":[{"kind":"server_add","keywords":[{"name":"x","args":` + repeatedList(`""`, 2000000) + `}]}]}`,
 			"the manifest's lists hold more than 262144 elements"},
+		// In-place ops count like any other: one op within the op limit
+		// carries the elements.
+		{"nested in an in-place op", `{"plan_id":"p","in_place_ops":[{"kind":"map_set","keywords":` + repeatedList(`{}`, 2000000) + `}]}`,
+			"the manifest's lists hold more than 262144 elements"},
+		{"spread over ops and in-place ops", `{"plan_id":"p","ops":[{"kind":"server_add","keywords":` + repeatedList(`{}`, maxManifestListElements/2) +
+			`}],"in_place_ops":[{"kind":"map_set","keywords":` + repeatedList(`{}`, maxManifestListElements/2) + `}]}`,
+			"the manifest's lists hold more than 262144 elements"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -250,7 +250,7 @@ func TestPartErrors(t *testing.T) {
 			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("haproxy.cfg", "haproxy.cfg"), fs["haproxy.cfg"]}}}
 		}, `part "haproxy.cfg" appears twice`},
 		{"duplicate plan part", fs2, func(m *Manifest, fs fileSet) applyRequest {
-			return applyRequest{manifest: m, files: fs, plan: []byte("p1"), extra: []extraPart{{fileHeader("plan", ""), "p2"}}}
+			return applyRequest{manifest: m, files: fs, plan: []byte{}, extra: []extraPart{{fileHeader("plan", ""), "p2"}}}
 		}, `part "plan" appears twice`},
 		{"part without filename", fs2, func(m *Manifest, fs fileSet) applyRequest {
 			return applyRequest{manifest: m, files: fs, extra: []extraPart{{fileHeader("maps/host.map", ""), "x"}}}
@@ -1104,11 +1104,12 @@ func TestARevertConsumesTheScheduledReload(t *testing.T) {
 func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
 	fs := seedFiles()
-	code, _ := e.c.post(applyRequest{manifest: e.c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	p1 := planOfFiles(t, fs)
+	code, _ := e.c.post(applyRequest{manifest: e.c.manifest(p1.ID, fs), files: fs, plan: blobOf(t, p1)})
 	if code != 200 {
 		t.Fatal(code)
 	}
-	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" || !st.HoldsAppliedPlan() {
+	if st := e.c.state(""); !st.AppliedPlanStored || !bytes.Equal(st.AppliedPlan, blobOf(t, p1)) || !st.HoldsAppliedPlan() {
 		t.Errorf("with plan: %+v", st)
 	}
 	if st := e.c.state("?plan=0"); !st.AppliedPlanStored || st.AppliedPlan != nil {
@@ -1121,21 +1122,22 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 	if st := e.c.state(""); st.AppliedPlanStored || st.AppliedPlan != nil {
 		t.Errorf("a new plan without a blob: %+v", st)
 	}
-	code, _ = e.c.post(applyRequest{manifest: e.c.manifest("plan-3", fs2), files: fs2, plan: []byte("blob-3")})
+	p3 := planOfFiles(t, fs2)
+	code, _ = e.c.post(applyRequest{manifest: e.c.manifest(p3.ID, fs2), files: fs2, plan: blobOf(t, p3)})
 	if code != 200 {
 		t.Fatal(code)
 	}
 	e.restart(t)
-	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" || st.AppliedPlanID != "plan-3" {
+	if st := e.c.state(""); !st.AppliedPlanStored || !bytes.Equal(st.AppliedPlan, blobOf(t, p3)) || st.AppliedPlanID != p3.ID {
 		t.Errorf("after restart: %+v", st)
 	}
 	// A clean stop wrote the blob beside the snapshot, for the agent alone.
 	if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, ".haptic-agent-plan.bin")); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("blob file %v %v", fi, err)
 	}
-	m := reloadManifest(e, "plan-3", fs2)
+	m := reloadManifest(e, p3.ID, fs2)
 	e.c.apply(m, fs2)
-	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-3" {
+	if st := e.c.state(""); !st.AppliedPlanStored || !bytes.Equal(st.AppliedPlan, blobOf(t, p3)) {
 		t.Errorf("after re-binding: %+v", st)
 	}
 }
@@ -1143,12 +1145,13 @@ func TestStateReturnsThePlanOfTheAppliedPlanID(t *testing.T) {
 func TestPlanBlobIsReboundToTheNewProof(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
 	fs := seedFiles()
-	e.c.post(applyRequest{manifest: e.c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
-	res := e.land(t, "plan-1", fs)
+	p := planOfFiles(t, fs)
+	e.c.post(applyRequest{manifest: e.c.manifest(p.ID, fs), files: fs, plan: blobOf(t, p)})
+	res := e.land(t, p.ID, fs)
 	if res.AppliedPlanProof != "a:2" {
 		t.Fatalf("%+v", res)
 	}
-	if st := e.c.state(""); !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
+	if st := e.c.state(""); !st.AppliedPlanStored || !bytes.Equal(st.AppliedPlan, blobOf(t, p)) {
 		t.Errorf("%+v", st)
 	}
 	if ps := readStateFile(t, e.cfg.BaseDir); ps.Blob.Proof != "a:2" {
@@ -1157,7 +1160,11 @@ func TestPlanBlobIsReboundToTheNewProof(t *testing.T) {
 }
 
 func TestPutPlanAnswers(t *testing.T) {
-	e, _ := landedEnv(t, nil, nil)
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	p := planOfFiles(t, fs)
+	e.land(t, p.ID, fs)
+	other := planOfFiles(t, map[string]string{"haproxy.cfg": "global\n"})
 	st := e.c.state("")
 	dir := shortTempDir(t)
 	cfg := testAgentConfig(t, e.fake)
@@ -1177,9 +1184,11 @@ func TestPutPlanAnswers(t *testing.T) {
 		{"empty plan id", e.a, "?plan_id=&proof=a:1", []byte("b"), 400, `{"stage":"request","message":"plan_id and proof are required"}`},
 		{"oversize", e.a, applied, bytes.Repeat([]byte("b"), MaxPlanBlobBytes+1), 400, `{"stage":"plan","message":"plan blob exceeds the 8388608-byte limit"}`},
 		{"empty", e.a, applied, nil, 400, `{"stage":"plan","message":"plan blob is empty"}`},
-		{"another pair", e.a, "?plan_id=plan-1&proof=a:9", []byte("b"), 409,
+		{"another pair", e.a, "?plan_id=" + other.ID + "&proof=a:9", blobOf(t, other), 409,
 			fmt.Sprintf(`{"applied_plan_id":%q,"applied_plan_proof":%q}`, st.AppliedPlanID, st.AppliedPlanProof)},
-		{"the applied pair", e.a, applied, []byte("stored-blob"), 200,
+		{"not the plan of its id", e.a, applied, []byte("garbage"), 400,
+			`{"stage":"plan","message":"plan blob does not decode: decompress: invalid input: magic number mismatch"}`},
+		{"the applied pair", e.a, applied, blobOf(t, p), 200,
 			fmt.Sprintf(`{"plan_id":%q,"proof":%q}`, st.AppliedPlanID, st.AppliedPlanProof)},
 	}
 	for _, tc := range tests {
@@ -1191,7 +1200,7 @@ func TestPutPlanAnswers(t *testing.T) {
 			}
 		})
 	}
-	if st := e.c.state(""); string(st.AppliedPlan) != "stored-blob" {
+	if st := e.c.state(""); !bytes.Equal(st.AppliedPlan, blobOf(t, p)) {
 		t.Errorf("stored %q", st.AppliedPlan)
 	}
 }

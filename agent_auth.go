@@ -9,6 +9,7 @@
 package haptic
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
@@ -21,8 +22,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,9 +33,12 @@ const (
 	basicRealmHeader    = `Basic realm="haptic-agent"`
 	msgUnauthorized     = "unauthorized"
 	msgClientCertDenied = "client certificate rejected"
-	tlsCertFile         = "tls.crt"
-	tlsKeyFile          = "tls.key"
-	tlsCAFile           = "ca.crt"
+	// msgTooManyAuthFailures answers, with 429, a request from an address
+	// that spent its budget of failed authentications.
+	msgTooManyAuthFailures = "too many failed authentications from this address"
+	tlsCertFile            = "tls.crt"
+	tlsKeyFile             = "tls.key"
+	tlsCAFile              = "ca.crt"
 	// The CA rotation overlap: the CA ca.crt replaced, and when its trust ends.
 	tlsPreviousCAFile    = "previous-ca.crt"
 	tlsPreviousUntilFile = "previous-ca-until"
@@ -40,29 +46,73 @@ const (
 
 // authenticated wraps a handler of the network API with the configured
 // authentication. With --insecure-no-auth and nothing configured, every
-// request passes. A failure is counted, logged (rate-limited) and, for an
-// address that keeps failing, answered late (agent_authfail.go).
+// request passes. A request first spends a check of its address's budget
+// (agent_authfail.go): once the address has spent it, the request is
+// refused with 429 and its credentials are not looked at, so that not even
+// the right password gets through, else a guesser would learn it. A
+// connection on which a request authenticated needs no budget: only a
+// client that has the credentials holds one, so a controller's keep-alive
+// connections stay usable while a guesser behind the same address (a NAT)
+// has spent it. A failure answers at once and closes its connection: no
+// failing client holds a slot of the API's capped pool.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
+	scheme := ""
+	switch {
+	case a.tls != nil:
+		scheme = authSchemeTLS
+	case a.cfg.Username != "":
+		scheme = authSchemeBasic
+	}
 	return func(w http.ResponseWriter, r *http.Request) {
+		if scheme == "" {
+			h(w, r)
+			return
+		}
+		authed, _ := r.Context().Value(connAuthKey{}).(*atomic.Bool)
+		if authed == nil {
+			authed = new(atomic.Bool)
+		}
+		took := !authed.Load()
+		if took {
+			if ok, wait := a.authFail.take(r); !ok {
+				w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+				a.refuse(w, r, scheme, false, http.StatusTooManyRequests, msgTooManyAuthFailures)
+				return
+			}
+		}
 		switch {
-		case a.tls != nil:
-			if !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()) {
-				waitBeforeRefusal(r.Context(), a.authFail.failed(r, authSchemeTLS))
-				writeText(w, http.StatusUnauthorized, msgClientCertDenied)
-				return
-			}
-			a.authFail.succeeded(r)
-		case a.cfg.Username != "":
-			if !basicMatches(r, a.cfg.Username, a.cfg.Password) {
-				waitBeforeRefusal(r.Context(), a.authFail.failed(r, authSchemeBasic))
-				w.Header().Set("WWW-Authenticate", basicRealmHeader)
-				writeText(w, http.StatusUnauthorized, msgUnauthorized)
-				return
-			}
-			a.authFail.succeeded(r)
+		case scheme == authSchemeTLS && !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()):
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgClientCertDenied)
+			return
+		case scheme == authSchemeBasic && !basicMatches(r, a.cfg.Username, a.cfg.Password):
+			w.Header().Set("WWW-Authenticate", basicRealmHeader)
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgUnauthorized)
+			return
+		}
+		if took {
+			a.authFail.giveBack(r)
+			authed.Store(true)
 		}
 		h(w, r)
 	}
+}
+
+// refuse counts, logs and answers a failed authentication, and closes its
+// connection.
+func (a *Agent) refuse(w http.ResponseWriter, r *http.Request, scheme string, checked bool, code int, text string) {
+	a.authFail.failed(r, scheme, checked)
+	w.Header().Set("Connection", "close")
+	writeText(w, code, text)
+}
+
+// connAuthKey keys, in a connection's context, whether a request on that
+// connection authenticated (an *atomic.Bool).
+type connAuthKey struct{}
+
+// withConnAuth is the API server's ConnContext: every connection starts
+// unauthenticated.
+func withConnAuth(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connAuthKey{}, new(atomic.Bool))
 }
 
 // basicMatches compares user and password in constant time. Both sides are

@@ -2,11 +2,12 @@
 // (agent_auth.go): the API refuses a request without the right credentials
 // while the probes stay open, and --insecure-no-auth lets every route
 // answer without any. Mutual TLS is tested in agent_tls_test.go, the
-// counting and slowing of failures in agent_authfail_test.go.
+// counting and budget of failures in agent_authfail_test.go.
 
 package haptic
 
 import (
+	"bytes"
 	"net/http"
 	"strings"
 	"testing"
@@ -57,7 +58,8 @@ func TestInsecureNoAuthAllowsStartingWithoutCredentials(t *testing.T) {
 	if res := c.apply(c.manifest("plan-1", fs), fs); !res.OK {
 		t.Errorf("apply: %+v", res)
 	}
-	if code, _, b := c.do("PUT", PathPlan+"?plan_id=x&proof=y", strings.NewReader("blob"), ""); code != http.StatusConflict {
+	other := planOfFiles(t, map[string]string{"haproxy.cfg": "global\n"})
+	if code, _, b := c.do("PUT", PathPlan+"?plan_id="+other.ID+"&proof=y", bytes.NewReader(blobOf(t, other)), ""); code != http.StatusConflict {
 		t.Errorf("put plan: %d %s", code, b)
 	}
 }

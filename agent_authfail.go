@@ -1,13 +1,17 @@
 // This file accounts for failed authentication on the network API: every
-// failure is counted in a metric, logged at most once per interval (with
-// the number of failures the interval swallowed), and an address that keeps
-// failing has its 401 answers delayed, so that guessing the credentials
-// costs time. A request that authenticates is never delayed.
+// failure is counted in a metric and logged at most once per interval (with
+// the number of failures the interval swallowed), and every address has a
+// budget of credential checks that its failures spend and time refills. A
+// request from an address whose budget is spent is refused at once,
+// without its credentials being checked, so that the guesses of one
+// address stay bounded however many connections it opens and whatever
+// succeeds from it in between. It must never hold a connection to slow a
+// client down: each held connection is a slot of the API's capped pool,
+// and a flood of them locked the controller out.
 
 package haptic
 
 import (
-	"context"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,31 +28,23 @@ const (
 
 // Failed-authentication accounting. A controller that has its credentials
 // never fails; one that has the old ones after a rotation fails a few times
-// before it is reconfigured, and is not slowed for that.
+// before it is reconfigured, and then waits at most one refill.
 const (
 	// authFailLogInterval: at most one log line per interval, however many
 	// failures (30,000 wrong passwords at 20,000 a second would otherwise
 	// be 30,000 lines, or none at all).
 	authFailLogInterval = 10 * time.Second
-	// authFailWindow: an address's failures are forgotten after this long
-	// without one.
-	authFailWindow = time.Minute
-	// authFailFree: failures of one address within the window answered
-	// at once.
-	authFailFree = 5
-	// authFailBaseDelay doubles with every further failure, up to
-	// authFailMaxDelay. The delay holds one connection of the API's
-	// capped pool, so it stays short: it only has to make guessing slow.
-	authFailBaseDelay = 100 * time.Millisecond
-	authFailMaxDelay  = 2 * time.Second
-	// maxAuthFailAddrs bounds the per-address table. When it is full of
-	// recent failures, an address it cannot track gets the longest delay
-	// on every failure: only failures are slowed, so a controller that
-	// authenticates is never hurt by it.
+	// authFailBurst failures of one address are checked at once; then one
+	// more every authFailRefill: at most 10 guesses a minute per address.
+	authFailBurst  = 10
+	authFailRefill = 6 * time.Second
+	// maxAuthFailAddrs bounds the per-address table. The addresses it
+	// cannot hold share one more budget, so that spreading guesses over
+	// more addresses than the table holds does not make them unbounded.
 	maxAuthFailAddrs = 4096
-	// authFailPruneEvery spaces the scans that drop forgotten addresses
-	// from a full table, so that a flood of new addresses cannot make every
-	// failure scan it.
+	// authFailPruneEvery spaces the scans that drop whole budgets from a
+	// full table, so that a flood of new addresses cannot make every
+	// request scan it.
 	authFailPruneEvery = time.Second
 )
 
@@ -59,111 +55,97 @@ type authFailures struct {
 	count    func(scheme string) // the metric
 	now      func() time.Time
 	interval time.Duration // authFailLogInterval
-	window   time.Duration // authFailWindow
-	free     int           // authFailFree
-	base     time.Duration // authFailBaseDelay
-	maxDelay time.Duration // authFailMaxDelay
+	burst    int           // authFailBurst
+	refill   time.Duration // authFailRefill
 	maxAddrs int           // maxAuthFailAddrs
 
 	mu         sync.Mutex
-	byAddr     map[netip.Prefix]*addrFailures
+	byAddr     map[netip.Prefix]*time.Time // when each address's budget is whole again
+	overflow   time.Time                   // the same, shared by the addresses the table cannot hold
 	lastLog    time.Time
 	suppressed uint64 // failures since the last log line, not logged
 	lastPrune  time.Time
 }
 
-// addrFailures is one address's recent failures.
-type addrFailures struct {
-	count int
-	last  time.Time
-}
-
 func newAuthFailures(logger *slog.Logger, count func(scheme string)) *authFailures {
 	return &authFailures{
-		logger: logger, count: count, now: time.Now,
-		interval: authFailLogInterval, window: authFailWindow, free: authFailFree,
-		base: authFailBaseDelay, maxDelay: authFailMaxDelay, maxAddrs: maxAuthFailAddrs,
-		byAddr: map[netip.Prefix]*addrFailures{},
+		logger: logger, count: count, now: time.Now, interval: authFailLogInterval,
+		burst: authFailBurst, refill: authFailRefill, maxAddrs: maxAuthFailAddrs,
+		byAddr: map[netip.Prefix]*time.Time{},
 	}
 }
 
-// failed records one failed authentication from r's peer, logs it unless a
-// line was written within the interval, and returns how long to wait before
-// answering.
-func (f *authFailures) failed(r *http.Request, scheme string) time.Duration {
-	f.count(scheme)
-	key, keyed := peerKey(r.RemoteAddr)
+// take spends one check of r's address's budget before its credentials are
+// checked, so that concurrent guesses cannot all pass a check made before
+// any of them failed. When the budget is spent it returns false and how
+// long until the next check is allowed.
+func (f *authFailures) take(r *http.Request) (bool, time.Duration) {
 	now := f.now()
-
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n, delay := 0, f.maxDelay
-	if e := f.entryLocked(key, keyed, now); e != nil {
-		if now.Sub(e.last) > f.window {
-			e.count = 0
-		}
-		e.count++
-		e.last = now
-		n, delay = e.count, f.delayFor(e.count)
+	whole := f.budgetLocked(r, now)
+	from := *whole
+	if from.Before(now) {
+		from = now
 	}
-	if !f.lastLog.IsZero() && now.Sub(f.lastLog) < f.interval {
-		f.suppressed++
-		return delay
+	if wait := from.Sub(now) - time.Duration(f.burst-1)*f.refill; wait > 0 {
+		return false, wait
 	}
-	f.logger.Warn("authentication failed", "remote", r.RemoteAddr, "scheme", scheme,
-		"failures_from_address", n, "suppressed_since_last_line", f.suppressed, "delay", delay)
-	f.lastLog, f.suppressed = now, 0
-	return delay
+	*whole = from.Add(f.refill)
+	return true, 0
 }
 
-// entryLocked finds or makes the entry of key; nil when the address has no
-// usable key or the table is full.
-func (f *authFailures) entryLocked(key netip.Prefix, keyed bool, now time.Time) *addrFailures {
+// giveBack returns the check a request that authenticated took: a success
+// costs nothing, and forgives none of the address's failures.
+func (f *authFailures) giveBack(r *http.Request) {
+	now := f.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	whole := f.budgetLocked(r, now)
+	*whole = whole.Add(-f.refill)
+}
+
+// budgetLocked is the budget of r's address: its entry in the table, made
+// when missing, or the shared one when the address has no usable key or
+// the table is full.
+func (f *authFailures) budgetLocked(r *http.Request, now time.Time) *time.Time {
+	key, keyed := peerKey(r.RemoteAddr)
 	if !keyed {
-		return nil
+		return &f.overflow
 	}
-	if e, ok := f.byAddr[key]; ok {
-		return e
+	if whole, ok := f.byAddr[key]; ok {
+		return whole
 	}
 	if len(f.byAddr) >= f.maxAddrs && now.Sub(f.lastPrune) >= authFailPruneEvery {
 		f.lastPrune = now
-		for k, e := range f.byAddr {
-			if now.Sub(e.last) > f.window {
+		for k, whole := range f.byAddr {
+			if !whole.After(now) {
 				delete(f.byAddr, k)
 			}
 		}
 	}
 	if len(f.byAddr) >= f.maxAddrs {
-		return nil
+		return &f.overflow
 	}
-	e := &addrFailures{}
-	f.byAddr[key] = e
-	return e
+	whole := new(time.Time)
+	f.byAddr[key] = whole
+	return whole
 }
 
-// delayFor is the wait before the n-th failure's answer: none for the free
-// failures, then base, doubling, up to maxDelay.
-func (f *authFailures) delayFor(n int) time.Duration {
-	if n <= f.free {
-		return 0
-	}
-	d := f.base
-	for i := f.free + 1; i < n && d > 0 && d < f.maxDelay; i++ {
-		d *= 2
-	}
-	return min(d, f.maxDelay)
-}
-
-// succeeded forgets the failures of r's peer: a controller that fixed its
-// credentials is not slowed for its earlier mistakes.
-func (f *authFailures) succeeded(r *http.Request) {
-	key, keyed := peerKey(r.RemoteAddr)
-	if !keyed {
+// failed counts one failed authentication from r's peer and logs it unless
+// a line was written within the interval.
+func (f *authFailures) failed(r *http.Request, scheme string, checked bool) {
+	f.count(scheme)
+	now := f.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.lastLog.IsZero() && now.Sub(f.lastLog) < f.interval {
+		f.suppressed++
 		return
 	}
-	f.mu.Lock()
-	delete(f.byAddr, key)
-	f.mu.Unlock()
+	f.logger.Warn("authentication failed", "remote", r.RemoteAddr, "scheme", scheme,
+		"credentials_checked", checked, "suppressed_since_last_line", f.suppressed)
+	f.lastLog, f.suppressed = now, 0
 }
 
 // peerKey is the table key of a remote address: the IPv4 address, or the
@@ -185,17 +167,4 @@ func peerKey(remote string) (netip.Prefix, bool) {
 	}
 	p, err := addr.Prefix(bits)
 	return p, err == nil
-}
-
-// waitBeforeRefusal sleeps d, or until ctx ends.
-func waitBeforeRefusal(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

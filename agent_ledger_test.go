@@ -668,14 +668,15 @@ func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 	a, stop := launchTestAgent(t, cfg, true)
 	c := newAgentClient(t, a)
 	fs := seedFiles()
-	c.post(applyRequest{manifest: c.manifest("plan-1", fs), files: fs, plan: []byte("blob-1")})
+	p := planOfFiles(t, fs)
+	c.post(applyRequest{manifest: c.manifest(p.ID, fs), files: fs, plan: blobOf(t, p)})
 	before := c.state("")
 	if !before.AppliedPlanStored {
 		t.Fatalf("blob not stored: %+v", before)
 	}
 	stop()
 	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) {
-		s.Pending, s.PendingAt = planRef{"plan-1", before.AppliedPlanProof}, time.Now().Add(time.Hour)
+		s.Pending, s.PendingAt = planRef{p.ID, before.AppliedPlanProof}, time.Now().Add(time.Hour)
 	})
 
 	a, _ = launchTestAgent(t, cfg, true)
@@ -683,7 +684,7 @@ func TestARestartKeepsWhatTheTreeAndTheWorkerProve(t *testing.T) {
 	st := c.state("")
 	if st.AppliedPlanProof != before.AppliedPlanProof || st.RunningPlanProof != before.RunningPlanProof ||
 		st.WorkerOpsPlanProof != before.WorkerOpsPlanProof || st.LKGPlanProof != before.LKGPlanProof ||
-		st.ReloadPendingAt == "" || !st.AppliedPlanStored || string(st.AppliedPlan) != "blob-1" {
+		st.ReloadPendingAt == "" || !st.AppliedPlanStored || !bytes.Equal(st.AppliedPlan, blobOf(t, p)) {
 		t.Errorf("state after restart: %+v", st)
 	}
 	if a.deps.nack.work != nil {

@@ -90,6 +90,9 @@ func (a *Agent) newServer(name string, h http.Handler, base func(net.Listener) c
 		BaseContext:       base,
 		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
 	}
+	if name == listenerAPI {
+		srv.ConnContext = withConnAuth
+	}
 	disableHTTP2(srv)
 	return srv
 }

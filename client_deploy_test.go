@@ -979,3 +979,46 @@ func TestDeployOverTheAdminSocketIsRefused(t *testing.T) {
 		t.Fatalf("Deploy over the admin socket: %v, want *HTTPError 404", err)
 	}
 }
+
+// TestDeployTakesTheWorkerBaselineFromThePod: the caller's own plan stands
+// for the pod's applied plan only. Here the pod applied v2 and waits to
+// reload it, while its worker still runs v1, which lacks the key whose value
+// v3 changes; the caller deploys v3. Its copy of v2 is no proof of what the
+// worker runs, so no in-place map_set is composed against it (it would fail
+// on that worker); when the worker does run v2, the same deploy composes
+// one, so the test is not passing for want of in-place ops.
+func TestDeployTakesTheWorkerBaselineFromThePod(t *testing.T) {
+	v1, v2, v3 := examplePlan(hostMapV1), examplePlan(hostMapV2), examplePlan(strings.Replace(hostMapV2, "blog.example.com web-servers", "blog.example.com blog-servers", 1))
+	for _, tc := range []struct {
+		name        string
+		worker      *Plan
+		wantInPlace bool
+	}{
+		{"the worker runs another plan", v1, false},
+		{"the worker runs the applied plan", v2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := &scriptedAgent{
+				state: func(int) State {
+					s := podState(t, v2, Token{LeaderEpoch: 1, RenderSeq: 2})
+					s.RunningPlanID, s.RunningPlanProof = v1.ID, "proof-"+v1.ID
+					s.WorkerOpsPlanID, s.WorkerOpsPlanProof = tc.worker.ID, "proof-"+tc.worker.ID
+					s.ReloadPendingAt = "2026-01-01T00:00:00Z"
+					return s
+				},
+				apply: func(int, recordedRequest) (int, any) { return 200, ackFor(v3, ResultRuntime) },
+			}
+			c := startScriptedAgent(t, agent)
+			if _, err := Deploy(context.Background(), c, v3, DeployOptions{LeaderEpoch: 1, Applied: v2}); err != nil {
+				t.Fatal(err)
+			}
+			m := decodeApply(t, agent.requests("POST /v1/apply")[0]).manifest
+			if got := len(m.InPlaceOps) > 0; got != tc.wantInPlace {
+				t.Errorf("in-place ops %+v (worker ops plan %q), want some: %v", m.InPlaceOps, m.WorkerOpsPlanID, tc.wantInPlace)
+			}
+			if m.ExpectedWorkerOpsPlanID != tc.worker.ID {
+				t.Errorf("expected worker ops plan %q, the pod's is %q", m.ExpectedWorkerOpsPlanID, tc.worker.ID)
+			}
+		})
+	}
+}
