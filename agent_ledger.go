@@ -187,7 +187,7 @@ func (l *ledger) commit(r *logRecord, sync bool, change func(*agentState)) error
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next := l.st.clone()
-	change(&next)
+	l.changeState(&next, change)
 	if r.Kind == "" {
 		r.Kind = recordState
 	}
@@ -208,6 +208,20 @@ func (l *ledger) adopt(next agentState, r *logRecord) {
 	if len(r.Tree) > 0 {
 		applyTreeDelta(l.tree, r.Tree)
 		l.treeVersion++
+	}
+}
+
+// changeState applies change to next. A last_apply it sets becomes the
+// whole answer of that apply, as a controller that polls the state for the
+// verdict of a scheduled reload takes it: the pairs, token, last-known-good
+// and worker it left, and the inventory of that worker.
+func (l *ledger) changeState(next *agentState, change func(*agentState)) {
+	prev := next.LastApply
+	change(next)
+	if la := next.LastApply; la != nil && la != prev {
+		fillBaseline(la, next)
+		inv := cloneInventory(l.inventory)
+		la.Inventory = &inv
 	}
 }
 
@@ -278,7 +292,7 @@ func (l *ledger) endApply(seq uint64, ok, sync bool, landed map[string]*FileAt, 
 	defer l.mu.Unlock()
 	l.applying = false
 	next := l.st.clone()
-	change(&next)
+	l.changeState(&next, change)
 	r := &logRecord{Kind: recordEnd, End: seq, OK: ok, State: &next, ResetJournal: resetJournal}
 	err := l.write(r, sync)
 	if ok {

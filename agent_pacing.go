@@ -88,7 +88,8 @@ func (p *pacer) fire(ctx context.Context) {
 		err := d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) {
 			s.Running, s.WorkerOps, s.LKG = ref, ref, ref
 			clearPending(s)
-			s.LastApply = &result
+			la := cloneResult(result)
+			s.LastApply = &la
 		})
 		if err != nil {
 			d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
@@ -140,7 +141,8 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 		}
 		s.TreeChangedAt = d.now()
 		clearPending(s)
-		s.LastApply = &result
+		la := cloneResult(result)
+		s.LastApply = &la
 	})
 	return result
 }

@@ -1043,3 +1043,26 @@ func TestFailedInvariantsChecksEveryAfterFinishInvariant(t *testing.T) {
 		}
 	}
 }
+
+// TestLastApplyIsTheWholeAnswerOfAScheduledReload: a controller that got
+// "scheduled" polls the state and takes last_apply as the final result,
+// baseline included, so last_apply carries the pairs, token, last-known-good
+// and worker the reload left, and that worker's inventory.
+func TestLastApplyIsTheWholeAnswerOfAScheduledReload(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 300 * time.Millisecond }, nil)
+	_, _, scheduled := e.landThenSchedule(t)
+	waitFor(t, "the scheduled reload", func() bool { return e.c.state("").RunningPlanID == "plan-2" })
+	st := e.c.state("")
+	la := st.LastApply
+	if la == nil || la.PlanID != "plan-2" || !la.OK || la.Mode != ResultReload {
+		t.Fatalf("last_apply %+v", la)
+	}
+	if la.AppliedPlanID != "plan-2" || la.AppliedPlanProof != scheduled.AppliedPlanProof || la.RunningPlanID != "plan-2" ||
+		la.WorkerOpsPlanID != "plan-2" || la.WorkerOpsPlanProof != scheduled.AppliedPlanProof || la.LKGPlanID != "plan-2" ||
+		la.AppliedToken != st.AppliedToken || la.HAProxy != st.HAProxy || !la.HAProxy.HasWorkerIdentity() {
+		t.Errorf("last_apply's baseline %+v, state %+v", la, st)
+	}
+	if la.Inventory == nil || !slices.Contains(la.Inventory.Maps, "maps/host.map") {
+		t.Errorf("last_apply's inventory %+v", la.Inventory)
+	}
+}

@@ -759,5 +759,12 @@ func TestRealHAProxyPacedReloadServesTheNewSet(t *testing.T) {
 	if !st.LastApply.OK || st.RunningPlanID != p2.ID || st.LKGPlanID != p2.ID {
 		t.Fatalf("after the paced reload: last_apply ok=%v, running %q, lkg %q, want %q", st.LastApply.OK, st.RunningPlanID, st.LKGPlanID, p2.ID)
 	}
+	// A controller that got "scheduled" takes last_apply as the final
+	// result, baseline included.
+	if la := st.LastApply; la.AppliedPlanID != p2.ID || la.AppliedPlanProof != st.AppliedPlanProof || la.RunningPlanID != p2.ID ||
+		la.WorkerOpsPlanProof != st.WorkerOpsPlanProof || la.LKGPlanID != p2.ID || la.AppliedToken != st.AppliedToken ||
+		la.HAProxy.WorkerPID != e.workerPID(t) || la.Inventory == nil || len(la.Inventory.Maps) == 0 {
+		t.Fatalf("last_apply after the paced reload: %+v", la)
+	}
 	e.expectTraffic(t, "a.test", "alpha only", onlyBackend("alpha"))
 }
