@@ -301,6 +301,10 @@ type crashKind struct {
 	// already (the steady state of a pod taking runtime changes).
 	warmup []Op
 	landed fileSet
+	// refused: HAProxy refuses the apply's reload, so the apply fails and
+	// must put back exactly the tree it found: the warmup's answered
+	// runtime change included, at every crash point.
+	refused bool
 }
 
 func crashKinds() []crashKind {
@@ -331,6 +335,8 @@ func crashKinds() []crashKind {
 			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
 		{name: "file_only", before: before, after: fileOnly, mode: ModeAuto, wantMode: ResultFileOnly},
 		{name: "reload", before: before, after: reload, mode: ModeReload, wantMode: ResultReload},
+		{name: "refused_after_runtime", landed: before, before: runtime, after: reload, mode: ModeReload, wantMode: ResultRejected,
+			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, refused: true},
 	}
 }
 
@@ -403,12 +409,14 @@ func countApplyOps(t *testing.T, k crashKind) int {
 	cfg := e.cfg
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
 	b := startAgentChild(t, cfg)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
 	code, body, err := b.postApply(b.state(t), "plan-2", k.after, k.mode, k.ops...)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the apply: %d %v %s", code, err, body)
 	}
 	var res ApplyResult
-	if json.Unmarshal(body, &res); !res.OK || res.Mode != k.wantMode {
+	if json.Unmarshal(body, &res); res.OK == k.refused || res.Mode != k.wantMode {
 		t.Fatalf("the apply: %s", body)
 	}
 	b.awaitQuiet(t)
@@ -426,6 +434,7 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	cfgB.StopAtOp = at
 	b := startAgentChild(t, cfgB)
 	before := b.state(t)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
 	answered := make(chan ApplyResult, 1)
 	go func() {
 		code, body, err := b.postApply(before, "plan-2", k.after, k.mode, k.ops...)
@@ -458,6 +467,7 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	}
 	stoppedAt, _ := os.ReadFile(e.cfg.StopMarker)
 	b.kill()
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 
 	c := startAgentChild(t, e.cfg)
 	got := diskSet(t, e.base)
@@ -466,6 +476,9 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	isBefore, isAfter := sameSet(got, k.before), sameSet(got, k.after)
 	if !isBefore && !isAfter {
 		t.Fatalf("stopped at %q: the tree is a mix: %v", stoppedAt, got)
+	}
+	if k.refused && !isBefore {
+		t.Fatalf("stopped at %q: the refused apply's files stayed, or its undo took an answered change back: %v", stoppedAt, got)
 	}
 	// Requirement 2: a named plan's files are on disk.
 	switch st.AppliedPlanID {

@@ -1,7 +1,8 @@
 // The machine-crash simulation: an agent runs its applies on the recording
 // disk of memdisk_test.go, and before every file operation of a runtime, a
-// file_only and a reload apply (and after the last), the disk images a power
-// loss could leave there are forked. On each image a ledger and a file
+// file_only, a reload and a refused apply, and of the compaction that
+// follows it (and after the last), the disk images a power loss could leave
+// there are forked. On each image a ledger and a file
 // store start afresh and recover, exactly as a restarting agent does, and
 // the four requirements of the agent's durability are checked:
 //
@@ -28,11 +29,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // powerLossImagesPerOp is how many images the quick run forks per file
@@ -46,11 +49,32 @@ const powerLossImagesPerOp = 12
 type forkingDisk struct {
 	*memDisk
 	before func(op diskOp)
+	// other is signalled by every operation; a sync of the log waits for
+	// one (or a moment) first, so that an operation that does not wait
+	// for the sync to finish runs before it: the interleaving a rename
+	// issued before the record is durable would meet on a real disk.
+	other chan struct{}
 }
 
 func (d *forkingDisk) at(op, path string) {
+	select {
+	case d.other <- struct{}{}:
+	default:
+	}
 	if d.before != nil {
 		d.before(diskOp{Op: op, Path: path})
+	}
+}
+
+// holdSync lets whatever the agent does meanwhile go first, for a moment.
+func (d *forkingDisk) holdSync() {
+	select {
+	case <-d.other:
+	default:
+	}
+	select {
+	case <-d.other:
+	case <-time.After(20 * time.Millisecond):
 	}
 }
 
@@ -91,6 +115,9 @@ func (d *forkingDisk) Mkdir(name string, perm fs.FileMode) error {
 	return d.memDisk.Mkdir(name, perm)
 }
 
+// landedEnd matches the frame of an end record that lands its apply.
+var landedEnd = regexp.MustCompile(`"kind":"end".*"end":\d+,"ok":true`)
+
 type forkingFile struct {
 	diskFile
 	d *forkingDisk
@@ -98,7 +125,9 @@ type forkingFile struct {
 
 func (f *forkingFile) Write(p []byte) (int, error) {
 	op := "write"
-	if bytes.Contains(p, []byte(`"kind":"commit"`)) {
+	// The record from whose sync on an apply counts: a runtime or file_only
+	// apply's own, or the end record of an open (reload) apply that landed.
+	if bytes.Contains(p, []byte(`"kind":"apply"`)) && !bytes.Contains(p, []byte(`"open":true`)) || landedEnd.Match(p) {
 		op = "write-commit"
 	}
 	f.d.at(op, f.Name())
@@ -106,6 +135,9 @@ func (f *forkingFile) Write(p []byte) (int, error) {
 }
 
 func (f *forkingFile) Sync() error {
+	if filepath.Base(f.Name()) == logFileName {
+		f.d.holdSync()
+	}
 	f.d.at("sync", f.Name())
 	return f.diskFile.Sync()
 }
@@ -133,7 +165,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	if err := md.mkdirAll(base); err != nil {
 		t.Fatal(err)
 	}
-	fd := &forkingDisk{memDisk: md}
+	fd := &forkingDisk{memDisk: md, other: make(chan struct{}, 1)}
 	fake := startTestFake(t, "")
 	// A reload "loads" the maps of the recording disk, as a worker would.
 	fake.With(func(m *FakeModel) {
@@ -197,15 +229,34 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 			acked.Store(true)
 		}
 	}
+	// The apply under test follows a compaction: the bytes it replaces are
+	// then in the snapshot's tree alone, not in any record that could put
+	// them back, as in a pod's steady state.
+	a.deps.applyMu.Lock()
+	a.deps.compact()
+	a.deps.applyMu.Unlock()
 	fd.before = check
 	m := c.manifestFrom(c.state(""), "plan-2", k.after, k.ops...)
 	m.Mode = k.mode
+	fake.With(func(fm *FakeModel) { fm.ReloadFails = k.refused })
 	res := c.apply(m, k.after)
+	fake.With(func(fm *FakeModel) { fm.ReloadFails = false })
 	a.reads.wg.Wait()
+	// A compaction right after the answer: its snapshot must be durable
+	// before the log it replaces is emptied, and the links it sweeps must
+	// be ones no record can still need.
+	a.deps.applyMu.Lock()
+	a.deps.compact()
+	a.deps.applyMu.Unlock()
 	fd.before = nil
 	check(diskOp{Op: "end", Path: "after the answer"})
-	if !res.OK || res.Mode != k.wantMode {
+	if res.OK == k.refused || res.Mode != k.wantMode {
 		t.Fatalf("the apply: %+v", res)
+	}
+	// What the answer left, before any recovery: a refused apply put back
+	// exactly the tree it found, answered changes included.
+	if live := treeOf(md, base); k.refused && !sameSet(live, k.before) {
+		t.Errorf("the refused apply's answer left %v, want the set it found", live.paths())
 	}
 	t.Logf("%s apply: %d file operations, %d distinct power-loss images checked", k.name, ops, images)
 	for _, f := range failures {
@@ -256,6 +307,8 @@ func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofB
 		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.Applied.ID)
 	case acked && !isAfter:
 		return "an ACK taken back: the answered apply's files are not on disk"
+	case k.refused && !isBefore:
+		return "the refused apply's files stayed, or its undo took an answered change back"
 	case st.Generation < genBefore || (acked && st.Generation < genBefore+1):
 		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
 	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):
