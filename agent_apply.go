@@ -466,7 +466,8 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 	}
 	var f *stagedFile
 	if mf.Patch != nil {
-		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size, &run.budget)
+		_, tree := run.led.view()
+		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size, tree[rel], &run.budget)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
 			return nil

@@ -144,6 +144,8 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 			continue
 		case f.inline != nil:
 			c.Data = f.inline
+		case f.repl != nil:
+			c.Data, c.Patch = f.repl, f.patch
 		default:
 			c.Temp, large = f.tmp, true
 		}

@@ -27,6 +27,9 @@ type disk interface {
 	OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error)
 	CreateTemp(dir, pattern string) (diskFile, error)
 	Rename(oldpath, newpath string) error
+	// Exchange swaps two existing names atomically (renameat2 with
+	// RENAME_EXCHANGE); a system without it answers ENOSYS or EINVAL.
+	Exchange(oldpath, newpath string) error
 	Link(oldname, newname string) error
 	Remove(name string) error
 	Mkdir(name string, perm fs.FileMode) error
@@ -76,6 +79,7 @@ func osFileOf(f *os.File, err error) (diskFile, error) {
 
 func (f osFile) Sync() error                        { return datasync(f.File) }
 func (osDisk) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
 func (osDisk) Link(oldname, newname string) error   { return os.Link(oldname, newname) }
 
 func (osDisk) Remove(name string) error                  { return os.Remove(name) }

@@ -67,6 +67,13 @@ func (d *hookDisk) Rename(oldpath, newpath string) error {
 	return d.osDisk.Rename(oldpath, newpath)
 }
 
+func (d *hookDisk) Exchange(oldpath, newpath string) error {
+	if err := d.before("exchange", newpath); err != nil {
+		return err
+	}
+	return d.osDisk.Exchange(oldpath, newpath)
+}
+
 func (d *hookDisk) Link(oldname, newname string) error {
 	if err := d.before("link", newname); err != nil {
 		return err

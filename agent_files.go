@@ -268,6 +268,7 @@ func (s *fileStore) abs(rel string) (string, error) {
 		return "", err
 	}
 	abs := filepath.Join(s.base, filepath.FromSlash(rel))
+	reserved := s.reserved[abs]
 	dir := s.base
 	parts := strings.Split(rel, "/")
 	for _, part := range parts[:len(parts)-1] {
@@ -275,13 +276,15 @@ func (s *fileStore) abs(rel string) (string, error) {
 		if fi, err := s.disk.Lstat(dir); err != nil {
 			break // absent (created as a real directory by install) or unreadable (fails later)
 		} else if fi.Mode()&fs.ModeSymlink != 0 {
-			if s.reserved[canonicalPath(abs)] {
-				break
+			// The base is resolved, so only a path through a link can name
+			// a reserved path under another name.
+			if reserved = s.reserved[canonicalPath(abs)]; !reserved {
+				return "", fmt.Errorf("%w: %q passes through a symbolic link", errInvalidPath, rel)
 			}
-			return "", fmt.Errorf("%w: %q passes through a symbolic link", errInvalidPath, rel)
+			break
 		}
 	}
-	if s.reserved[abs] || s.reserved[canonicalPath(abs)] {
+	if reserved {
 		return "", fmt.Errorf("%w: %q is a reserved path", errInvalidPath, rel)
 	}
 	return abs, nil
@@ -304,6 +307,10 @@ type stagedFile struct {
 	// inline holds the bytes of a file no larger than maxInlineBytes; its
 	// temp file is not synced, since its bytes ride in the apply's record.
 	inline []byte
+	// repl is a patch's replacement bytes when they rebuild the file from
+	// its base, which the undo keeps: its temp file then needs no sync.
+	repl  []byte
+	patch *FilePatch
 	// unchanged: the live file already holds exactly these bytes, so the
 	// part is neither installed nor journalled.
 	unchanged bool
@@ -324,7 +331,7 @@ func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64, in
 	if err != nil {
 		return nil, err
 	}
-	return s.stageWith(rel, abs, digest, size, inlineBudget, func(w io.Writer) (int64, error) {
+	return s.stageWith(rel, abs, digest, size, inlineBudget, nil, func(w io.Writer) (int64, error) {
 		return copyAtMostOneMore(w, r, size)
 	})
 }
@@ -349,9 +356,11 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 // in a temp file. A part small enough to ride in the record (within the
 // apply's inline budget) is built in memory first: a live file that already
 // holds it needs no temp file at all, and its temp file is not synced.
-// Another part is streamed into a synced temp file, since recovery may have
-// to rename it into place again. On any error no temp file is left.
-func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
+// Another part is streamed into a temp file, synced since recovery may have
+// to rename it into place again, unless the record can rebuild it (repl:
+// the replacement bytes of a patch, whose base the undo keeps). On any
+// error no temp file is left.
+func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, repl []byte, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
 	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size}
 	if size >= 0 && size <= maxInlineBytes && int(size) <= *budget {
 		var buf bytes.Buffer
@@ -372,6 +381,10 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, 
 		sf.tmp, err = s.writeTemp(rel, func(w io.Writer) error { _, err := w.Write(sf.inline); return err }, false)
 		return sf, err
 	}
+	if repl != nil && len(repl) <= *budget {
+		*budget -= len(repl)
+		sf.repl = repl
+	}
 	h := newDigestHasher()
 	tmp, err := s.writeTemp(rel, func(w io.Writer) error {
 		n, err := fill(io.MultiWriter(w, h))
@@ -379,7 +392,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, 
 			return err
 		}
 		return verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
-	}, true)
+	}, sf.repl == nil)
 	sf.tmp = tmp
 	return sf, err
 }
@@ -487,29 +500,47 @@ func (w faultWriter) Write(p []byte) (int, error) {
 }
 
 // stagePatch builds the new file from the held base and the replacement
-// bytes in r. A base the agent does not hold is errPatchBaseMissing: the
-// path goes into the 409 Missing answer.
-func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, budget *int) (*stagedFile, error) {
+// bytes in r. A base the agent does not hold (held, the agent's record of
+// the file, is another, or the file is not that size) is
+// errPatchBaseMissing: the path goes into the 409 Missing answer. The base
+// is not hashed up front: the result's digest checks it too, and only a
+// result that does not match is told apart as a base that changed behind
+// the agent's back (Missing) or a wrong replacement.
+func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
-	base, err := s.openBase(abs, p)
+	fi, err := s.disk.Lstat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != p.BaseSize || held.Digest != p.BaseDigest || held.Size != p.BaseSize {
+		return nil, errPatchBaseMissing
+	}
+	base, err := s.disk.Open(abs)
 	if err != nil {
-		return nil, err
+		return nil, errPatchBaseMissing
 	}
 	defer base.Close()
 	// The fit rule, written so that no sum can overflow: offset + length >
 	// base_size with offset 1 and length MaxInt64 wraps negative and would
-	// pass. openBase made base_size the held file's real size, so the base
-	// bytes that survive, base_size - length, are within [0, base_size] once
-	// offset and length fit; the replacement length is computed only then.
+	// pass. The held file is base_size bytes, so the base bytes that
+	// survive, base_size - length, are within [0, base_size] once offset and
+	// length fit; the replacement length is computed only then.
 	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
 		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
 	}
-	repl := size - (p.BaseSize - p.Length)
-	return s.stageWith(rel, abs, digest, size, budget, func(w io.Writer) (int64, error) {
+	n := size - (p.BaseSize - p.Length)
+	var repl []byte
+	if n <= maxInlineBytes {
+		// A small replacement is kept: the record carries it, so the large
+		// file it patches needs no sync.
+		var buf bytes.Buffer
+		if _, err := copyAtMostOneMore(&buf, r, n); err != nil {
+			return nil, err
+		}
+		repl, r = buf.Bytes(), bytes.NewReader(buf.Bytes())
+	}
+	f, err := s.stageWith(rel, abs, digest, size, budget, repl, func(w io.Writer) (int64, error) {
 		// Only the replacement comes from the client; every other error
 		// here is the held base's, on the agent's own disk.
 		if _, err := base.Seek(0, io.SeekStart); err != nil {
@@ -519,7 +550,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		if err != nil {
 			return 0, diskFault(rel, err)
 		}
-		mid, err := copyAtMostOneMore(w, r, repl)
+		mid, err := copyAtMostOneMore(w, r, n)
 		if err != nil {
 			return 0, err
 		}
@@ -532,25 +563,15 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		}
 		return head + mid + tail, nil
 	})
-}
-
-// openBase opens the held file a patch applies to, if it is exactly the
-// base the patch names.
-func (s *fileStore) openBase(abs string, p *FilePatch) (diskFile, error) {
-	fi, err := s.disk.Lstat(abs)
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() != p.BaseSize {
-		return nil, errPatchBaseMissing
+	if errors.Is(err, errDigestMismatch) {
+		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
+			return nil, errPatchBaseMissing
+		}
 	}
-	f, err := s.disk.Open(abs)
-	if err != nil {
-		return nil, errPatchBaseMissing
+	if f != nil && f.repl != nil {
+		f.patch = p
 	}
-	h := newDigestHasher()
-	if n, err := copyBytes(h, f); err != nil || n != p.BaseSize || FormatDigest(h.Sum64()) != p.BaseDigest {
-		f.Close()
-		return nil, errPatchBaseMissing
-	}
-	return f, nil
+	return f, err
 }
 
 // ---------------------------------------------------------------------------
@@ -692,7 +713,7 @@ func (s *fileStore) put(rel string, at *FileAt, from string) error {
 			s.noteDirty("", filepath.Dir(d))
 		}
 		if err == nil {
-			err = s.disk.Rename(from, abs)
+			err = s.replace(from, abs)
 		}
 		if errors.Is(err, syscall.EXDEV) {
 			err = fmt.Errorf("%q: %w: the base directory must be one filesystem", rel, err)
@@ -706,6 +727,24 @@ func (s *fileStore) put(rel string, at *FileAt, from string) error {
 	}
 	s.noteDirty("", filepath.Dir(abs))
 	return nil
+}
+
+// replace puts tmp at abs atomically. Over an existing file it swaps the
+// two names and removes the temp name, which then holds the old file (the
+// undo keeps it through its own link): a rename over an existing file makes
+// ext4 flush the new file's data at once, which costs more than the rest
+// of the apply, and the agent's durability comes from its log anyway.
+func (s *fileStore) replace(tmp, abs string) error {
+	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
+		err := s.disk.Exchange(tmp, abs)
+		if err == nil {
+			return s.disk.Remove(tmp)
+		}
+		if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) {
+			return err
+		}
+	}
+	return s.disk.Rename(tmp, abs)
 }
 
 // noteDirty records a file written without a sync and directories whose
@@ -771,34 +810,57 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 	case w.At == nil:
 		return true, s.put(w.Path, nil, "")
 	}
-	for _, src := range sources[FileAt{Digest: w.At.Digest, Size: w.At.Size}] {
-		tmp, err := s.writeTemp(w.Path, func(wr io.Writer) error {
-			if src.data != nil {
-				_, err := wr.Write(src.data)
-				return err
-			}
-			f, err := s.disk.Open(src.path)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			_, err = copyBytes(wr, f)
-			return err
-		}, false)
-		if err == nil && !s.holds(tmp, w.At.Digest, w.At.Size) {
-			s.disk.Remove(tmp)
-			err = errDigestMismatch
-		}
-		if err != nil {
-			continue
-		}
-		if err := s.put(w.Path, w.At, tmp); err != nil {
-			s.disk.Remove(tmp)
-			return true, fmt.Errorf("restore %q: %w", w.Path, err)
-		}
-		return true, nil
+	b, ok := s.contentOf(abs, *w.At, sources, maxPatchChain)
+	if !ok {
+		return false, fmt.Errorf("restore %q: no copy of its bytes (%s) is left", w.Path, w.At.Digest)
 	}
-	return false, fmt.Errorf("restore %q: no copy of its bytes (%s) is left", w.Path, w.At.Digest)
+	tmp, err := s.writeTemp(w.Path, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
+	if err == nil {
+		if err = s.put(w.Path, w.At, tmp); err != nil {
+			s.disk.Remove(tmp)
+		}
+	}
+	if err != nil {
+		return true, fmt.Errorf("restore %q: %w", w.Path, err)
+	}
+	return true, nil
+}
+
+// maxPatchChain bounds how many patches deep contentOf looks for a base:
+// the patches of one file since the last compaction, which makes every
+// file durable.
+const maxPatchChain = maxLogRecords
+
+// contentOf finds the bytes of at among the live file at abs and the
+// sources, each verified by its digest: a link to bytes a power loss tore
+// is passed over, and a patch is rebuilt on its base, found the same way.
+func (s *fileStore) contentOf(abs string, at FileAt, sources map[FileAt][]source, depth int) ([]byte, bool) {
+	key := FileAt{Digest: at.Digest, Size: at.Size}
+	candidates := append([]source{{path: abs}}, sources[key]...)
+	for _, src := range candidates {
+		b := src.data
+		switch {
+		case src.patch != nil:
+			p := src.patch
+			base, ok := []byte(nil), false
+			if depth > 0 {
+				base, ok = s.contentOf(abs, FileAt{Digest: p.BaseDigest, Size: p.BaseSize}, sources, depth-1)
+			}
+			if !ok || p.Offset+p.Length > int64(len(base)) {
+				continue
+			}
+			b = slices.Concat(base[:p.Offset], src.data, base[p.Offset+p.Length:])
+		case src.path != "":
+			var err error
+			if b, err = readAllLimited(s.disk, src.path, MaxApplyBodyBytes); err != nil {
+				continue
+			}
+		}
+		if int64(len(b)) == at.Size && DigestString(string(b)) == at.Digest {
+			return b, true
+		}
+	}
+	return nil, false
 }
 
 // ---------------------------------------------------------------------------

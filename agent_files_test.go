@@ -46,6 +46,11 @@ func newTestStore(t *testing.T, mutate func(*fileStoreConfig)) *testStore {
 	return &testStore{fileStore: s, dir: s.base, hook: d}
 }
 
+// heldOf is the agent's record of a file holding content.
+func heldOf(content string) FileAt {
+	return FileAt{Digest: DigestString(content), Size: int64(len(content))}
+}
+
 // budget is a fresh inline budget for one staged part.
 func budget() *int {
 	b := maxInlinePerApply
@@ -307,7 +312,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	want := "global\n  maxconn 2000\ndefaults\n"
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 	repl := "2000"
-	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), budget())
+	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -318,23 +323,29 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 
 	wrongBase := *p
 	wrongBase.BaseDigest = DigestString("other")
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want)), budget()); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("wrong base digest: %v", err)
 	}
-	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), budget()); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("absent base: %v", err)
 	}
 	misfit := *p
 	misfit.Offset = int64(len(base))
-	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)), budget())
+	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)), heldOf(base), budget())
 	if wantErr := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 3, base %d bytes`, len(base), len(base)); err == nil || err.Error() != wantErr {
 		t.Errorf("misfit: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want)), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("wrong bytes: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want)), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
+	}
+	// The file changed behind the agent's back, to bytes of the same size:
+	// the result cannot match, and the patch asks for the whole file.
+	ts.write(t, "haproxy.cfg", strings.ToUpper(base))
+	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
+		t.Errorf("a base changed behind the agent's back: %v", err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)
@@ -365,7 +376,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	}
 
 	repl := strings.NewReader("2000" + strings.Repeat("x", extra))
-	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size, budget())
+	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size, heldOf(base), budget())
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("StagePatch: %v, want %q", err, msg)
 	}
@@ -407,7 +418,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 		{"minimum size", 0, 1, math.MinInt64},
 	} {
 		p := &FilePatch{BaseDigest: DigestString(base), BaseSize: b, Offset: tc.offset, Length: tc.length}
-		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size, budget())
+		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size, heldOf(base), budget())
 		want := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, tc.offset, tc.length, b)
 		if err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %q", tc.name, err, want)
@@ -417,7 +428,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	for _, p := range []*FilePatch{{Offset: 0, Length: b}, {Offset: b, Length: 0}} {
 		p.BaseDigest, p.BaseSize = DigestString(base), b
 		want := base[:p.Offset] + "x" + base[p.Offset+p.Length:]
-		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)), budget())
+		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)), heldOf(base), budget())
 		if err != nil {
 			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
 			continue
@@ -484,7 +495,7 @@ func TestInstallRenamesTheConfigLast(t *testing.T) {
 	ts.hook.setHook(func(op diskOp) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if op.Op == "rename" {
+		if op.Op == "rename" || op.Op == "exchange" {
 			rel, _ := filepath.Rel(ts.dir, op.Path)
 			order = append(order, rel)
 			// Unlinks come after every rename.
@@ -552,7 +563,7 @@ func TestRestorePutsBytesBackFromTheirSourcesConfigLast(t *testing.T) {
 	ts.hook.setHook(func(op diskOp) error {
 		mu.Lock()
 		defer mu.Unlock()
-		if op.Op == "rename" || op.Op == "remove" && !strings.Contains(op.Path, storeTempDir) {
+		if op.Op == "rename" || op.Op == "exchange" || op.Op == "remove" && !strings.Contains(op.Path, storeTempDir) {
 			rel, _ := filepath.Rel(ts.dir, op.Path)
 			order = append(order, rel)
 		}

@@ -86,8 +86,12 @@ type logRecord struct {
 type fileChange struct {
 	Path string  `json:"path"`
 	New  *FileAt `json:"new,omitempty"`
-	Data []byte  `json:"data,omitempty"` // the new bytes, for a small file
+	Data []byte  `json:"data,omitempty"` // the new bytes, for a small file; with Patch, its replacement bytes
 	Temp string  `json:"temp,omitempty"` // a synced temp file holding the new bytes
+	// Patch: the new bytes are the old ones (Old, kept by Undo) spliced with
+	// Data, so that a large file changed by a few bytes costs the record
+	// only those bytes.
+	Patch *FilePatch `json:"patch,omitempty"`
 	Old  *FileAt `json:"old,omitempty"`
 	Undo string  `json:"undo,omitempty"` // a link to the old bytes
 }
@@ -196,10 +200,12 @@ type loadedLog struct {
 }
 
 // source is one place that may hold the bytes of a digest: inline bytes
-// of a record, or a file (a synced temp file, an undo or journal link).
+// of a record, a file (a synced temp file, an undo or journal link), or a
+// patch of other bytes with data.
 type source struct {
-	data []byte
-	path string
+	data  []byte
+	path  string
+	patch *FilePatch
 }
 
 // loadLog reads the snapshot at statePath and replays the log beside it. A
@@ -309,7 +315,7 @@ func (l *loadedLog) replay(records []logRecord) {
 // index notes the paths an apply touched and every place it names bytes in.
 func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 	add := func(at *FileAt, s source) {
-		if at != nil && (s.data != nil || s.path != "") {
+		if at != nil && (s.data != nil || s.path != "" || s.patch != nil) {
 			key := FileAt{Digest: at.Digest, Size: at.Size}
 			l.sources[key] = append(l.sources[key], s)
 		}
@@ -319,7 +325,7 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 			seen[f.Path] = true
 			l.touched = append(l.touched, f.Path)
 		}
-		add(f.New, source{data: f.Data, path: f.Temp})
+		add(f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
 		add(f.Old, source{path: f.Undo})
 	}
 	for _, list := range [][]journalEntry{r.Journal, stateOf(r).PendingUndo} {

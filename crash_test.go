@@ -238,11 +238,18 @@ func (c *agentChild) state(t testing.TB) *State {
 // child's current state, with every part, and returns the answer. It does
 // not fail the test, so it can run in a goroutine the child never answers.
 func (c *agentChild) postApply(st *State, planID string, fs fileSet, mode string, ops ...Op) (int, []byte, error) {
+	return c.postPatched(st, planID, nil, fs, mode, ops...)
+}
+
+// postPatched is postApply whose large changed files travel as patches of
+// their bytes in before.
+func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, mode string, ops ...Op) (int, []byte, error) {
 	m := &Manifest{IdentityVersion: ExactIdentityVersion, PlanID: planID, PlanSchemaVersion: PlanSchemaVersion,
 		Token:              Token{LeaderEpoch: 1, RenderSeq: st.AppliedToken.RenderSeq + 1},
 		ExpectedPrevPlanID: st.AppliedPlanID, ExpectedPrevPlanProof: st.AppliedPlanProof, ExpectedPrevToken: st.AppliedToken,
 		ExpectedWorkerOpsPlanID: st.WorkerOpsPlanID, ExpectedWorkerOpsPlanProof: st.WorkerOpsPlanProof,
 		Files: fs.manifestFiles(), Mode: mode, Ops: ops}
+	patches := patchesFor(m, before, fs)
 	var body bytes.Buffer
 	w := multipart.NewWriter(&body)
 	pw, _ := w.CreateFormField(PartManifest)
@@ -250,8 +257,12 @@ func (c *agentChild) postApply(st *State, planID string, fs fileSet, mode string
 		return 0, nil, err
 	}
 	for _, p := range fs.paths() {
+		content, ok := patches[p]
+		if !ok {
+			content = fs[p]
+		}
 		pw, _ := w.CreateFormFile(p, p)
-		io.WriteString(pw, fs[p])
+		io.WriteString(pw, content)
 	}
 	w.Close()
 	req, err := http.NewRequest("POST", "http://"+c.addr+PathApply, &body)
@@ -305,6 +316,32 @@ type crashKind struct {
 	// must put back exactly the tree it found: the warmup's answered
 	// runtime change included, at every crash point.
 	refused bool
+	// patched: every file of more than maxInlineBytes the apply changes
+	// travels as a patch of its bytes before, which the record carries
+	// instead of the file.
+	patched bool
+}
+
+// patchBase is the set a patched kind's patches apply to.
+func (k crashKind) patchBase() fileSet {
+	if k.patched {
+		return k.before
+	}
+	return nil
+}
+
+// patchesFor makes every large file fs changes from before travel as a
+// patch: it sets the manifest entry's patch and returns the replacement
+// bytes to send as its part, by path.
+func patchesFor(m *Manifest, before, fs fileSet) map[string]string {
+	parts := map[string]string{}
+	for i, f := range m.Files {
+		if old, ok := before[f.Path]; ok && old != fs[f.Path] && len(fs[f.Path]) > maxInlineBytes {
+			p, repl := patchOf(old, fs[f.Path])
+			m.Files[i].Patch, parts[f.Path] = p, repl
+		}
+	}
+	return parts
 }
 
 func crashKinds() []crashKind {
@@ -327,6 +364,14 @@ func crashKinds() []crashKind {
 	}
 	second := runtime.clone()
 	second["maps/host.map"] += "c.example.com be-c\n"
+	var big strings.Builder
+	for i := range 3000 {
+		fmt.Fprintf(&big, "host-%05d.example.com be-a\n", i)
+	}
+	bigBefore := before.clone()
+	bigBefore["maps/host.map"] = big.String()
+	bigAfter := bigBefore.clone()
+	bigAfter["maps/host.map"] = strings.Replace(big.String(), "host-01500.example.com be-a\n", "host-01500.example.com be-a\nbig.example.com be-b\n", 1)
 	return []crashKind{
 		{name: "runtime", before: before, after: runtime, mode: ModeAuto,
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
@@ -335,6 +380,8 @@ func crashKinds() []crashKind {
 			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
 		{name: "file_only", before: before, after: fileOnly, mode: ModeAuto, wantMode: ResultFileOnly},
 		{name: "reload", before: before, after: reload, mode: ModeReload, wantMode: ResultReload},
+		{name: "big_map_patch", before: bigBefore, after: bigAfter, mode: ModeAuto, patched: true,
+			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
 		{name: "refused_after_runtime", landed: before, before: runtime, after: reload, mode: ModeReload, wantMode: ResultRejected,
 			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, refused: true},
 	}
@@ -410,7 +457,7 @@ func countApplyOps(t *testing.T, k crashKind) int {
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
 	b := startAgentChild(t, cfg)
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
-	code, body, err := b.postApply(b.state(t), "plan-2", k.after, k.mode, k.ops...)
+	code, body, err := b.postPatched(b.state(t), "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the apply: %d %v %s", code, err, body)
@@ -437,7 +484,7 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
 	answered := make(chan ApplyResult, 1)
 	go func() {
-		code, body, err := b.postApply(before, "plan-2", k.after, k.mode, k.ops...)
+		code, body, err := b.postPatched(before, "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
 		var res ApplyResult
 		if err == nil && code == http.StatusOK && json.Unmarshal(body, &res) == nil {
 			answered <- res

@@ -24,6 +24,7 @@ package haptic
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
@@ -239,7 +240,11 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	m := c.manifestFrom(c.state(""), "plan-2", k.after, k.ops...)
 	m.Mode = k.mode
 	fake.With(func(fm *FakeModel) { fm.ReloadFails = k.refused })
-	res := c.apply(m, k.after)
+	code, body := c.post(applyRequest{manifest: m, files: k.after, override: patchesFor(m, k.patchBase(), k.after)})
+	var res ApplyResult
+	if code != 200 || json.Unmarshal(body, &res) != nil {
+		t.Fatalf("the apply: %d %s", code, body)
+	}
 	fake.With(func(fm *FakeModel) { fm.ReloadFails = false })
 	a.reads.wg.Wait()
 	// A compaction right after the answer: its snapshot must be durable
