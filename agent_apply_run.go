@@ -699,10 +699,12 @@ func (d *applyDeps) flushTree() {
 // failed write. The files its records could redo are made durable first,
 // and the links no record will need any more go once the snapshot is.
 func (d *applyDeps) compactIfDue() {
-	if !d.led.compactDue() {
-		return
+	d.files.mu.Lock()
+	linked := d.files.linked
+	d.files.mu.Unlock()
+	if d.led.compactDue() || linked > maxLinkedBytes {
+		d.compact()
 	}
-	d.compact()
 }
 
 func (d *applyDeps) compact() error {

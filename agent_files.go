@@ -101,7 +101,15 @@ type fileStore struct {
 	dirty     map[string]bool
 	dirtyDirs map[string]bool
 	linkSeq   uint64
+	// linked is the size of the files linked aside since the last sweep:
+	// a link keeps an old version's blocks allocated until it goes.
+	linked int64
 }
+
+// maxLinkedBytes bounds the old versions links keep allocated: past it,
+// the next apply compacts, which lets the sweep remove them. A 5 MB map
+// changed at every apply is compacted every fiftieth.
+const maxLinkedBytes = 256 << 20
 
 // newFileStore resolves the base directory, refuses one that holds a mount
 // point (a rename or a link across it would fail half-way through an
@@ -635,6 +643,9 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) err
 		if c.Undo, err = s.linkAside(abs); err != nil {
 			return err
 		}
+		s.mu.Lock()
+		s.linked += old.Size
+		s.mu.Unlock()
 	}
 	return nil
 }
@@ -966,6 +977,9 @@ func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 // at start, after recovery, and after each compaction, so that nothing it
 // removes can be needed to redo or undo an apply.
 func (s *fileStore) sweep(keep map[string]bool) error {
+	s.mu.Lock()
+	s.linked = 0
+	s.mu.Unlock()
 	var errs []error
 	for _, dir := range []string{storeTempDir, storeLinkDir} {
 		dir = filepath.Join(s.base, dir)

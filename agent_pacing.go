@@ -200,9 +200,17 @@ func (b *readBacks) stop() {
 	b.wg.Wait()
 }
 
-// check runs under the apply lock, so no apply rewrites the files it
-// compares. It gives no verdict when a later apply or an invalidation moved
-// the applied pair, or when the agent is stopping.
+// maxReadBackBytes bounds the maps a read-back lists: a larger one is
+// left unverified, so that no apply makes HAProxy dump hundreds of
+// thousands of entries, nor the agent parse them.
+const maxReadBackBytes = 1 << 20
+
+// check lists what HAProxy holds without the apply lock, so that the next
+// apply does not wait for HAProxy's answer, then takes the lock to compare
+// with the files, so that no apply rewrites them meanwhile. It gives no
+// verdict when a later apply or an invalidation moved the applied pair (an
+// apply that ran while the listing did moved it too), or when the agent is
+// stopping.
 func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d := b.deps
 	b.mu.Lock()
@@ -211,14 +219,18 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	if stopping {
 		return
 	}
+	ctx := b.base()
+	_, tree := d.led.view()
+	running, err := listTouched(ctx, d.rt, c, tree)
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
-	if d.led.state().Applied != ref {
+	if d.led.state().Applied != ref || ctx.Err() != nil {
 		return
 	}
-	ctx := b.base()
-	err := divergence(ctx, d.rt, d.files, c)
-	if err == nil || ctx.Err() != nil {
+	if err == nil {
+		err = divergence(d.files, running)
+	}
+	if err == nil {
 		return
 	}
 	d.metrics.mapDivergence.inc()
@@ -236,36 +248,44 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) { s.Running, s.WorkerOps, s.LKG = ref, ref, ref })
 }
 
-// divergence compares what the worker holds with what the batch touched:
-// every touched backend must still answer, and every touched map's keys
-// must be exactly the map file's. A map too big to list is unverified, not
+// listTouched reads what the worker holds of what the batch touched: every
+// touched backend must still answer, and each touched map no larger than
+// maxReadBackBytes is listed. A map too big to list is unverified, not
 // diverged.
-func divergence(ctx context.Context, rt *haproxyRuntime, files *fileStore, c *compiledOps) error {
+func listTouched(ctx context.Context, rt *haproxyRuntime, c *compiledOps, tree map[string]FileAt) (map[string]map[string][]string, error) {
 	for _, be := range c.backendsTouched {
 		if c.deleting[be] {
 			continue
 		}
 		if _, err := rt.serverNames(ctx, be); err != nil {
-			return fmt.Errorf("backend %s: %w", be, err)
+			return nil, fmt.Errorf("backend %s: %w", be, err)
 		}
 	}
+	out := map[string]map[string][]string{}
 	for _, path := range c.maps {
-		running, err := rt.mapEntries(ctx, path)
-		if errors.Is(err, errTooManyEntries) {
+		if tree[path].Size > maxReadBackBytes {
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("map %s: %w", path, err)
+		entries, err := rt.mapEntries(ctx, path)
+		switch {
+		case errors.Is(err, errTooManyEntries):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("map %s: %w", path, err)
 		}
+		out[path] = entries
+	}
+	return out, nil
+}
+
+// divergence compares each listed map's keys with its file on disk.
+func divergence(files *fileStore, running map[string]map[string][]string) error {
+	for path, entries := range running {
 		content, err := files.readHeld(path)
 		if err != nil {
 			return fmt.Errorf("map %s: %w", path, err)
 		}
-		desired := ParseMapEntries(string(content))
-		if len(desired) > MaxMapEntries {
-			continue
-		}
-		if !sameMapKeys(running, desired) {
+		if !sameMapKeys(entries, ParseMapEntries(string(content))) {
 			return fmt.Errorf("map %s: the running entries differ from the file", path)
 		}
 	}

@@ -717,18 +717,18 @@ func TestADivergenceReloadPersistsTheClearedJournal(t *testing.T) {
 	}
 }
 
-func TestReadBackSerializesRuntimeAndFileSnapshots(t *testing.T) {
+// TestReadBackDoesNotHoldUpTheNextApply: the read-back asks HAProxy for
+// the map without the apply lock, so an apply sent while HAProxy answers
+// slowly lands at once; and since that apply moved the applied pair, the
+// read-back gives no verdict on a listing it overtook.
+func TestReadBackDoesNotHoldUpTheNextApply(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
-	var checked, held atomic.Bool
+	listing, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	e.fake.With(func(m *FakeModel) {
 		m.Reject = func(cmd string) (string, bool) {
 			if cmd == "show map maps/host.map" {
-				checked.Store(true)
-				if e.a.deps.applyMu.TryLock() {
-					e.a.deps.applyMu.Unlock()
-				} else {
-					held.Store(true)
-				}
+				once.Do(func() { close(listing); <-release })
 			}
 			return "", false
 		}
@@ -736,13 +736,49 @@ func TestReadBackSerializesRuntimeAndFileSnapshots(t *testing.T) {
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "r.example be-r\n"
 	e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "r.example", Value: "be-r"})
-	waitFor(t, "the read-back", checked.Load)
-	if !held.Load() {
-		t.Error("the read-back read the map without the apply lock")
+	<-listing
+	fs3 := fs2.clone()
+	fs3["maps/host.map"] += "s.example be-s\n"
+	done := make(chan ApplyResult, 1)
+	go func() { done <- e.land(t, "plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"}) }()
+	select {
+	case res := <-done:
+		if res.Mode != ResultRuntime {
+			t.Errorf("%+v", res)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the apply waited for the read-back's listing")
 	}
+	close(release)
 	e.a.reads.wg.Wait()
 	if metricValue(e.a, "map_divergence_total") != 0 {
-		t.Error("a divergence was found")
+		t.Error("a divergence was found on an overtaken listing")
+	}
+}
+
+// TestSameMapKeys: the read-back compares key sets both ways and entry
+// counts; a key the worker holds that the file lacks is a divergence.
+func TestSameMapKeys(t *testing.T) {
+	file := ParseMapEntries("a x\na y\nb z\n")
+	for _, tc := range []struct {
+		name    string
+		running map[string][]string
+		want    bool
+	}{
+		{"the same entries", map[string][]string{"a": {"x", "y"}, "b": {"z"}}, true},
+		{"a key missing", map[string][]string{"a": {"x", "y", "z"}}, false},
+		{"an extra key with the same count", map[string][]string{"a": {"x", "y"}, "c": {"z"}}, false},
+		{"an extra key", map[string][]string{"a": {"x", "y"}, "b": {"z"}, "c": {"w"}}, false},
+		{"a duplicate lost", map[string][]string{"a": {"x"}, "b": {"z"}}, false},
+	} {
+		if got := sameMapKeys(tc.running, file); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// Every key of the file is there and the counts match, yet the worker
+	// holds a key the file does not.
+	if sameMapKeys(map[string][]string{"a": {"x"}, "b": {"y"}}, ParseMapEntries("a x\na y\n")) {
+		t.Error("an extra key behind a duplicate went unseen")
 	}
 }
 
