@@ -1068,7 +1068,9 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 // Readiness.
 
 // probe is the readiness check: the worker answers with an identity, the
-// master lists at least one current worker, and the inventory reads.
+// master lists that worker, and the inventory reads. The worker may be
+// listed as old: after a failed reload HAProxy 3.4 lists the worker that
+// keeps serving under "# old workers", and "# workers" is empty.
 func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, error) {
 	info, err := r.info(ctx)
 	if err != nil {
@@ -1078,8 +1080,8 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	if err != nil {
 		return HAProxyInfo{}, Inventory{}, err
 	}
-	if len(procs.Workers) == 0 {
-		return HAProxyInfo{}, Inventory{}, errors.New("show proc: no current worker")
+	if !slices.ContainsFunc(slices.Concat(procs.Workers, procs.OldWorkers), func(w procRow) bool { return w.PID == info.WorkerPID }) {
+		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
 	inv, err := r.inventory(ctx, 1)
 	if err != nil {

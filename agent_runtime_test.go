@@ -1397,9 +1397,16 @@ func testReloadReportsFailureWithHAProxysWords(t *testing.T, tg *target) {
 		t.Fatal(err)
 	}
 	restore := breakConfig(t, tg)
+	// 3.0's master logs its own verdict ("Loading failure!"); 3.4's relays
+	// the new worker's startup log. Both carry the parser's words.
 	log, err := r.reload(t.Context())
-	if !errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) || !strings.Contains(log, "Loading failure!") {
+	if !errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) || !strings.Contains(log, "Fatal errors found in configuration.") {
 		t.Fatalf("failed reload: %v\n%s", err, log)
+	}
+	// The worker that keeps serving keeps the agent ready, although 3.4
+	// then lists it as an old worker.
+	if got, _, err := r.probe(t.Context()); err != nil || !got.SameWorker(before) {
+		t.Fatalf("probe after the failed reload: %+v, %v", got, err)
 	}
 	restore()
 	log, err = r.reload(t.Context())
