@@ -52,9 +52,14 @@ const (
 )
 
 // The compiler's refusals; the agent tells them apart with errors.Is.
+// errVersionLimit marks a well-formed op the worker's HAProxy version
+// cannot take at runtime (a payload with an empty line where the empty
+// line is the only terminator, before 3.0): a limit of that version, which
+// a reload carries, not a fault of whoever composed the op.
 var (
-	errUnsafeToken = errors.New("unsafe runtime token")
-	errUnknownOp   = errors.New("unknown op kind")
+	errUnsafeToken  = errors.New("unsafe runtime token")
+	errUnknownOp    = errors.New("unknown op kind")
+	errVersionLimit = errors.New("beyond what this HAProxy version takes at runtime")
 )
 
 // ---------------------------------------------------------------------------
@@ -533,7 +538,12 @@ func checkCommand(c command, term string) error {
 	// line goes by reload on an HAProxy without custom terminators.
 	body := strings.TrimSuffix(c.Payload, "\n")
 	for line := range strings.SplitSeq(body, "\n") {
-		if strings.TrimSuffix(line, "\r") == term {
+		switch {
+		case strings.TrimSuffix(line, "\r") != term:
+		case term == "":
+			return &runtimeError{msg: "unsafe runtime token: payload contains the terminator line (an empty line, the only terminator before HAProxy 3.0)",
+				kind: []error{errUnsafeToken, errVersionLimit}}
+		default:
 			return fmt.Errorf("%w: payload contains the terminator line", errUnsafeToken)
 		}
 	}
