@@ -12,10 +12,8 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -59,8 +57,6 @@ func TestBasicApplyRealHAProxy(t *testing.T) {
 		runInPodNamespace(t)
 		return
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
 	if err := os.WriteFile(filepath.Join(podDir, haptic.ConfigFilePath), []byte(podBootConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +71,7 @@ func TestBasicApplyRealHAProxy(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { h.Wait(); close(exited) }()
-	defer func() {
+	t.Cleanup(func() { // after the agent's, which stops first
 		h.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -86,76 +82,11 @@ func TestBasicApplyRealHAProxy(t *testing.T) {
 		if t.Failed() {
 			t.Logf("HAProxy output:\n%s", output.String())
 		}
-	}()
-
-	agent, err := haptic.NewAgent(haptic.AgentConfig{
-		BaseDir:      podDir,
-		MasterSocket: filepath.Join(podDir, "haproxy-master.sock"),
-		WorkerSocket: filepath.Join(podDir, "haproxy-worker.sock"),
-		Listen:       "127.0.0.1:0",
-		Username:     "admin",
-		Password:     "admin",
-		Logger:       slog.New(slog.DiscardHandler),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentCtx, stopAgent := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- agent.Run(agentCtx) }()
-	defer func() {
-		stopAgent()
-		if err := <-stopped; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	for deadline := time.Now().Add(20 * time.Second); !agent.Ready(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent did not become ready beside HAProxy")
-		}
-	}
 
-	// What `go run ./cmd/basic-apply` runs, with the agent's address.
-	var out bytes.Buffer
-	getenv := func(name string) string {
-		if name == "HAPTIC_AGENT_URL" {
-			return "http://" + agent.Addr()
-		}
-		return ""
-	}
-	if err := run(ctx, &out, getenv); err != nil {
-		t.Fatalf("run: %v\n%s", err, out.String())
-	}
-	info := workerAnswer(t, "show info")
-	version := strings.TrimPrefix(lineWith(info, "Version: "), "Version: ")
-	want := []string{
-		`Agent dev drives HAProxy ` + version + `, applied plan ""`,
-		``,
-		`Applying plan ` + firstPlanID + `: reload (0 runtime op(s))`,
-		`  reason: no baseline`,
-		`  mode: reload, applied plan: ` + firstPlanID,
-		`  HAProxy reloaded in <took_ms> ms, worker pid ` + strings.TrimPrefix(lineWith(info, "Pid: "), "Pid: "),
-		``,
-		`Applying plan ` + secondPlanID + `: runtime (1 runtime op(s))`,
-		`  mode: runtime, applied plan: ` + secondPlanID,
-		`  op map_add: ok=true`,
-		`  no reload: the change reached the running worker`,
-		``,
-		`Example completed successfully!`,
-	}
-	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
-	if len(lines) != len(want) {
-		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())
-	}
-	for i, w := range want {
-		if before, after, ok := strings.Cut(w, "<took_ms>"); ok {
-			if !strings.HasPrefix(lines[i], before) || !strings.HasSuffix(lines[i], after) {
-				t.Errorf("line %d %q, want %q", i+1, lines[i], w)
-			}
-		} else if lines[i] != w {
-			t.Errorf("line %d %q, want %q", i+1, lines[i], w)
-		}
-	}
+	agent := startExampleAgent(t, haptic.AgentConfig{BaseDir: podDir,
+		MasterSocket: filepath.Join(podDir, "haproxy-master.sock"), WorkerSocket: filepath.Join(podDir, "haproxy-worker.sock")})
+	checkExampleOutput(t, runExample(t, agent), strings.TrimPrefix(lineWith(workerAnswer(t, "show info"), "Version: "), "Version: "))
 	// The second render's entry reached the worker that loaded the first.
 	if m := workerAnswer(t, "show map maps/host.map"); !strings.Contains(m, " blog.example.com web-servers\n") {
 		t.Errorf("the worker's map:\n%s", m)
