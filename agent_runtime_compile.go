@@ -24,16 +24,13 @@ import (
 	"time"
 )
 
-// Line constants. HAProxy's limit is tune.bufsize less one byte, 16383
-// bytes: 2.6 silently drops a longer command, 3.0 refuses it, and 3.4
-// refuses a whole line over it (3.4 reads a line before running any of
-// it; 3.0 and 2.6 take a line of small commands of any length). Every
-// line stays within MaxCommandLineBytes (12288) with lineReserve of it
-// kept for the prefix, a 4 KiB margin below the strictest of them. The
-// prefix has HAProxy tag every response with its severity level,
-// which judging reads, and turns on experimental mode, which add, publish
-// and del backend need; both last only for the connection, so every line
-// carries them.
+// Line constants. HAProxy refuses (3.0) or silently drops (2.6) a command
+// over 16383 bytes, and 3.4 refuses a whole line over it, so every line
+// stays within MaxCommandLineBytes (12288) with lineReserve of it kept for
+// the prefix: a 4 KiB margin below the limit. The prefix has HAProxy tag
+// every response with its severity level, which judging reads, and turns
+// on experimental mode, which the line format carries for the backend
+// verbs (3.4.0 runs them without); both last only for the connection.
 const (
 	lineReserve        = 64                                                 // bytes kept free in every line for the prefix
 	lineBudget         = MaxCommandLineBytes - lineReserve                  // 12224
@@ -43,19 +40,15 @@ const (
 	expectDone         = "Done"                                             // success text of wait
 
 	// maxFramedPayloadCommand bounds one payload command with its framing,
-	// which travels alone behind the prefix. 2.6 and 3.0 count the payload
-	// against the 16383-byte command limit; 3.4 lets it grow to 128 KiB.
-	// Near the limit real binaries misbehave rather than refuse: 2.6.12
-	// hangs on a payload command of exactly 16384 bytes, and 3.4.0 leaves
-	// a payload line of 16384 to 16390 bytes unanswered, so stay far below.
+	// alone behind the prefix: 2.6 and 3.0 count it against their 16383
+	// bytes, and near them 2.6.12 hangs (16384) and 3.4.0 leaves a payload
+	// line unanswered (16384 to 16390), so stay far below.
 	maxFramedPayloadCommand = MaxCommandLineBytes + 1024
 )
 
 // The compiler's refusals; the agent tells them apart with errors.Is.
-// errVersionLimit marks a well-formed op the worker's HAProxy version
-// cannot take at runtime (a payload with an empty line where the empty
-// line is the only terminator, before 3.0): a limit of that version, which
-// a reload carries, not a fault of whoever composed the op.
+// errVersionLimit marks what the worker's version cannot take at runtime
+// (before 3.0, a payload with an empty line): a reload carries it.
 var (
 	errUnsafeToken  = errors.New("unsafe runtime token")
 	errUnknownOp    = errors.New("unknown op kind")
