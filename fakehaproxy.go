@@ -10,8 +10,8 @@
 // is the oracle of every runtime, agent and fault test, and `haptic demo`
 // runs on it, so it is exported and built to ship, like net/http/httptest.
 // Real HAProxy is its authority: every text and every framing rule was
-// read off HAProxy 3.0 and 2.6, and TestFakeMatchesRealHAProxy holds the
-// fake to them.
+// read off HAProxy 3.0.11, 3.4.0 and 2.6.12, and TestFakeMatchesRealHAProxy
+// holds the fake to each.
 //
 // No file of the fake may import testing, read a configuration file, dial
 // anything, or sleep in place of HAProxy (a `wait` answers at once). It
