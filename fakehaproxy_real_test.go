@@ -620,7 +620,14 @@ func TestFakeMatchesRealHAProxy(t *testing.T) {
 	}
 	f.With(func(m *FakeModel) { m.ReloadFails = true })
 	master("reload;quit\n")
+	// A 2.6 master re-executes even for a failed reload, and the fake's 2.6
+	// reload takes effect after ReloadDelay: wait for both.
 	h.waitReady(t)
+	waitFor(t, "the fake's failed reload", func() bool {
+		failed := 0
+		f.With(func(m *FakeModel) { failed = m.FailedReloads })
+		return failed > 0
+	})
 	master("show proc;quit\n") // 3.4 lists the worker that keeps serving as old
 	if err := os.WriteFile(cfg, good, 0o600); err != nil {
 		t.Fatal(err)
