@@ -683,9 +683,9 @@ func (f *FakeHAProxy) takePayload(r *bufio.Reader, s *fakeSession, cmd *string, 
 // payloadIntroducer looks at the last word of a line's last command.
 // "<<" alone introduces a payload ended by an empty line; on 3.x, "<<" and
 // 1 to 7 more characters (64 on 3.4) introduce one ended by that exact
-// line. A longer pattern is an ordinary word (tooLong). On 2.6 only a command ending in
-// "<<" takes a payload, so there a custom terminator's payload lines run
-// as commands, as they do on a real 2.6.
+// line. A longer pattern is an ordinary word (tooLong). On 2.6 only a
+// command ending in "<<" takes a payload, so there a custom terminator's
+// payload lines run as commands, as they do on a real 2.6.
 func (f *FakeHAProxy) payloadIntroducer(text string) (cmd, term string, isPayload, tooLong bool) {
 	if f.dialect == fakeDialect26 {
 		if strings.HasSuffix(text, "<<") {

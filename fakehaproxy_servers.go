@@ -425,7 +425,7 @@ func (f *FakeHAProxy) serverNotRemovable(ref string, s *FakeServer) (why string,
 	return "", false
 }
 
-// backendNotRemovable is 3.4's reason a backend cannot be deleted, in the
+// fakeBackendNotRemovable is 3.4's reason a backend cannot be deleted, in the
 // order HAProxy checks, "" when it can. The fake models no streams
 // attached to a backend, so none of its reasons clears while a wait runs.
 func fakeBackendNotRemovable(be *FakeBackend) string {
@@ -532,18 +532,16 @@ func fakeValidDuration(d string) bool {
 
 // addBackend is "add backend <name> from <defaults> [mode <m>] [guid <g>]",
 // refused in HAProxy's order: the name, the usage, the mode, then a name
-// or GUID another proxy holds. The fake knows no defaults sections, so any
-// profile name is accepted; a name a frontend holds collides, as it does
-// in HAProxy, although a configuration may give a frontend and a backend
-// the same name.
+// (a backend's or a frontend's) or a GUID another proxy holds. The fake
+// knows no defaults sections, so any profile name is accepted, and of the
+// modes only http and tcp.
 func (f *FakeHAProxy) addBackend(args []string, _ *string) fakeOut {
-	const usage = "Usage: add backend <name> from <defproxy>."
 	m := &f.model
 	switch {
 	case len(args) == 0:
 		return fakeErr("Require backend name.")
 	case len(args) < 3 || args[1] != "from":
-		return fakeErr(usage)
+		return fakeErr("Usage: add backend <name> from <defproxy>.")
 	}
 	name, be := args[0], &FakeBackend{Profile: args[2], Mode: "http"}
 	seen := map[string]bool{}

@@ -193,23 +193,24 @@ func TestFakeDialects(t *testing.T) {
 		keylessUnused  string // commit of a certificate without its key, used by nothing
 		keylessUsed    string // the same for a certificate a crt-list uses
 		afterFailure   string // the section show proc lists the worker under after a failed reload
+		failureLog     string // in the log of a failed reload (2.6 prints none)
 	}{
 		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false,
 			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
 			"[3]: Failed. Only servers in maintenance mode can be deleted.", "[6]: Backend unpublished.",
 			"Committing u.pem\nSuccess!", "Committing c.pem\nunable to load SSL private key into SSL Context 'c.pem': passed a null parameter.\nFailed!",
-			"old workers"},
+			"old workers", "Failed to load worker (1002) exited with code 1 (Exit)"},
 		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true,
 			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
-			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers"},
+			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers", "Loading failure!"},
 		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true,
 			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
-			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers"},
+			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers", "Loading failure!"},
 		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true,
 			"[4]: no need to change the addr, no need to change the port by 'stats socket command'",
 			"\n[3]: Only servers in maintenance mode can be deleted.\n",
 			"[6]: Unknown command. Please enter one of the following commands only:",
-			unknown26, unknown26, keyless30("u.pem"), keyless30("c.pem"), "workers"},
+			unknown26, unknown26, keyless30("u.pem"), keyless30("c.pem"), "workers", ""},
 	}
 	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
 	for _, row := range rows {
@@ -302,7 +303,9 @@ func TestFakeDialects(t *testing.T) {
 				t.Errorf("reload reply %q, want first line %q", reply, row.reloadReply)
 			}
 			f.With(func(m *FakeModel) { m.ReloadFails, m.ReloadDelay = true, time.Millisecond })
-			socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
+			if reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second); !strings.Contains(reply, row.failureLog) {
+				t.Errorf("failed reload %q, want %q in its log", reply, row.failureLog)
+			}
 			waitFor(t, "the failed reload", func() bool {
 				failed := 0
 				f.With(func(m *FakeModel) { failed = m.FailedReloads })
