@@ -753,6 +753,11 @@ func TestPayloadFramingFollowsTheWorkerVersion(t *testing.T) {
 // Line building (unit).
 
 func TestLineBuilderKeepsEveryLineWithinTheBudget(t *testing.T) {
+	// The reserve holds the longest head a line gets: the prefix, and on
+	// the apply path the read of the worker's identity.
+	if head := len(linePrefix + identityCommand + ";"); head > lineReserve {
+		t.Fatalf("a line's head is %d bytes, over the %d-byte reserve", head, lineReserve)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 50 {
 		var b lineBuilder
