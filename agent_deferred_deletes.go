@@ -390,7 +390,9 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 }
 
 // deleteBackend: a backend's deletion counts only when confirmed by its
-// absence, because the reply to "del backend" alone is not trusted.
+// absence, because the reply to "del backend" alone is not trusted: 3.4.0
+// prints in it the messages earlier commands left on the worker thread (a
+// del server's "Server deleted."), so only its severity is read.
 func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
 	be := it.backend
 	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)

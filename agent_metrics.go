@@ -60,8 +60,13 @@ type metricFamily interface {
 }
 
 // newAgentMetrics builds the families with every series of a closed label
-// set already present at 0, so a dashboard sees a flat line rather than
-// missing data before the first event.
+// set already present at 0, as Prometheus advises: a dashboard sees a flat
+// line rather than missing data, and rate() and increase() see the first
+// event, which a series born at 1 hides. The cost is that a series'
+// presence says nothing: a client or test that waits for an event (a
+// deferred delete with outcome="deferred") must wait for its value to rise,
+// not for its series to appear, as it may with an agent that serves a
+// series only once it happened.
 func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",

@@ -256,22 +256,22 @@ func trimReply(s string) string {
 	return strings.TrimRightFunc(s, unicode.IsSpace)
 }
 
-// lastResponse takes a read's own response, the last of a reply that must
-// be complete: k responses, no partial tail. A short reply is an error,
-// never a short listing.
-func lastResponse(raw []byte, k int) (string, error) {
-	n, start := 0, 0
-	for pos := 0; pos < len(raw); n++ {
+// responses cuts a reply that must be complete, exactly k responses and no
+// partial tail, into its responses. A short reply is an error, never a
+// short listing.
+func responses(raw []byte, k int) ([]string, error) {
+	var out []string
+	for pos := 0; pos < len(raw); {
 		end, complete := nextResponse(raw, pos)
 		if !complete {
-			return "", incompleteReply(n, k)
+			return nil, incompleteReply(len(out), k)
 		}
-		start, pos = pos, end
+		out, pos = append(out, string(raw[pos:end])), end
 	}
-	if n != k {
-		return "", incompleteReply(n, k)
+	if len(out) != k {
+		return nil, incompleteReply(len(out), k)
 	}
-	return trimReply(string(raw[start:])), nil
+	return out, nil
 }
 
 func incompleteReply(n, k int) error {
@@ -725,20 +725,11 @@ func (e *execution) abort(p program) {
 // response whose first line carries a severity tag [0]: to [3]: is a
 // refusal (errRejected with HAProxy's words).
 func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, error) {
-	raw, err := r.exchange(ctx, prefix+cmd+"\n", 0)
+	texts, errs, err := r.readAll(ctx, prefix, []string{cmd})
 	if err != nil {
 		return "", err
 	}
-	// The reply holds one response per prefix command, then the read's own.
-	text, err := lastResponse(raw, strings.Count(prefix, ";")+1)
-	if err != nil {
-		return "", err
-	}
-	if level, _ := severityTag(text); level >= 0 && level <= 3 {
-		first, _, _ := strings.Cut(text, "\n")
-		return "", fmt.Errorf("%w: %s", errRejected, first)
-	}
-	return text, nil
+	return texts[0], errs[0]
 }
 
 // readAll sends several read commands on one line after prefix and returns
@@ -751,24 +742,16 @@ func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []stri
 	if err != nil {
 		return nil, nil, err
 	}
+	// One response per prefix command, then the reads' own.
 	skip := strings.Count(prefix, ";")
-	want := skip + len(cmds)
-	var responses []string
-	for pos := 0; pos < len(raw) && len(responses) < want; {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			break
-		}
-		responses = append(responses, string(raw[pos:end]))
-		pos = end
-	}
-	if len(responses) != want {
-		return nil, nil, incompleteReply(len(responses), want)
+	resp, err := responses(raw, skip+len(cmds))
+	if err != nil {
+		return nil, nil, err
 	}
 	texts := make([]string, len(cmds))
 	errs := make([]error, len(cmds))
 	for i := range cmds {
-		texts[i] = trimReply(responses[skip+i])
+		texts[i] = trimReply(resp[skip+i])
 		if level, _ := severityTag(texts[i]); level >= 0 && level <= 3 {
 			first, _, _ := strings.Cut(texts[i], "\n")
 			texts[i], errs[i] = "", fmt.Errorf("%w: %s", errRejected, first)
@@ -1068,7 +1051,9 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 // Readiness.
 
 // probe is the readiness check: the worker answers with an identity, the
-// master lists at least one current worker, and the inventory reads.
+// master lists that worker, and the inventory reads. The worker may be
+// listed as old: after a failed reload HAProxy 3.4 lists the worker that
+// keeps serving under "# old workers", and "# workers" is empty.
 func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, error) {
 	info, err := r.info(ctx)
 	if err != nil {
@@ -1078,8 +1063,8 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	if err != nil {
 		return HAProxyInfo{}, Inventory{}, err
 	}
-	if len(procs.Workers) == 0 {
-		return HAProxyInfo{}, Inventory{}, errors.New("show proc: no current worker")
+	if !slices.ContainsFunc(slices.Concat(procs.Workers, procs.OldWorkers), func(w procRow) bool { return w.PID == info.WorkerPID }) {
+		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
 	inv, err := r.inventory(ctx, 1)
 	if err != nil {

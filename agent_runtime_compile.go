@@ -25,12 +25,12 @@ import (
 )
 
 // Line constants. HAProxy refuses (3.0) or silently drops (2.6) a command
-// over 16383 bytes, so every line stays within MaxCommandLineBytes (12288)
-// with lineReserve of it kept for the prefix: a 4 KiB margin below the
-// limit. The prefix has HAProxy tag every response with its severity level,
-// which judging reads, and turns on experimental mode, which add, publish
-// and del backend need; both last only for the connection, so every line
-// carries them.
+// over 16383 bytes, and 3.4 refuses a whole line over it, so every line
+// stays within MaxCommandLineBytes (12288) with lineReserve of it kept for
+// the prefix: a 4 KiB margin below the limit. The prefix has HAProxy tag
+// every response with its severity level, which judging reads, and turns
+// on experimental mode, which the line format carries for the backend
+// verbs (3.4.0 runs them without); both last only for the connection.
 const (
 	lineReserve        = 64                                                 // bytes kept free in every line for the prefix
 	lineBudget         = MaxCommandLineBytes - lineReserve                  // 12224
@@ -39,16 +39,20 @@ const (
 	versionPlaceholder = "\x01ver\x01"                                      // a captured map version in command text
 	expectDone         = "Done"                                             // success text of wait
 
-	// maxFramedPayloadCommand bounds one payload command with its framing:
-	// HAProxy refuses (3.0) or silently drops (2.6) a command over 16383
-	// bytes, and 2.6.12 hangs on exactly 16384, so stay far below both.
+	// maxFramedPayloadCommand bounds one payload command with its framing,
+	// alone behind the prefix: 2.6 and 3.0 count it against their 16383
+	// bytes, and near them 2.6.12 hangs (16384) and 3.4.0 leaves a payload
+	// line unanswered (16384 to 16390), so stay far below.
 	maxFramedPayloadCommand = MaxCommandLineBytes + 1024
 )
 
 // The compiler's refusals; the agent tells them apart with errors.Is.
+// errVersionLimit marks what the worker's version cannot take at runtime
+// (before 3.0, a payload with an empty line): a reload carries it.
 var (
-	errUnsafeToken = errors.New("unsafe runtime token")
-	errUnknownOp   = errors.New("unknown op kind")
+	errUnsafeToken  = errors.New("unsafe runtime token")
+	errUnknownOp    = errors.New("unknown op kind")
+	errVersionLimit = errors.New("beyond what this HAProxy version takes at runtime")
 )
 
 // ---------------------------------------------------------------------------
@@ -527,7 +531,12 @@ func checkCommand(c command, term string) error {
 	// line goes by reload on an HAProxy without custom terminators.
 	body := strings.TrimSuffix(c.Payload, "\n")
 	for line := range strings.SplitSeq(body, "\n") {
-		if strings.TrimSuffix(line, "\r") == term {
+		switch {
+		case strings.TrimSuffix(line, "\r") != term:
+		case term == "":
+			return &runtimeError{msg: "unsafe runtime token: payload contains the terminator line (an empty line, the only terminator before HAProxy 3.0)",
+				kind: []error{errUnsafeToken, errVersionLimit}}
+		default:
 			return fmt.Errorf("%w: payload contains the terminator line", errUnsafeToken)
 		}
 	}

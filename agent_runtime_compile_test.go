@@ -400,9 +400,9 @@ var compileOpCases = func() []compileOpCase {
 		{group: "worker version", name: "3.0 takes a PEM with a blank line", version: "3.0.11",
 			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, files: map[string]string{"certs/b.pem": blankPEM},
 			lines: certLines(blankPEM), abort: certAbort},
-		{group: "worker version", name: "2.6 refuses a PEM with a blank line", version: "2.6.12",
+		{group: "worker version", name: "2.6 refuses a PEM with a blank line, as a limit of its version", version: "2.6.12",
 			op: Op{Kind: OpCertSet, Path: "certs/b.pem"}, files: map[string]string{"certs/b.pem": blankPEM},
-			err: errUnsafeToken, errText: unsafe + "payload contains the terminator line"},
+			err: errVersionLimit, errText: unsafe + "payload contains the terminator line (an empty line, the only terminator before HAProxy 3.0)"},
 
 		// map_replace sends the parsed entries, never the file.
 		{group: "entries not the file", name: "comments and blank lines dropped, tabs and empty values rewritten",
@@ -730,7 +730,7 @@ func TestPayloadFramingFollowsTheWorkerVersion(t *testing.T) {
 		}
 		blank := "-----BEGIN CERTIFICATE-----\nMIIB\n\n-----END CERTIFICATE-----\n"
 		_, err = compileOp(&Op{Kind: OpCertSet, Path: "c.pem"}, contentOf(map[string]string{"c.pem": blank}), term)
-		if (err != nil) != (term == "") || err != nil && !errors.Is(err, errUnsafeToken) {
+		if (err != nil) != (term == "") || err != nil && (!errors.Is(err, errUnsafeToken) || !errors.Is(err, errVersionLimit)) {
 			t.Errorf("%q: PEM with a blank line: err = %v", tt.version, err)
 		}
 	}
@@ -753,6 +753,11 @@ func TestPayloadFramingFollowsTheWorkerVersion(t *testing.T) {
 // Line building (unit).
 
 func TestLineBuilderKeepsEveryLineWithinTheBudget(t *testing.T) {
+	// The reserve holds the longest head a line gets: the prefix, and on
+	// the apply path the read of the worker's identity.
+	if head := len(linePrefix + identityCommand + ";"); head > lineReserve {
+		t.Fatalf("a line's head is %d bytes, over the %d-byte reserve", head, lineReserve)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 50 {
 		var b lineBuilder

@@ -1263,14 +1263,21 @@ func testAgentLimitsStayUnderHAProxyLimits(t *testing.T, tg *target) {
 		t.Errorf("long-path map has %d entries, want %d", len(got), len(want))
 	}
 
-	// A line filled to the budget: map_set on every key.
+	// A line filled to the budget, as an apply sends it (behind the read of
+	// the worker's identity, the longest form): map_set on every key.
 	var sets []Op
 	for i := range want {
 		sets = append(sets, Op{Kind: OpMapSet, Path: longPath, Key: want[i].Key, Value: fmt.Sprintf("set-%05d", i)})
 		want[i].Value = fmt.Sprintf("set-%05d", i)
 	}
+	info, err := r.info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
 	before := len(rec.lines())
-	mustExecute(t, r, sets, nil)
+	if results, _, err := r.executeAs(t.Context(), compileAll(t, r, sets, nil), &info); err != nil {
+		t.Fatalf("execute: %v (results %+v)", err, results)
+	}
 	longest := 0
 	for _, line := range rec.lines()[before:] {
 		longest = max(longest, len(line))
@@ -1397,9 +1404,16 @@ func testReloadReportsFailureWithHAProxysWords(t *testing.T, tg *target) {
 		t.Fatal(err)
 	}
 	restore := breakConfig(t, tg)
+	// 3.0's master logs its own verdict ("Loading failure!"); 3.4's relays
+	// the new worker's startup log. Both carry the parser's words.
 	log, err := r.reload(t.Context())
-	if !errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) || !strings.Contains(log, "Loading failure!") {
+	if !errors.Is(err, errReloadRejected) || errors.Is(err, errReloadTimeout) || !strings.Contains(log, "Fatal errors found in configuration.") {
 		t.Fatalf("failed reload: %v\n%s", err, log)
+	}
+	// The worker that keeps serving keeps the agent ready, although 3.4
+	// then lists it as an old worker.
+	if got, _, err := r.probe(t.Context()); err != nil || !got.SameWorker(before) {
+		t.Fatalf("probe after the failed reload: %+v, %v", got, err)
 	}
 	restore()
 	log, err = r.reload(t.Context())

@@ -10,8 +10,8 @@
 // is the oracle of every runtime, agent and fault test, and `haptic demo`
 // runs on it, so it is exported and built to ship, like net/http/httptest.
 // Real HAProxy is its authority: every text and every framing rule was
-// read off HAProxy 3.0 and 2.6, and TestFakeMatchesRealHAProxy holds the
-// fake to them.
+// read off HAProxy 3.0.11, 3.4.0 and 2.6.12, and TestFakeMatchesRealHAProxy
+// holds the fake to each.
 //
 // No file of the fake may import testing, read a configuration file, dial
 // anything, or sleep in place of HAProxy (a `wait` answers at once). It
@@ -86,6 +86,7 @@ type FakeModel struct {
 	CutReply func(line string) (keep int, cut bool)
 
 	mapVersions  map[string]*fakeMapVersions
+	loadFailed   bool // 3.4: the last reload failed, so show proc lists the worker as old
 	certTx       *fakeTransaction
 	caTx         *fakeTransaction
 	crtListLines map[string][]int // line number of each CRTLists entry
@@ -96,7 +97,11 @@ type FakeModel struct {
 type FakeBackend struct {
 	Profile, Mode, GUID string
 	Published           bool
-	Servers             []*FakeServer
+	// Referenced marks a backend the configuration points at (a
+	// default_backend, a use_backend rule): HAProxy 3.4 never deletes one
+	// at runtime.
+	Referenced bool
+	Servers    []*FakeServer
 }
 
 // FakeServer is one server of a fake backend.
@@ -147,11 +152,15 @@ const (
 
 const (
 	fakeDefaultVersion = "3.4.3-1deb11u1"
-	// fakeCommandLimit is HAProxy's per-command limit: tune.bufsize (16384)
-	// less the byte kept for the terminating NUL. It counts a command from
-	// its first byte through the ';' or '\n' that ends it, and a payload
-	// command through its terminator line.
+	// fakeCommandLimit is tune.bufsize (16384) less the byte kept for the
+	// terminating NUL. Before 3.4 it bounds each command, from its first
+	// byte through the ';' or '\n' that ends it (a payload command through
+	// its terminator line); 3.4 gathers a whole line in one buffer before
+	// running any of it, so there it bounds the line without its payload.
 	fakeCommandLimit = 16383
+	// fakeMaxPayload is 3.4's tune.cli.max-payload-size: a payload grows
+	// out of the line's buffer up to it.
+	fakeMaxPayload = 128 << 10
 	// fakeMaxLineBytes bounds one worker or master line; a longer line
 	// closes the connection rather than growing memory without end.
 	fakeMaxLineBytes = 1 << 20
@@ -160,17 +169,23 @@ const (
 	fakeMaxLinesPerConnection = 1 << 20
 	// fakeMaxArgs is HAProxy's MAX_CLI_ARGS: words after it are ignored.
 	fakeMaxArgs = 64
-	// fakeMaxPayloadPattern is the longest custom payload terminator.
-	fakeMaxPayloadPattern = 7
+	// fakeMaxPayloadPattern is the longest custom payload terminator
+	// before 3.4; 3.4 takes up to fakeMaxPayloadPattern34.
+	fakeMaxPayloadPattern   = 7
+	fakeMaxPayloadPattern34 = 64
 	// fakeBufferedGrace is how long a 2.6 or 3.x connection looks for lines
 	// the client already sent, after the first: HAProxy handles what is in
 	// its buffer, and a client that sent one write has it all there.
 	fakeBufferedGrace = 5 * time.Millisecond
 )
 
-// fakeTooBig is HAProxy's refusal of a command over fakeCommandLimit. It
-// ends with a single '\n', unlike every other response.
-const fakeTooBig = "The command is too big for the buffer size. Please change tune.bufsize in the configuration to use a bigger command."
+// HAProxy's refusals of a command, a line (3.4) or a payload (3.4) over
+// its limit. Each ends with a single '\n', unlike every other response.
+const (
+	fakeTooBig        = "The command is too big for the buffer size. Please change tune.bufsize in the configuration to use a bigger command."
+	fakeLineTooBig    = "The command line is too big for the buffer size. Please change 'tune.bufsize' in the configuration to use a bigger command."
+	fakePayloadTooBig = "The payload is too big. Please change 'tune.cli.max-payload-size' in the configuration to use a bigger payload."
+)
 
 // StartFakeHAProxy serves <dir>/haproxy-worker.sock and
 // <dir>/haproxy-master.sock. version "" means "3.4.3-1deb11u1". The dialect
@@ -521,9 +536,8 @@ func fakeSentAlready(conn net.Conn, r *bufio.Reader) bool {
 type fakeSession struct {
 	severity  string // "", "number" or "string"
 	prompt    bool
-	expert    bool // experimental-mode on
 	close     bool // quit, an oversize command or a cut payload ends the connection
-	extraLine bool // 3.x: a "<<" pattern too long to be a terminator lets one more line run
+	extraLine bool // 3.0: a "<<" pattern too long to be a terminator lets one more line run
 }
 
 // serveWorker snapshots the worker identity at accept, then reads lines,
@@ -549,8 +563,9 @@ func (f *FakeHAProxy) serveWorker(conn net.Conn) {
 	for n := 0; n < fakeMaxLinesPerConnection; n++ {
 		if n > 0 && !s.prompt {
 			// Non-interactive: 2.6 runs every line already received; 3.x
-			// answers one line and discards the rest, except one further
-			// line after a "<<" pattern that was not a terminator.
+			// answers one line and discards the rest, except that 3.0 runs
+			// one further line after a "<<" pattern that was not a
+			// terminator.
 			more := f.dialect == fakeDialect26 || (n == 1 && s.extraLine)
 			if !more || !fakeSentAlready(conn, r) {
 				return
@@ -589,52 +604,88 @@ func (f *FakeHAProxy) serveWorker(conn net.Conn) {
 
 // handleLine runs one line's commands in order, writing each response to
 // out; only the last command of a line may take a payload, which it reads
-// from r. As in HAProxy, the limit applies per command, not per line: an
-// oversize command runs nothing, the commands before it stand, those
-// after it never run, and the connection closes.
+// from r. Before 3.4 HAProxy runs a line command by command and the limit
+// applies to each: an oversize command runs nothing, the commands before
+// it stand, those after it never run, and the connection closes. 3.4
+// gathers the whole line and its payload before running any of it, so it
+// refuses an oversize line or payload whole, and untagged when the line
+// itself asked for severity output.
 func (f *FakeHAProxy) handleLine(out *bytes.Buffer, r *bufio.Reader, s *fakeSession, line string) {
+	refuse := func(text string) {
+		if f.dialect != fakeDialect26 { // 2.6 drops the rest of the line silently
+			out.WriteString(s.tag(3) + text + "\n")
+		}
+		s.close = true
+	}
 	cmds := fakeSplitCommands(line)
+	last := len(cmds) - 1
+	var payload *string
+	ok := true
+	if f.dialect == fakeDialect34 {
+		if len(line)+1 > fakeCommandLimit {
+			refuse(fakeLineTooBig)
+			return
+		}
+		if payload, ok = f.takePayload(r, s, &cmds[last], 0, refuse); !ok {
+			return
+		}
+	}
 	for i, text := range cmds {
 		size := len(text) + 1 // through the ';' or '\n' that ends it
-		var payload *string
-		if i == len(cmds)-1 {
-			cmdText, term, isPayload, tooLong := f.payloadIntroducer(text)
-			if tooLong {
-				s.extraLine = true
-			}
-			if isPayload {
-				text = cmdText
-				body, n, complete := fakeReadPayload(r, term, fakeCommandLimit-size)
-				size += n
-				if !complete && size <= fakeCommandLimit {
-					s.close = true // EOF before the terminator: the command never runs
-					return
-				}
-				payload = &body
+		if i == last && f.dialect != fakeDialect34 {
+			if payload, ok = f.takePayload(r, s, &text, size, refuse); !ok {
+				return
 			}
 		}
 		if size > fakeCommandLimit {
-			// 3.x refuses with one line and a single '\n'; 2.6 drops the
-			// command and the rest of the line silently. Both close.
-			if f.dialect != fakeDialect26 {
-				out.WriteString(s.tag(3) + fakeTooBig + "\n")
-			}
-			s.close = true
+			refuse(fakeTooBig)
 			return
 		}
-		f.runCommand(out, s, text, payload)
+		if i < last {
+			f.runCommand(out, s, text, nil)
+		} else {
+			f.runCommand(out, s, text, payload)
+		}
 		if s.close {
 			return
 		}
 	}
 }
 
+// takePayload cuts the payload introducer off *cmd and reads the payload
+// it introduces, nil when there is none. size is what the command already
+// counts against the per-command limit. ok is false when the line must
+// stop: the payload was refused, or EOF came before its terminator (the
+// command then never runs).
+func (f *FakeHAProxy) takePayload(r *bufio.Reader, s *fakeSession, cmd *string, size int, refuse func(string)) (payload *string, ok bool) {
+	text, term, isPayload, tooLong := f.payloadIntroducer(*cmd)
+	s.extraLine = tooLong && f.dialect == fakeDialect30
+	if !isPayload {
+		return nil, true
+	}
+	*cmd = text
+	room, tooBig := fakeCommandLimit-size, fakeTooBig
+	if f.dialect == fakeDialect34 {
+		room, tooBig = fakeMaxPayload, fakePayloadTooBig
+	}
+	body, n, complete := fakeReadPayload(r, term, room)
+	switch {
+	case n > room:
+		refuse(tooBig)
+		return nil, false
+	case !complete:
+		s.close = true
+		return nil, false
+	}
+	return &body, true
+}
+
 // payloadIntroducer looks at the last word of a line's last command.
 // "<<" alone introduces a payload ended by an empty line; on 3.x, "<<" and
-// 1 to 7 more characters introduce one ended by that exact line. A longer
-// pattern is an ordinary word (tooLong). On 2.6 only a command ending in
-// "<<" takes a payload, so there a custom terminator's payload lines run
-// as commands, as they do on a real 2.6.
+// 1 to 7 more characters (64 on 3.4) introduce one ended by that exact
+// line. A longer pattern is an ordinary word (tooLong). On 2.6 only a
+// command ending in "<<" takes a payload, so there a custom terminator's
+// payload lines run as commands, as they do on a real 2.6.
 func (f *FakeHAProxy) payloadIntroducer(text string) (cmd, term string, isPayload, tooLong bool) {
 	if f.dialect == fakeDialect26 {
 		if strings.HasSuffix(text, "<<") {
@@ -647,7 +698,11 @@ func (f *FakeHAProxy) payloadIntroducer(text string) (cmd, term string, isPayloa
 	if !strings.HasPrefix(word, "<<") {
 		return text, "", false, false
 	}
-	if len(word)-2 > fakeMaxPayloadPattern {
+	limit := fakeMaxPayloadPattern
+	if f.dialect == fakeDialect34 {
+		limit = fakeMaxPayloadPattern34
+	}
+	if len(word)-2 > limit {
 		return text, "", false, true
 	}
 	return text[:cut], word[2:], true, false
@@ -760,7 +815,6 @@ func (f *FakeHAProxy) runCommand(out *bytes.Buffer, s *fakeSession, text string,
 		s.render(out, fakeSilent())
 		return
 	case len(args) == 2 && args[0] == "experimental-mode" && (args[1] == "on" || args[1] == "off"):
-		s.expert = args[1] == "on"
 		s.render(out, fakeSilent())
 		return
 	}
@@ -775,7 +829,7 @@ func (f *FakeHAProxy) runCommand(out *bytes.Buffer, s *fakeSession, text string,
 		}
 	}
 	f.mu.Lock()
-	o := f.dispatch(s, args, payload)
+	o := f.dispatch(args, payload)
 	f.mu.Unlock()
 	s.render(out, o)
 }
@@ -784,7 +838,6 @@ func (f *FakeHAProxy) runCommand(out *bytes.Buffer, s *fakeSession, text string,
 type fakeCommand struct {
 	words   []string
 	from    fakeDialect // the first dialect that has it
-	expert  bool        // needs experimental-mode on
 	handler func(f *FakeHAProxy, args []string, payload *string) fakeOut
 }
 
@@ -824,21 +877,18 @@ var fakeCommands = []fakeCommand{
 	{words: []string{"shutdown", "sessions", "server"}, handler: fakeServerCommand(fakeShutdownSessions)},
 	{words: []string{"del", "server"}, handler: (*FakeHAProxy).delServer},
 	{words: []string{"wait"}, from: fakeDialect30, handler: (*FakeHAProxy).wait},
-	{words: []string{"add", "backend"}, from: fakeDialect34, expert: true, handler: (*FakeHAProxy).addBackend},
-	{words: []string{"publish", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakePublishBackend)},
+	{words: []string{"add", "backend"}, from: fakeDialect34, handler: (*FakeHAProxy).addBackend},
+	{words: []string{"publish", "backend"}, from: fakeDialect34, handler: fakeBackendCommand(fakePublishBackend)},
 	{words: []string{"unpublish", "backend"}, from: fakeDialect34, handler: fakeBackendCommand(fakeUnpublishBackend)},
-	{words: []string{"del", "backend"}, from: fakeDialect34, expert: true, handler: fakeBackendCommand(fakeDelBackend)},
+	{words: []string{"del", "backend"}, from: fakeDialect34, handler: (*FakeHAProxy).delBackend},
 }
 
 // dispatch finds the command and runs it; the lock is held.
-func (f *FakeHAProxy) dispatch(s *fakeSession, args []string, payload *string) fakeOut {
+func (f *FakeHAProxy) dispatch(args []string, payload *string) fakeOut {
 	f.model.repair()
 	for _, c := range fakeCommands {
 		if c.from > f.dialect || len(args) < len(c.words) || !fakeHasPrefix(args, c.words) {
 			continue
-		}
-		if c.expert && !s.expert {
-			return fakeErr("This command is restricted to experimental mode only.")
 		}
 		return c.handler(f, args[len(c.words):], payload)
 	}

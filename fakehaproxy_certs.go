@@ -14,6 +14,7 @@ package haptic
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -37,7 +38,10 @@ type fakeStore struct {
 	created       string // success text of set, %s = name
 	updated       string
 	validate      func(name, payload string) string // refusal or ""
-	commitCheck   func(content string) string
+	// commitCheck refuses a commit in HAProxy's words ("" lets it
+	// through); ends marks a commit that fails while rebuilding what uses
+	// the file, which ends the transaction instead of keeping it open.
+	commitCheck func(name, content string) (msg string, ends bool)
 	// joinOpenTx is 2.6's certificate behaviour: a set while another
 	// certificate's transaction is open updates that transaction.
 	joinOpenTx bool
@@ -62,11 +66,19 @@ func (f *FakeHAProxy) certStore() fakeStore {
 			return "unable to load certificate from file '" + name + "': no start line.\nCan't load the payload"
 		},
 		joinOpenTx: f.dialect == fakeDialect26,
-		commitCheck: func(content string) string {
-			if !strings.Contains(content, "PRIVATE KEY-----") {
-				return "The transaction must contain at least a certificate and a private key!"
+		// Before 3.4 a certificate without its key is refused. 3.4 takes
+		// it, and fails only to rebuild the bind lines or servers that use
+		// it, keeping the old certificate.
+		commitCheck: func(name, content string) (string, bool) {
+			switch {
+			case strings.Contains(content, "PRIVATE KEY-----"):
+				return "", false
+			case f.dialect != fakeDialect34:
+				return "The transaction must contain at least a certificate and a private key!", false
+			case f.certInUse(name):
+				return "unable to load SSL private key into SSL Context '" + name + "': passed a null parameter.", true
 			}
-			return ""
+			return "", false
 		},
 	}
 }
@@ -86,7 +98,7 @@ func (f *FakeHAProxy) caStore() fakeStore {
 			}
 			return ""
 		},
-		commitCheck: func(string) string { return "" },
+		commitCheck: func(string, string) (string, bool) { return "", false },
 	}
 }
 
@@ -142,7 +154,11 @@ func (st fakeStore) commit(name string, _ *string) fakeOut {
 	case tx.path != name:
 		return fakeErr("The ongoing transaction is about '" + tx.path + "' but you are trying to set '" + name + "'\nCan't commit " + name + "!")
 	}
-	if msg := st.commitCheck(tx.content); msg != "" {
+	switch msg, ends := st.commitCheck(name, tx.content); {
+	case ends:
+		*st.tx = nil
+		return fakeList("Committing " + name + "\n" + msg + "\nFailed!")
+	case msg != "":
 		return fakeErr(msg + "\nCan't commit " + name + "!") // the transaction stays open
 	}
 	st.files[name] = tx.content
@@ -390,4 +406,24 @@ func (f *FakeHAProxy) delCRTList(args []string, _ *string) fakeOut {
 	m.CRTLists[list] = append(entries[:i:i], entries[i+1:]...)
 	m.crtListLines[list] = append(lines[:i:i], lines[i+1:]...)
 	return fakeMsg(5, "Entry '"+cert+"' deleted in crtlist '"+list+"'!")
+}
+
+// certInUse reports whether a crt-list entry or a server's crt keyword
+// names the certificate: what a commit rebuilds.
+func (f *FakeHAProxy) certInUse(name string) bool {
+	for _, entries := range f.model.CRTLists {
+		for _, e := range entries {
+			if first, _, _ := strings.Cut(e, " "); first == name {
+				return true
+			}
+		}
+	}
+	for _, be := range f.model.Backends {
+		for _, s := range be.Servers {
+			if i := slices.Index(s.Keywords, "crt"); i >= 0 && i+1 < len(s.Keywords) && s.Keywords[i+1] == name {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -68,9 +68,10 @@ const fakeUptime = "0d00h00m01s"
 
 // showProc renders the process table with HAProxy's column widths and
 // sections, because clients parse it by them: the master row carries the
-// reload and [failed: N] counts a reload is judged by, and the current
-// worker sits under "# workers". "# programs" is printed before 3.4 only,
-// as real releases do.
+// reload and [failed: N] counts a reload is judged by, and the serving
+// worker sits under "# workers", except that 3.4 lists it under "# old
+// workers" once a reload failed, until one succeeds. "# programs" is
+// printed before 3.4 only, as real releases do.
 func (f *FakeHAProxy) showProc() string {
 	f.mu.Lock()
 	m := f.model
@@ -80,6 +81,9 @@ func (f *FakeHAProxy) showProc() string {
 	fmt.Fprintf(&b, "%-15d %-15s %-15s %-15s %-15s\n", m.MasterPID, "master",
 		fmt.Sprintf("%d [failed: %d]", m.Reloads, m.FailedReloads), fakeUptime, f.version)
 	b.WriteString("# workers\n")
+	if m.loadFailed {
+		b.WriteString("# old workers\n")
+	}
 	fmt.Fprintf(&b, "%-15d %-15s %-15d %-15s %-15s\n", m.Pid, "worker", m.WorkerReloads, fakeUptime, f.version)
 	if f.dialect != fakeDialect34 {
 		b.WriteString("# programs\n")
@@ -128,11 +132,18 @@ func (f *FakeHAProxy) reload() (reply string, hang bool) {
 	log := m.ReloadLog
 	status := "Success=1"
 	switch {
+	case !ok && log == "" && f.dialect == fakeDialect34:
+		// 3.4's master relays the log of the new worker, which exits.
+		status = "Success=0"
+		log = fmt.Sprintf("[NOTICE]   (%d) : Initializing new worker (%d)\n[ALERT]    (%d) : config : Fatal errors found in configuration.\n[WARNING]  (%d) : Failed to load worker (%d) exited with code 1 (Exit)",
+			m.MasterPID, m.Pid+1, m.Pid+1, m.MasterPID, m.Pid+1)
 	case !ok && log == "":
 		status = "Success=0"
 		log = fmt.Sprintf("[ALERT]    (%d) : config : Fatal errors found in configuration.\n[WARNING]  (%d) : Loading failure!", m.MasterPID, m.MasterPID)
 	case !ok:
 		status = "Success=0"
+	case log == "" && f.dialect == fakeDialect34:
+		log = fmt.Sprintf("[NOTICE]   (%d) : Initializing new worker (%d)\n[NOTICE]   (%d) : Loading success.", m.MasterPID, m.Pid, m.MasterPID)
 	case log == "":
 		log = fmt.Sprintf("[NOTICE]   (%d) : New worker (%d) forked\n[NOTICE]   (%d) : Loading success.", m.MasterPID, m.Pid, m.MasterPID)
 	}
@@ -146,6 +157,7 @@ func (f *FakeHAProxy) reload() (reply string, hang bool) {
 func (f *FakeHAProxy) applyReload(ok bool) {
 	m := &f.model
 	m.Reloads++
+	m.loadFailed = !ok && f.dialect == fakeDialect34
 	if !ok {
 		m.FailedReloads++
 		m.WorkerReloads++

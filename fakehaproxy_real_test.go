@@ -122,7 +122,9 @@ func (h *realHAProxy) ready() bool {
 	}
 	proc := exchange(h.MasterSocket(), "show proc;quit\n")
 	_, workers, ok := strings.Cut(proc, "# workers\n")
-	if !ok || !regexp.MustCompile(`^\d+\s+worker`).MatchString(workers) {
+	// After a failed reload 3.4 lists the worker that keeps serving under
+	// "# old workers".
+	if !ok || !regexp.MustCompile(`(?m)^\d+\s+worker`).MatchString(workers) {
 		return false
 	}
 	return strings.Contains(exchange(h.WorkerSocket(), "show info\n"), "Pid: ")
@@ -210,7 +212,7 @@ func (fx realFixture) seedFake(m *FakeModel) {
 	m.CRLFiles = map[string]string{}
 	m.CRTLists = map[string][]string{"certs/list.txt": {strings.TrimSuffix(realFixtureCRTList, "\n")}}
 	m.Frontends = map[string]uint64{"status": 0, "http-tcp": 0, "tls": 0}
-	m.Backends = map[string]*FakeBackend{"be-a": {Profile: "web", Mode: "http", Published: true, Servers: []*FakeServer{
+	m.Backends = map[string]*FakeBackend{"be-a": {Profile: "web", Mode: "http", Published: true, Referenced: true, Servers: []*FakeServer{
 		{Name: "srv1", Address: "127.0.0.1", Port: 9, Weight: 1, State: "ready", Enabled: true},
 		{Name: "srv-check", Address: "127.0.0.1", Port: 9, Keywords: []string{"check", "inter", "60s"},
 			Weight: 1, State: "ready", Enabled: true, Check: true, Health: true},
@@ -431,6 +433,9 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 		"commit ssl cert certs/b.pem",
 		"abort ssl cert certs/b.pem",
 		payload("set ssl cert certs/b.pem", validB),
+		payload("set ssl cert certs/a.pem", string(certB)),
+		"commit ssl cert certs/a.pem",
+		"abort ssl cert certs/a.pem",
 		payload("set ssl cert certs/a.pem", h.fixture.certPEM),
 		"commit ssl cert certs/a.pem",
 		"abort ssl cert certs/a.pem",
@@ -506,13 +511,41 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 		"del server be-a/s1",
 		"del server be-a/s1",
 		"wait 100 srv-removable bea",
+		"wait 100 srv-removable be-a/nope",
+		"wait 100 srv-removable nope/s1",
+		"wait 100 srv-removable",
 		"show servers state be-a",
-		// version gaps
-		"experimental-mode on;add backend be-x from web mode http",
-		"experimental-mode on;publish backend be-a",
-		"unpublish backend be-a",
-		"experimental-mode on;del backend be-x",
+		// backends, which only 3.4 has: the others answer unknown command,
+		// or the wait usage on 3.0
+		"add backend be-x from web mode http",
+		"add backend be-a from web mode http",
+		"add backend http-tcp from web mode http",
+		"add backend be-y",
+		"add backend be-y from web mode bogus",
+		"add backend be-y from web bogus x",
+		"add backend be-y from web mode http guid g1",
+		"add backend be-z from web mode http guid g1",
+		"publish backend nope",
+		"unpublish backend nope",
+		"wait 100 be-removable be-x",
+		"experimental-mode on;publish backend be-x",
+		"wait 100 be-removable be-x",
+		"del backend be-x",
+		"unpublish backend be-x",
+		"add server be-x/s1 127.0.0.1:80",
+		"wait 100 be-removable be-x",
+		"del backend be-x",
+		"del server be-x/s1",
+		"del backend be-x extra",
+		// A successful del backend prints the messages earlier commands
+		// left on the worker thread (a del server's "Server deleted."),
+		// which unpublish clears first when it runs on the same one.
+		"unpublish backend be-x;del backend be-x",
+		"del backend be-x",
+		"del backend be-a",
+		"wait 100 be-removable nope",
 		"wait 100 be-removable be-a",
+		"wait 100 be-removable",
 		"wait 100",
 		"bogus verb",
 	}
@@ -587,6 +620,15 @@ func TestFakeMatchesRealHAProxy(t *testing.T) {
 	}
 	f.With(func(m *FakeModel) { m.ReloadFails = true })
 	master("reload;quit\n")
+	// A 2.6 master re-executes even for a failed reload, and the fake's 2.6
+	// reload takes effect after ReloadDelay: wait for both.
+	h.waitReady(t)
+	waitFor(t, "the fake's failed reload", func() bool {
+		failed := 0
+		f.With(func(m *FakeModel) { failed = m.FailedReloads })
+		return failed > 0
+	})
+	master("show proc;quit\n") // 3.4 lists the worker that keeps serving as old
 	if err := os.WriteFile(cfg, good, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -401,11 +401,8 @@ func (f *FakeHAProxy) delServer(args []string, payload *string) fakeOut {
 }
 
 func fakeDelServer(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, _ []string) fakeOut {
-	if s.Enabled {
-		return fakeErr("Only servers in maintenance mode can be deleted.")
-	}
-	if f.model.BlockedServers[ref] {
-		return fakeErr("Server still has connections attached to it, cannot remove it.")
+	if why, _ := f.serverNotRemovable(ref, s); why != "" {
+		return fakeErr(why)
 	}
 	for i, x := range be.Servers {
 		if x == s {
@@ -414,6 +411,33 @@ func fakeDelServer(f *FakeHAProxy, ref string, be *FakeBackend, s *FakeServer, _
 		}
 	}
 	return fakeMsg(6, "Server deleted.")
+}
+
+// serverNotRemovable is HAProxy's reason a server cannot be deleted yet,
+// "" when it can; transient reasons may clear while a wait runs.
+func (f *FakeHAProxy) serverNotRemovable(ref string, s *FakeServer) (why string, transient bool) {
+	switch {
+	case s.Enabled:
+		return "Only servers in maintenance mode can be deleted.", false
+	case f.model.BlockedServers[ref]:
+		return "Server still has connections attached to it, cannot remove it.", true
+	}
+	return "", false
+}
+
+// fakeBackendNotRemovable is 3.4's reason a backend cannot be deleted, in the
+// order HAProxy checks, "" when it can. The fake models no streams
+// attached to a backend, so none of its reasons clears while a wait runs.
+func fakeBackendNotRemovable(be *FakeBackend) string {
+	switch {
+	case be.Referenced:
+		return "This proxy cannot be removed at runtime due to other configuration elements pointing to it."
+	case be.Published:
+		return "Backend must be unpublished prior to its deletion."
+	case len(be.Servers) > 0:
+		return "Only a backend without server can be deleted."
+	}
+	return ""
 }
 
 // --- wait
@@ -435,7 +459,8 @@ func (f *FakeHAProxy) waitUsage(level int) fakeOut {
 }
 
 // wait answers at once: the fake models whether the condition holds, not
-// the time it takes. A blocked server or a busy backend "expires".
+// the time it takes, so a condition that could still change "expires".
+// 3.4 says why a wait failed or expired; 3.0 does not.
 func (f *FakeHAProxy) wait(args []string, _ *string) fakeOut {
 	if len(args) == 0 {
 		return fakeErr("Expects a duration in milliseconds.")
@@ -446,35 +471,48 @@ func (f *FakeHAProxy) wait(args []string, _ *string) fakeOut {
 	if !fakeValidDuration(args[0]) {
 		return fakeErr("Invalid duration.")
 	}
-	if len(args) == 1 {
-		return fakeMsg(6, "Done.")
+	verdict := func(head, why string) fakeOut {
+		if f.dialect >= fakeDialect34 {
+			head += " " + why
+		}
+		return fakeErr(head)
 	}
 	switch {
+	case len(args) == 1:
 	case args[1] == "srv-removable":
 		ref := fakeFirstArg(args[2:])
-		bname, sname, ok := strings.Cut(ref, "/")
-		if !ok {
-			return fakeErr("Require 'backend/server'.")
-		}
-		s := f.model.server(bname, sname)
+		bname, sname, _ := strings.Cut(ref, "/")
 		switch {
-		case s == nil || s.Enabled:
-			return fakeErr("Failed.")
-		case f.model.BlockedServers[ref]:
-			return fakeErr("Wait delay expired.")
+		case ref == "":
+			return fakeErr("Missing server name (<backend>/<server>).")
+		case sname == "":
+			return fakeErr("Require 'backend/server'.")
+		case f.model.Backends[bname] == nil:
+			return verdict("Failed.", "No such backend.")
+		case f.model.server(bname, sname) == nil:
+			return verdict("Failed.", "No such server.")
 		}
-		return fakeMsg(6, "Done.")
+		why, transient := f.serverNotRemovable(ref, f.model.server(bname, sname))
+		switch {
+		case transient:
+			return verdict("Wait delay expired.", why)
+		case why != "":
+			return verdict("Failed.", why)
+		}
 	case args[1] == "be-removable" && f.dialect >= fakeDialect34:
 		be := f.model.Backends[fakeFirstArg(args[2:])]
 		switch {
+		case len(args) < 3:
+			return fakeErr("Missing backend name.")
 		case be == nil:
-			return fakeErr("Failed. No such backend.")
-		case be.Published || len(be.Servers) > 0:
-			return fakeErr("Wait delay expired.")
+			return verdict("Failed.", "No such backend.")
+		case fakeBackendNotRemovable(be) != "":
+			return verdict("Failed.", fakeBackendNotRemovable(be))
 		}
-		return fakeMsg(6, "Done.")
+	default:
+		return f.waitUsage(3)
 	}
-	return f.waitUsage(3)
+	return fakeMsg(6, "Done.")
 }
 
 // fakeValidDuration accepts HAProxy's "<n>[us|ms|s|m|h|d]".
@@ -492,33 +530,44 @@ func fakeValidDuration(d string) bool {
 
 // --- backends (3.4)
 
-// addBackend is "add backend <name> from <defaults> [mode <m>] [guid <g>]".
-// The fake knows no defaults sections, so any profile name is accepted.
+// addBackend is "add backend <name> from <defaults> [mode <m>] [guid <g>]",
+// refused in HAProxy's order: the name, the usage, the mode, then a name
+// (a backend's or a frontend's) or a GUID another proxy holds. The fake
+// knows no defaults sections, so any profile name is accepted, and of the
+// modes only http and tcp.
 func (f *FakeHAProxy) addBackend(args []string, _ *string) fakeOut {
 	m := &f.model
-	if len(args) < 3 || args[1] != "from" {
-		return fakeErr("'add backend' expects a name and a defaults section.")
+	switch {
+	case len(args) == 0:
+		return fakeErr("Require backend name.")
+	case len(args) < 3 || args[1] != "from":
+		return fakeErr("Usage: add backend <name> from <defproxy>.")
 	}
-	be := &FakeBackend{Profile: args[2], Mode: "http"}
+	name, be := args[0], &FakeBackend{Profile: args[2], Mode: "http"}
+	seen := map[string]bool{}
 	for i := 3; i < len(args); i += 2 {
-		if i+1 >= len(args) {
-			return fakeErr("'add backend' expects a name and a defaults section.")
+		if i+1 >= len(args) || seen[args[i]] || args[i] != "mode" && args[i] != "guid" {
+			return fakeErr("Usage: add backend <name> from <defproxy> [mode <px_mode>] [guid <val>].")
 		}
-		switch args[i] {
-		case "mode":
-			if args[i+1] != "http" && args[i+1] != "tcp" {
-				return fakeErr("'add backend' expects a name and a defaults section.")
-			}
-			be.Mode = args[i+1]
-		case "guid":
+		seen[args[i]] = true
+		if args[i] == "guid" {
 			be.GUID = args[i+1]
-		default:
-			return fakeErr("'add backend' expects a name and a defaults section.")
+		} else if be.Mode = args[i+1]; be.Mode != "http" && be.Mode != "tcp" {
+			return fakeErr("Unknown proxy mode.")
 		}
 	}
-	name := args[0]
-	if _, fe := m.Frontends[name]; m.Backends[name] != nil || fe {
-		return fakeErr("backend '" + name + "' name is already used by other proxy.")
+	const failed = "Error during backend creation : "
+	if _, fe := m.Frontends[name]; fe || m.Backends[name] != nil {
+		kind := "backend"
+		if fe {
+			kind = "frontend"
+		}
+		return fakeErr(failed + "name is already used by other proxy '" + kind + " " + name + "'.")
+	}
+	for _, other := range fakeSortedKeys(m.Backends) {
+		if be.GUID != "" && m.Backends[other].GUID == be.GUID {
+			return fakeErr(failed + "GUID insertion : duplicate entry with backend " + other + ".")
+		}
 	}
 	m.Backends[name] = be
 	return fakeMsg(6, "New backend registered.")
@@ -544,13 +593,18 @@ func fakePublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 
 func fakeUnpublishBackend(_ *FakeHAProxy, _ string, be *FakeBackend) fakeOut {
 	be.Published = false
-	return fakeSilent()
+	return fakeMsg(6, "Backend unpublished.")
 }
 
-func fakeDelBackend(f *FakeHAProxy, name string, be *FakeBackend) fakeOut {
-	if be.Published || len(be.Servers) > 0 {
-		return fakeErr("This backend cannot be removed at runtime.")
+func (f *FakeHAProxy) delBackend(args []string, payload *string) fakeOut {
+	if len(args) > 1 {
+		return fakeErr("Usage: del backend <name>.")
 	}
-	delete(f.model.Backends, name)
-	return fakeMsg(6, "Backend deleted.")
+	return fakeBackendCommand(func(f *FakeHAProxy, name string, be *FakeBackend) fakeOut {
+		if why := fakeBackendNotRemovable(be); why != "" {
+			return fakeErr(why)
+		}
+		delete(f.model.Backends, name)
+		return fakeMsg(6, "Backend deleted.")
+	})(f, args, payload)
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -161,12 +162,19 @@ func TestStartFakeHAProxyRefusesALongSocketPath(t *testing.T) {
 
 // TestFakeDialects checks, per dialect, every behaviour in which HAProxy
 // releases differ: del map of duplicates, the 3.4 backend verbs, clear map
-// of a version, wait and its conditions, init-state (3.1 and later), the
-// reload reply, the "# programs" line, set server addr's wording, the
-// 2.6 short del server reply and the answer to an empty command.
+// of a version, wait and its conditions (3.4 says why one failed),
+// init-state (3.1 and later), the reload reply, the "# programs" line,
+// set server addr's wording, the 2.6 short del server reply, the answer
+// to an empty command, the commit of a certificate without its key (3.4
+// takes it where nothing uses it, and fails to rebuild where something
+// does), and where show proc lists the worker after a failed reload.
 func TestFakeDialects(t *testing.T) {
 	const unknown34 = "[6]: Unknown command: 'add', but maybe one of the following ones is a better match:"
 	const unknown26 = "[6]: Unknown command, but maybe one of the following ones is a better match:"
+	const unknown34u = "[6]: Unknown command: 'unpublish', but maybe one of the following ones is a better match:"
+	keyless30 := func(name string) string {
+		return "[3]: The transaction must contain at least a certificate and a private key!\nCan't commit " + name + "!"
+	}
 	rows := []struct {
 		version        string
 		dupsLeft       int    // "dup" entries left after one del map
@@ -180,17 +188,29 @@ func TestFakeDialects(t *testing.T) {
 		sameAddr       string // set server addr to the current address
 		delServer      string // raw reply to del server of an enabled server, prefix included
 		emptyCommand   string // first line of the answer to an empty command
+		srvRemovable   string // wait srv-removable of an enabled server
+		unpublish      string // first line of unpublish backend
+		keylessUnused  string // commit of a certificate without its key, used by nothing
+		keylessUsed    string // the same for a certificate a crt-list uses
+		afterFailure   string // the section show proc lists the worker under after a failed reload
+		failureLog     string // in the log of a failed reload (2.6 prints none)
 	}{
 		{"3.4.3", 1, "[6]: New backend registered.", false, "[6]: Done.", "[6]: Done.", "[6]: New server registered.", "Success=1", false,
-			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
+			"[3]: Failed. Only servers in maintenance mode can be deleted.", "[6]: Backend unpublished.",
+			"Committing u.pem\nSuccess!", "Committing c.pem\nunable to load SSL private key into SSL Context 'c.pem': passed a null parameter.\nFailed!",
+			"old workers", "Failed to load worker (1002) exited with code 1 (Exit)"},
 		{"3.1.5", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[6]: New server registered.", "Success=1", true,
-			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
+			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers", "Loading failure!"},
 		{"3.0.11-1+deb13u4", 0, unknown34, true, "[3]: Usage: wait {-h|<duration>} [condition [args...]]", "[6]: Done.", "[3]: unknown keyword 'init-state'.", "Success=1", true,
-			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", ""},
+			"[4]: nothing changed", "\n[3]: Only servers in maintenance mode can be deleted.\n\n", "",
+			"[3]: Failed.", unknown34u, keyless30("u.pem"), keyless30("c.pem"), "workers", "Loading failure!"},
 		{"2.6.12-1+deb12u4", 0, unknown26, true, unknown26, unknown26, "[3]: unknown keyword 'init-state'.", "", true,
 			"[4]: no need to change the addr, no need to change the port by 'stats socket command'",
 			"\n[3]: Only servers in maintenance mode can be deleted.\n",
-			"[6]: Unknown command. Please enter one of the following commands only:"},
+			"[6]: Unknown command. Please enter one of the following commands only:",
+			unknown26, unknown26, keyless30("u.pem"), keyless30("c.pem"), "workers", ""},
 	}
 	first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }
 	for _, row := range rows {
@@ -248,6 +268,32 @@ func TestFakeDialects(t *testing.T) {
 			if got := first(workerLine(t, ws, "show map m.map;")[1]); got != row.emptyCommand {
 				t.Errorf("empty command: %q, want %q", got, row.emptyCommand)
 			}
+			f.With(func(m *FakeModel) {
+				m.Backends["be-a"].Servers = append(m.Backends["be-a"].Servers,
+					&FakeServer{Name: "up", Address: "10.0.0.8", Port: 80, Weight: 1, State: "ready", Enabled: true})
+				m.Backends["be-empty"].Published = true
+			})
+			if got := first(workerLine(t, ws, "wait 10 srv-removable be-a/up")[0]); got != row.srvRemovable {
+				t.Errorf("wait srv-removable of an enabled server: %q, want %q", got, row.srvRemovable)
+			}
+			if got := first(workerLine(t, ws, "unpublish backend be-empty")[0]); got != row.unpublish {
+				t.Errorf("unpublish backend: %q, want %q", got, row.unpublish)
+			}
+			f.With(func(m *FakeModel) {
+				m.Certs["u.pem"], m.Certs["c.pem"] = "old", "old"
+				m.CRTLists["list.txt"] = []string{"c.pem [alpn h2]"}
+			})
+			keyless := "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+			for cert, want := range map[string]string{"u.pem": row.keylessUnused, "c.pem": row.keylessUsed} {
+				workerLine(t, ws, "set ssl cert "+cert+" <<\n"+keyless)
+				if got := workerLine(t, ws, "commit ssl cert "+cert)[0]; got != want {
+					t.Errorf("commit of %s without its key: %q, want %q", cert, got, want)
+				}
+				workerLine(t, ws, "abort ssl cert "+cert)
+			}
+			if pem, _ := f.Cert("c.pem"); pem != "old" {
+				t.Errorf("a failed rebuild replaced c.pem with %q", pem)
+			}
 			proc, _ := socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
 			if strings.Contains(proc, "\n# programs\n") != row.programs {
 				t.Errorf("show proc programs line: %q", proc)
@@ -255,6 +301,19 @@ func TestFakeDialects(t *testing.T) {
 			reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
 			if first(reply) != row.reloadReply {
 				t.Errorf("reload reply %q, want first line %q", reply, row.reloadReply)
+			}
+			f.With(func(m *FakeModel) { m.ReloadFails, m.ReloadDelay = true, time.Millisecond })
+			if reply, _ := socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second); !strings.Contains(reply, row.failureLog) {
+				t.Errorf("failed reload %q, want %q in its log", reply, row.failureLog)
+			}
+			waitFor(t, "the failed reload", func() bool {
+				failed := 0
+				f.With(func(m *FakeModel) { failed = m.FailedReloads })
+				return failed == 1
+			})
+			proc, _ = socketExchange(t, f.MasterSocket(), "show proc;quit\n", 5*time.Second)
+			if !strings.Contains(proc, "# "+row.afterFailure+"\n"+strconv.Itoa(f.Worker().WorkerPID)+" ") {
+				t.Errorf("show proc after a failed reload lists the worker outside # %s: %q", row.afterFailure, proc)
 			}
 		})
 	}
@@ -275,10 +334,17 @@ type framingRow struct {
 
 const framingPrefix = "set severity-output number;"
 
-// framingRows builds the framing-limit table for one dialect: the
-// 16383-byte command limit on either side of the edge, payload
-// terminators, and what happens to the lines after the first. Every
-// command is padded to an exact size.
+// framingRows builds the framing-limit table for one dialect: the limit
+// on either side of its edge (each command's 16383 bytes before 3.4, the
+// whole line's on 3.4, which also lets a payload grow to 128 KiB),
+// payload terminators, and what happens to the lines after the first.
+// Every command is padded to an exact size. No row lands where a real
+// binary misbehaves: 2.6.12 hangs on a payload command of exactly 16384
+// framed bytes (it spins once the client gives up, until HAProxy aborts
+// the worker and its master stops, ending every later test on that
+// binary); 3.4.0 answers a line of exactly 16384 bytes with an endless
+// stream of help text, and leaves a payload line of 16384 to 16390 bytes
+// unanswered.
 func framingRows(d fakeDialect) []framingRow {
 	padded := func(key string, size int) string { // an add map command of exactly size bytes
 		cmd := "add map maps/host.map " + key + " "
@@ -289,58 +355,80 @@ func framingRows(d fakeDialect) []framingRow {
 	if d == fakeDialect26 {
 		tooBigTail = ""
 	}
-	// A payload over the limit: 300 lines of 58 bytes, framed > 17000 bytes.
-	// Never exactly 16384: a real 2.6 worker then waits with no answer,
-	// spins once the client gives up until HAProxy aborts it, and its
-	// master stops, ending every later test on that binary.
-	var big strings.Builder
-	for i := 0; i < 300; i++ {
-		fmt.Fprintf(&big, "fr3-%03d %s\n", i, strings.Repeat("x", 50))
-	}
-	bigPayload := "add map maps/host.map <<HAPTIC\n" + big.String() + "HAPTIC\n"
-	if d == fakeDialect26 {
-		bigPayload = "add map maps/host.map <<\n" + big.String() + "\n"
+	lineTooBig := fakeLineTooBig + "\n" // untagged: the line's severity-output never ran
+	// A payload over the command limit: 300 lines of 58 bytes, framed >
+	// 17000 bytes, so never exactly 16384 (see above).
+	payloadOf := func(prefix string, lines int) (framed string) {
+		var b strings.Builder
+		for i := range lines {
+			fmt.Fprintf(&b, "%s-%04d %s\n", prefix, i, strings.Repeat("x", 50))
+		}
+		if d == fakeDialect26 {
+			return "add map maps/host.map <<\n" + b.String() + "\n"
+		}
+		return "add map maps/host.map <<HAPTIC\n" + b.String() + "HAPTIC\n"
 	}
 	var many []string
 	for i := 0; i < 1400; i++ {
 		many = append(many, fmt.Sprintf("add map maps/host.map fr4-%d v", i))
 	}
 	silent := func(n int) []string { return make([]string, n) }
+	before34 := []fakeDialect{fakeDialect26, fakeDialect30}
 	x3 := []fakeDialect{fakeDialect30, fakeDialect34}
+	only := func(d fakeDialect) []fakeDialect { return []fakeDialect{d} }
 	unknownFirst := "[6]: Unknown command, but maybe one of the following ones is a better match:"
+	addMapUsage := "[3]: 'add map' expects three parameters (map identifier, key and value) or one parameter (map identifier) and a payload"
 	rows := []framingRow{
-		{name: "a 16383-byte command applies",
+		{name: "a 16383-byte command applies", dialects: before34,
 			send: framingPrefix + padded("fr1", fakeCommandLimit-1) + "\n", want: silent(2),
 			present: []string{"fr1 " + strings.Repeat("v", fakeCommandLimit-1-len("add map maps/host.map fr1 "))}},
-		{name: "a 16384-byte command is refused, earlier commands stand, later ones do not run",
+		{name: "a 16384-byte command is refused, earlier commands stand, later ones do not run", dialects: before34,
 			send: framingPrefix + "add map maps/host.map fr2-before v;" + padded("fr2-big", fakeCommandLimit) + ";add map maps/host.map fr2-after v\n",
 			want: tooBig, tail: tooBigTail, present: []string{"fr2-before v"}, absent: []string{"fr2-big", "fr2-after"}},
-		{name: "a payload command over the limit applies zero entries",
-			send: framingPrefix + bigPayload, want: silent(1), tail: tooBigTail, absent: []string{"fr3-000", "fr3-299"}},
-		{name: "a 40 KiB line of small commands applies all",
+		{name: "a payload command over the limit applies zero entries", dialects: before34,
+			send: framingPrefix + payloadOf("fr3", 300), want: silent(1), tail: tooBigTail, absent: []string{"fr3-0000", "fr3-0299"}},
+		{name: "a 40 KiB line of small commands applies all", dialects: before34,
 			send: framingPrefix + strings.Join(many, ";") + "\n", want: silent(1401),
 			present: []string{"fr4-0 v", "fr4-1399 v"}},
+		{name: "3.4: a 16383-byte line applies", dialects: only(fakeDialect34),
+			send: framingPrefix + "add map maps/host.map fr1-before v;" + padded("fr1", fakeCommandLimit-1-len(framingPrefix+"add map maps/host.map fr1-before v;")) + "\n",
+			want: silent(3), present: []string{"fr1-before v"}},
+		{name: "3.4: a 16385-byte line is refused whole", dialects: only(fakeDialect34),
+			send: framingPrefix + "add map maps/host.map fr2-before v;" + padded("fr2-big", fakeCommandLimit+1-len(framingPrefix+"add map maps/host.map fr2-before v;")) + "\n",
+			tail: lineTooBig, absent: []string{"fr2-before", "fr2-big"}},
+		{name: "3.4: a 40 KiB line of small commands is refused whole", dialects: only(fakeDialect34),
+			send: framingPrefix + strings.Join(many, ";") + "\n", tail: lineTooBig, absent: []string{"fr4-0", "fr4-1399"}},
+		{name: "3.4: a payload command over 16383 bytes applies", dialects: only(fakeDialect34),
+			send: framingPrefix + payloadOf("fr3", 300), want: silent(2), present: []string{"fr3-0000 " + strings.Repeat("x", 50), "fr3-0299 " + strings.Repeat("x", 50)}},
+		{name: "3.4: a payload over 128 KiB is refused whole", dialects: only(fakeDialect34),
+			send: framingPrefix + payloadOf("fr12", 2800), tail: fakePayloadTooBig + "\n", absent: []string{"fr12-0000", "fr12-2799"}},
 		{name: "the default terminator is an empty line",
 			send: framingPrefix + "add map maps/host.map <<\nfr5a v\nfr5b w x\n\n", want: silent(2),
 			present: []string{"fr5a v", "fr5b w x"}},
 		{name: "a custom terminator of 7 characters", dialects: x3,
 			send: framingPrefix + "add map maps/host.map <<ABCDEFG\nfr6 v\n\nABCDEFG\n", want: silent(2),
 			present: []string{"fr6 v"}},
-		{name: "an 8-character pattern is not a payload; one further line runs", dialects: x3,
+		{name: "an 8-character pattern is not a payload; one further line runs", dialects: only(fakeDialect30),
 			send:    framingPrefix + "add map maps/host.map <<ABCDEFGH\nadd map maps/host.map fr7a v\nadd map maps/host.map fr7b v\n",
-			want:    []string{"", "[3]: 'add map' expects three parameters (map identifier, key and value) or one parameter (map identifier) and a payload", ""},
+			want:    []string{"", addMapUsage, ""},
 			present: []string{"fr7a v"}, absent: []string{"fr7b"}},
+		{name: "3.4: a custom terminator of 64 characters", dialects: only(fakeDialect34),
+			send: framingPrefix + "add map maps/host.map <<" + strings.Repeat("T", 64) + "\nfr7 v\n" + strings.Repeat("T", 64) + "\n", want: silent(2),
+			present: []string{"fr7 v"}},
+		{name: "3.4: a 65-character pattern is not a payload; no further line runs", dialects: only(fakeDialect34),
+			send: framingPrefix + "add map maps/host.map <<" + strings.Repeat("T", 65) + "\nadd map maps/host.map fr7a v\n",
+			want: []string{"", addMapUsage}, absent: []string{"fr7a"}},
 		{name: "the terminator must match exactly", dialects: x3,
 			send: framingPrefix + "add map maps/host.map <<HAPTIC\nfr8 v\nHAPTIC \n HAPTIC\nHAPTIC\n", want: silent(2),
 			present: []string{"fr8 v", "HAPTIC ", " HAPTIC"}},
 		{name: "a second line on a non-interactive connection is not answered", dialects: x3,
 			send: framingPrefix + "add map maps/host.map fr9a v\nadd map maps/host.map fr9b v\n", want: silent(2),
 			present: []string{"fr9a v"}, absent: []string{"fr9b"}},
-		{name: "2.6 runs the payload lines of <<HAPTIC as commands", dialects: []fakeDialect{fakeDialect26},
+		{name: "2.6 runs the payload lines of <<HAPTIC as commands", dialects: only(fakeDialect26),
 			send:    framingPrefix + "add map maps/host.map <<HAPTIC\nadd map maps/host.map fr10 v\nHAPTIC\n",
-			want:    []string{"", "[3]: 'add map' expects three parameters (map identifier, key and value) or one parameter (map identifier) and a payload", "", unknownFirst},
+			want:    []string{"", addMapUsage, "", unknownFirst},
 			present: []string{"fr10 v"}},
-		{name: "2.6 answers every buffered line", dialects: []fakeDialect{fakeDialect26},
+		{name: "2.6 answers every buffered line", dialects: only(fakeDialect26),
 			send: framingPrefix + "add map maps/host.map fr11a v\nadd map maps/host.map fr11b v\nshow map maps/host.map\n",
 			want: []string{"", "", "", "SHOW MAP"}, present: []string{"fr11a v", "fr11b v"}},
 	}
@@ -507,7 +595,8 @@ func TestFakeHooks(t *testing.T) {
 			f.With(func(m *FakeModel) { m.BlockedServers["be-a/s1"] = true })
 			ws := f.WorkerSocket()
 			got := workerLine(t, ws, "wait 100 srv-removable be-a/s1;del server be-a/s1;shutdown sessions server be-a/s1;wait 100 srv-removable be-a/s1;del server be-a/s1")
-			want := []string{"[3]: Wait delay expired.", "[3]: Server still has connections attached to it, cannot remove it.", "", "[6]: Done.", "[6]: Server deleted."}
+			want := []string{"[3]: Wait delay expired. Server still has connections attached to it, cannot remove it.",
+				"[3]: Server still has connections attached to it, cannot remove it.", "", "[6]: Done.", "[6]: Server deleted."}
 			if strings.Join(got, "|") != strings.Join(want, "|") {
 				t.Fatalf("reply %q, want %q", got, want)
 			}

@@ -139,12 +139,14 @@ func TestBasicApplyEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(base)
+	// Cleanups run last first: the agent stops before the fake and the
+	// directory go.
+	t.Cleanup(func() { os.RemoveAll(base) })
 	fake, err := haptic.StartFakeHAProxy(base, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fake.Close()
+	t.Cleanup(func() { fake.Close() })
 	// The fake reads no configuration: its reload loads the host map from
 	// the agent's base directory into the worker, as HAProxy would, so the
 	// inventory lists the map after the first reload.
@@ -160,34 +162,59 @@ func TestBasicApplyEndToEnd(t *testing.T) {
 			m.Maps[hostMap] = haptic.ParseMapEntries(string(content))
 		}
 	})
-	agent, err := haptic.NewAgent(haptic.AgentConfig{
-		BaseDir:      base,
-		MasterSocket: fake.MasterSocket(),
-		WorkerSocket: fake.WorkerSocket(),
-		Listen:       "127.0.0.1:0",
-		Username:     "admin",
-		Password:     "admin",
-		Logger:       slog.New(slog.DiscardHandler),
-	})
+	agent := startExampleAgent(t, haptic.AgentConfig{BaseDir: base, MasterSocket: fake.MasterSocket(), WorkerSocket: fake.WorkerSocket()})
+	checkExampleOutput(t, runExample(t, agent), fake.Version())
+	if got := fake.MapEntries(hostMap); !reflect.DeepEqual(got, haptic.ParseMapEntries(hostMapV2)) {
+		t.Errorf("the worker's map holds %v, want the second render's entries", got)
+	}
+
+	ctx := t.Context()
+	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "admin", Password: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	state, err := client.State(ctx, haptic.StateRead{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state.AppliedPlanID != secondPlanID || state.RunningPlanID != firstPlanID {
+		t.Errorf("applied %s running %s, want the second plan applied on the first plan's worker", state.AppliedPlanID, state.RunningPlanID)
+	}
+}
+
+// startExampleAgent runs an agent on cfg with the example's default
+// credentials, on a loopback port, and waits until it is ready; cleanup
+// stops it.
+func startExampleAgent(t *testing.T, cfg haptic.AgentConfig) *haptic.Agent {
+	t.Helper()
+	cfg.Listen, cfg.Username, cfg.Password = "127.0.0.1:0", "admin", "admin"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	agent, err := haptic.NewAgent(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
 	go func() { stopped <- agent.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-stopped; err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	}()
-	for deadline := time.Now().Add(10 * time.Second); !agent.Ready(); time.Sleep(10 * time.Millisecond) {
+	})
+	for deadline := time.Now().Add(20 * time.Second); !agent.Ready(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the agent did not become ready")
 		}
 	}
+	return agent
+}
 
-	// Only the URL is set: the credentials are the defaults.
+// runExample runs the program against agent, as `go run ./cmd/basic-apply`
+// does, with only HAPTIC_AGENT_URL set: the credentials are the defaults.
+func runExample(t *testing.T, agent *haptic.Agent) string {
+	t.Helper()
 	getenv := func(name string) string {
 		if name == "HAPTIC_AGENT_URL" {
 			return "http://" + agent.Addr()
@@ -195,12 +222,18 @@ func TestBasicApplyEndToEnd(t *testing.T) {
 		return ""
 	}
 	var out bytes.Buffer
-	if err := run(ctx, &out, getenv); err != nil {
+	if err := run(t.Context(), &out, getenv); err != nil {
 		t.Fatalf("run: %v\n%s", err, out.String())
 	}
-	// Every line is literal but the reload's timing and pid.
+	return out.String()
+}
+
+// checkExampleOutput holds the program's output to its lines, every one
+// literal but the reload's timing and pid.
+func checkExampleOutput(t *testing.T, out, haproxyVersion string) {
+	t.Helper()
 	want := []string{
-		`Agent dev drives HAProxy ` + fake.Version() + `, applied plan ""`,
+		`Agent dev drives HAProxy ` + haproxyVersion + `, applied plan ""`,
 		``,
 		`Applying plan ` + firstPlanID + `: reload (0 runtime op(s))`,
 		`  reason: no baseline`,
@@ -215,30 +248,14 @@ func TestBasicApplyEndToEnd(t *testing.T) {
 		`Example completed successfully!`,
 	}
 	reloadLine := regexp.MustCompile(`^  HAProxy reloaded in \d+ ms, worker pid \d+$`)
-	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
-	if len(lines) != len(want) || !strings.HasSuffix(out.String(), "\n") {
-		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out.String())
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != len(want) || !strings.HasSuffix(out, "\n") {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), out)
 	}
 	for i, w := range want {
 		if lines[i] != w && !(strings.Contains(w, "<took_ms>") && reloadLine.MatchString(lines[i])) {
 			t.Errorf("line %d %q, want %q", i+1, lines[i], w)
 		}
-	}
-	if got := fake.MapEntries(hostMap); !reflect.DeepEqual(got, haptic.ParseMapEntries(hostMapV2)) {
-		t.Errorf("the worker's map holds %v, want the second render's entries", got)
-	}
-
-	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://" + agent.Addr(), Username: "admin", Password: "admin"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	state, err := client.State(ctx, haptic.StateRead{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if state.AppliedPlanID != secondPlanID || state.RunningPlanID != firstPlanID {
-		t.Errorf("applied %s running %s, want the second plan applied on the first plan's worker", state.AppliedPlanID, state.RunningPlanID)
 	}
 }
 
