@@ -1077,6 +1077,28 @@ func BenchmarkComputeID3000(b *testing.B) {
 	b.ReportMetric(float64(len(p.Canonical())), "canonical-bytes")
 }
 
+// BenchmarkCanonicalEncoders compares the hand-written writer with
+// json.Marshal of the id-blanked copy on the 3,000-backend plan, after
+// checking that both give the same bytes.
+func BenchmarkCanonicalEncoders(b *testing.B) {
+	p := computeID3000Plan()
+	if !bytes.Equal(p.Canonical(), marshalBlankedID(b, p)) {
+		b.Fatal("the encoders differ")
+	}
+	b.Run("hand", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.ComputeID()
+		}
+	})
+	b.Run("encoding_json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			p.ID = Digest(marshalBlankedID(b, p))
+		}
+	})
+}
+
 func TestComputeIDBudget(t *testing.T) {
 	if os.Getenv("HAPTIC_PERF") != "1" {
 		t.Skip("HAPTIC_PERF is not 1; the timing budget is checked only on request")
