@@ -404,9 +404,9 @@ func encodingTestPlan(c planChooser) *Plan {
 	return p
 }
 
-// checkMatchesEncodingJSON holds the hand-written writer to encoding/json:
-// Canonical against the id-blanked copy, and the blob form (real id)
-// against json.Marshal of the plan itself.
+// checkMatchesEncodingJSON holds the encodings to their definition:
+// Canonical against json.Marshal of the id-blanked copy, and the blob form
+// (real id) against json.Marshal of the plan itself.
 func checkMatchesEncodingJSON(t testing.TB, p *Plan) {
 	t.Helper()
 	if got, want := p.Canonical(), marshalBlankedID(t, p); !bytes.Equal(got, want) {
@@ -416,11 +416,8 @@ func checkMatchesEncodingJSON(t testing.TB, p *Plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := getPlanWriter()
-	defer w.release()
-	w.writePlan(p, p.ID)
-	if !bytes.Equal(w.buf, want) {
-		t.Fatalf("blob JSON differs from json.Marshal\n got: %q\nwant: %q", w.buf, want)
+	if got := p.marshal(p.ID); !bytes.Equal(got, want) {
+		t.Fatalf("blob JSON differs from json.Marshal\n got: %q\nwant: %q", got, want)
 	}
 }
 
@@ -905,9 +902,6 @@ func TestCanonicalStringEscaping(t *testing.T) {
 		if got := string(inKey.Canonical()); !strings.Contains(got, wantKey) {
 			t.Errorf("map key %q: want %s in %s", r.in, wantKey, got)
 		}
-		if got := string(appendJSONString(nil, r.in)); got != r.want {
-			t.Errorf("appendJSONString(%q) = %s, want %s", r.in, got, r.want)
-		}
 		checkMatchesEncodingJSON(t, inName)
 		checkMatchesEncodingJSON(t, inKey)
 	}
@@ -946,7 +940,7 @@ func TestCanonicalMatchesEncodingJSON(t *testing.T) {
 	for range 2000 {
 		checkMatchesEncodingJSON(t, encodingTestPlan(randChooser{rng}))
 	}
-	// The fixtures, whose sizes leave the small-plan path.
+	// The fixtures.
 	checkMatchesEncodingJSON(t, computeID3000Plan())
 	checkMatchesEncodingJSON(t, allFieldsExamplePlan())
 }
@@ -1077,35 +1071,13 @@ func BenchmarkComputeID3000(b *testing.B) {
 	b.ReportMetric(float64(len(p.Canonical())), "canonical-bytes")
 }
 
-// BenchmarkCanonicalEncoders compares the hand-written writer with
-// json.Marshal of the id-blanked copy on the 3,000-backend plan, after
-// checking that both give the same bytes.
-func BenchmarkCanonicalEncoders(b *testing.B) {
-	p := computeID3000Plan()
-	if !bytes.Equal(p.Canonical(), marshalBlankedID(b, p)) {
-		b.Fatal("the encoders differ")
-	}
-	b.Run("hand", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			p.ComputeID()
-		}
-	})
-	b.Run("encoding_json", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			p.ID = Digest(marshalBlankedID(b, p))
-		}
-	})
-}
-
 func TestComputeIDBudget(t *testing.T) {
 	if os.Getenv("HAPTIC_PERF") != "1" {
 		t.Skip("HAPTIC_PERF is not 1; the timing budget is checked only on request")
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	p := computeID3000Plan()
-	p.ComputeID() // warm the writer pool
+	p.ComputeID() // warm up
 	times := make([]time.Duration, 21)
 	for i := range times {
 		start := time.Now()
