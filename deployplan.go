@@ -512,7 +512,7 @@ func sameSectionText(a, b *Section) bool {
 // never proven equal.
 func sameBackendBody(a, b *Backend) bool {
 	if a.ContentKnown && b.ContentKnown {
-		return equalStrings(a.Body, b.Body)
+		return slices.Equal(a.Body, b.Body)
 	}
 	return a.BodyDigest != "" && a.BodyDigest == b.BodyDigest
 }
@@ -521,7 +521,7 @@ func sameBackendBody(a, b *Backend) bool {
 // no behaviour, so a backend without any is not a change.
 func sameBackendComments(a, b *Backend) bool {
 	if a.ContentKnown && b.ContentKnown {
-		return equalStrings(a.Comments, b.Comments)
+		return slices.Equal(a.Comments, b.Comments)
 	}
 	return a.CommentsDigest == b.CommentsDigest
 }
@@ -683,7 +683,7 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 }
 
 func sameCRTListEntry(a, b *CRTListEntry) bool {
-	return EqualKeywordArgs(a.Options, b.Options) && equalStrings(a.SNIFilters, b.SNIFilters)
+	return EqualKeywordArgs(a.Options, b.Options) && slices.Equal(a.SNIFilters, b.SNIFilters)
 }
 
 // ---------------------------------------------------------------------------
@@ -977,7 +977,7 @@ func (r *diffRun) updateServer(backend string, be *Backend, prev, next *Server) 
 		}
 		ops = append(ops, Op{Kind: OpServerSetAddr, Backend: backend, Server: next.Name, Address: next.Address, Port: next.Port})
 	}
-	if (prev.Weight == nil) != (next.Weight == nil) || prev.Weight != nil && *prev.Weight != *next.Weight {
+	if !sameWeight(prev.Weight, next.Weight) {
 		if next.Weight == nil {
 			return nil, "the weight keyword was dropped, which set server cannot express"
 		}
@@ -1553,18 +1553,6 @@ func inPlaceKind(kind string) bool {
 		return true
 	}
 	return false
-}
-
-func serversEqual(a, b []Server) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(&b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // inPlaceServerOps diffs one backend's servers against the worker's record

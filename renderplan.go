@@ -20,9 +20,9 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
+	"maps"
 	"math/bits"
 	"os"
 	"path/filepath"
@@ -266,16 +266,13 @@ func FormatDigest(sum uint64) string {
 }
 
 // digestHasher is the streaming form of Digest, so that the agent can hash
-// files on disk without reading them whole. Sum gives the 8 big-endian
-// bytes of the same value Digest formats.
+// files on disk without reading them whole.
 type digestHasher struct {
 	v     [4]uint64
 	total uint64
 	buf   [32]byte
 	n     int // bytes buffered in buf
 }
-
-var _ hash.Hash64 = (*digestHasher)(nil)
 
 // copyBuffers are the buffers streaming copies share: io.Copy allocates 32
 // KiB whenever neither side can copy on its own, once per part of every
@@ -301,20 +298,7 @@ func copyAtMost(dst io.Writer, src io.Reader, n int64) (int64, error) {
 	return written, err
 }
 
-func newDigestHasher() *digestHasher {
-	h := &digestHasher{}
-	h.Reset()
-	return h
-}
-
-func (h *digestHasher) Reset() {
-	h.v = xxInit()
-	h.total = 0
-	h.n = 0
-}
-
-func (h *digestHasher) Size() int      { return 8 }
-func (h *digestHasher) BlockSize() int { return 32 }
+func newDigestHasher() *digestHasher { return &digestHasher{v: xxInit()} }
 
 func (h *digestHasher) Write(p []byte) (int, error) {
 	written := len(p)
@@ -337,10 +321,6 @@ func (h *digestHasher) Write(p []byte) (int, error) {
 func (h *digestHasher) Sum64() uint64 {
 	v := h.v
 	return xxFinish(&v, h.total, h.buf[:h.n])
-}
-
-func (h *digestHasher) Sum(b []byte) []byte {
-	return binary.BigEndian.AppendUint64(b, h.Sum64())
 }
 
 // ---------------------------------------------------------------------------
@@ -394,54 +374,23 @@ func (p *Plan) Clone() *Plan {
 	c := *p
 	c.Sections = cloneSlice(p.Sections)
 	c.Files = cloneSlice(p.Files)
-	if p.Backends != nil {
-		c.Backends = make(map[string]Backend, len(p.Backends))
-		for k, b := range p.Backends {
-			c.Backends[k] = b.clone()
-		}
-	}
-	if p.Profiles != nil {
-		c.Profiles = make(map[string]Profile, len(p.Profiles))
-		for k, v := range p.Profiles {
-			c.Profiles[k] = v
-		}
-	}
-	if p.Maps != nil {
-		c.Maps = make(map[string]Map, len(p.Maps))
-		for k, m := range p.Maps {
-			m.Entries = cloneSlice(m.Entries)
-			c.Maps[k] = m
-		}
-	}
-	if p.CRTLists != nil {
-		c.CRTLists = make(map[string]CRTList, len(p.CRTLists))
-		for k, l := range p.CRTLists {
-			if l.Entries != nil {
-				entries := make([]CRTListEntry, len(l.Entries))
-				for i, e := range l.Entries {
-					e.Options = cloneKeywordArgs(e.Options)
-					e.SNIFilters = cloneSlice(e.SNIFilters)
-					entries[i] = e
-				}
-				l.Entries = entries
-			}
-			c.CRTLists[k] = l
-		}
-	}
+	c.Backends = cloneValues(p.Backends, Backend.clone)
+	c.Profiles = maps.Clone(p.Profiles)
+	c.Maps = cloneValues(p.Maps, func(m Map) Map { m.Entries = cloneSlice(m.Entries); return m })
+	c.CRTLists = cloneValues(p.CRTLists, func(l CRTList) CRTList {
+		l.Entries = cloneEach(l.Entries, func(e CRTListEntry) CRTListEntry {
+			e.Options, e.SNIFilters = cloneKeywordArgs(e.Options), cloneSlice(e.SNIFilters)
+			return e
+		})
+		return l
+	})
 	return &c
 }
 
 func (b Backend) clone() Backend {
-	if b.Servers != nil {
-		servers := make([]Server, len(b.Servers))
-		for i, s := range b.Servers {
-			servers[i] = s.clone()
-		}
-		b.Servers = servers
-	}
+	b.Servers = cloneEach(b.Servers, Server.clone)
 	b.DefaultServer = cloneKeywordArgs(b.DefaultServer)
-	b.Body = cloneSlice(b.Body)
-	b.Comments = cloneSlice(b.Comments)
+	b.Body, b.Comments = cloneSlice(b.Body), cloneSlice(b.Comments)
 	return b
 }
 
@@ -454,6 +403,10 @@ func (s Server) clone() Server {
 	return s
 }
 
+func cloneKeywordArgs(kws []KeywordArg) []KeywordArg {
+	return cloneEach(kws, func(kw KeywordArg) KeywordArg { kw.Args = cloneSlice(kw.Args); return kw })
+}
+
 // cloneSlice copies a slice of values, keeping nil as nil and empty as
 // empty.
 func cloneSlice[T any](s []T) []T {
@@ -463,13 +416,21 @@ func cloneSlice[T any](s []T) []T {
 	return append(make([]T, 0, len(s)), s...)
 }
 
-func cloneKeywordArgs(kws []KeywordArg) []KeywordArg {
-	if kws == nil {
-		return nil
+// cloneEach is cloneSlice with every element deep-copied by clone.
+func cloneEach[T any](s []T, clone func(T) T) []T {
+	c := cloneSlice(s)
+	for i := range c {
+		c[i] = clone(c[i])
 	}
-	c := make([]KeywordArg, len(kws))
-	for i, kw := range kws {
-		c[i] = KeywordArg{Name: kw.Name, Args: cloneSlice(kw.Args)}
+	return c
+}
+
+// cloneValues copies a map with every value deep-copied by clone, keeping
+// nil as nil.
+func cloneValues[V any](m map[string]V, clone func(V) V) map[string]V {
+	c := maps.Clone(m)
+	for k, v := range c {
+		c[k] = clone(v)
 	}
 	return c
 }
@@ -490,21 +451,12 @@ func ExactlyEqual(left, right *Plan) bool {
 // exact reports whether p carries the exact bytes of everything it
 // describes.
 func (p *Plan) exact() bool {
-	if p == nil {
+	if p == nil || slices.ContainsFunc(p.Sections, func(s Section) bool { return !s.TextKnown }) ||
+		slices.ContainsFunc(p.Files, func(f PlanFile) bool { return !f.ContentKnown }) {
 		return false
-	}
-	for i := range p.Sections {
-		if !p.Sections[i].TextKnown {
-			return false
-		}
 	}
 	for _, b := range p.Backends {
 		if !b.ContentKnown {
-			return false
-		}
-	}
-	for i := range p.Files {
-		if !p.Files[i].ContentKnown {
 			return false
 		}
 	}
@@ -519,20 +471,10 @@ func (b *Backend) EqualRecord(other *Backend) bool {
 	if b == nil || other == nil {
 		return b == other
 	}
-	if b.Name != other.Name || b.Profile != other.Profile || b.Mode != other.Mode ||
-		b.GUID != other.GUID || b.Balance != other.Balance || b.HashType != other.HashType ||
-		b.Shape != other.Shape || b.ShapeReason != other.ShapeReason {
-		return false
-	}
-	if len(b.Servers) != len(other.Servers) {
-		return false
-	}
-	for i := range b.Servers {
-		if !b.Servers[i].Equal(&other.Servers[i]) {
-			return false
-		}
-	}
-	return EqualKeywordArgs(b.DefaultServer, other.DefaultServer)
+	return b.Name == other.Name && b.Profile == other.Profile && b.Mode == other.Mode &&
+		b.GUID == other.GUID && b.Balance == other.Balance && b.HashType == other.HashType &&
+		b.Shape == other.Shape && b.ShapeReason == other.ShapeReason &&
+		serversEqual(b.Servers, other.Servers) && EqualKeywordArgs(b.DefaultServer, other.DefaultServer)
 }
 
 // EqualContent compares the description of the backend's text: the body,
@@ -542,12 +484,9 @@ func (b *Backend) EqualContent(other *Backend) bool {
 	if b == nil || other == nil {
 		return b == other
 	}
-	return b.BodyDigest == other.BodyDigest &&
-		b.CommentsDigest == other.CommentsDigest &&
-		b.RecordDigest == other.RecordDigest &&
-		b.ContentKnown == other.ContentKnown &&
-		equalStrings(b.Body, other.Body) &&
-		equalStrings(b.Comments, other.Comments)
+	return b.BodyDigest == other.BodyDigest && b.CommentsDigest == other.CommentsDigest &&
+		b.RecordDigest == other.RecordDigest && b.ContentKnown == other.ContentKnown &&
+		slices.Equal(b.Body, other.Body) && slices.Equal(b.Comments, other.Comments)
 }
 
 // Equal compares every field of two server records, weights by value.
@@ -555,46 +494,28 @@ func (s *Server) Equal(other *Server) bool {
 	if s == nil || other == nil {
 		return s == other
 	}
-	if s.Name != other.Name || s.Address != other.Address || s.Port != other.Port ||
-		s.Disabled != other.Disabled || s.GUID != other.GUID || s.Comment != other.Comment {
-		return false
-	}
-	if (s.Weight == nil) != (other.Weight == nil) {
-		return false
-	}
-	if s.Weight != nil && *s.Weight != *other.Weight {
-		return false
-	}
-	return EqualKeywordArgs(s.Extra, other.Extra)
+	return s.Name == other.Name && s.Address == other.Address && s.Port == other.Port &&
+		s.Disabled == other.Disabled && s.GUID == other.GUID && s.Comment == other.Comment &&
+		sameWeight(s.Weight, other.Weight) && EqualKeywordArgs(s.Extra, other.Extra)
+}
+
+// sameWeight compares two weight keywords: both absent, or both present
+// with the same value.
+func sameWeight(a, b *int) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
+}
+
+func serversEqual(a, b []Server) bool {
+	return slices.EqualFunc(a, b, func(x, y Server) bool { return x.Equal(&y) })
 }
 
 // EqualKeywordArgs reports whether both lists hold the same keywords with
 // the same args in the same order. Nil and empty lists are equal, because
 // JSON drops both.
 func EqualKeywordArgs(left, right []KeywordArg) bool {
-	if len(left) != len(right) {
-		return false
-	}
-	for i := range left {
-		if left[i].Name != right[i].Name || !equalStrings(left[i].Args, right[i].Args) {
-			return false
-		}
-	}
-	return true
-}
-
-// equalStrings compares two string lists element by element; nil equals
-// empty.
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(left, right, func(a, b KeywordArg) bool {
+		return a.Name == b.Name && slices.Equal(a.Args, b.Args)
+	})
 }
 
 // ---------------------------------------------------------------------------
