@@ -659,30 +659,30 @@ func DecodePlanBlob(blob []byte) (*Plan, error) {
 // errPlanJSONTooLarge is the decompressed-size refusal of DecodePlanBlob.
 var errPlanJSONTooLarge = fmt.Errorf("haptic: plan blob: decompressed plan exceeds the %d-byte limit", MaxPlanJSONBytes)
 
-// maxEmptyReads bounds consecutive reads that return no bytes and no error,
-// so a misbehaving reader cannot spin the decompression loop.
-const maxEmptyReads = 100
-
-// maxInflateChunk is the largest single allocation while a blob of unknown
-// size inflates.
-const maxInflateChunk = 4 << 20
+const (
+	// maxEmptyReads bounds consecutive reads that return no bytes and no
+	// error, so a misbehaving reader cannot spin the decompression loop.
+	maxEmptyReads = 100
+	// maxInflateChunk is the largest single allocation while a blob of
+	// unknown size inflates.
+	maxInflateChunk = 4 << 20
+)
 
 // inflatePlanJSON decompresses a blob into at most MaxPlanJSONBytes. A
 // hostile frame can inflate without end and need not declare its size, so
-// the output is read into chunks that grow from a small start up to
-// maxInflateChunk, never past the limit, and a read past a full chunk
-// decides whether more follows: a bomb costs about the limit in
-// allocations, never its own size, and the oversized output is never
-// allocated. An honest frame (EncodePlanBlob writes one) declares its
-// size and is read into one buffer of exactly that size.
+// the output is read into chunks that double from a small start up to
+// maxInflateChunk and are joined at the end: a bomb costs about the limit
+// in allocations, never its own size. An honest frame (EncodePlanBlob
+// writes one) declares its size and is read into one buffer of that size
+// plus the byte that shows the end.
 func inflatePlanJSON(blob []byte) ([]byte, error) {
-	first := min(max(4*len(blob), 64<<10), MaxPlanJSONBytes)
+	size := min(max(4*len(blob), 64<<10), maxInflateChunk)
 	var header zstd.Header
 	if header.Decode(blob) == nil && header.HasFCS {
 		if header.FrameContentSize > MaxPlanJSONBytes {
 			return nil, errPlanJSONTooLarge
 		}
-		first = max(int(header.FrameContentSize), 1)
+		size = int(header.FrameContentSize) + 1
 	}
 	dec, err := zstd.NewReader(bytes.NewReader(blob),
 		zstd.WithDecoderConcurrency(1), // synchronous: no goroutine outlives the call
@@ -693,34 +693,24 @@ func inflatePlanJSON(blob []byte) ([]byte, error) {
 	}
 	defer dec.Close()
 	var full [][]byte // filled chunks, in order
-	size := 0         // bytes in full
-	chunk := make([]byte, 0, first)
-	// Every pass reads at least one byte or returns, and size is refused
-	// once it reaches MaxPlanJSONBytes: the loop is bounded by the limit.
+	chunk, total := make([]byte, 0, size), 0
+	// Every pass reads at least one byte or returns, and total is refused
+	// once it passes MaxPlanJSONBytes: the loop is bounded by the limit.
 	for {
-		if len(chunk) == cap(chunk) {
-			var probe [1]byte
-			n, err := readSome(dec, probe[:])
-			if n == 0 {
-				if err == io.EOF {
-					return joinChunks(full, size, chunk), nil
-				}
-				return nil, inflateError(err)
-			}
-			if size += len(chunk); size >= MaxPlanJSONBytes {
-				return nil, errPlanJSONTooLarge
-			}
-			full = append(full, chunk)
-			chunk = make([]byte, 1, min(2*cap(chunk), maxInflateChunk, MaxPlanJSONBytes-size))
-			chunk[0] = probe[0]
-		}
 		n, err := readSome(dec, chunk[len(chunk):cap(chunk)])
-		chunk = chunk[:len(chunk)+n]
-		if err == io.EOF {
-			return joinChunks(full, size, chunk), nil
-		}
-		if err != nil {
+		chunk, total = chunk[:len(chunk)+n], total+n
+		switch {
+		case total > MaxPlanJSONBytes:
+			return nil, errPlanJSONTooLarge
+		case err == io.EOF && len(full) == 0:
+			return chunk, nil
+		case err == io.EOF:
+			return bytes.Join(append(full, chunk), nil), nil
+		case err != nil:
 			return nil, inflateError(err)
+		case len(chunk) == cap(chunk):
+			full = append(full, chunk)
+			chunk = make([]byte, 0, min(2*cap(chunk), maxInflateChunk))
 		}
 	}
 }
@@ -734,19 +724,6 @@ func readSome(r io.Reader, p []byte) (int, error) {
 		}
 	}
 	return 0, io.ErrNoProgress
-}
-
-// joinChunks returns the filled chunks (size bytes) followed by last as
-// one slice, without a copy when there is only last.
-func joinChunks(full [][]byte, size int, last []byte) []byte {
-	if len(full) == 0 {
-		return last
-	}
-	out := make([]byte, 0, size+len(last))
-	for _, c := range full {
-		out = append(out, c...)
-	}
-	return append(out, last...)
 }
 
 // inflateError names a decompression failure. The library's own size
