@@ -153,14 +153,8 @@ func ManifestFiles(p *Plan) []ManifestFile {
 	}
 	files := make([]ManifestFile, len(p.Files))
 	for i, f := range p.Files {
-		files[i] = ManifestFile{
-			Path:           f.Path,
-			Digest:         f.Digest,
-			Proof:          f.Digest,
-			Size:           f.Size,
-			Kind:           f.Kind,
-			ReloadOnChange: f.ReloadOnChange,
-		}
+		files[i] = ManifestFile{Path: f.Path, Digest: f.Digest, Proof: f.Digest, Size: f.Size,
+			Kind: f.Kind, ReloadOnChange: f.ReloadOnChange}
 	}
 	return files
 }
@@ -379,21 +373,8 @@ func (r *diffRun) emit(group int, ops ...Op) {
 	r.groups[group] = append(r.groups[group], ops...)
 }
 
-// ops concatenates the groups in order into one new slice.
-func (r *diffRun) ops() []Op {
-	n := 0
-	for _, g := range r.groups {
-		n += len(g)
-	}
-	if n == 0 {
-		return nil
-	}
-	ops := make([]Op, 0, n)
-	for _, g := range r.groups {
-		ops = append(ops, g...)
-	}
-	return ops
-}
+// ops concatenates the groups in order into one new slice, nil when empty.
+func (r *diffRun) ops() []Op { return slices.Concat(r.groups[:]...) }
 
 // planIndex is one call's lookup tables over a plan, so that no rule scans
 // a list inside a loop. It is never kept across calls: a plan changed and
@@ -408,14 +389,9 @@ type sectionKey struct{ kind, name string }
 
 func indexPlan(p *Plan) *planIndex {
 	x := &planIndex{
-		files:           make(map[string]int, len(p.Files)),
+		files:           firstIndex(p.Files, func(f *PlanFile) string { return f.Path }),
 		sections:        map[sectionKey]int{},
 		backendSections: make(map[string]int, len(p.Backends)),
-	}
-	for i := range p.Files {
-		if _, dup := x.files[p.Files[i].Path]; !dup {
-			x.files[p.Files[i].Path] = i
-		}
 	}
 	for i := range p.Sections {
 		s := &p.Sections[i]
@@ -428,6 +404,23 @@ func indexPlan(p *Plan) *planIndex {
 		}
 	}
 	return x
+}
+
+// firstIndex maps each key of items to the index of its first item.
+func firstIndex[T any](items []T, key func(*T) string) map[string]int {
+	index := make(map[string]int, len(items))
+	for i := range items {
+		k := key(&items[i])
+		if _, dup := index[k]; !dup {
+			index[k] = i
+		}
+	}
+	return index
+}
+
+// serverIndex maps each server name to its first server line.
+func serverIndex(servers []Server) map[string]int {
+	return firstIndex(servers, func(s *Server) string { return s.Name })
 }
 
 // file returns the plan's file at path, or nil.
@@ -534,7 +527,7 @@ func sameBackendRecord(a, b *Backend) bool {
 }
 
 // ---------------------------------------------------------------------------
-// 5.1 Certificates, CA files and crt-lists (first, so that a server keyword
+// Certificates, CA files and crt-lists (first, so that a server keyword
 // can name a certificate this diff creates).
 
 func (r *diffRun) certificates() {
@@ -623,19 +616,10 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 		}
 	}
 	const orderChanged = "the entry order changed, which only a reload applies"
-	prevByCert := make(map[string]int, len(prev))
-	for i, e := range prev {
-		if _, dup := prevByCert[e.Cert]; dup {
-			return nil, orderChanged
-		}
-		prevByCert[e.Cert] = i
-	}
-	nextByCert := make(map[string]int, len(next))
-	for i, e := range next {
-		if _, dup := nextByCert[e.Cert]; dup {
-			return nil, orderChanged
-		}
-		nextByCert[e.Cert] = i
+	certOf := func(e *CRTListEntry) string { return e.Cert }
+	prevByCert, nextByCert := firstIndex(prev, certOf), firstIndex(next, certOf)
+	if len(prevByCert) < len(prev) || len(nextByCert) < len(next) {
+		return nil, orderChanged // a certificate named on two lines
 	}
 
 	var ops []Op
@@ -687,7 +671,7 @@ func sameCRTListEntry(a, b *CRTListEntry) bool {
 }
 
 // ---------------------------------------------------------------------------
-// 5.2 Backends (before sections, so that a profile removal sees which
+// Backends (before sections, so that a profile removal sees which
 // backends this diff deletes).
 
 func (r *diffRun) backends() {
@@ -737,39 +721,31 @@ func (r *diffRun) backends() {
 // addBackend creates a dynamic backend from its profile, adds its servers
 // and publishes it; structural backends and unsafe words reload.
 func (r *diffRun) addBackend(name string, b *Backend) {
+	_, hasProfile := r.prev.Profiles[b.Profile]
+	var refusal string
 	switch {
-	case b.Shape != ShapeDynamic && b.ShapeReason != "":
-		r.fail("backend %s added: structural shape, %s", name, b.ShapeReason)
-		return
 	case b.Shape != ShapeDynamic:
-		r.fail("backend %s added: structural shape", name)
-		return
+		refusal = structuralShape(b)
 	case !r.caps.DynamicBackends:
-		r.fail("backend %s added: this HAProxy has no add backend", name)
-		return
+		refusal = "this HAProxy has no add backend"
 	case !SafeToken(name) || !SafeToken(b.Profile) ||
 		b.GUID != "" && !SafeToken(b.GUID) || b.Mode != "" && !SafeToken(b.Mode):
-		r.fail("backend %s added: the name, profile or guid is not a safe runtime token", name)
-		return
-	}
-	if _, ok := r.prev.Profiles[b.Profile]; !ok {
-		r.fail("backend %s added: profile %q is not in the running config", name, b.Profile)
-		return
+		refusal = "the name, profile or guid is not a safe runtime token"
+	case !hasProfile:
+		refusal = fmt.Sprintf("profile %q is not in the running config", b.Profile)
 	}
 	ops := []Op{{Kind: OpBackendAdd, Backend: name, Profile: b.Profile, Mode: b.Mode, GUID: b.GUID}}
 	names := make(map[string]bool, len(b.Servers))
-	for i := range b.Servers {
-		s := &b.Servers[i]
+	for i := 0; i < len(b.Servers) && refusal == ""; i++ {
 		var serverOps []Op
-		refusal := refuseRepeatedName(names, s.Name)
-		if refusal == "" {
-			serverOps, refusal = r.addServer(name, b, s)
-		}
-		if refusal != "" {
-			r.fail("backend %s added: %s", name, refusal)
-			return
+		if refusal = refuseRepeatedName(names, b.Servers[i].Name); refusal == "" {
+			serverOps, refusal = r.addServer(name, b, &b.Servers[i])
 		}
 		ops = append(ops, serverOps...)
+	}
+	if refusal != "" {
+		r.fail("backend %s added: %s", name, refusal)
+		return
 	}
 	r.emit(groupBackendAdd, ops...)
 	r.emit(groupBackendPublish, Op{Kind: OpBackendPublish, Backend: name})
@@ -779,33 +755,28 @@ func (r *diffRun) addBackend(name string, b *Backend) {
 // deletes it once it is removable: all deferred, all counted against the
 // pod's delete queue. A refusal composes none of it.
 func (r *diffRun) removeBackend(name string, b *Backend) {
+	var refusal string
 	switch {
-	case b.Shape != ShapeDynamic && b.ShapeReason != "":
-		r.fail("backend %s removed: structural shape, %s", name, b.ShapeReason)
-		return
 	case b.Shape != ShapeDynamic:
-		r.fail("backend %s removed: structural shape", name)
-		return
+		refusal = structuralShape(b)
 	case !r.caps.DynamicBackends:
-		r.fail("backend %s removed: this HAProxy has no del backend", name)
-		return
+		refusal = "this HAProxy has no del backend"
 	case r.pendingBackends >= MaxPendingBackendDeletes:
-		r.fail("backend %s removed: %d backend deletes already pending", name, r.pendingBackends)
-		return
+		refusal = fmt.Sprintf("%d backend deletes already pending", r.pendingBackends)
 	case !SafeToken(name):
-		r.fail("backend %s removed: the name is not a safe runtime token", name)
-		return
+		refusal = "the name is not a safe runtime token"
 	}
 	pendingBefore := r.pendingServers
 	var serverOps []Op
-	for i := range b.Servers {
-		ops, refusal := r.removeServer(name, &b.Servers[i])
-		if refusal != "" {
-			r.pendingServers = pendingBefore
-			r.fail("backend %s removed: %s", name, refusal)
-			return
-		}
+	for i := 0; i < len(b.Servers) && refusal == ""; i++ {
+		var ops []Op
+		ops, refusal = r.removeServer(name, &b.Servers[i])
 		serverOps = append(serverOps, ops...)
+	}
+	if refusal != "" {
+		r.pendingServers = pendingBefore
+		r.fail("backend %s removed: %s", name, refusal)
+		return
 	}
 	r.emit(groupBackendUnpublish, Op{Kind: OpBackendUnpublish, Backend: name})
 	r.emit(groupServerDelete, serverOps...)
@@ -814,6 +785,15 @@ func (r *diffRun) removeBackend(name string, b *Backend) {
 		Op{Kind: OpBackendDel, Backend: name})
 	r.deleted[name] = true
 	r.pendingBackends++
+}
+
+// structuralShape is the refusal of a backend that is not dynamic, with
+// the producer's reason when it gave one.
+func structuralShape(b *Backend) string {
+	if b.ShapeReason != "" {
+		return "structural shape, " + b.ShapeReason
+	}
+	return "structural shape"
 }
 
 // keptBackend decides a backend present in both plans: a text change must be
@@ -866,18 +846,13 @@ func changedBackendAttribute(prev, next *Backend) string {
 }
 
 // ---------------------------------------------------------------------------
-// 5.3 Servers.
+// Servers.
 
 // servers diffs the servers of a kept backend by name: updates and adds in
 // next's order, then removals in prev's order. Each refusal records its own
 // reason; the other servers are still diffed.
 func (r *diffRun) servers(name string, prev, next *Backend) {
-	prevByName := make(map[string]int, len(prev.Servers))
-	for i := range prev.Servers {
-		if _, dup := prevByName[prev.Servers[i].Name]; !dup {
-			prevByName[prev.Servers[i].Name] = i
-		}
-	}
+	prevByName := serverIndex(prev.Servers)
 	nextNames := make(map[string]bool, len(next.Servers))
 	for i := range next.Servers {
 		s := &next.Servers[i]
@@ -1159,7 +1134,7 @@ func freshKeywords(kws []KeywordArg) []KeywordArg {
 }
 
 // ---------------------------------------------------------------------------
-// 5.4 Sections and profiles: the section guard.
+// Sections and profiles: the section guard.
 
 func (r *diffRun) sections() {
 	for i := range r.next.Sections {
@@ -1235,7 +1210,7 @@ func firstProfileUser(p *Plan, x *planIndex, profile string, skip map[string]boo
 }
 
 // ---------------------------------------------------------------------------
-// 5.5 Maps.
+// Maps.
 
 func (r *diffRun) maps() {
 	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
@@ -1433,7 +1408,7 @@ func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []
 }
 
 // ---------------------------------------------------------------------------
-// 5.6 Files and the config guard (last, so that the guard knows whether any
+// Files and the config guard (last, so that the guard knows whether any
 // section changed).
 
 func (r *diffRun) files() {
@@ -1467,7 +1442,7 @@ func (r *diffRun) files() {
 }
 
 // ---------------------------------------------------------------------------
-// 8. In-place ops: what the worker that keeps serving while a reload waits
+// In-place ops: what the worker that keeps serving while a reload waits
 // can already take, composed against base.WorkerOps.
 
 // composeInPlace returns the in-place ops and the worker's plan once they
@@ -1559,12 +1534,7 @@ func inPlaceKind(kind string) bool {
 // (r.prev is the worker). A removed server is only disabled: deletes wait
 // for the reload. Refused servers contribute nothing.
 func (r *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
-	workerByName := make(map[string]int, len(worker.Servers))
-	for i := range worker.Servers {
-		if _, dup := workerByName[worker.Servers[i].Name]; !dup {
-			workerByName[worker.Servers[i].Name] = i
-		}
-	}
+	workerByName := serverIndex(worker.Servers)
 	var ops []Op
 	nextNames := make(map[string]bool, len(next.Servers))
 	for i := range next.Servers {
@@ -1662,12 +1632,7 @@ func workerPlanAfter(worker, next *Plan, nx *planIndex, ops []Op) *Plan {
 		}
 		byName, ok := servers[backend]
 		if !ok {
-			byName = make(map[string]int, len(b.Servers))
-			for i := range b.Servers {
-				if _, dup := byName[b.Servers[i].Name]; !dup {
-					byName[b.Servers[i].Name] = i
-				}
-			}
+			byName = serverIndex(b.Servers)
 			servers[backend] = byName
 		}
 		i, ok := byName[server]

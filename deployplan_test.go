@@ -961,6 +961,18 @@ func TestDiffBackendRemovedRefusals(t *testing.T) {
 	}
 }
 
+// A refused backend removal gives back the server deletes it counted, so
+// that the next removal is judged against the pod's real queue.
+func TestDiffBackendRemovalRefusedCountsNoServerDelete(t *testing.T) {
+	base := baseOf(basePlan(withBackends(
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80)),
+		dynBackend("be-b", srv("SRV_1", "10.0.0.3", 80)))))
+	base.Caps, base.PendingServerDeletes = on34, MaxPendingServerDeletes-1
+	d := Diff(basePlan(), base)
+	wantVerdict(t, d, VerdictReload)
+	wantReasonsExactly(t, d, fmt.Sprintf("backend be-a removed: %d server deletes already pending", MaxPendingServerDeletes))
+}
+
 func TestDiffBackendAttributeChanges(t *testing.T) {
 	beA := dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80))
 	prev := basePlan(withProfile("haptic-be-2", "body-2"), withBackends(beA))
@@ -1516,6 +1528,12 @@ func TestDiffCRTListOrderIsNotReachablePerEntry(t *testing.T) {
 			wantReason(t, d, tc.reason)
 		})
 	}
+	t.Run("a certificate on two lines of the running list", func(t *testing.T) {
+		// Per-entry ops would leave the repeated line in place.
+		d := crtListDiff([]CRTListEntry{tls, other, tls}, prev)
+		wantVerdict(t, d, VerdictReload)
+		wantReason(t, d, "the entry order changed")
+	})
 	t.Run("an append past every retained entry stays runtime", func(t *testing.T) {
 		d := crtListDiff(prev, []CRTListEntry{tls, other, {Cert: "certs/third.pem"}})
 		wantVerdict(t, d, VerdictRuntime)
