@@ -1564,31 +1564,15 @@ func (r *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 }
 
 // inPlaceMapOps returns every map's map_set ops then every map's map_del
-// ops against the worker's entries, or nil when any map cannot move in
-// place: map values route traffic and enforce access across maps, so the
-// worker takes either every map change of the render or none.
+// ops against the worker's entries (r.prev is the worker), composed by the
+// rule of maps, or nil when any map cannot move in place: map values route
+// traffic and enforce access across maps, so the worker takes either every
+// map change of the render or none.
 func (r *diffRun) inPlaceMapOps(base *Baseline) []Op {
-	var sets, deletes []Op
-	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
-		m := r.next.Maps[name]
-		old, had := r.prev.Maps[name]
-		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
-			continue
-		}
-		mapPath := runtimeMapPath(name, &m)
-		if !r.inv.maps[mapPath] || !SafeToken(mapPath) {
-			return nil
-		}
-		upserts, dels := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
-		for _, op := range upserts {
-			if op.Kind != OpMapSet { // a map_add or a whole replacement
-				return nil
-			}
-		}
-		sets = append(sets, upserts...)
-		deletes = append(deletes, dels...)
-	}
-	if len(sets)+len(deletes) == 0 {
+	r.maps() // a reason (a map not loaded, an unsafe path) refuses
+	sets, deletes := r.groups[groupMapUpsert], r.groups[groupMapDelete]
+	if len(r.reasons) > 0 || len(sets)+len(deletes) == 0 ||
+		slices.ContainsFunc(sets, func(op Op) bool { return op.Kind != OpMapSet }) { // a map_add or a whole replacement
 		return nil
 	}
 	// A map value may route to a backend the worker lacks, directly or

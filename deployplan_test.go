@@ -1942,6 +1942,19 @@ func TestInPlaceMapSetWaitsForABackendTheReloadAdds(t *testing.T) {
 	})
 }
 
+// A map the worker has not loaded cannot move in place, and then no map
+// does: the worker takes every map change of the render or none.
+func TestInPlaceMapsWaitForEveryMapToBeLoaded(t *testing.T) {
+	const other = "maps/other.map"
+	prev := basePlan(withMap(routeMap, false, mapEntries("a", "be-a")...), withMap(other, false, mapEntries("b", "be-a")...))
+	next := basePlan(withMap(routeMap, false, mapEntries("a", "be-z")...), withMap(other, false, mapEntries("b", "be-z")...))
+	d := Diff(next, withMapsLoaded(pendingOn(prev), routeMap))
+	wantVerdict(t, d, VerdictRuntime)
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %s while %s is not loaded", opsJSON(d.InPlace), other)
+	}
+}
+
 func TestInPlaceMapBatchIsNotTruncated(t *testing.T) {
 	var before, after []string
 	for i := range 1001 {
