@@ -117,6 +117,9 @@ func (c Caps) executes(kind string) bool {
 	return c.AgentOps == nil || c.AgentOps[kind]
 }
 
+// refuses reports whether the agent does not run op.
+func (c Caps) refuses(op Op) bool { return !c.executes(op.Kind) }
+
 // Decision is Diff's answer for one pod: its Verdict says what the change
 // needs, its Mode what the manifest asks of the agent (the package doc
 // tells these words from ApplyResult.Mode, what happened).
@@ -287,20 +290,10 @@ func Diff(next *Plan, base *Baseline) Decision {
 // composition calls it again with the worker as the applied plan, reusing the
 // render's index.
 func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun, []Op) {
-	r := &diffRun{
-		next:            next,
-		prev:            base.Applied,
-		nx:              nx,
-		px:              px,
-		caps:            base.Caps,
-		inv:             inventorySetsOf(base.Inventory),
-		createdCerts:    map[string]bool{},
-		createdCAs:      map[string]bool{},
-		certDir:         certDirOf(next),
-		pendingServers:  base.PendingServerDeletes,
-		pendingBackends: base.PendingBackendDeletes,
-		deleted:         map[string]bool{},
-	}
+	r := &diffRun{next: next, prev: base.Applied, nx: nx, px: px, caps: base.Caps,
+		inv: inventorySetsOf(base.Inventory), certDir: certDirOf(next),
+		createdCerts: map[string]bool{}, createdCAs: map[string]bool{}, deleted: map[string]bool{},
+		pendingServers: base.PendingServerDeletes, pendingBackends: base.PendingBackendDeletes}
 	r.certificates()
 	r.backends()
 	r.sections()
@@ -308,13 +301,8 @@ func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun,
 	r.files()
 
 	ops := r.ops()
-	if r.caps.AgentOps != nil {
-		for i := range ops {
-			if !r.caps.executes(ops[i].Kind) {
-				r.fail("the agent does not execute %s", ops[i].Kind)
-				break
-			}
-		}
+	if i := slices.IndexFunc(ops, r.caps.refuses); i >= 0 {
+		r.fail("the agent does not execute %s", ops[i].Kind)
 	}
 	return r, ops
 }
@@ -452,13 +440,8 @@ func inventorySetsOf(inv Inventory) inventorySets {
 		}
 		return s
 	}
-	return inventorySets{
-		maps:     set(inv.Maps),
-		certs:    set(inv.Certs),
-		caFiles:  set(inv.CAFiles),
-		crlFiles: set(inv.CRLFiles),
-		crtLists: set(inv.CRTLists),
-	}
+	return inventorySets{maps: set(inv.Maps), certs: set(inv.Certs), caFiles: set(inv.CAFiles),
+		crlFiles: set(inv.CRLFiles), crtLists: set(inv.CRTLists)}
 }
 
 // certDirOf is the directory of the render's first certificate not at the
@@ -466,10 +449,7 @@ func inventorySetsOf(inv Inventory) inventorySets {
 // the render keeps its certificates there.
 func certDirOf(p *Plan) string {
 	for i := range p.Files {
-		if p.Files[i].Kind != FileKindCert {
-			continue
-		}
-		if dir := path.Dir(p.Files[i].Path); dir != "." {
+		if dir := path.Dir(p.Files[i].Path); p.Files[i].Kind == FileKindCert && dir != "." {
 			return dir
 		}
 	}
@@ -482,32 +462,17 @@ func certDirOf(p *Plan) string {
 // still recognises an identical render.
 
 func sameFileContent(a, b *PlanFile) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	if a.ContentKnown && b.ContentKnown {
-		return a.Content == b.Content
-	}
-	return a.Digest != "" && a.Digest == b.Digest
+	return a != nil && b != nil && proven(a.ContentKnown && b.ContentKnown, a.Content == b.Content, a.Digest, b.Digest)
 }
 
 func sameSectionText(a, b *Section) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	if a.TextKnown && b.TextKnown {
-		return a.Text == b.Text
-	}
-	return a.TextDigest != "" && a.TextDigest == b.TextDigest
+	return a != nil && b != nil && proven(a.TextKnown && b.TextKnown, a.Text == b.Text, a.TextDigest, b.TextDigest)
 }
 
 // sameBackendBody counts two empty digests as changed: an unknown body is
 // never proven equal.
 func sameBackendBody(a, b *Backend) bool {
-	if a.ContentKnown && b.ContentKnown {
-		return slices.Equal(a.Body, b.Body)
-	}
-	return a.BodyDigest != "" && a.BodyDigest == b.BodyDigest
+	return proven(a.ContentKnown && b.ContentKnown, slices.Equal(a.Body, b.Body), a.BodyDigest, b.BodyDigest)
 }
 
 // sameBackendComments counts two empty digests as equal: comments change
@@ -520,10 +485,16 @@ func sameBackendComments(a, b *Backend) bool {
 }
 
 func sameBackendRecord(a, b *Backend) bool {
-	if a.ContentKnown && b.ContentKnown {
-		return a.EqualRecord(b)
+	return proven(a.ContentKnown && b.ContentKnown, a.EqualRecord(b), a.RecordDigest, b.RecordDigest)
+}
+
+// proven is the exact comparison when both sides hold the content, and
+// otherwise equal digests, where an empty digest proves nothing.
+func proven(bothKnown, exactlyEqual bool, digestA, digestB string) bool {
+	if bothKnown {
+		return exactlyEqual
 	}
-	return a.RecordDigest != "" && a.RecordDigest == b.RecordDigest
+	return digestA != "" && digestA == digestB
 }
 
 // ---------------------------------------------------------------------------
@@ -576,23 +547,18 @@ func (r *diffRun) certificateFile(filePath, setKind, newKind string, loaded, cre
 func (r *diffRun) crtList(listPath string) {
 	prev, okPrev := r.prev.CRTLists[listPath]
 	next, okNext := r.next.CRTLists[listPath]
-	switch {
+	switch ops, refusal := crtListOps(listPath, prev.Entries, next.Entries); {
 	case !okPrev || !okNext:
 		r.fail("crt-list %s changed, but crt-list entries are not declared by the render yet", listPath)
-		return
 	case !r.inv.crtLists[listPath]:
 		r.note("crt-list %s is not loaded at runtime, its file is written only", listPath)
-		return
 	case !SafeToken(listPath):
 		r.fail("file %s is not a safe runtime token", listPath)
-		return
-	}
-	ops, refusal := crtListOps(listPath, prev.Entries, next.Entries)
-	if refusal != "" {
+	case refusal != "":
 		r.fail("crt-list %s: %s", listPath, refusal)
-		return
+	default:
+		r.emit(groupCRTLists, ops...)
 	}
-	r.emit(groupCRTLists, ops...)
 }
 
 // crtListOps edits a loaded crt-list entry by entry. add ssl crt-list only
@@ -649,19 +615,12 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 		if had {
 			ops = append(ops, Op{Kind: OpCRTListDel, Path: listPath, Cert: e.Cert})
 		}
-		ops = append(ops, Op{
-			Kind:       OpCRTListAdd,
-			Path:       listPath,
-			Cert:       e.Cert,
-			Options:    freshKeywords(e.Options),
-			SNIFilters: freshStrings(e.SNIFilters),
-		})
+		ops = append(ops, Op{Kind: OpCRTListAdd, Path: listPath, Cert: e.Cert,
+			Options: freshKeywords(e.Options), SNIFilters: freshStrings(e.SNIFilters)})
 		running = append(running, e.Cert)
 	}
-	for i := range next {
-		if running[i] != next[i].Cert {
-			return nil, orderChanged
-		}
+	if !slices.EqualFunc(running, next, func(cert string, e CRTListEntry) bool { return cert == e.Cert }) {
+		return nil, orderChanged
 	}
 	return ops, ""
 }
@@ -1485,14 +1444,8 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 	}
 
 	mapOps := w.inPlaceMapOps(base)
-	if len(serverOps)+len(certOps)+len(mapOps) > MaxOpsPerApply {
-		mapOps = nil // all or nothing: never cut short
-	}
-	for i := range mapOps {
-		if !r.caps.executes(mapOps[i].Kind) {
-			mapOps = nil
-			break
-		}
+	if len(serverOps)+len(certOps)+len(mapOps) > MaxOpsPerApply || slices.ContainsFunc(mapOps, r.caps.refuses) {
+		mapOps = nil // all or nothing: never cut short, never in part
 	}
 
 	ops := make([]Op, 0, len(certOps)+len(serverOps)+len(mapOps))
