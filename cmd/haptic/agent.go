@@ -114,11 +114,10 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 		return cfg, errUsage
 	}
 	logger, err := newLogger(s.err, s.getenv("LOG_LEVEL"), slog.LevelInfo)
-	if err != nil {
-		usageError(fs, "%v", err)
-		return cfg, errUsage
+	if err == nil {
+		cfg, err = cfg.ResolvePaths()
 	}
-	if cfg, err = cfg.ResolvePaths(); err != nil {
+	if err != nil {
 		usageError(fs, "%v", err)
 		return cfg, errUsage
 	}
@@ -126,13 +125,11 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	// the flags do not: an explicit --tls-dir "" still means no TLS.
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, e := range []struct {
-		flag, env string
-		value     *string
-	}{{"tls-dir", "AGENT_TLS_DIR", &cfg.TLSDir}, {"tls-client-name", "AGENT_TLS_CLIENT_NAME", &cfg.TLSClientName}} {
-		if !given[e.flag] {
-			*e.value = s.getenv(e.env)
-		}
+	if !given["tls-dir"] {
+		cfg.TLSDir = s.getenv("AGENT_TLS_DIR")
+	}
+	if !given["tls-client-name"] {
+		cfg.TLSClientName = s.getenv("AGENT_TLS_CLIENT_NAME")
 	}
 	cfg.Username = s.getenv("DATAPLANE_USERNAME")
 	cfg.Password = s.getenv("DATAPLANE_PASSWORD")

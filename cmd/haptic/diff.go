@@ -43,11 +43,7 @@ func runPlan(args []string, s stdio) int {
 		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
 		return exitFailure
 	}
-	out, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
-		return exitFailure
-	}
+	out, _ := json.MarshalIndent(p, "", "  ") // a plan holds no value encoding/json refuses
 	s.out.Write(append(out, '\n'))
 	return exitOK
 }
@@ -88,8 +84,7 @@ func runDiff(ctx context.Context, args []string, s stdio) int {
 	case len(agent.urls) == 0 && !readableVersion(*version):
 		return usageError(fs, "--haproxy-version %q is not a version such as 3.0 or 3.4.3", *version)
 	}
-	last := positional[len(positional)-1]
-	next, err := loadPlan(last)
+	next, err := loadPlan(positional[len(positional)-1])
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
 		return exitUsage
@@ -282,14 +277,12 @@ func loadPlan(path string) (*haptic.Plan, error) {
 	if len(data) > haptic.MaxPlanJSONBytes {
 		return nil, fmt.Errorf("%s: more than %d bytes", path, haptic.MaxPlanJSONBytes)
 	}
+	var p *haptic.Plan
 	if bytes.HasPrefix(data, zstdMagic) {
-		p, err := haptic.DecodePlanBlob(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		return p, nil
+		p, err = haptic.DecodePlanBlob(data)
+	} else {
+		p, err = decodePlanJSON(data)
 	}
-	p, err := decodePlanJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
