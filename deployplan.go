@@ -761,23 +761,17 @@ func structuralShape(b *Backend) string {
 // one.
 func (r *diffRun) keptBackend(name string, prevSection, nextSection *Section, prev, next *Backend) {
 	textChanged := !sameSectionText(prevSection, nextSection)
-	if textChanged {
-		r.sectionChange = true
-	}
-	if !sameBackendBody(prev, next) {
-		r.fail("backend %s: body changed", name)
-		return
-	}
+	r.sectionChange = r.sectionChange || textChanged
 	sameRecord := sameBackendRecord(prev, next)
-	switch {
+	switch attribute := changedBackendAttribute(prev, next); {
+	case !sameBackendBody(prev, next):
+		r.fail("backend %s: body changed", name)
 	case textChanged && sameRecord && sameBackendComments(prev, next):
 		r.fail("backend %s: unexplained text change", name)
 	case sameRecord:
+	case attribute != "":
+		r.fail("backend %s: %s changed, which HAProxy cannot alter at runtime", name, attribute)
 	default:
-		if attribute := changedBackendAttribute(prev, next); attribute != "" {
-			r.fail("backend %s: %s changed, which HAProxy cannot alter at runtime", name, attribute)
-			return
-		}
 		r.servers(name, prev, next)
 	}
 }
@@ -859,16 +853,14 @@ func refuseRepeatedName(seen map[string]bool, name string) string {
 // that is not disabled is then enabled, with its health check when it has
 // one; a disabled server stays in MAINT.
 func (r *diffRun) addServer(backend string, be *Backend, s *Server) ([]Op, string) {
-	if !r.caps.DynamicServers {
+	switch refusal := endpointRefusal(s.Address, s.Port); {
+	case !r.caps.DynamicServers:
 		return nil, "this HAProxy has no add server"
-	}
-	if !balanceTakesDynamicServers(be.Balance, be.HashType) {
+	case !balanceTakesDynamicServers(be.Balance, be.HashType):
 		return nil, fmt.Sprintf("balance %q takes no dynamic server", be.Balance)
-	}
-	if !SafeToken(s.Name) || !SafeToken(backend) {
+	case !SafeToken(s.Name) || !SafeToken(backend):
 		return nil, "the name is not a safe runtime token"
-	}
-	if refusal := endpointRefusal(s.Address, s.Port); refusal != "" {
+	case refusal != "":
 		return nil, refusal
 	}
 	keywords := mergeKeywords(be.DefaultServer, s.Extra)
@@ -936,13 +928,12 @@ func (r *diffRun) updateServer(backend string, be *Backend, prev, next *Server) 
 // removeServer composes a deferred delete: disable now, delete once
 // removable. It counts against the pod's server delete queue.
 func (r *diffRun) removeServer(backend string, s *Server) ([]Op, string) {
-	if !r.caps.DynamicServers {
+	switch {
+	case !r.caps.DynamicServers:
 		return nil, "this HAProxy has no del server"
-	}
-	if r.pendingServers >= MaxPendingServerDeletes {
+	case r.pendingServers >= MaxPendingServerDeletes:
 		return nil, fmt.Sprintf("%d server deletes already pending", r.pendingServers)
-	}
-	if !SafeToken(s.Name) || !SafeToken(backend) {
+	case !SafeToken(s.Name) || !SafeToken(backend):
 		return nil, "the name is not a safe runtime token"
 	}
 	r.pendingServers++
@@ -1068,12 +1059,7 @@ func addServerKeyword(name string) bool {
 }
 
 func allSafeTokens(words []string) bool {
-	for _, w := range words {
-		if !SafeToken(w) {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(words, func(w string) bool { return !SafeToken(w) })
 }
 
 // freshStrings copies a list for an op; an empty list becomes nil.
@@ -1178,18 +1164,16 @@ func (r *diffRun) maps() {
 		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
 			continue
 		}
-		mapPath := runtimeMapPath(name, &m)
-		if !r.inv.maps[mapPath] {
+		switch mapPath := runtimeMapPath(name, &m); {
+		case !r.inv.maps[mapPath]:
 			r.note("map %s is not loaded at runtime, its file is written only", name)
-			continue
-		}
-		if !SafeToken(mapPath) {
+		case !SafeToken(mapPath):
 			r.fail("map %s: the path is not a safe runtime token", name)
-			continue
+		default:
+			upserts, deletes := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
+			r.emit(groupMapUpsert, upserts...)
+			r.emit(groupMapDelete, deletes...)
 		}
-		upserts, deletes := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
-		r.emit(groupMapUpsert, upserts...)
-		r.emit(groupMapDelete, deletes...)
 	}
 }
 
@@ -1373,7 +1357,7 @@ func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []
 func (r *diffRun) files() {
 	for i := range r.next.Files {
 		f := &r.next.Files[i]
-		if old := r.px.file(r.prev, f.Path); old != nil && sameFileContent(old, f) {
+		if sameFileContent(r.px.file(r.prev, f.Path), f) {
 			continue
 		}
 		switch {
@@ -1567,16 +1551,13 @@ func workerPlanAfter(worker, next *Plan, nx *planIndex, ops []Op) *Plan {
 		if !ok {
 			return nil, -1
 		}
-		byName, ok := servers[backend]
-		if !ok {
-			byName = serverIndex(b.Servers)
-			servers[backend] = byName
+		if servers[backend] == nil {
+			servers[backend] = serverIndex(b.Servers)
 		}
-		i, ok := byName[server]
-		if !ok {
-			return &b, -1
+		if i, ok := servers[backend][server]; ok {
+			return &b, i
 		}
-		return &b, i
+		return &b, -1
 	}
 	mapNames := make(map[string]string, len(next.Maps)) // runtime path -> map name, first by name
 	for _, name := range slices.Sorted(maps.Keys(next.Maps)) {
