@@ -138,13 +138,7 @@ type Decision struct {
 // new slice. shutdown_sessions is absent on purpose: the agent issues it
 // itself from its deferred-delete queue.
 func ComposedOps() []string {
-	kinds := make([]string, 0, len(opKinds)-1)
-	for _, kind := range opKinds {
-		if kind != OpShutdownSessions {
-			kinds = append(kinds, kind)
-		}
-	}
-	return kinds
+	return slices.DeleteFunc(slices.Clone(opKinds[:]), func(kind string) bool { return kind == OpShutdownSessions })
 }
 
 // ManifestFiles projects a plan onto the manifest's file list: one entry per
@@ -169,19 +163,13 @@ func InventoryOf(p *Plan) Inventory {
 	if p == nil {
 		return inv
 	}
+	lists := map[string]*[]string{FileKindMap: &inv.Maps, FileKindCert: &inv.Certs, FileKindCA: &inv.CAFiles, FileKindCRTList: &inv.CRTLists}
 	for _, f := range p.Files {
-		switch f.Kind {
-		case FileKindMap:
-			inv.Maps = append(inv.Maps, f.Path)
-		case FileKindCert:
-			inv.Certs = append(inv.Certs, f.Path)
-		case FileKindCA:
-			inv.CAFiles = append(inv.CAFiles, f.Path)
-		case FileKindCRTList:
-			inv.CRTLists = append(inv.CRTLists, f.Path)
+		if list := lists[f.Kind]; list != nil {
+			*list = append(*list, f.Path)
 		}
 	}
-	for _, list := range []*[]string{&inv.Maps, &inv.Certs, &inv.CAFiles, &inv.CRTLists} {
+	for _, list := range lists {
 		slices.Sort(*list)
 		*list = slices.Compact(*list)
 	}
