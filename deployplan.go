@@ -1382,10 +1382,7 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 	worker := base.WorkerOps
 	wx := indexPlan(worker)
 	// Creating ops never run in place, so nothing counts as created.
-	w := &diffRun{
-		next: r.next, prev: worker, nx: r.nx, px: wx,
-		caps: r.caps, inv: r.inv, certDir: r.certDir,
-	}
+	w := &diffRun{next: r.next, prev: worker, nx: r.nx, px: wx, caps: r.caps, inv: r.inv, certDir: r.certDir}
 
 	var serverOps []Op
 	for i := range r.next.Sections {
@@ -1407,10 +1404,8 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 	var certOps []Op
 	for i := range r.next.Files {
 		f := &r.next.Files[i]
-		if f.Kind != FileKindCert {
-			continue
-		}
-		if old := wx.file(worker, f.Path); old != nil && !sameFileContent(old, f) && SafeToken(f.Path) && r.inv.certs[f.Path] {
+		if old := wx.file(worker, f.Path); f.Kind == FileKindCert && old != nil && !sameFileContent(old, f) &&
+			SafeToken(f.Path) && r.inv.certs[f.Path] {
 			certOps = append(certOps, Op{Kind: OpCertSet, Path: f.Path})
 		}
 	}
@@ -1448,11 +1443,8 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 // inPlaceKind is the set of server and certificate kinds that may run on
 // the current worker: nothing that creates or deletes an object.
 func inPlaceKind(kind string) bool {
-	switch kind {
-	case OpServerSetAddr, OpServerSetWeight, OpServerSetState, OpServerAdd, OpServerEnable, OpServerDisable, OpCertSet:
-		return true
-	}
-	return false
+	return slices.Contains([]string{OpServerSetAddr, OpServerSetWeight, OpServerSetState, OpServerAdd,
+		OpServerEnable, OpServerDisable, OpCertSet}, kind)
 }
 
 // inPlaceServerOps diffs one backend's servers against the worker's record
@@ -1638,18 +1630,14 @@ func BaselineFromState(state *State) (*Baseline, error) {
 		return nil, errors.New("haptic: no state to build a baseline from")
 	}
 	b := &Baseline{
-		Inventory: Inventory{
-			Generation: state.Inventory.Generation,
-			Maps:       cloneSlice(state.Inventory.Maps),
-			Certs:      cloneSlice(state.Inventory.Certs),
-			CAFiles:    cloneSlice(state.Inventory.CAFiles),
-			CRLFiles:   cloneSlice(state.Inventory.CRLFiles),
-			CRTLists:   cloneSlice(state.Inventory.CRTLists),
-		},
+		Inventory:             state.Inventory,
 		Caps:                  CapsFor(state.HAProxy.Version, state.AgentOps),
 		PendingServerDeletes:  len(state.PendingDeletes.Servers),
 		PendingBackendDeletes: len(state.PendingDeletes.Backends),
 		ReloadPending:         state.ReloadPendingAt != "",
+	}
+	for _, list := range []*[]string{&b.Inventory.Maps, &b.Inventory.Certs, &b.Inventory.CAFiles, &b.Inventory.CRLFiles, &b.Inventory.CRTLists} {
+		*list = cloneSlice(*list)
 	}
 	if len(state.AppliedPlan) == 0 {
 		return b, nil
