@@ -631,14 +631,13 @@ func DecodePlanBlob(blob []byte) (*Plan, error) {
 	}
 	// The schema version first, alone: a newer schema must be reported as
 	// such even when it carries fields this version does not know.
-	var head struct {
+	var head *struct {
 		SchemaVersion int `json:"schemaVersion"`
 	}
 	if err := json.Unmarshal(js, &head); err != nil {
 		return nil, fmt.Errorf("haptic: plan blob: decode: %w", err)
 	}
-	// json.Unmarshal accepts null into a struct; a plan is an object.
-	if i := bytes.IndexFunc(js, func(r rune) bool { return !strings.ContainsRune(" \t\r\n", r) }); i < 0 || js[i] != '{' {
+	if head == nil { // JSON null, which json.Unmarshal takes; a plan is an object
 		return nil, errors.New("haptic: plan blob: decode: the plan JSON is not an object")
 	}
 	if head.SchemaVersion != PlanSchemaVersion {
@@ -778,16 +777,11 @@ func PlanFromDir(dir string) (*Plan, error) {
 	if err := p.walkDir(dir); err != nil {
 		return nil, fmt.Errorf("haptic: plan from %s: %w", dir, err)
 	}
-	var config *PlanFile
-	for i := range p.Files {
-		if p.Files[i].Kind == FileKindConfig {
-			config = &p.Files[i]
-		}
-	}
-	if config == nil {
+	config := slices.IndexFunc(p.Files, func(f PlanFile) bool { return f.Kind == FileKindConfig })
+	if config < 0 {
 		return nil, fmt.Errorf("haptic: plan from %s: no %s", dir, ConfigFilePath)
 	}
-	p.Sections = configSections(config.Content)
+	p.Sections = configSections(p.Files[config].Content)
 	if len(p.Sections) > MaxSections {
 		return nil, fmt.Errorf("haptic: plan from %s: %d sections exceed the %d-section limit", dir, len(p.Sections), MaxSections)
 	}
