@@ -104,13 +104,10 @@ func requestStep(ue *url.Error) string {
 		path = u.Path
 	}
 	method := strings.ToUpper(ue.Op)
-	switch {
-	case strings.HasSuffix(path, haptic.PathState):
-		return method + " " + haptic.PathState + " (the state read)"
-	case strings.HasSuffix(path, haptic.PathApply):
-		return method + " " + haptic.PathApply + " (the apply)"
-	case strings.HasSuffix(path, haptic.PathPlan):
-		return method + " " + haptic.PathPlan + " (storing the plan)"
+	for _, known := range [][2]string{{haptic.PathState, "the state read"}, {haptic.PathApply, "the apply"}, {haptic.PathPlan, "storing the plan"}} {
+		if strings.HasSuffix(path, known[0]) {
+			return method + " " + known[0] + " (" + known[1] + ")"
+		}
 	}
 	return method + " " + path
 }
