@@ -627,41 +627,30 @@ func (r *diffRun) backends() {
 		if sectionKindOf(s.Kind) != SectionKindBackend {
 			continue
 		}
-		name := s.Name
-		if r.nx.backendSections[name] != i {
-			r.fail("backend %s: unexplained text change", name)
-			r.sectionChange = true
-			continue
+		next, described := r.next.Backends[s.Name]
+		pi, inPrev := r.px.backendSections[s.Name]
+		prev, prevDescribed := r.prev.Backends[s.Name]
+		switch {
+		case r.nx.backendSections[s.Name] != i:
+			r.fail("backend %s: unexplained text change", s.Name)
+		case !described:
+			r.fail("backend %s: section without a record", s.Name)
+		case !inPrev || !prevDescribed:
+			r.addBackend(s.Name, &next)
+		default:
+			r.keptBackend(s.Name, &r.prev.Sections[pi], s, &prev, &next)
+			continue // keptBackend knows whether the text changed
 		}
-		next, ok := r.next.Backends[name]
-		if !ok {
-			r.fail("backend %s: section without a record", name)
-			r.sectionChange = true
-			continue
-		}
-		pi, inPrev := r.px.backendSections[name]
-		prev, described := r.prev.Backends[name]
-		if !inPrev || !described {
-			r.sectionChange = true
-			r.addBackend(name, &next)
-			continue
-		}
-		r.keptBackend(name, &r.prev.Sections[pi], s, &prev, &next)
+		r.sectionChange = true
 	}
 	for i := range r.prev.Sections {
 		s := &r.prev.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || r.px.backendSections[s.Name] != i {
-			continue
-		}
-		if _, inNext := r.nx.backendSections[s.Name]; inNext {
-			continue
-		}
+		_, inNext := r.nx.backendSections[s.Name]
 		prev, described := r.prev.Backends[s.Name]
-		if !described {
-			continue
+		if sectionKindOf(s.Kind) == SectionKindBackend && r.px.backendSections[s.Name] == i && !inNext && described {
+			r.sectionChange = true
+			r.removeBackend(s.Name, &prev)
 		}
-		r.sectionChange = true
-		r.removeBackend(s.Name, &prev)
 	}
 }
 
@@ -1072,17 +1061,15 @@ func freshKeywords(kws []KeywordArg) []KeywordArg {
 func (r *diffRun) sections() {
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		kind := sectionKindOf(s.Kind)
-		if kind == SectionKindBackend {
+		key := sectionKey{sectionKindOf(s.Kind), s.Name}
+		if key.kind == SectionKindBackend {
 			continue
 		}
 		var old *Section
-		if r.nx.sections[sectionKey{kind, s.Name}] == i {
-			if pi, ok := r.px.sections[sectionKey{kind, s.Name}]; ok {
-				old = &r.prev.Sections[pi]
-			}
+		if pi, ok := r.px.sections[key]; ok && r.nx.sections[key] == i {
+			old = &r.prev.Sections[pi]
 		}
-		switch {
+		switch kind := key.kind; {
 		case old == nil && kind == SectionKindProfile:
 			r.fail("profile %s added", s.Name)
 		case old == nil:
@@ -1098,19 +1085,17 @@ func (r *diffRun) sections() {
 	}
 	for i := range r.prev.Sections {
 		s := &r.prev.Sections[i]
-		kind := sectionKindOf(s.Kind)
-		if kind == SectionKindBackend || r.px.sections[sectionKey{kind, s.Name}] != i {
+		key := sectionKey{sectionKindOf(s.Kind), s.Name}
+		_, kept := r.nx.sections[key]
+		switch {
+		case key.kind == SectionKindBackend || r.px.sections[key] != i || kept:
 			continue
-		}
-		if _, kept := r.nx.sections[sectionKey{kind, s.Name}]; kept {
-			continue
+		case key.kind == SectionKindCore:
+			r.fail("core section %s removed", s.Name)
+		default:
+			r.profileRemoved(s.Name)
 		}
 		r.sectionChange = true
-		if kind == SectionKindCore {
-			r.fail("core section %s removed", s.Name)
-			continue
-		}
-		r.profileRemoved(s.Name)
 	}
 }
 
