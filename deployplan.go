@@ -1202,15 +1202,7 @@ func groupEntries(entries []MapEntry) keyedEntries {
 // sendableMapKey reports whether a key and its values can travel in map
 // ops at all: the key as one word, the values in a payload.
 func sendableMapKey(key string, values []string) bool {
-	if !SafeToken(key) {
-		return false
-	}
-	for _, v := range values {
-		if !SafePayloadValue(v) {
-			return false
-		}
-	}
-	return true
+	return SafeToken(key) && !slices.ContainsFunc(values, func(v string) bool { return !SafePayloadValue(v) })
 }
 
 // unorderedMapDelta compares two entry lists of a map where order between

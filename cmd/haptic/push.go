@@ -123,11 +123,10 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	// A directory, not a plan file: an agent that lacks a file asks for its
 	// bytes, and only a directory has them.
 	next, err := haptic.PlanFromDir(positional[0])
-	if err != nil {
-		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
-		return exitFailure
+	var blob []byte
+	if err == nil {
+		blob, err = haptic.EncodePlanBlob(next)
 	}
-	blob, err := haptic.EncodePlanBlob(next)
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
