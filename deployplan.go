@@ -1117,10 +1117,8 @@ func (r *diffRun) profileRemoved(profile string) {
 func firstProfileUser(p *Plan, x *planIndex, profile string, skip map[string]bool) string {
 	for i := range p.Sections {
 		s := &p.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || x.backendSections[s.Name] != i || skip[s.Name] {
-			continue
-		}
-		if b, ok := p.Backends[s.Name]; ok && b.Profile == profile {
+		if b, ok := p.Backends[s.Name]; ok && b.Profile == profile && !skip[s.Name] &&
+			sectionKindOf(s.Kind) == SectionKindBackend && x.backendSections[s.Name] == i {
 			return s.Name
 		}
 	}
@@ -1364,18 +1362,13 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 	var serverOps []Op
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || r.nx.backendSections[s.Name] != i {
-			continue
+		next, described := r.next.Backends[s.Name]
+		wb, onWorker := worker.Backends[s.Name]
+		_, hasSection := wx.backendSections[s.Name]
+		if sectionKindOf(s.Kind) == SectionKindBackend && r.nx.backendSections[s.Name] == i &&
+			described && onWorker && hasSection && !serversEqual(wb.Servers, next.Servers) {
+			serverOps = append(serverOps, w.inPlaceServerOps(s.Name, &wb, &next)...)
 		}
-		next, ok := r.next.Backends[s.Name]
-		if !ok {
-			continue
-		}
-		wb, ok := worker.Backends[s.Name]
-		if _, hasSection := wx.backendSections[s.Name]; !ok || !hasSection || serversEqual(wb.Servers, next.Servers) {
-			continue
-		}
-		serverOps = append(serverOps, w.inPlaceServerOps(s.Name, &wb, &next)...)
 	}
 
 	var certOps []Op
@@ -1473,14 +1466,10 @@ func (r *diffRun) inPlaceMapOps(base *Baseline) []Op {
 	// through another map.
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend {
-			continue
-		}
-		if _, described := r.next.Backends[s.Name]; !described {
-			continue
-		}
+		_, described := r.next.Backends[s.Name]
 		_, hasSection := r.px.backendSections[s.Name]
-		if _, hasRecord := r.prev.Backends[s.Name]; !hasSection || !hasRecord {
+		_, hasRecord := r.prev.Backends[s.Name]
+		if sectionKindOf(s.Kind) == SectionKindBackend && described && (!hasSection || !hasRecord) {
 			return nil
 		}
 	}
