@@ -133,16 +133,9 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 	}
 
 	password := rand.Text()
-	agent, err := haptic.NewAgent(haptic.AgentConfig{
-		BaseDir:      base,
-		MasterSocket: filepath.Join(base, "haproxy-master.sock"),
-		WorkerSocket: filepath.Join(base, "haproxy-worker.sock"),
-		Listen:       "127.0.0.1:0",
-		Username:     "demo",
-		Password:     password,
-		AgentVersion: agentVersion(),
-		Logger:       logger,
-	})
+	agent, err := haptic.NewAgent(haptic.AgentConfig{BaseDir: base, Listen: "127.0.0.1:0",
+		MasterSocket: filepath.Join(base, "haproxy-master.sock"), WorkerSocket: filepath.Join(base, "haproxy-worker.sock"),
+		Username: "demo", Password: password, AgentVersion: agentVersion(), Logger: logger})
 	if err != nil {
 		return err
 	}
