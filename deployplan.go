@@ -1161,7 +1161,8 @@ func runtimeMapPath(name string, m *Map) string {
 // in upserts when the change is not expressible entry by entry. A value
 // set map cannot carry is never a map_del then map_add, which would leave
 // the key absent between the two commands, so that traffic matching it
-// would briefly fall through to the default.
+// would briefly fall through to the default. Where order between keys does
+// not matter, a new key may be added anywhere.
 func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, deletes []Op) {
 	if ordered {
 		return orderedMapDelta(mapPath, prev, next)
@@ -1169,7 +1170,7 @@ func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, del
 	if prevWindow, nextWindow, ok := trimCommonEntries(prev, next); ok {
 		prev, next = prevWindow, nextWindow
 	}
-	return unorderedMapDelta(mapPath, prev, next)
+	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
 }
 
 // wholeMap is the one op of a map replaced atomically from its file.
@@ -1201,12 +1202,6 @@ func groupEntries(entries []MapEntry) keyedEntries {
 // ops at all: the key as one word, the values in a payload.
 func sendableMapKey(key string, values []string) bool {
 	return SafeToken(key) && !slices.ContainsFunc(values, func(v string) bool { return !SafePayloadValue(v) })
-}
-
-// unorderedMapDelta compares two entry lists of a map where order between
-// keys does not matter: a new key may be added anywhere.
-func unorderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
-	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
 }
 
 // keyedMapDelta applies the per-key rules shared by both kinds of map. A

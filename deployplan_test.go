@@ -1399,7 +1399,7 @@ func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
 				next = slices.Insert(next, j, randomEntry())
 			}
 		}
-		fullUp, fullDel := unorderedMapDelta(routeMap, prev, next)
+		fullUp, fullDel := keyedMapDelta(routeMap, groupEntries(prev), groupEntries(next), 0)
 		gotUp, gotDel := mapDelta(routeMap, false, prev, next)
 		if !reflect.DeepEqual(fullUp, gotUp) || !reflect.DeepEqual(fullDel, gotDel) {
 			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,

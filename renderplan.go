@@ -849,11 +849,11 @@ func (p *Plan) walkDir(dir string) error {
 			}
 			switch {
 			case mode.IsDir():
-				if resolved, err := filepath.EvalSymlinks(path); err != nil || visited[resolved] {
+				resolved, err := filepath.EvalSymlinks(path)
+				if err != nil || visited[resolved] {
 					continue
-				} else {
-					visited[resolved] = true
 				}
+				visited[resolved] = true
 				if err := walk(path, name); err != nil {
 					return err
 				}
