@@ -2,13 +2,9 @@
 // the JSON logger, the Go memory limit, and the process lifetime around
 // (*Agent).Run. It checks nothing NewAgent checks, so the command and a
 // program embedding the agent refuse the same configurations with the same
-// words.
-//
-// The command's defaults are the upstream agent's, so that a manifest
-// written for one runs the other. Most are haptic.DefaultAgentConfig's,
-// the values NewAgent fills in itself; the command adds what AgentConfig
-// leaves off (see the constants below). Paths are resolved by the agent's
-// rule, AgentConfig.ResolvePaths.
+// words. Its defaults are the upstream agent's, so that a manifest written
+// for one runs the other: haptic.DefaultAgentConfig's, plus the constants
+// below.
 
 package main
 

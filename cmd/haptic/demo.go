@@ -4,15 +4,11 @@
 // starts lives in one temporary directory and is stopped and removed
 // before it returns, on success, on failure and on SIGINT.
 //
-// The example (cmd/basic-apply) drives the agent call by call: Diff,
-// NewManifest, Apply, the resend of missing parts. The demo drives the
-// same two renders through the package's controller loop, Deploy, the way
-// `haptic push` does, and prints the example's output, so the two show the
-// same flow at two levels of the API. The renders are the example's
-// (internal/example): the same config (its paths pointed at the temporary
-// directory, its frontend bound to a unix socket so that nothing needs a
-// privileged port) and the same two host maps, written as directories and
-// read with PlanFromDir, and the output is printed by the same code.
+// The example (cmd/basic-apply) drives the agent call by call; the demo
+// drives the same two renders (internal/example, written as directories and
+// read with PlanFromDir) through the controller loop, Deploy, the way
+// `haptic push` does, and prints the same output: one flow at two levels of
+// the API.
 
 package main
 

@@ -188,18 +188,14 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 }
 
 // verdictNoop is what the command calls a render identical to the
-// baseline. Diff itself answers file_only for it: its verdicts are runtime,
-// file_only and reload, and a render with no reload cause and no op is
-// file_only by contract, so that a controller sends it (the agent then
-// answers noop, having nothing to write). An operator asking "what will
-// this push do?" should read the same word the push then prints, so the
-// command says noop where the plans are the same.
+// baseline. Diff answers file_only for it by contract, so that a controller
+// sends it (the agent then answers noop, having nothing to write); an
+// operator asking "what will this push do?" should read the word the push
+// then prints.
 const verdictNoop = "noop"
 
-// cliVerdict is the verdict the command prints: noop for a plan whose id
-// is the baseline's (the ids are digests of the whole content, so the
-// files are byte for byte the same) when Diff found nothing to do, Diff's
-// own verdict otherwise.
+// cliVerdict is noop for a plan whose id is the baseline's (ids digest the
+// whole content) when Diff found nothing to do, Diff's verdict otherwise.
 func cliVerdict(from, to string, d haptic.Decision) string {
 	if from != "" && from == to && d.Verdict == haptic.VerdictFileOnly &&
 		len(d.Ops) == 0 && len(d.InPlace) == 0 && len(d.Reasons) == 0 {
