@@ -185,14 +185,7 @@ func (d *Decision) Chunk() [][]Op {
 		return nil
 	}
 	first := min(max(MaxOpsPerApply-len(d.InPlace), 0), len(d.Ops))
-	chunks := make([][]Op, 0, chunkCount(len(d.Ops), len(d.InPlace)))
-	chunks = append(chunks, d.Ops[:first:first])
-	for rest := d.Ops[first:]; len(rest) > 0; {
-		n := min(len(rest), MaxOpsPerApply)
-		chunks = append(chunks, rest[:n:n])
-		rest = rest[n:]
-	}
-	return chunks
+	return slices.AppendSeq([][]Op{d.Ops[:first:first]}, slices.Chunk(d.Ops[first:], MaxOpsPerApply))
 }
 
 // chunkCount is the number of applies n ops need when the first apply also
