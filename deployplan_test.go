@@ -632,6 +632,9 @@ func TestDecisionChunkBudgetsTheInPlaceBatch(t *testing.T) {
 			for _, c := range chunks {
 				sizes = append(sizes, len(c))
 				all = append(all, c...)
+				if cap(c) != len(c) {
+					t.Fatalf("a chunk of %d ops has capacity %d: an append would write into the next", len(c), cap(c))
+				}
 			}
 			if !slices.Equal(sizes, tc.sizes) {
 				t.Fatalf("sizes = %v, want %v", sizes, tc.sizes)
