@@ -529,9 +529,7 @@ func EqualKeywordArgs(left, right []KeywordArg) bool {
 // empty slice.
 func ParseMapEntries(content string) []MapEntry {
 	var entries []MapEntry
-	for rest := content; rest != ""; {
-		var line string
-		line, rest = nextMapLine(rest)
+	for line := range strings.SplitSeq(content, "\n") {
 		if key, value, ok := parseMapLine(line); ok {
 			entries = append(entries, MapEntry{Key: key, Value: value})
 		}
@@ -543,9 +541,7 @@ func ParseMapEntries(content string) []MapEntry {
 // entries), without building the entry list.
 func MapEntriesMatch(content string, entries []MapEntry) bool {
 	i := 0
-	for rest := content; rest != ""; {
-		var line string
-		line, rest = nextMapLine(rest)
+	for line := range strings.SplitSeq(content, "\n") {
 		key, value, ok := parseMapLine(line)
 		if !ok {
 			continue
@@ -559,14 +555,6 @@ func MapEntriesMatch(content string, entries []MapEntry) bool {
 		return entries == nil
 	}
 	return i == len(entries)
-}
-
-// nextMapLine cuts content at the first "\n".
-func nextMapLine(content string) (line, rest string) {
-	if i := strings.IndexByte(content, '\n'); i >= 0 {
-		return content[:i], content[i+1:]
-	}
-	return content, ""
 }
 
 // parseMapLine applies the line rules of ParseMapEntries to one line.
@@ -1009,9 +997,7 @@ var crtListNoArgOptions = map[string]bool{"allow-0rtt": true, "no-alpn": true, "
 // '#' lines are skipped.
 func parseCRTList(content string) []CRTListEntry {
 	var entries []CRTListEntry
-	for rest := content; rest != ""; {
-		var line string
-		line, rest = nextMapLine(rest)
+	for line := range strings.SplitSeq(content, "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" || line[0] == '#' {
 			continue
