@@ -1257,18 +1257,15 @@ func trimCommonEntries(prev, next []MapEntry) (prevWindow, nextWindow []MapEntry
 		return prevWindow, nextWindow, true
 	}
 	windowKeys := make(map[string]bool, len(prevWindow)+len(nextWindow))
-	for _, e := range prevWindow {
-		windowKeys[e.Key] = true
-	}
-	for _, e := range nextWindow {
-		windowKeys[e.Key] = true
+	for _, window := range [][]MapEntry{prevWindow, nextWindow} {
+		for _, e := range window {
+			windowKeys[e.Key] = true
+		}
 	}
 	// The trimmed part is the same in both lists, so prev's is enough.
 	for _, trimmed := range [][]MapEntry{prev[:prefix], prev[len(prev)-suffix:]} {
-		for _, e := range trimmed {
-			if windowKeys[e.Key] {
-				return nil, nil, false
-			}
+		if slices.ContainsFunc(trimmed, func(e MapEntry) bool { return windowKeys[e.Key] }) {
+			return nil, nil, false
 		}
 	}
 	return prevWindow, nextWindow, true

@@ -925,15 +925,9 @@ func configSections(config string) []Section {
 	}
 	// start opens the current section (-1: none open yet), last ends its
 	// last line that is not a gap line.
-	start, last, name := -1, -1, ""
-	for pos := 0; pos < len(config); {
-		end := strings.IndexByte(config[pos:], '\n')
-		if end < 0 {
-			end = len(config)
-		} else {
-			end += pos + 1
-		}
-		line := config[pos:end]
+	start, last, name, pos := -1, -1, "", 0
+	for line := range strings.Lines(config) {
+		end := pos + len(line)
 		switch header := sectionHeader(line); {
 		case header != "":
 			switch {

@@ -8,6 +8,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,10 +125,7 @@ func (p *progress) drawLocked() {
 	if !p.o.terminal {
 		return
 	}
-	urls := make([]string, 0, len(p.pending))
-	for u := range p.pending {
-		urls = append(urls, u)
-	}
+	urls := slices.Collect(maps.Keys(p.pending))
 	slices.SortFunc(urls, func(a, b string) int {
 		if c := p.pending[a].Compare(p.pending[b]); c != 0 {
 			return c

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -114,11 +115,7 @@ func printState(w io.Writer, st *haptic.State, withFiles bool) {
 		return
 	}
 	fmt.Fprint(w, "\n")
-	paths := make([]string, 0, len(st.Files))
-	for p := range st.Files {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
+	paths := slices.Sorted(maps.Keys(st.Files))
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprint(tw, "PATH\tSIZE\tDIGEST\tPROOF\n")
 	for _, p := range paths {
