@@ -551,15 +551,11 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 		if !SafeToken(e.Cert) {
 			return nil, fmt.Sprintf("certificate %s is not a safe runtime token", e.Cert)
 		}
-		for _, o := range e.Options {
-			if !SafeToken(o.Name) || !allSafeTokens(o.Args) {
-				return nil, fmt.Sprintf("option %s is not a safe runtime token", o.Name)
-			}
+		if i := slices.IndexFunc(e.Options, func(o KeywordArg) bool { return !SafeToken(o.Name) || !allSafeTokens(o.Args) }); i >= 0 {
+			return nil, fmt.Sprintf("option %s is not a safe runtime token", e.Options[i].Name)
 		}
-		for _, sni := range e.SNIFilters {
-			if !SafeToken(sni) {
-				return nil, fmt.Sprintf("SNI filter %s is not a safe runtime token", sni)
-			}
+		if i := slices.IndexFunc(e.SNIFilters, func(sni string) bool { return !SafeToken(sni) }); i >= 0 {
+			return nil, fmt.Sprintf("SNI filter %s is not a safe runtime token", e.SNIFilters[i])
 		}
 	}
 	const orderChanged = "the entry order changed, which only a reload applies"
@@ -834,10 +830,8 @@ func (r *diffRun) addServer(backend string, be *Backend, s *Server) ([]Op, strin
 		return nil, refusal
 	}
 	keywords := mergeKeywords(be.DefaultServer, s.Extra)
-	for _, kw := range keywords {
-		if !r.dynamicServerKeyword(kw) {
-			return nil, fmt.Sprintf("keyword %s cannot be set on a dynamic server", kw.Name)
-		}
+	if i := slices.IndexFunc(keywords, func(kw KeywordArg) bool { return !r.dynamicServerKeyword(kw) }); i >= 0 {
+		return nil, fmt.Sprintf("keyword %s cannot be set on a dynamic server", keywords[i].Name)
 	}
 	if s.Weight != nil && !hasKeyword(keywords, "weight") {
 		keywords = append(keywords, KeywordArg{Name: "weight", Args: []string{strconv.Itoa(*s.Weight)}})
