@@ -6,6 +6,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -44,7 +45,6 @@ type progress struct {
 	unexpected  []string             // lines of the agents whose outcome --expect does not list
 	pending     map[string]time.Time // agents in flight → when they started
 	drawn       bool                 // a progress line is on the screen
-	now         func() time.Time
 
 	stopTick chan struct{}
 	ticker   sync.WaitGroup
@@ -52,7 +52,7 @@ type progress struct {
 
 func newProgress(out io.Writer, total int, o pushOptions) *progress {
 	p := &progress{out: out, o: o, total: total, counts: map[string]int{}, pending: map[string]time.Time{},
-		now: time.Now, stopTick: make(chan struct{})}
+		stopTick: make(chan struct{})}
 	if o.terminal {
 		p.ticker.Go(func() {
 			t := time.NewTicker(progressInterval)
@@ -126,22 +126,14 @@ func (p *progress) drawLocked() {
 		return
 	}
 	urls := slices.Collect(maps.Keys(p.pending))
-	slices.SortFunc(urls, func(a, b string) int {
-		if c := p.pending[a].Compare(p.pending[b]); c != 0 {
-			return c
-		}
-		return strings.Compare(a, b)
-	})
-	now := p.now()
+	slices.SortFunc(urls, func(a, b string) int { return cmp.Or(p.pending[a].Compare(p.pending[b]), strings.Compare(a, b)) })
+	now := time.Now()
 	var b strings.Builder
 	fmt.Fprintf(&b, "[%d/%d done, %d failed] pending %d", p.done, p.total, p.counts[outcomeFailed], p.total-p.done)
-	for i, u := range urls {
-		if i == 0 {
-			b.WriteString(": ")
-		} else {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s %s", u, now.Sub(p.pending[u]).Round(time.Second))
+	sep := ": "
+	for _, u := range urls {
+		fmt.Fprintf(&b, "%s%s %s", sep, u, now.Sub(p.pending[u]).Round(time.Second))
+		sep = ", "
 	}
 	line := b.String()
 	if max := p.o.columns - 1; utf8.RuneCountInString(line) > max {
