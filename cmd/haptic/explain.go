@@ -136,7 +136,6 @@ var haproxyTag = regexp.MustCompile(`^\[(ALERT|WARNING|NOTICE)\]\s+`)
 // message without any tagged line comes back line by line, unchanged.
 func haproxyLines(message string) []string {
 	var alerts, warnings, other []string
-	tagged := false
 	for line := range strings.SplitSeq(strings.TrimSpace(message), "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" {
@@ -147,7 +146,6 @@ func haproxyLines(message string) []string {
 			other = append(other, line)
 			continue
 		}
-		tagged = true
 		line = "[" + m[1] + "] " + line[len(m[0]):]
 		switch m[1] {
 		case "ALERT":
@@ -155,9 +153,6 @@ func haproxyLines(message string) []string {
 		case "WARNING":
 			warnings = append(warnings, line)
 		}
-	}
-	if !tagged {
-		return other
 	}
 	return append(append(alerts, warnings...), other...)
 }
