@@ -513,16 +513,15 @@ func (r *diffRun) certificates() {
 // certificateFile updates a loaded certificate (or CA file) in place, or
 // creates it; a created path counts as loaded for the rest of this diff.
 func (r *diffRun) certificateFile(filePath, setKind, newKind string, loaded, created map[string]bool) {
-	if !SafeToken(filePath) {
+	switch {
+	case !SafeToken(filePath):
 		r.fail("file %s is not a safe runtime token", filePath)
-		return
-	}
-	if loaded[filePath] || created[filePath] {
+	case loaded[filePath] || created[filePath]:
 		r.emit(groupCertificates, Op{Kind: setKind, Path: filePath})
-		return
+	default:
+		r.emit(groupCertificates, Op{Kind: newKind, Path: filePath})
+		created[filePath] = true
 	}
-	r.emit(groupCertificates, Op{Kind: newKind, Path: filePath})
-	created[filePath] = true
 }
 
 func (r *diffRun) crtList(listPath string) {
