@@ -729,15 +729,12 @@ func inflateError(err error) error {
 // PlanFromDir builds a plan from a directory of rendered files by
 // convention, for pushes that have no template generator behind them:
 //
-//   - haproxy.cfg at the root is the config file (kind config). It is cut
-//     into one core section per top-level section, each named by its header
-//     line with runs of blanks folded ("global", "defaults web",
-//     "frontend http-in", "backend web"), so a reason names the section that
-//     changed. A section ends at its last line that is neither blank nor a
-//     comment: the lines between sections belong to none (configSections
-//     says why). A repeated header gets "#2", "#3", ... so that names stay
-//     unique. No section is a backend record: every change to haproxy.cfg
-//     reloads.
+//   - haproxy.cfg at the root is the config file (kind config), cut into
+//     one core section per top-level section (configSections), each named by
+//     its header line with runs of blanks folded ("global", "frontend
+//     http-in"), a repeated header with "#2", "#3", ..., so a reason names
+//     the section that changed. No section is a backend record: every change
+//     to haproxy.cfg reloads.
 //   - *.map files are maps (kind map), their entries parsed with
 //     ParseMapEntries. They are declared Ordered, the fail-closed choice: a
 //     directory does not say whether a map is matched by prefix or regex, so
@@ -898,17 +895,14 @@ func (p *Plan) addDirFile(rel, content string) {
 // configSections cuts haproxy.cfg into core sections at every line whose
 // first word opens a top-level section (configSectionKeywords). A section
 // runs from its header to its last line that is neither blank nor only a
-// comment; the blank and comment lines between two sections (and before
-// the first, and after the last) belong to no section. A reason then names
-// only the section whose own lines changed: appending a section after the
-// usual blank line adds that section and changes none, and a blank line or
-// a comment added between two sections changes neither neighbour. Diff
-// still sees such an edit, as a change of the config file that no section
-// explains, so it reloads and says exactly that. This gives up the rule
-// that the sections of a plan join back into the file: nothing compares
-// the joined texts, and a cut that kept it would have to give the lines
-// between two sections to one of them, which an edit there then "changes".
-// Content lines before the first header open the first section.
+// comment; the lines between sections (and before the first, after the
+// last) belong to none, so that a reason names only the section whose own
+// lines changed: a section appended after the usual blank line changes no
+// other, and a blank or comment line between two sections changes neither.
+// Diff still sees such an edit, as a config change no section explains, and
+// reloads saying so. The sections therefore do not join back into the file;
+// nothing compares the joined texts. Content lines before the first header
+// open the first section.
 func configSections(config string) []Section {
 	var sections []Section
 	seen := map[string]int{}
