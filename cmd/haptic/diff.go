@@ -125,13 +125,8 @@ func readableVersion(v string) bool {
 // declares (InventoryOf), on the given HAProxy version, with an agent that
 // executes every op kind and has nothing pending.
 func offlineBaseline(old *haptic.Plan, haproxyVersion string) *haptic.Baseline {
-	return &haptic.Baseline{
-		Applied:   old,
-		Running:   old,
-		WorkerOps: old,
-		Inventory: haptic.InventoryOf(old),
-		Caps:      haptic.CapsFor(haproxyVersion, haptic.ComposedOps()),
-	}
+	return &haptic.Baseline{Applied: old, Running: old, WorkerOps: old, Inventory: haptic.InventoryOf(old),
+		Caps: haptic.CapsFor(haproxyVersion, haptic.ComposedOps())}
 }
 
 // readAgentState reads one agent's state with its stored plan, the
