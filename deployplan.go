@@ -117,6 +117,9 @@ func (c Caps) executes(kind string) bool {
 	return c.AgentOps == nil || c.AgentOps[kind]
 }
 
+// refuses reports whether the agent does not run op.
+func (c Caps) refuses(op Op) bool { return !c.executes(op.Kind) }
+
 // Decision is Diff's answer for one pod: its Verdict says what the change
 // needs, its Mode what the manifest asks of the agent (the package doc
 // tells these words from ApplyResult.Mode, what happened).
@@ -135,13 +138,7 @@ type Decision struct {
 // new slice. shutdown_sessions is absent on purpose: the agent issues it
 // itself from its deferred-delete queue.
 func ComposedOps() []string {
-	kinds := make([]string, 0, len(opKinds)-1)
-	for _, kind := range opKinds {
-		if kind != OpShutdownSessions {
-			kinds = append(kinds, kind)
-		}
-	}
-	return kinds
+	return slices.DeleteFunc(slices.Clone(opKinds[:]), func(kind string) bool { return kind == OpShutdownSessions })
 }
 
 // ManifestFiles projects a plan onto the manifest's file list: one entry per
@@ -153,14 +150,8 @@ func ManifestFiles(p *Plan) []ManifestFile {
 	}
 	files := make([]ManifestFile, len(p.Files))
 	for i, f := range p.Files {
-		files[i] = ManifestFile{
-			Path:           f.Path,
-			Digest:         f.Digest,
-			Proof:          f.Digest,
-			Size:           f.Size,
-			Kind:           f.Kind,
-			ReloadOnChange: f.ReloadOnChange,
-		}
+		files[i] = ManifestFile{Path: f.Path, Digest: f.Digest, Proof: f.Digest, Size: f.Size,
+			Kind: f.Kind, ReloadOnChange: f.ReloadOnChange}
 	}
 	return files
 }
@@ -172,19 +163,13 @@ func InventoryOf(p *Plan) Inventory {
 	if p == nil {
 		return inv
 	}
+	lists := map[string]*[]string{FileKindMap: &inv.Maps, FileKindCert: &inv.Certs, FileKindCA: &inv.CAFiles, FileKindCRTList: &inv.CRTLists}
 	for _, f := range p.Files {
-		switch f.Kind {
-		case FileKindMap:
-			inv.Maps = append(inv.Maps, f.Path)
-		case FileKindCert:
-			inv.Certs = append(inv.Certs, f.Path)
-		case FileKindCA:
-			inv.CAFiles = append(inv.CAFiles, f.Path)
-		case FileKindCRTList:
-			inv.CRTLists = append(inv.CRTLists, f.Path)
+		if list := lists[f.Kind]; list != nil {
+			*list = append(*list, f.Path)
 		}
 	}
-	for _, list := range []*[]string{&inv.Maps, &inv.Certs, &inv.CAFiles, &inv.CRTLists} {
+	for _, list := range lists {
 		slices.Sort(*list)
 		*list = slices.Compact(*list)
 	}
@@ -200,14 +185,7 @@ func (d *Decision) Chunk() [][]Op {
 		return nil
 	}
 	first := min(max(MaxOpsPerApply-len(d.InPlace), 0), len(d.Ops))
-	chunks := make([][]Op, 0, chunkCount(len(d.Ops), len(d.InPlace)))
-	chunks = append(chunks, d.Ops[:first:first])
-	for rest := d.Ops[first:]; len(rest) > 0; {
-		n := min(len(rest), MaxOpsPerApply)
-		chunks = append(chunks, rest[:n:n])
-		rest = rest[n:]
-	}
-	return chunks
+	return slices.AppendSeq([][]Op{d.Ops[:first:first]}, slices.Chunk(d.Ops[first:], MaxOpsPerApply))
 }
 
 // chunkCount is the number of applies n ops need when the first apply also
@@ -293,20 +271,10 @@ func Diff(next *Plan, base *Baseline) Decision {
 // composition calls it again with the worker as the applied plan, reusing the
 // render's index.
 func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun, []Op) {
-	r := &diffRun{
-		next:            next,
-		prev:            base.Applied,
-		nx:              nx,
-		px:              px,
-		caps:            base.Caps,
-		inv:             inventorySetsOf(base.Inventory),
-		createdCerts:    map[string]bool{},
-		createdCAs:      map[string]bool{},
-		certDir:         certDirOf(next),
-		pendingServers:  base.PendingServerDeletes,
-		pendingBackends: base.PendingBackendDeletes,
-		deleted:         map[string]bool{},
-	}
+	r := &diffRun{next: next, prev: base.Applied, nx: nx, px: px, caps: base.Caps,
+		inv: inventorySetsOf(base.Inventory), certDir: certDirOf(next),
+		createdCerts: map[string]bool{}, createdCAs: map[string]bool{}, deleted: map[string]bool{},
+		pendingServers: base.PendingServerDeletes, pendingBackends: base.PendingBackendDeletes}
 	r.certificates()
 	r.backends()
 	r.sections()
@@ -314,13 +282,8 @@ func decide(next *Plan, nx *planIndex, base *Baseline, px *planIndex) (*diffRun,
 	r.files()
 
 	ops := r.ops()
-	if r.caps.AgentOps != nil {
-		for i := range ops {
-			if !r.caps.executes(ops[i].Kind) {
-				r.fail("the agent does not execute %s", ops[i].Kind)
-				break
-			}
-		}
+	if i := slices.IndexFunc(ops, r.caps.refuses); i >= 0 {
+		r.fail("the agent does not execute %s", ops[i].Kind)
 	}
 	return r, ops
 }
@@ -379,21 +342,8 @@ func (r *diffRun) emit(group int, ops ...Op) {
 	r.groups[group] = append(r.groups[group], ops...)
 }
 
-// ops concatenates the groups in order into one new slice.
-func (r *diffRun) ops() []Op {
-	n := 0
-	for _, g := range r.groups {
-		n += len(g)
-	}
-	if n == 0 {
-		return nil
-	}
-	ops := make([]Op, 0, n)
-	for _, g := range r.groups {
-		ops = append(ops, g...)
-	}
-	return ops
-}
+// ops concatenates the groups in order into one new slice, nil when empty.
+func (r *diffRun) ops() []Op { return slices.Concat(r.groups[:]...) }
 
 // planIndex is one call's lookup tables over a plan, so that no rule scans
 // a list inside a loop. It is never kept across calls: a plan changed and
@@ -408,14 +358,9 @@ type sectionKey struct{ kind, name string }
 
 func indexPlan(p *Plan) *planIndex {
 	x := &planIndex{
-		files:           make(map[string]int, len(p.Files)),
+		files:           firstIndex(p.Files, func(f *PlanFile) string { return f.Path }),
 		sections:        map[sectionKey]int{},
 		backendSections: make(map[string]int, len(p.Backends)),
-	}
-	for i := range p.Files {
-		if _, dup := x.files[p.Files[i].Path]; !dup {
-			x.files[p.Files[i].Path] = i
-		}
 	}
 	for i := range p.Sections {
 		s := &p.Sections[i]
@@ -428,6 +373,23 @@ func indexPlan(p *Plan) *planIndex {
 		}
 	}
 	return x
+}
+
+// firstIndex maps each key of items to the index of its first item.
+func firstIndex[T any](items []T, key func(*T) string) map[string]int {
+	index := make(map[string]int, len(items))
+	for i := range items {
+		k := key(&items[i])
+		if _, dup := index[k]; !dup {
+			index[k] = i
+		}
+	}
+	return index
+}
+
+// serverIndex maps each server name to its first server line.
+func serverIndex(servers []Server) map[string]int {
+	return firstIndex(servers, func(s *Server) string { return s.Name })
 }
 
 // file returns the plan's file at path, or nil.
@@ -459,13 +421,8 @@ func inventorySetsOf(inv Inventory) inventorySets {
 		}
 		return s
 	}
-	return inventorySets{
-		maps:     set(inv.Maps),
-		certs:    set(inv.Certs),
-		caFiles:  set(inv.CAFiles),
-		crlFiles: set(inv.CRLFiles),
-		crtLists: set(inv.CRTLists),
-	}
+	return inventorySets{maps: set(inv.Maps), certs: set(inv.Certs), caFiles: set(inv.CAFiles),
+		crlFiles: set(inv.CRLFiles), crtLists: set(inv.CRTLists)}
 }
 
 // certDirOf is the directory of the render's first certificate not at the
@@ -473,10 +430,7 @@ func inventorySetsOf(inv Inventory) inventorySets {
 // the render keeps its certificates there.
 func certDirOf(p *Plan) string {
 	for i := range p.Files {
-		if p.Files[i].Kind != FileKindCert {
-			continue
-		}
-		if dir := path.Dir(p.Files[i].Path); dir != "." {
+		if dir := path.Dir(p.Files[i].Path); p.Files[i].Kind == FileKindCert && dir != "." {
 			return dir
 		}
 	}
@@ -489,52 +443,43 @@ func certDirOf(p *Plan) string {
 // still recognises an identical render.
 
 func sameFileContent(a, b *PlanFile) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	if a.ContentKnown && b.ContentKnown {
-		return a.Content == b.Content
-	}
-	return a.Digest != "" && a.Digest == b.Digest
+	return a != nil && b != nil && proven(a.ContentKnown && b.ContentKnown, a.Content == b.Content, a.Digest, b.Digest)
 }
 
 func sameSectionText(a, b *Section) bool {
-	if a == nil || b == nil {
-		return false
-	}
-	if a.TextKnown && b.TextKnown {
-		return a.Text == b.Text
-	}
-	return a.TextDigest != "" && a.TextDigest == b.TextDigest
+	return a != nil && b != nil && proven(a.TextKnown && b.TextKnown, a.Text == b.Text, a.TextDigest, b.TextDigest)
 }
 
 // sameBackendBody counts two empty digests as changed: an unknown body is
 // never proven equal.
 func sameBackendBody(a, b *Backend) bool {
-	if a.ContentKnown && b.ContentKnown {
-		return equalStrings(a.Body, b.Body)
-	}
-	return a.BodyDigest != "" && a.BodyDigest == b.BodyDigest
+	return proven(a.ContentKnown && b.ContentKnown, slices.Equal(a.Body, b.Body), a.BodyDigest, b.BodyDigest)
 }
 
 // sameBackendComments counts two empty digests as equal: comments change
 // no behaviour, so a backend without any is not a change.
 func sameBackendComments(a, b *Backend) bool {
 	if a.ContentKnown && b.ContentKnown {
-		return equalStrings(a.Comments, b.Comments)
+		return slices.Equal(a.Comments, b.Comments)
 	}
 	return a.CommentsDigest == b.CommentsDigest
 }
 
 func sameBackendRecord(a, b *Backend) bool {
-	if a.ContentKnown && b.ContentKnown {
-		return a.EqualRecord(b)
+	return proven(a.ContentKnown && b.ContentKnown, a.EqualRecord(b), a.RecordDigest, b.RecordDigest)
+}
+
+// proven is the exact comparison when both sides hold the content, and
+// otherwise equal digests, where an empty digest proves nothing.
+func proven(bothKnown, exactlyEqual bool, digestA, digestB string) bool {
+	if bothKnown {
+		return exactlyEqual
 	}
-	return a.RecordDigest != "" && a.RecordDigest == b.RecordDigest
+	return digestA != "" && digestA == digestB
 }
 
 // ---------------------------------------------------------------------------
-// 5.1 Certificates, CA files and crt-lists (first, so that a server keyword
+// Certificates, CA files and crt-lists (first, so that a server keyword
 // can name a certificate this diff creates).
 
 func (r *diffRun) certificates() {
@@ -568,38 +513,32 @@ func (r *diffRun) certificates() {
 // certificateFile updates a loaded certificate (or CA file) in place, or
 // creates it; a created path counts as loaded for the rest of this diff.
 func (r *diffRun) certificateFile(filePath, setKind, newKind string, loaded, created map[string]bool) {
-	if !SafeToken(filePath) {
+	switch {
+	case !SafeToken(filePath):
 		r.fail("file %s is not a safe runtime token", filePath)
-		return
-	}
-	if loaded[filePath] || created[filePath] {
+	case loaded[filePath] || created[filePath]:
 		r.emit(groupCertificates, Op{Kind: setKind, Path: filePath})
-		return
+	default:
+		r.emit(groupCertificates, Op{Kind: newKind, Path: filePath})
+		created[filePath] = true
 	}
-	r.emit(groupCertificates, Op{Kind: newKind, Path: filePath})
-	created[filePath] = true
 }
 
 func (r *diffRun) crtList(listPath string) {
 	prev, okPrev := r.prev.CRTLists[listPath]
 	next, okNext := r.next.CRTLists[listPath]
-	switch {
+	switch ops, refusal := crtListOps(listPath, prev.Entries, next.Entries); {
 	case !okPrev || !okNext:
 		r.fail("crt-list %s changed, but crt-list entries are not declared by the render yet", listPath)
-		return
 	case !r.inv.crtLists[listPath]:
 		r.note("crt-list %s is not loaded at runtime, its file is written only", listPath)
-		return
 	case !SafeToken(listPath):
 		r.fail("file %s is not a safe runtime token", listPath)
-		return
-	}
-	ops, refusal := crtListOps(listPath, prev.Entries, next.Entries)
-	if refusal != "" {
+	case refusal != "":
 		r.fail("crt-list %s: %s", listPath, refusal)
-		return
+	default:
+		r.emit(groupCRTLists, ops...)
 	}
-	r.emit(groupCRTLists, ops...)
 }
 
 // crtListOps edits a loaded crt-list entry by entry. add ssl crt-list only
@@ -611,31 +550,18 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 		if !SafeToken(e.Cert) {
 			return nil, fmt.Sprintf("certificate %s is not a safe runtime token", e.Cert)
 		}
-		for _, o := range e.Options {
-			if !SafeToken(o.Name) || !allSafeTokens(o.Args) {
-				return nil, fmt.Sprintf("option %s is not a safe runtime token", o.Name)
-			}
+		if i := slices.IndexFunc(e.Options, func(o KeywordArg) bool { return !SafeToken(o.Name) || !allSafeTokens(o.Args) }); i >= 0 {
+			return nil, fmt.Sprintf("option %s is not a safe runtime token", e.Options[i].Name)
 		}
-		for _, sni := range e.SNIFilters {
-			if !SafeToken(sni) {
-				return nil, fmt.Sprintf("SNI filter %s is not a safe runtime token", sni)
-			}
+		if i := slices.IndexFunc(e.SNIFilters, func(sni string) bool { return !SafeToken(sni) }); i >= 0 {
+			return nil, fmt.Sprintf("SNI filter %s is not a safe runtime token", e.SNIFilters[i])
 		}
 	}
 	const orderChanged = "the entry order changed, which only a reload applies"
-	prevByCert := make(map[string]int, len(prev))
-	for i, e := range prev {
-		if _, dup := prevByCert[e.Cert]; dup {
-			return nil, orderChanged
-		}
-		prevByCert[e.Cert] = i
-	}
-	nextByCert := make(map[string]int, len(next))
-	for i, e := range next {
-		if _, dup := nextByCert[e.Cert]; dup {
-			return nil, orderChanged
-		}
-		nextByCert[e.Cert] = i
+	certOf := func(e *CRTListEntry) string { return e.Cert }
+	prevByCert, nextByCert := firstIndex(prev, certOf), firstIndex(next, certOf)
+	if len(prevByCert) < len(prev) || len(nextByCert) < len(next) {
+		return nil, orderChanged // a certificate named on two lines
 	}
 
 	var ops []Op
@@ -665,29 +591,22 @@ func crtListOps(listPath string, prev, next []CRTListEntry) ([]Op, string) {
 		if had {
 			ops = append(ops, Op{Kind: OpCRTListDel, Path: listPath, Cert: e.Cert})
 		}
-		ops = append(ops, Op{
-			Kind:       OpCRTListAdd,
-			Path:       listPath,
-			Cert:       e.Cert,
-			Options:    freshKeywords(e.Options),
-			SNIFilters: freshStrings(e.SNIFilters),
-		})
+		ops = append(ops, Op{Kind: OpCRTListAdd, Path: listPath, Cert: e.Cert,
+			Options: freshKeywords(e.Options), SNIFilters: freshStrings(e.SNIFilters)})
 		running = append(running, e.Cert)
 	}
-	for i := range next {
-		if running[i] != next[i].Cert {
-			return nil, orderChanged
-		}
+	if !slices.EqualFunc(running, next, func(cert string, e CRTListEntry) bool { return cert == e.Cert }) {
+		return nil, orderChanged
 	}
 	return ops, ""
 }
 
 func sameCRTListEntry(a, b *CRTListEntry) bool {
-	return EqualKeywordArgs(a.Options, b.Options) && equalStrings(a.SNIFilters, b.SNIFilters)
+	return EqualKeywordArgs(a.Options, b.Options) && slices.Equal(a.SNIFilters, b.SNIFilters)
 }
 
 // ---------------------------------------------------------------------------
-// 5.2 Backends (before sections, so that a profile removal sees which
+// Backends (before sections, so that a profile removal sees which
 // backends this diff deletes).
 
 func (r *diffRun) backends() {
@@ -696,80 +615,61 @@ func (r *diffRun) backends() {
 		if sectionKindOf(s.Kind) != SectionKindBackend {
 			continue
 		}
-		name := s.Name
-		if r.nx.backendSections[name] != i {
-			r.fail("backend %s: unexplained text change", name)
-			r.sectionChange = true
-			continue
+		next, described := r.next.Backends[s.Name]
+		pi, inPrev := r.px.backendSections[s.Name]
+		prev, prevDescribed := r.prev.Backends[s.Name]
+		switch {
+		case r.nx.backendSections[s.Name] != i:
+			r.fail("backend %s: unexplained text change", s.Name)
+		case !described:
+			r.fail("backend %s: section without a record", s.Name)
+		case !inPrev || !prevDescribed:
+			r.addBackend(s.Name, &next)
+		default:
+			r.keptBackend(s.Name, &r.prev.Sections[pi], s, &prev, &next)
+			continue // keptBackend knows whether the text changed
 		}
-		next, ok := r.next.Backends[name]
-		if !ok {
-			r.fail("backend %s: section without a record", name)
-			r.sectionChange = true
-			continue
-		}
-		pi, inPrev := r.px.backendSections[name]
-		prev, described := r.prev.Backends[name]
-		if !inPrev || !described {
-			r.sectionChange = true
-			r.addBackend(name, &next)
-			continue
-		}
-		r.keptBackend(name, &r.prev.Sections[pi], s, &prev, &next)
+		r.sectionChange = true
 	}
 	for i := range r.prev.Sections {
 		s := &r.prev.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || r.px.backendSections[s.Name] != i {
-			continue
-		}
-		if _, inNext := r.nx.backendSections[s.Name]; inNext {
-			continue
-		}
+		_, inNext := r.nx.backendSections[s.Name]
 		prev, described := r.prev.Backends[s.Name]
-		if !described {
-			continue
+		if sectionKindOf(s.Kind) == SectionKindBackend && r.px.backendSections[s.Name] == i && !inNext && described {
+			r.sectionChange = true
+			r.removeBackend(s.Name, &prev)
 		}
-		r.sectionChange = true
-		r.removeBackend(s.Name, &prev)
 	}
 }
 
 // addBackend creates a dynamic backend from its profile, adds its servers
 // and publishes it; structural backends and unsafe words reload.
 func (r *diffRun) addBackend(name string, b *Backend) {
+	_, hasProfile := r.prev.Profiles[b.Profile]
+	var refusal string
 	switch {
-	case b.Shape != ShapeDynamic && b.ShapeReason != "":
-		r.fail("backend %s added: structural shape, %s", name, b.ShapeReason)
-		return
 	case b.Shape != ShapeDynamic:
-		r.fail("backend %s added: structural shape", name)
-		return
+		refusal = structuralShape(b)
 	case !r.caps.DynamicBackends:
-		r.fail("backend %s added: this HAProxy has no add backend", name)
-		return
+		refusal = "this HAProxy has no add backend"
 	case !SafeToken(name) || !SafeToken(b.Profile) ||
 		b.GUID != "" && !SafeToken(b.GUID) || b.Mode != "" && !SafeToken(b.Mode):
-		r.fail("backend %s added: the name, profile or guid is not a safe runtime token", name)
-		return
-	}
-	if _, ok := r.prev.Profiles[b.Profile]; !ok {
-		r.fail("backend %s added: profile %q is not in the running config", name, b.Profile)
-		return
+		refusal = "the name, profile or guid is not a safe runtime token"
+	case !hasProfile:
+		refusal = fmt.Sprintf("profile %q is not in the running config", b.Profile)
 	}
 	ops := []Op{{Kind: OpBackendAdd, Backend: name, Profile: b.Profile, Mode: b.Mode, GUID: b.GUID}}
 	names := make(map[string]bool, len(b.Servers))
-	for i := range b.Servers {
-		s := &b.Servers[i]
+	for i := 0; i < len(b.Servers) && refusal == ""; i++ {
 		var serverOps []Op
-		refusal := refuseRepeatedName(names, s.Name)
-		if refusal == "" {
-			serverOps, refusal = r.addServer(name, b, s)
-		}
-		if refusal != "" {
-			r.fail("backend %s added: %s", name, refusal)
-			return
+		if refusal = refuseRepeatedName(names, b.Servers[i].Name); refusal == "" {
+			serverOps, refusal = r.addServer(name, b, &b.Servers[i])
 		}
 		ops = append(ops, serverOps...)
+	}
+	if refusal != "" {
+		r.fail("backend %s added: %s", name, refusal)
+		return
 	}
 	r.emit(groupBackendAdd, ops...)
 	r.emit(groupBackendPublish, Op{Kind: OpBackendPublish, Backend: name})
@@ -779,33 +679,28 @@ func (r *diffRun) addBackend(name string, b *Backend) {
 // deletes it once it is removable: all deferred, all counted against the
 // pod's delete queue. A refusal composes none of it.
 func (r *diffRun) removeBackend(name string, b *Backend) {
+	var refusal string
 	switch {
-	case b.Shape != ShapeDynamic && b.ShapeReason != "":
-		r.fail("backend %s removed: structural shape, %s", name, b.ShapeReason)
-		return
 	case b.Shape != ShapeDynamic:
-		r.fail("backend %s removed: structural shape", name)
-		return
+		refusal = structuralShape(b)
 	case !r.caps.DynamicBackends:
-		r.fail("backend %s removed: this HAProxy has no del backend", name)
-		return
+		refusal = "this HAProxy has no del backend"
 	case r.pendingBackends >= MaxPendingBackendDeletes:
-		r.fail("backend %s removed: %d backend deletes already pending", name, r.pendingBackends)
-		return
+		refusal = fmt.Sprintf("%d backend deletes already pending", r.pendingBackends)
 	case !SafeToken(name):
-		r.fail("backend %s removed: the name is not a safe runtime token", name)
-		return
+		refusal = "the name is not a safe runtime token"
 	}
 	pendingBefore := r.pendingServers
 	var serverOps []Op
-	for i := range b.Servers {
-		ops, refusal := r.removeServer(name, &b.Servers[i])
-		if refusal != "" {
-			r.pendingServers = pendingBefore
-			r.fail("backend %s removed: %s", name, refusal)
-			return
-		}
+	for i := 0; i < len(b.Servers) && refusal == ""; i++ {
+		var ops []Op
+		ops, refusal = r.removeServer(name, &b.Servers[i])
 		serverOps = append(serverOps, ops...)
+	}
+	if refusal != "" {
+		r.pendingServers = pendingBefore
+		r.fail("backend %s removed: %s", name, refusal)
+		return
 	}
 	r.emit(groupBackendUnpublish, Op{Kind: OpBackendUnpublish, Backend: name})
 	r.emit(groupServerDelete, serverOps...)
@@ -816,29 +711,32 @@ func (r *diffRun) removeBackend(name string, b *Backend) {
 	r.pendingBackends++
 }
 
+// structuralShape is the refusal of a backend that is not dynamic, with
+// the producer's reason when it gave one.
+func structuralShape(b *Backend) string {
+	if b.ShapeReason != "" {
+		return "structural shape, " + b.ShapeReason
+	}
+	return "structural shape"
+}
+
 // keptBackend decides a backend present in both plans: a text change must be
 // explained by the record or the comments, the body and the backend's own
 // attributes cannot change at runtime, and the servers are diffed one by
 // one.
 func (r *diffRun) keptBackend(name string, prevSection, nextSection *Section, prev, next *Backend) {
 	textChanged := !sameSectionText(prevSection, nextSection)
-	if textChanged {
-		r.sectionChange = true
-	}
-	if !sameBackendBody(prev, next) {
-		r.fail("backend %s: body changed", name)
-		return
-	}
+	r.sectionChange = r.sectionChange || textChanged
 	sameRecord := sameBackendRecord(prev, next)
-	switch {
+	switch attribute := changedBackendAttribute(prev, next); {
+	case !sameBackendBody(prev, next):
+		r.fail("backend %s: body changed", name)
 	case textChanged && sameRecord && sameBackendComments(prev, next):
 		r.fail("backend %s: unexplained text change", name)
 	case sameRecord:
+	case attribute != "":
+		r.fail("backend %s: %s changed, which HAProxy cannot alter at runtime", name, attribute)
 	default:
-		if attribute := changedBackendAttribute(prev, next); attribute != "" {
-			r.fail("backend %s: %s changed, which HAProxy cannot alter at runtime", name, attribute)
-			return
-		}
 		r.servers(name, prev, next)
 	}
 }
@@ -866,18 +764,13 @@ func changedBackendAttribute(prev, next *Backend) string {
 }
 
 // ---------------------------------------------------------------------------
-// 5.3 Servers.
+// Servers.
 
 // servers diffs the servers of a kept backend by name: updates and adds in
 // next's order, then removals in prev's order. Each refusal records its own
 // reason; the other servers are still diffed.
 func (r *diffRun) servers(name string, prev, next *Backend) {
-	prevByName := make(map[string]int, len(prev.Servers))
-	for i := range prev.Servers {
-		if _, dup := prevByName[prev.Servers[i].Name]; !dup {
-			prevByName[prev.Servers[i].Name] = i
-		}
-	}
+	prevByName := serverIndex(prev.Servers)
 	nextNames := make(map[string]bool, len(next.Servers))
 	for i := range next.Servers {
 		s := &next.Servers[i]
@@ -925,23 +818,19 @@ func refuseRepeatedName(seen map[string]bool, name string) string {
 // that is not disabled is then enabled, with its health check when it has
 // one; a disabled server stays in MAINT.
 func (r *diffRun) addServer(backend string, be *Backend, s *Server) ([]Op, string) {
-	if !r.caps.DynamicServers {
+	switch refusal := endpointRefusal(s.Address, s.Port); {
+	case !r.caps.DynamicServers:
 		return nil, "this HAProxy has no add server"
-	}
-	if !balanceTakesDynamicServers(be.Balance, be.HashType) {
+	case !balanceTakesDynamicServers(be.Balance, be.HashType):
 		return nil, fmt.Sprintf("balance %q takes no dynamic server", be.Balance)
-	}
-	if !SafeToken(s.Name) || !SafeToken(backend) {
+	case !SafeToken(s.Name) || !SafeToken(backend):
 		return nil, "the name is not a safe runtime token"
-	}
-	if refusal := endpointRefusal(s.Address, s.Port); refusal != "" {
+	case refusal != "":
 		return nil, refusal
 	}
 	keywords := mergeKeywords(be.DefaultServer, s.Extra)
-	for _, kw := range keywords {
-		if !r.dynamicServerKeyword(kw) {
-			return nil, fmt.Sprintf("keyword %s cannot be set on a dynamic server", kw.Name)
-		}
+	if i := slices.IndexFunc(keywords, func(kw KeywordArg) bool { return !r.dynamicServerKeyword(kw) }); i >= 0 {
+		return nil, fmt.Sprintf("keyword %s cannot be set on a dynamic server", keywords[i].Name)
 	}
 	if s.Weight != nil && !hasKeyword(keywords, "weight") {
 		keywords = append(keywords, KeywordArg{Name: "weight", Args: []string{strconv.Itoa(*s.Weight)}})
@@ -977,7 +866,7 @@ func (r *diffRun) updateServer(backend string, be *Backend, prev, next *Server) 
 		}
 		ops = append(ops, Op{Kind: OpServerSetAddr, Backend: backend, Server: next.Name, Address: next.Address, Port: next.Port})
 	}
-	if (prev.Weight == nil) != (next.Weight == nil) || prev.Weight != nil && *prev.Weight != *next.Weight {
+	if !sameWeight(prev.Weight, next.Weight) {
 		if next.Weight == nil {
 			return nil, "the weight keyword was dropped, which set server cannot express"
 		}
@@ -1002,13 +891,12 @@ func (r *diffRun) updateServer(backend string, be *Backend, prev, next *Server) 
 // removeServer composes a deferred delete: disable now, delete once
 // removable. It counts against the pod's server delete queue.
 func (r *diffRun) removeServer(backend string, s *Server) ([]Op, string) {
-	if !r.caps.DynamicServers {
+	switch {
+	case !r.caps.DynamicServers:
 		return nil, "this HAProxy has no del server"
-	}
-	if r.pendingServers >= MaxPendingServerDeletes {
+	case r.pendingServers >= MaxPendingServerDeletes:
 		return nil, fmt.Sprintf("%d server deletes already pending", r.pendingServers)
-	}
-	if !SafeToken(s.Name) || !SafeToken(backend) {
+	case !SafeToken(s.Name) || !SafeToken(backend):
 		return nil, "the name is not a safe runtime token"
 	}
 	r.pendingServers++
@@ -1134,12 +1022,7 @@ func addServerKeyword(name string) bool {
 }
 
 func allSafeTokens(words []string) bool {
-	for _, w := range words {
-		if !SafeToken(w) {
-			return false
-		}
-	}
-	return true
+	return !slices.ContainsFunc(words, func(w string) bool { return !SafeToken(w) })
 }
 
 // freshStrings copies a list for an op; an empty list becomes nil.
@@ -1159,22 +1042,20 @@ func freshKeywords(kws []KeywordArg) []KeywordArg {
 }
 
 // ---------------------------------------------------------------------------
-// 5.4 Sections and profiles: the section guard.
+// Sections and profiles: the section guard.
 
 func (r *diffRun) sections() {
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		kind := sectionKindOf(s.Kind)
-		if kind == SectionKindBackend {
+		key := sectionKey{sectionKindOf(s.Kind), s.Name}
+		if key.kind == SectionKindBackend {
 			continue
 		}
 		var old *Section
-		if r.nx.sections[sectionKey{kind, s.Name}] == i {
-			if pi, ok := r.px.sections[sectionKey{kind, s.Name}]; ok {
-				old = &r.prev.Sections[pi]
-			}
+		if pi, ok := r.px.sections[key]; ok && r.nx.sections[key] == i {
+			old = &r.prev.Sections[pi]
 		}
-		switch {
+		switch kind := key.kind; {
 		case old == nil && kind == SectionKindProfile:
 			r.fail("profile %s added", s.Name)
 		case old == nil:
@@ -1190,19 +1071,17 @@ func (r *diffRun) sections() {
 	}
 	for i := range r.prev.Sections {
 		s := &r.prev.Sections[i]
-		kind := sectionKindOf(s.Kind)
-		if kind == SectionKindBackend || r.px.sections[sectionKey{kind, s.Name}] != i {
+		key := sectionKey{sectionKindOf(s.Kind), s.Name}
+		_, kept := r.nx.sections[key]
+		switch {
+		case key.kind == SectionKindBackend || r.px.sections[key] != i || kept:
 			continue
-		}
-		if _, kept := r.nx.sections[sectionKey{kind, s.Name}]; kept {
-			continue
+		case key.kind == SectionKindCore:
+			r.fail("core section %s removed", s.Name)
+		default:
+			r.profileRemoved(s.Name)
 		}
 		r.sectionChange = true
-		if kind == SectionKindCore {
-			r.fail("core section %s removed", s.Name)
-			continue
-		}
-		r.profileRemoved(s.Name)
 	}
 }
 
@@ -1224,10 +1103,8 @@ func (r *diffRun) profileRemoved(profile string) {
 func firstProfileUser(p *Plan, x *planIndex, profile string, skip map[string]bool) string {
 	for i := range p.Sections {
 		s := &p.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || x.backendSections[s.Name] != i || skip[s.Name] {
-			continue
-		}
-		if b, ok := p.Backends[s.Name]; ok && b.Profile == profile {
+		if b, ok := p.Backends[s.Name]; ok && b.Profile == profile && !skip[s.Name] &&
+			sectionKindOf(s.Kind) == SectionKindBackend && x.backendSections[s.Name] == i {
 			return s.Name
 		}
 	}
@@ -1235,7 +1112,7 @@ func firstProfileUser(p *Plan, x *planIndex, profile string, skip map[string]boo
 }
 
 // ---------------------------------------------------------------------------
-// 5.5 Maps.
+// Maps.
 
 func (r *diffRun) maps() {
 	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
@@ -1244,18 +1121,16 @@ func (r *diffRun) maps() {
 		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
 			continue
 		}
-		mapPath := runtimeMapPath(name, &m)
-		if !r.inv.maps[mapPath] {
+		switch mapPath := runtimeMapPath(name, &m); {
+		case !r.inv.maps[mapPath]:
 			r.note("map %s is not loaded at runtime, its file is written only", name)
-			continue
-		}
-		if !SafeToken(mapPath) {
+		case !SafeToken(mapPath):
 			r.fail("map %s: the path is not a safe runtime token", name)
-			continue
+		default:
+			upserts, deletes := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
+			r.emit(groupMapUpsert, upserts...)
+			r.emit(groupMapDelete, deletes...)
 		}
-		upserts, deletes := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
-		r.emit(groupMapUpsert, upserts...)
-		r.emit(groupMapDelete, deletes...)
 	}
 }
 
@@ -1272,7 +1147,8 @@ func runtimeMapPath(name string, m *Map) string {
 // in upserts when the change is not expressible entry by entry. A value
 // set map cannot carry is never a map_del then map_add, which would leave
 // the key absent between the two commands, so that traffic matching it
-// would briefly fall through to the default.
+// would briefly fall through to the default. Where order between keys does
+// not matter, a new key may be added anywhere.
 func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, deletes []Op) {
 	if ordered {
 		return orderedMapDelta(mapPath, prev, next)
@@ -1280,7 +1156,7 @@ func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, del
 	if prevWindow, nextWindow, ok := trimCommonEntries(prev, next); ok {
 		prev, next = prevWindow, nextWindow
 	}
-	return unorderedMapDelta(mapPath, prev, next)
+	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
 }
 
 // wholeMap is the one op of a map replaced atomically from its file.
@@ -1311,21 +1187,7 @@ func groupEntries(entries []MapEntry) keyedEntries {
 // sendableMapKey reports whether a key and its values can travel in map
 // ops at all: the key as one word, the values in a payload.
 func sendableMapKey(key string, values []string) bool {
-	if !SafeToken(key) {
-		return false
-	}
-	for _, v := range values {
-		if !SafePayloadValue(v) {
-			return false
-		}
-	}
-	return true
-}
-
-// unorderedMapDelta compares two entry lists of a map where order between
-// keys does not matter: a new key may be added anywhere.
-func unorderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
-	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
+	return SafeToken(key) && !slices.ContainsFunc(values, func(v string) bool { return !SafePayloadValue(v) })
 }
 
 // keyedMapDelta applies the per-key rules shared by both kinds of map. A
@@ -1388,18 +1250,15 @@ func trimCommonEntries(prev, next []MapEntry) (prevWindow, nextWindow []MapEntry
 		return prevWindow, nextWindow, true
 	}
 	windowKeys := make(map[string]bool, len(prevWindow)+len(nextWindow))
-	for _, e := range prevWindow {
-		windowKeys[e.Key] = true
-	}
-	for _, e := range nextWindow {
-		windowKeys[e.Key] = true
+	for _, window := range [][]MapEntry{prevWindow, nextWindow} {
+		for _, e := range window {
+			windowKeys[e.Key] = true
+		}
 	}
 	// The trimmed part is the same in both lists, so prev's is enough.
 	for _, trimmed := range [][]MapEntry{prev[:prefix], prev[len(prev)-suffix:]} {
-		for _, e := range trimmed {
-			if windowKeys[e.Key] {
-				return nil, nil, false
-			}
+		if slices.ContainsFunc(trimmed, func(e MapEntry) bool { return windowKeys[e.Key] }) {
+			return nil, nil, false
 		}
 	}
 	return prevWindow, nextWindow, true
@@ -1433,13 +1292,13 @@ func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []
 }
 
 // ---------------------------------------------------------------------------
-// 5.6 Files and the config guard (last, so that the guard knows whether any
+// Files and the config guard (last, so that the guard knows whether any
 // section changed).
 
 func (r *diffRun) files() {
 	for i := range r.next.Files {
 		f := &r.next.Files[i]
-		if old := r.px.file(r.prev, f.Path); old != nil && sameFileContent(old, f) {
+		if sameFileContent(r.px.file(r.prev, f.Path), f) {
 			continue
 		}
 		switch {
@@ -1467,7 +1326,7 @@ func (r *diffRun) files() {
 }
 
 // ---------------------------------------------------------------------------
-// 8. In-place ops: what the worker that keeps serving while a reload waits
+// In-place ops: what the worker that keeps serving while a reload waits
 // can already take, composed against base.WorkerOps.
 
 // composeInPlace returns the in-place ops and the worker's plan once they
@@ -1476,48 +1335,32 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 	worker := base.WorkerOps
 	wx := indexPlan(worker)
 	// Creating ops never run in place, so nothing counts as created.
-	w := &diffRun{
-		next: r.next, prev: worker, nx: r.nx, px: wx,
-		caps: r.caps, inv: r.inv, certDir: r.certDir,
-	}
+	w := &diffRun{next: r.next, prev: worker, nx: r.nx, px: wx, caps: r.caps, inv: r.inv, certDir: r.certDir}
 
 	var serverOps []Op
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend || r.nx.backendSections[s.Name] != i {
-			continue
+		next, described := r.next.Backends[s.Name]
+		wb, onWorker := worker.Backends[s.Name]
+		_, hasSection := wx.backendSections[s.Name]
+		if sectionKindOf(s.Kind) == SectionKindBackend && r.nx.backendSections[s.Name] == i &&
+			described && onWorker && hasSection && !serversEqual(wb.Servers, next.Servers) {
+			serverOps = append(serverOps, w.inPlaceServerOps(s.Name, &wb, &next)...)
 		}
-		next, ok := r.next.Backends[s.Name]
-		if !ok {
-			continue
-		}
-		wb, ok := worker.Backends[s.Name]
-		if _, hasSection := wx.backendSections[s.Name]; !ok || !hasSection || serversEqual(wb.Servers, next.Servers) {
-			continue
-		}
-		serverOps = append(serverOps, w.inPlaceServerOps(s.Name, &wb, &next)...)
 	}
 
 	var certOps []Op
 	for i := range r.next.Files {
 		f := &r.next.Files[i]
-		if f.Kind != FileKindCert {
-			continue
-		}
-		if old := wx.file(worker, f.Path); old != nil && !sameFileContent(old, f) && SafeToken(f.Path) && r.inv.certs[f.Path] {
+		if old := wx.file(worker, f.Path); f.Kind == FileKindCert && old != nil && !sameFileContent(old, f) &&
+			SafeToken(f.Path) && r.inv.certs[f.Path] {
 			certOps = append(certOps, Op{Kind: OpCertSet, Path: f.Path})
 		}
 	}
 
 	mapOps := w.inPlaceMapOps(base)
-	if len(serverOps)+len(certOps)+len(mapOps) > MaxOpsPerApply {
-		mapOps = nil // all or nothing: never cut short
-	}
-	for i := range mapOps {
-		if !r.caps.executes(mapOps[i].Kind) {
-			mapOps = nil
-			break
-		}
+	if len(serverOps)+len(certOps)+len(mapOps) > MaxOpsPerApply || slices.ContainsFunc(mapOps, r.caps.refuses) {
+		mapOps = nil // all or nothing: never cut short, never in part
 	}
 
 	ops := make([]Op, 0, len(certOps)+len(serverOps)+len(mapOps))
@@ -1548,35 +1391,15 @@ func composeInPlace(r *diffRun, base *Baseline) ([]Op, *Plan) {
 // inPlaceKind is the set of server and certificate kinds that may run on
 // the current worker: nothing that creates or deletes an object.
 func inPlaceKind(kind string) bool {
-	switch kind {
-	case OpServerSetAddr, OpServerSetWeight, OpServerSetState, OpServerAdd, OpServerEnable, OpServerDisable, OpCertSet:
-		return true
-	}
-	return false
-}
-
-func serversEqual(a, b []Server) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if !a[i].Equal(&b[i]) {
-			return false
-		}
-	}
-	return true
+	return slices.Contains([]string{OpServerSetAddr, OpServerSetWeight, OpServerSetState, OpServerAdd,
+		OpServerEnable, OpServerDisable, OpCertSet}, kind)
 }
 
 // inPlaceServerOps diffs one backend's servers against the worker's record
 // (r.prev is the worker). A removed server is only disabled: deletes wait
 // for the reload. Refused servers contribute nothing.
 func (r *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
-	workerByName := make(map[string]int, len(worker.Servers))
-	for i := range worker.Servers {
-		if _, dup := workerByName[worker.Servers[i].Name]; !dup {
-			workerByName[worker.Servers[i].Name] = i
-		}
-	}
+	workerByName := serverIndex(worker.Servers)
 	var ops []Op
 	nextNames := make(map[string]bool, len(next.Servers))
 	for i := range next.Servers {
@@ -1606,45 +1429,25 @@ func (r *diffRun) inPlaceServerOps(name string, worker, next *Backend) []Op {
 }
 
 // inPlaceMapOps returns every map's map_set ops then every map's map_del
-// ops against the worker's entries, or nil when any map cannot move in
-// place: map values route traffic and enforce access across maps, so the
-// worker takes either every map change of the render or none.
+// ops against the worker's entries (r.prev is the worker), composed by the
+// rule of maps, or nil when any map cannot move in place: map values route
+// traffic and enforce access across maps, so the worker takes either every
+// map change of the render or none.
 func (r *diffRun) inPlaceMapOps(base *Baseline) []Op {
-	var sets, deletes []Op
-	for _, name := range slices.Sorted(maps.Keys(r.next.Maps)) {
-		m := r.next.Maps[name]
-		old, had := r.prev.Maps[name]
-		if had && sameFileContent(r.px.file(r.prev, name), r.nx.file(r.next, name)) {
-			continue
-		}
-		mapPath := runtimeMapPath(name, &m)
-		if !r.inv.maps[mapPath] || !SafeToken(mapPath) {
-			return nil
-		}
-		upserts, dels := mapDelta(mapPath, m.Ordered, old.Entries, m.Entries)
-		for _, op := range upserts {
-			if op.Kind != OpMapSet { // a map_add or a whole replacement
-				return nil
-			}
-		}
-		sets = append(sets, upserts...)
-		deletes = append(deletes, dels...)
-	}
-	if len(sets)+len(deletes) == 0 {
+	r.maps() // a reason (a map not loaded, an unsafe path) refuses
+	sets, deletes := r.groups[groupMapUpsert], r.groups[groupMapDelete]
+	if len(r.reasons) > 0 || len(sets)+len(deletes) == 0 ||
+		slices.ContainsFunc(sets, func(op Op) bool { return op.Kind != OpMapSet }) { // a map_add or a whole replacement
 		return nil
 	}
 	// A map value may route to a backend the worker lacks, directly or
 	// through another map.
 	for i := range r.next.Sections {
 		s := &r.next.Sections[i]
-		if sectionKindOf(s.Kind) != SectionKindBackend {
-			continue
-		}
-		if _, described := r.next.Backends[s.Name]; !described {
-			continue
-		}
+		_, described := r.next.Backends[s.Name]
 		_, hasSection := r.px.backendSections[s.Name]
-		if _, hasRecord := r.prev.Backends[s.Name]; !hasSection || !hasRecord {
+		_, hasRecord := r.prev.Backends[s.Name]
+		if sectionKindOf(s.Kind) == SectionKindBackend && described && (!hasSection || !hasRecord) {
 			return nil
 		}
 	}
@@ -1672,21 +1475,13 @@ func workerPlanAfter(worker, next *Plan, nx *planIndex, ops []Op) *Plan {
 		if !ok {
 			return nil, -1
 		}
-		byName, ok := servers[backend]
-		if !ok {
-			byName = make(map[string]int, len(b.Servers))
-			for i := range b.Servers {
-				if _, dup := byName[b.Servers[i].Name]; !dup {
-					byName[b.Servers[i].Name] = i
-				}
-			}
-			servers[backend] = byName
+		if servers[backend] == nil {
+			servers[backend] = serverIndex(b.Servers)
 		}
-		i, ok := byName[server]
-		if !ok {
-			return &b, -1
+		if i, ok := servers[backend][server]; ok {
+			return &b, i
 		}
-		return &b, i
+		return &b, -1
 	}
 	mapNames := make(map[string]string, len(next.Maps)) // runtime path -> map name, first by name
 	for _, name := range slices.Sorted(maps.Keys(next.Maps)) {
@@ -1779,18 +1574,14 @@ func BaselineFromState(state *State) (*Baseline, error) {
 		return nil, errors.New("haptic: no state to build a baseline from")
 	}
 	b := &Baseline{
-		Inventory: Inventory{
-			Generation: state.Inventory.Generation,
-			Maps:       cloneSlice(state.Inventory.Maps),
-			Certs:      cloneSlice(state.Inventory.Certs),
-			CAFiles:    cloneSlice(state.Inventory.CAFiles),
-			CRLFiles:   cloneSlice(state.Inventory.CRLFiles),
-			CRTLists:   cloneSlice(state.Inventory.CRTLists),
-		},
+		Inventory:             state.Inventory,
 		Caps:                  CapsFor(state.HAProxy.Version, state.AgentOps),
 		PendingServerDeletes:  len(state.PendingDeletes.Servers),
 		PendingBackendDeletes: len(state.PendingDeletes.Backends),
 		ReloadPending:         state.ReloadPendingAt != "",
+	}
+	for _, list := range []*[]string{&b.Inventory.Maps, &b.Inventory.Certs, &b.Inventory.CAFiles, &b.Inventory.CRLFiles, &b.Inventory.CRTLists} {
+		*list = cloneSlice(*list)
 	}
 	if len(state.AppliedPlan) == 0 {
 		return b, nil

@@ -130,6 +130,24 @@ func TestBaselineFromState(t *testing.T) {
 			tc.check(t, b, err)
 		})
 	}
+	t.Run("the inventory's lists are copies", func(t *testing.T) {
+		inventory := func() Inventory {
+			return Inventory{Maps: []string{routeMap}, Certs: []string{certPath}, CAFiles: []string{caPath},
+				CRLFiles: []string{"ca/crl.pem"}, CRTLists: []string{listPath}}
+		}
+		state := stateOf(func(s *State) { s.Inventory = inventory() })
+		b, err := BaselineFromState(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv := &state.Inventory
+		for _, list := range [][]string{inv.Maps, inv.Certs, inv.CAFiles, inv.CRLFiles, inv.CRTLists} {
+			list[0] = "changed"
+		}
+		if !reflect.DeepEqual(b.Inventory, inventory()) {
+			t.Fatalf("the baseline's inventory follows the state: %+v", b.Inventory)
+		}
+	})
 }
 
 // ---------------------------------------------------------------------------

@@ -632,6 +632,9 @@ func TestDecisionChunkBudgetsTheInPlaceBatch(t *testing.T) {
 			for _, c := range chunks {
 				sizes = append(sizes, len(c))
 				all = append(all, c...)
+				if cap(c) != len(c) {
+					t.Fatalf("a chunk of %d ops has capacity %d: an append would write into the next", len(c), cap(c))
+				}
 			}
 			if !slices.Equal(sizes, tc.sizes) {
 				t.Fatalf("sizes = %v, want %v", sizes, tc.sizes)
@@ -959,6 +962,18 @@ func TestDiffBackendRemovedRefusals(t *testing.T) {
 			wantReason(t, d, tc.reason)
 		})
 	}
+}
+
+// A refused backend removal gives back the server deletes it counted, so
+// that the next removal is judged against the pod's real queue.
+func TestDiffBackendRemovalRefusedCountsNoServerDelete(t *testing.T) {
+	base := baseOf(basePlan(withBackends(
+		dynBackend("be-a", srv("SRV_1", "10.0.0.1", 80), srv("SRV_2", "10.0.0.2", 80)),
+		dynBackend("be-b", srv("SRV_1", "10.0.0.3", 80)))))
+	base.Caps, base.PendingServerDeletes = on34, MaxPendingServerDeletes-1
+	d := Diff(basePlan(), base)
+	wantVerdict(t, d, VerdictReload)
+	wantReasonsExactly(t, d, fmt.Sprintf("backend be-a removed: %d server deletes already pending", MaxPendingServerDeletes))
 }
 
 func TestDiffBackendAttributeChanges(t *testing.T) {
@@ -1387,7 +1402,7 @@ func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
 				next = slices.Insert(next, j, randomEntry())
 			}
 		}
-		fullUp, fullDel := unorderedMapDelta(routeMap, prev, next)
+		fullUp, fullDel := keyedMapDelta(routeMap, groupEntries(prev), groupEntries(next), 0)
 		gotUp, gotDel := mapDelta(routeMap, false, prev, next)
 		if !reflect.DeepEqual(fullUp, gotUp) || !reflect.DeepEqual(fullDel, gotDel) {
 			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,
@@ -1516,6 +1531,12 @@ func TestDiffCRTListOrderIsNotReachablePerEntry(t *testing.T) {
 			wantReason(t, d, tc.reason)
 		})
 	}
+	t.Run("a certificate on two lines of the running list", func(t *testing.T) {
+		// Per-entry ops would leave the repeated line in place.
+		d := crtListDiff([]CRTListEntry{tls, other, tls}, prev)
+		wantVerdict(t, d, VerdictReload)
+		wantReason(t, d, "the entry order changed")
+	})
 	t.Run("an append past every retained entry stays runtime", func(t *testing.T) {
 		d := crtListDiff(prev, []CRTListEntry{tls, other, {Cert: "certs/third.pem"}})
 		wantVerdict(t, d, VerdictRuntime)
@@ -1922,6 +1943,19 @@ func TestInPlaceMapSetWaitsForABackendTheReloadAdds(t *testing.T) {
 		d := Diff(next, withMapsLoaded(pendingOn(prev), pathMap, routeMap))
 		wantExactOps(t, d.InPlace, mapSetOp(pathMap, "/api", "be-new"), mapDelOp(routeMap, "gone.example.com"))
 	})
+}
+
+// A map the worker has not loaded cannot move in place, and then no map
+// does: the worker takes every map change of the render or none.
+func TestInPlaceMapsWaitForEveryMapToBeLoaded(t *testing.T) {
+	const other = "maps/other.map"
+	prev := basePlan(withMap(routeMap, false, mapEntries("a", "be-a")...), withMap(other, false, mapEntries("b", "be-a")...))
+	next := basePlan(withMap(routeMap, false, mapEntries("a", "be-z")...), withMap(other, false, mapEntries("b", "be-z")...))
+	d := Diff(next, withMapsLoaded(pendingOn(prev), routeMap))
+	wantVerdict(t, d, VerdictRuntime)
+	if d.InPlace != nil || d.WorkerPlan != nil {
+		t.Fatalf("InPlace %s while %s is not loaded", opsJSON(d.InPlace), other)
+	}
 }
 
 func TestInPlaceMapBatchIsNotTruncated(t *testing.T) {

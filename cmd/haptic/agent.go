@@ -2,13 +2,9 @@
 // the JSON logger, the Go memory limit, and the process lifetime around
 // (*Agent).Run. It checks nothing NewAgent checks, so the command and a
 // program embedding the agent refuse the same configurations with the same
-// words.
-//
-// The command's defaults are the upstream agent's, so that a manifest
-// written for one runs the other. Most are haptic.DefaultAgentConfig's,
-// the values NewAgent fills in itself; the command adds what AgentConfig
-// leaves off (see the constants below). Paths are resolved by the agent's
-// rule, AgentConfig.ResolvePaths.
+// words. Its defaults are the upstream agent's, so that a manifest written
+// for one runs the other: haptic.DefaultAgentConfig's, plus the constants
+// below.
 
 package main
 
@@ -114,11 +110,10 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 		return cfg, errUsage
 	}
 	logger, err := newLogger(s.err, s.getenv("LOG_LEVEL"), slog.LevelInfo)
-	if err != nil {
-		usageError(fs, "%v", err)
-		return cfg, errUsage
+	if err == nil {
+		cfg, err = cfg.ResolvePaths()
 	}
-	if cfg, err = cfg.ResolvePaths(); err != nil {
+	if err != nil {
 		usageError(fs, "%v", err)
 		return cfg, errUsage
 	}
@@ -126,13 +121,11 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	// the flags do not: an explicit --tls-dir "" still means no TLS.
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, e := range []struct {
-		flag, env string
-		value     *string
-	}{{"tls-dir", "AGENT_TLS_DIR", &cfg.TLSDir}, {"tls-client-name", "AGENT_TLS_CLIENT_NAME", &cfg.TLSClientName}} {
-		if !given[e.flag] {
-			*e.value = s.getenv(e.env)
-		}
+	if !given["tls-dir"] {
+		cfg.TLSDir = s.getenv("AGENT_TLS_DIR")
+	}
+	if !given["tls-client-name"] {
+		cfg.TLSClientName = s.getenv("AGENT_TLS_CLIENT_NAME")
 	}
 	cfg.Username = s.getenv("DATAPLANE_USERNAME")
 	cfg.Password = s.getenv("DATAPLANE_PASSWORD")

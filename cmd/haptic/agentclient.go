@@ -17,9 +17,7 @@ import (
 )
 
 // agentClientFlags are the flags `haptic push` and `haptic diff --agent`
-// share. Credentials come from credentialsFrom: HAPTIC_AGENT_USER and
-// HAPTIC_AGENT_PASS, the example's variables, else the agent's own
-// DATAPLANE_USERNAME and DATAPLANE_PASSWORD.
+// share; the credentials come from the environment (credentialsFrom).
 type agentClientFlags struct {
 	urls                                  []string
 	tlsCert, tlsKey, tlsCA, tlsServerName string
@@ -42,12 +40,7 @@ func (f *agentClientFlags) register(fs *flag.FlagSet, agentUsage string) {
 // clientConfig is the configuration of a client for one agent URL. The TLS
 // configuration is shared between agents: NewClient clones it.
 func (f *agentClientFlags) clientConfig(url string, tlsConfig *tls.Config, creds agentCredentials) *haptic.ClientConfig {
-	return &haptic.ClientConfig{
-		BaseURL:  url,
-		Username: creds.user,
-		Password: creds.pass,
-		TLS:      tlsConfig,
-	}
+	return &haptic.ClientConfig{BaseURL: url, Username: creds.user, Password: creds.pass, TLS: tlsConfig}
 }
 
 // tlsConfig loads the TLS flags, or returns nil when none is set (Go's

@@ -4,15 +4,11 @@
 // starts lives in one temporary directory and is stopped and removed
 // before it returns, on success, on failure and on SIGINT.
 //
-// The example (cmd/basic-apply) drives the agent call by call: Diff,
-// NewManifest, Apply, the resend of missing parts. The demo drives the
-// same two renders through the package's controller loop, Deploy, the way
-// `haptic push` does, and prints the example's output, so the two show the
-// same flow at two levels of the API. The renders are the example's
-// (internal/example): the same config (its paths pointed at the temporary
-// directory, its frontend bound to a unix socket so that nothing needs a
-// privileged port) and the same two host maps, written as directories and
-// read with PlanFromDir, and the output is printed by the same code.
+// The example (cmd/basic-apply) drives the agent call by call; the demo
+// drives the same two renders (internal/example, written as directories and
+// read with PlanFromDir) through the controller loop, Deploy, the way
+// `haptic push` does, and prints the same output: one flow at two levels of
+// the API.
 
 package main
 
@@ -27,7 +23,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -121,12 +116,12 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 		if h, err = startDemoHAProxy(haproxyBin, base); err != nil {
 			return err
 		}
-		defer h.stop()
 		exited = h.exited
 		// HAProxy's own words are what explain a failed demo on a real
 		// binary; they are printed only then (not when the operator
-		// interrupted it).
+		// interrupted it), once HAProxy has stopped writing them.
 		defer func() {
+			h.stop()
 			if err != nil && !errors.Is(err, context.Canceled) {
 				err = fmt.Errorf("%w\nHAProxy output:\n%s", err, h.output.String())
 			}
@@ -134,16 +129,9 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 	}
 
 	password := rand.Text()
-	agent, err := haptic.NewAgent(haptic.AgentConfig{
-		BaseDir:      base,
-		MasterSocket: filepath.Join(base, "haproxy-master.sock"),
-		WorkerSocket: filepath.Join(base, "haproxy-worker.sock"),
-		Listen:       "127.0.0.1:0",
-		Username:     "demo",
-		Password:     password,
-		AgentVersion: agentVersion(),
-		Logger:       logger,
-	})
+	agent, err := haptic.NewAgent(haptic.AgentConfig{BaseDir: base, Listen: "127.0.0.1:0",
+		MasterSocket: filepath.Join(base, "haproxy-master.sock"), WorkerSocket: filepath.Join(base, "haproxy-worker.sock"),
+		Username: "demo", Password: password, AgentVersion: agentVersion(), Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -175,12 +163,13 @@ func demo(ctx context.Context, out io.Writer, haproxyBin string, logger *slog.Lo
 	return demoRenders(ctx, out, client, renders)
 }
 
-// demoHAProxy is a real HAProxy master process the demo started.
+// demoHAProxy is a real HAProxy master process the demo started. output
+// collects both its pipes: exec writes to one writer given for both from
+// one goroutine at a time, and exited closes only once those writes ended.
 type demoHAProxy struct {
 	cmd    *exec.Cmd
-	output *syncBuffer
+	output strings.Builder
 	exited chan struct{}
-	once   sync.Once
 }
 
 // startDemoHAProxy starts bin in master-worker mode in the foreground, with
@@ -190,10 +179,10 @@ func startDemoHAProxy(bin, base string) (*demoHAProxy, error) {
 	if err := os.WriteFile(cfg, []byte(strings.ReplaceAll(demoBootConfig, "<dir>", base)), 0o644); err != nil {
 		return nil, err
 	}
-	h := &demoHAProxy{output: &syncBuffer{}, exited: make(chan struct{})}
+	h := &demoHAProxy{exited: make(chan struct{})}
 	h.cmd = exec.Command(bin, "-W", "-db", "-S", filepath.Join(base, "haproxy-master.sock")+",level,admin", "-f", cfg)
 	h.cmd.Dir = base
-	h.cmd.Stdout, h.cmd.Stderr = h.output, h.output
+	h.cmd.Stdout, h.cmd.Stderr = &h.output, &h.output
 	if err := h.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
@@ -207,33 +196,13 @@ func startDemoHAProxy(bin, base string) (*demoHAProxy, error) {
 // stop terminates the master (which stops its workers), then kills it if
 // it has not exited in time.
 func (h *demoHAProxy) stop() {
-	h.once.Do(func() {
-		h.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-h.exited:
-		case <-time.After(demoHAProxyStopWait):
-			h.cmd.Process.Kill()
-			<-h.exited
-		}
-	})
-}
-
-// syncBuffer collects HAProxy's output from its two pipes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-h.exited:
+	case <-time.After(demoHAProxyStopWait):
+		h.cmd.Process.Kill()
+		<-h.exited
+	}
 }
 
 // waitDemoReady waits until the agent has found HAProxy and adopted its

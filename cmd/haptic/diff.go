@@ -43,11 +43,7 @@ func runPlan(args []string, s stdio) int {
 		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
 		return exitFailure
 	}
-	out, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		fmt.Fprintf(s.err, "haptic plan: %s\n", errText(err))
-		return exitFailure
-	}
+	out, _ := json.MarshalIndent(p, "", "  ") // a plan holds no value encoding/json refuses
 	s.out.Write(append(out, '\n'))
 	return exitOK
 }
@@ -88,8 +84,7 @@ func runDiff(ctx context.Context, args []string, s stdio) int {
 	case len(agent.urls) == 0 && !readableVersion(*version):
 		return usageError(fs, "--haproxy-version %q is not a version such as 3.0 or 3.4.3", *version)
 	}
-	last := positional[len(positional)-1]
-	next, err := loadPlan(last)
+	next, err := loadPlan(positional[len(positional)-1])
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
 		return exitUsage
@@ -130,13 +125,8 @@ func readableVersion(v string) bool {
 // declares (InventoryOf), on the given HAProxy version, with an agent that
 // executes every op kind and has nothing pending.
 func offlineBaseline(old *haptic.Plan, haproxyVersion string) *haptic.Baseline {
-	return &haptic.Baseline{
-		Applied:   old,
-		Running:   old,
-		WorkerOps: old,
-		Inventory: haptic.InventoryOf(old),
-		Caps:      haptic.CapsFor(haproxyVersion, haptic.ComposedOps()),
-	}
+	return &haptic.Baseline{Applied: old, Running: old, WorkerOps: old, Inventory: haptic.InventoryOf(old),
+		Caps: haptic.CapsFor(haproxyVersion, haptic.ComposedOps())}
 }
 
 // readAgentState reads one agent's state with its stored plan, the
@@ -193,18 +183,14 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 }
 
 // verdictNoop is what the command calls a render identical to the
-// baseline. Diff itself answers file_only for it: its verdicts are runtime,
-// file_only and reload, and a render with no reload cause and no op is
-// file_only by contract, so that a controller sends it (the agent then
-// answers noop, having nothing to write). An operator asking "what will
-// this push do?" should read the same word the push then prints, so the
-// command says noop where the plans are the same.
+// baseline. Diff answers file_only for it by contract, so that a controller
+// sends it (the agent then answers noop, having nothing to write); an
+// operator asking "what will this push do?" should read the word the push
+// then prints.
 const verdictNoop = "noop"
 
-// cliVerdict is the verdict the command prints: noop for a plan whose id
-// is the baseline's (the ids are digests of the whole content, so the
-// files are byte for byte the same) when Diff found nothing to do, Diff's
-// own verdict otherwise.
+// cliVerdict is noop for a plan whose id is the baseline's (ids digest the
+// whole content) when Diff found nothing to do, Diff's verdict otherwise.
 func cliVerdict(from, to string, d haptic.Decision) string {
 	if from != "" && from == to && d.Verdict == haptic.VerdictFileOnly &&
 		len(d.Ops) == 0 && len(d.InPlace) == 0 && len(d.Reasons) == 0 {
@@ -282,14 +268,12 @@ func loadPlan(path string) (*haptic.Plan, error) {
 	if len(data) > haptic.MaxPlanJSONBytes {
 		return nil, fmt.Errorf("%s: more than %d bytes", path, haptic.MaxPlanJSONBytes)
 	}
+	var p *haptic.Plan
 	if bytes.HasPrefix(data, zstdMagic) {
-		p, err := haptic.DecodePlanBlob(data)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		return p, nil
+		p, err = haptic.DecodePlanBlob(data)
+	} else {
+		p, err = decodePlanJSON(data)
 	}
-	p, err := decodePlanJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

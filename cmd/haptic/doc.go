@@ -12,10 +12,6 @@
 //	haptic install DIR                      copy this binary into DIR (an initContainer)
 //
 // Every subcommand is a function of its arguments, its standard streams and
-// the environment it is handed, in a file named for it: agent.go (the agent
-// and its flags), agentclient.go (agent state, health), prestop.go (drain,
-// install), diff.go (plan, diff), push.go and progress.go (push), demo.go
-// (demo). main.go dispatches, explain.go puts what went wrong into words
-// for all of them, and memlimit.go sizes the Go runtime to the container's
-// memory limit.
+// the environment it is handed, in a file named for it (state.go holds agent
+// state and health, prestop.go agent drain and install); main.go dispatches.
 package main

@@ -104,13 +104,10 @@ func requestStep(ue *url.Error) string {
 		path = u.Path
 	}
 	method := strings.ToUpper(ue.Op)
-	switch {
-	case strings.HasSuffix(path, haptic.PathState):
-		return method + " " + haptic.PathState + " (the state read)"
-	case strings.HasSuffix(path, haptic.PathApply):
-		return method + " " + haptic.PathApply + " (the apply)"
-	case strings.HasSuffix(path, haptic.PathPlan):
-		return method + " " + haptic.PathPlan + " (storing the plan)"
+	for _, known := range [][2]string{{haptic.PathState, "the state read"}, {haptic.PathApply, "the apply"}, {haptic.PathPlan, "storing the plan"}} {
+		if strings.HasSuffix(path, known[0]) {
+			return method + " " + known[0] + " (" + known[1] + ")"
+		}
 	}
 	return method + " " + path
 }
@@ -139,7 +136,6 @@ var haproxyTag = regexp.MustCompile(`^\[(ALERT|WARNING|NOTICE)\]\s+`)
 // message without any tagged line comes back line by line, unchanged.
 func haproxyLines(message string) []string {
 	var alerts, warnings, other []string
-	tagged := false
 	for line := range strings.SplitSeq(strings.TrimSpace(message), "\n") {
 		line = strings.TrimSpace(line)
 		if line == "" {
@@ -150,7 +146,6 @@ func haproxyLines(message string) []string {
 			other = append(other, line)
 			continue
 		}
-		tagged = true
 		line = "[" + m[1] + "] " + line[len(m[0]):]
 		switch m[1] {
 		case "ALERT":
@@ -158,9 +153,6 @@ func haproxyLines(message string) []string {
 		case "WARNING":
 			warnings = append(warnings, line)
 		}
-	}
-	if !tagged {
-		return other
 	}
 	return append(append(alerts, warnings...), other...)
 }

@@ -170,18 +170,10 @@ func localPath(baseDir, p string) string {
 // "" means def. A level it does not know is an error, never a silent
 // default, so a typo cannot hide debug logs an operator asked for.
 func newLogger(w io.Writer, levelText string, def slog.Level) (*slog.Logger, error) {
-	level := def
-	switch levelText {
-	case "":
-	case "debug":
-		level = slog.LevelDebug
-	case "info":
-		level = slog.LevelInfo
-	case "warn":
-		level = slog.LevelWarn
-	case "error":
-		level = slog.LevelError
-	default:
+	levels := map[string]slog.Level{"": def, "debug": slog.LevelDebug, "info": slog.LevelInfo,
+		"warn": slog.LevelWarn, "error": slog.LevelError}
+	level, ok := levels[levelText]
+	if !ok {
 		return nil, fmt.Errorf("LOG_LEVEL %q is not one of debug, info, warn, error", levelText)
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), nil

@@ -8,7 +8,6 @@
 package main
 
 import (
-	"bufio"
 	"log/slog"
 	"math"
 	"os"
@@ -68,9 +67,8 @@ func cgroupMemoryLimit(root, self string) (limit int64, file string) {
 // selfCgroupPaths reads the process's cgroup path in the v2 hierarchy
 // ("0::/path") and in v1's memory hierarchy ("N:...memory...:/path").
 func selfCgroupPaths(self string) (v2, v1 string) {
-	sc := bufio.NewScanner(strings.NewReader(self))
-	for sc.Scan() {
-		fields := strings.SplitN(sc.Text(), ":", 3)
+	for line := range strings.SplitSeq(self, "\n") {
+		fields := strings.SplitN(line, ":", 3)
 		if len(fields) != 3 {
 			continue
 		}

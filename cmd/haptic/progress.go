@@ -6,8 +6,10 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,28 +32,28 @@ func terminalColumns(getenv func(string) string) int {
 	return defaultColumns
 }
 
-// progress is a push's output while it runs. Its mutex also serialises
-// the agents' lines, so that two never interleave.
+// progress is a push's output while it runs, and the outcomes it gathers
+// for the summary. Its mutex also serialises the agents' lines, so that
+// two never interleave.
 type progress struct {
-	mu       sync.Mutex
-	out      io.Writer
-	total    int
-	done     int
-	failed   int
-	pending  map[string]time.Time // agents in flight → when they started
-	terminal bool
-	columns  int
-	drawn    bool // a progress line is on the screen
-	now      func() time.Time
+	mu          sync.Mutex
+	out         io.Writer
+	o           pushOptions
+	total, done int
+	counts      map[string]int       // outcomes so far
+	failedLines []string             // lines of the agents that failed, "url: ..."
+	unexpected  []string             // lines of the agents whose outcome --expect does not list
+	pending     map[string]time.Time // agents in flight → when they started
+	drawn       bool                 // a progress line is on the screen
 
 	stopTick chan struct{}
 	ticker   sync.WaitGroup
 }
 
 func newProgress(out io.Writer, total int, o pushOptions) *progress {
-	p := &progress{out: out, total: total, pending: map[string]time.Time{}, terminal: o.terminal,
-		columns: o.columns, now: time.Now, stopTick: make(chan struct{})}
-	if p.terminal {
+	p := &progress{out: out, o: o, total: total, counts: map[string]int{}, pending: map[string]time.Time{},
+		stopTick: make(chan struct{})}
+	if o.terminal {
 		p.ticker.Go(func() {
 			t := time.NewTicker(progressInterval)
 			defer t.Stop()
@@ -78,17 +80,21 @@ func (p *progress) started(url string, at time.Time) {
 	p.drawLocked()
 }
 
-// finished records an agent's end and, when print is set, writes its line
-// above the progress line.
-func (p *progress) finished(url, line string, failed, print bool) {
+// finished records an agent's outcome and, unless the push is quiet,
+// writes its line above the progress line.
+func (p *progress) finished(url, line, outcome string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.pending, url)
 	p.done++
-	if failed {
-		p.failed++
+	p.counts[outcome]++
+	switch {
+	case outcome == outcomeFailed:
+		p.failedLines = append(p.failedLines, line)
+	case p.o.expect != nil && !p.o.expect[outcome]:
+		p.unexpected = append(p.unexpected, line)
 	}
-	if print {
+	if !p.o.quiet {
 		p.clearLocked()
 		fmt.Fprintln(p.out, line)
 	}
@@ -116,32 +122,21 @@ func (p *progress) clearLocked() {
 // they have waited, cut to the terminal's width so that it never wraps
 // (a wrapped line cannot be redrawn in place).
 func (p *progress) drawLocked() {
-	if !p.terminal {
+	if !p.o.terminal {
 		return
 	}
-	urls := make([]string, 0, len(p.pending))
-	for u := range p.pending {
-		urls = append(urls, u)
-	}
-	slices.SortFunc(urls, func(a, b string) int {
-		if c := p.pending[a].Compare(p.pending[b]); c != 0 {
-			return c
-		}
-		return strings.Compare(a, b)
-	})
-	now := p.now()
+	urls := slices.Collect(maps.Keys(p.pending))
+	slices.SortFunc(urls, func(a, b string) int { return cmp.Or(p.pending[a].Compare(p.pending[b]), strings.Compare(a, b)) })
+	now := time.Now()
 	var b strings.Builder
-	fmt.Fprintf(&b, "[%d/%d done, %d failed] pending %d", p.done, p.total, p.failed, p.total-p.done)
-	for i, u := range urls {
-		if i == 0 {
-			b.WriteString(": ")
-		} else {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s %s", u, now.Sub(p.pending[u]).Round(time.Second))
+	fmt.Fprintf(&b, "[%d/%d done, %d failed] pending %d", p.done, p.total, p.counts[outcomeFailed], p.total-p.done)
+	sep := ": "
+	for _, u := range urls {
+		fmt.Fprintf(&b, "%s%s %s", sep, u, now.Sub(p.pending[u]).Round(time.Second))
+		sep = ", "
 	}
 	line := b.String()
-	if max := p.columns - 1; utf8.RuneCountInString(line) > max {
+	if max := p.o.columns - 1; utf8.RuneCountInString(line) > max {
 		runes := []rune(line)
 		line = string(runes[:max-1]) + "…"
 	}

@@ -123,11 +123,10 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	// A directory, not a plan file: an agent that lacks a file asks for its
 	// bytes, and only a directory has them.
 	next, err := haptic.PlanFromDir(positional[0])
-	if err != nil {
-		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
-		return exitFailure
+	var blob []byte
+	if err == nil {
+		blob, err = haptic.EncodePlanBlob(next)
 	}
-	blob, err := haptic.EncodePlanBlob(next)
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
@@ -153,7 +152,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
 		return pushOne(ctx, cfg, next, previous, blob, *epoch)
 	}, creds)
-	r.printSummary(s.out, next.ID, o)
+	r.printSummary(next.ID)
 	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
 		return exitFailure
 	}
@@ -208,23 +207,14 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 	return pushResult{result: result, decision: &decision, err: err}
 }
 
-// pushReport gathers the outcomes of a push as they arrive.
-type pushReport struct {
-	total      int
-	counts     map[string]int
-	failed     []string // lines of the agents that failed, "url: ..."
-	unexpected []string // lines of the agents whose outcome --expect does not list
-}
-
 // pushAll runs push for every URL on at most o.parallel goroutines, each
 // within o.timeout, all within o.deadline, prints one line per agent as it
 // finishes (unless o.quiet), and on a terminal keeps a progress line of
 // the agents still pending below them.
 func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
-	push func(ctx context.Context, url string) pushResult, creds agentCredentials) *pushReport {
+	push func(ctx context.Context, url string) pushResult, creds agentCredentials) *progress {
 	ctx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
-	r := &pushReport{total: len(urls), counts: map[string]int{}}
 	p := newProgress(out, len(urls), o)
 	defer p.stop()
 
@@ -244,18 +234,7 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 					acancel()
 				}
 				outcome, line := describeOutcome(res, creds, time.Since(start), ctx.Err() != nil, o)
-				full := url + ": " + line
-				exception := outcome == outcomeFailed || o.expect != nil && !o.expect[outcome]
-				p.finished(url, full, outcome == outcomeFailed, !o.quiet)
-				p.mu.Lock()
-				r.counts[outcome]++
-				switch {
-				case outcome == outcomeFailed:
-					r.failed = append(r.failed, full)
-				case exception:
-					r.unexpected = append(r.unexpected, full)
-				}
-				p.mu.Unlock()
+				p.finished(url, url+": "+line, outcome)
 			}
 		})
 	}
@@ -264,7 +243,7 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 	}
 	close(jobs)
 	wg.Wait()
-	return r
+	return p
 }
 
 // errNotReached is the error of an agent whose turn came after the
@@ -369,42 +348,31 @@ func reloadWhy(result *haptic.ApplyResult, d *haptic.Decision) string {
 
 // printSummary prints the counts by outcome, the agents that failed and
 // those --expect did not allow (each group sorted by URL), and the final
-// line.
-func (r *pushReport) printSummary(w io.Writer, planID string, o pushOptions) {
+// line. It runs once every push has finished.
+func (p *progress) printSummary(planID string) {
 	counts := make([]string, 0, len(pushOutcomes))
 	for _, k := range pushOutcomes {
-		counts = append(counts, fmt.Sprintf("%s %d", k, r.counts[k]))
+		counts = append(counts, fmt.Sprintf("%s %d", k, p.counts[k]))
 	}
-	fmt.Fprintf(w, "summary: %s\n", strings.Join(counts, ", "))
+	fmt.Fprintf(p.out, "summary: %s\n", strings.Join(counts, ", "))
 	list := func(title string, lines []string) {
 		if len(lines) == 0 {
 			return
 		}
 		slices.Sort(lines)
-		fmt.Fprintf(w, "%s:\n", title)
+		fmt.Fprintf(p.out, "%s:\n", title)
 		for _, l := range lines {
-			fmt.Fprintf(w, "  %s\n", strings.ReplaceAll(l, "\n", "\n  "))
+			fmt.Fprintf(p.out, "  %s\n", strings.ReplaceAll(l, "\n", "\n  "))
 		}
 	}
-	list("failed", r.failed)
-	if o.expect != nil {
-		list("unexpected (--expect "+strings.Join(expectedList(o.expect), ",")+")", r.unexpected)
+	list("failed", p.failedLines)
+	if p.o.expect != nil {
+		expected := slices.DeleteFunc(slices.Clone(pushOutcomes), func(k string) bool { return !p.o.expect[k] })
+		list("unexpected (--expect "+strings.Join(expected, ",")+")", p.unexpected)
 	}
-	took := r.total - r.counts[outcomeFailed]
-	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, took, r.total)
-	if len(r.unexpected) > 0 {
-		line += fmt.Sprintf(", %d not as --expect says", len(r.unexpected))
+	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.total-p.counts[outcomeFailed], p.total)
+	if len(p.unexpected) > 0 {
+		line += fmt.Sprintf(", %d not as --expect says", len(p.unexpected))
 	}
-	fmt.Fprintln(w, line)
-}
-
-// expectedList is the --expect set in the summary's outcome order.
-func expectedList(expect map[string]bool) []string {
-	var out []string
-	for _, k := range pushOutcomes {
-		if expect[k] {
-			out = append(out, k)
-		}
-	}
-	return out
+	fmt.Fprintln(p.out, line)
 }

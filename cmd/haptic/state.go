@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -76,11 +77,7 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return exitFailure
 	}
 	if *output == "json" {
-		out, err := json.MarshalIndent(state, "", "  ")
-		if err != nil {
-			fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
-			return exitFailure
-		}
+		out, _ := json.MarshalIndent(state, "", "  ") // a state holds no value encoding/json refuses
 		s.out.Write(append(out, '\n'))
 		return exitOK
 	}
@@ -118,11 +115,7 @@ func printState(w io.Writer, st *haptic.State, withFiles bool) {
 		return
 	}
 	fmt.Fprint(w, "\n")
-	paths := make([]string, 0, len(st.Files))
-	for p := range st.Files {
-		paths = append(paths, p)
-	}
-	slices.Sort(paths)
+	paths := slices.Sorted(maps.Keys(st.Files))
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprint(tw, "PATH\tSIZE\tDIGEST\tPROOF\n")
 	for _, p := range paths {
