@@ -23,7 +23,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -596,26 +595,14 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	return ordered, nil
 }
 
-// checkManifestPath checks one manifest path: empty, too long, absolute,
-// NUL, the character rules the agent applies too (pathCharProblem), not
-// clean, escaping the base, first failure wins. Dot-name components other
-// than ".." are left to the agent.
+// checkManifestPath refuses, in the client's words, a path the agent would
+// refuse for its form.
 func checkManifestPath(p string) error {
-	switch {
-	case p == "":
+	if p == "" {
 		return errors.New("agent client: manifest has an empty file path")
-	case len(p) > MaxPathBytes:
-		return fmt.Errorf("agent client: file path %q exceeds %d bytes", p, MaxPathBytes)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("agent client: file path %q must be relative to the base dir", p)
-	case strings.IndexByte(p, 0) >= 0:
-		return fmt.Errorf("agent client: file path %q contains a NUL byte", p)
-	case pathCharProblem(p) != "":
-		return fmt.Errorf("agent client: file path %q %s", p, pathCharProblem(p))
-	case path.Clean(p) != p:
-		return fmt.Errorf("agent client: file path %q is not in cleaned form", p)
-	case p == ".." || strings.HasPrefix(p, "../"):
-		return fmt.Errorf("agent client: file path %q escapes the base dir", p)
+	}
+	if why := manifestPathProblem(p, true); why != "" {
+		return fmt.Errorf("agent client: file path %q %s", p, why)
 	}
 	return nil
 }
