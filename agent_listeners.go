@@ -10,6 +10,7 @@ package haptic
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"net/http"
@@ -93,7 +94,9 @@ func (a *Agent) newServer(name string, h http.Handler, base func(net.Listener) c
 	if name == listenerAPI {
 		srv.ConnContext = withConnAuth
 	}
-	disableHTTP2(srv)
+	// HTTP/1.1 only: the agent's wire is, and an empty TLSNextProto map is
+	// how net/http is told so.
+	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 	return srv
 }
 
