@@ -58,18 +58,11 @@ type ClientConfig struct {
 	// agent's admin socket). It requires an http BaseURL such as
 	// http://localhost, whose host only fills the Host header.
 	UnixSocket string
-	// Timeout is the deadline of State and Health calls; 10 s when zero or
-	// negative.
-	Timeout time.Duration
-	// PerPodApplyTimeout is the deadline of Apply and PutPlan calls; 2 min
-	// when zero or negative.
-	PerPodApplyTimeout time.Duration
-	// ConnectRetries is the number of retries after a refused or reset
-	// connection; ConnectRetries (3) when zero or negative.
-	ConnectRetries int
-	// ConnectRetryBackoff is the fixed wait before each retry; 100 ms when
-	// zero or negative.
-	ConnectRetryBackoff time.Duration
+	// The rest take their default when zero or negative.
+	Timeout             time.Duration // of State and Health calls; 10 s
+	PerPodApplyTimeout  time.Duration // of Apply and PutPlan calls; 2 min
+	ConnectRetries      int           // retries after a refused or reset connection; ConnectRetries (3)
+	ConnectRetryBackoff time.Duration // the fixed wait before each retry; 100 ms
 }
 
 // Client talks to one agent over one pooled keep-alive HTTP/1.1 client. It
@@ -117,18 +110,10 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 	}
 
 	c := &Client{cfg: *cfg, baseURL: strings.TrimSuffix(cfg.BaseURL, "/")}
-	if c.cfg.Timeout <= 0 {
-		c.cfg.Timeout = defaultTimeout
-	}
-	if c.cfg.PerPodApplyTimeout <= 0 {
-		c.cfg.PerPodApplyTimeout = defaultApplyTimeout
-	}
-	if c.cfg.ConnectRetries <= 0 {
-		c.cfg.ConnectRetries = ConnectRetries
-	}
-	if c.cfg.ConnectRetryBackoff <= 0 {
-		c.cfg.ConnectRetryBackoff = ConnectRetryBackoffMs * time.Millisecond
-	}
+	c.cfg.Timeout = positiveOr(c.cfg.Timeout, defaultTimeout)
+	c.cfg.PerPodApplyTimeout = positiveOr(c.cfg.PerPodApplyTimeout, defaultApplyTimeout)
+	c.cfg.ConnectRetries = positiveOr(c.cfg.ConnectRetries, ConnectRetries)
+	c.cfg.ConnectRetryBackoff = positiveOr(c.cfg.ConnectRetryBackoff, ConnectRetryBackoffMs*time.Millisecond)
 	if cfg.TLS != nil {
 		c.cfg.TLS = cfg.TLS.Clone()
 	}
@@ -141,6 +126,13 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return c, nil
+}
+
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // newAgentTransport builds the transport of one client. It never uses a proxy:
@@ -157,7 +149,6 @@ func newAgentTransport(tlsConfig *tls.Config, unixSocket string) *http.Transport
 		IdleConnTimeout:       idleConnTimeout,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,
-		ForceAttemptHTTP2:     false,
 		TLSClientConfig:       tlsConfig,
 	}
 	t.Protocols = new(http.Protocols)
@@ -248,20 +239,14 @@ func newHTTPError(status int, body []byte) *HTTPError {
 // ConflictError when it is any other JSON object; the key alone decides,
 // because a Conflict never carries it.
 func classifyAnswer(status int, body []byte) error {
-	if status == http.StatusConflict {
-		var object map[string]json.RawMessage
-		if json.Unmarshal(body, &object) == nil && object != nil {
-			if _, ok := object["missing"]; ok {
-				var m Missing
-				if json.Unmarshal(body, &m) == nil {
-					return &MissingError{m}
-				}
-			} else {
-				var cf Conflict
-				if json.Unmarshal(body, &cf) == nil {
-					return &ConflictError{cf}
-				}
-			}
+	var object map[string]json.RawMessage
+	if status == http.StatusConflict && json.Unmarshal(body, &object) == nil && object != nil {
+		var m MissingError
+		var cf ConflictError
+		if _, ok := object["missing"]; ok && json.Unmarshal(body, &m.Missing) == nil {
+			return &m
+		} else if !ok && json.Unmarshal(body, &cf.Conflict) == nil {
+			return &cf
 		}
 	}
 	return newHTTPError(status, body)
@@ -313,11 +298,16 @@ func isConnectError(err error) bool {
 
 func alwaysReplayable() bool { return true }
 
-// newRequest builds one attempt's request for BaseURL + target.
-func (c *Client) newRequest(ctx context.Context, method, target string, body io.Reader, auth bool) (*http.Request, error) {
+// newRequest builds one attempt's request for BaseURL + target. A length
+// of -1 sends the body chunked; an empty contentType sets none.
+func (c *Client) newRequest(ctx context.Context, method, target string, body io.Reader, length int64, contentType string, auth bool) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+target, body)
 	if err != nil {
 		return nil, fmt.Errorf("agent client: %v", err)
+	}
+	req.ContentLength = length
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	if auth && c.cfg.UnixSocket == "" && (c.cfg.Username != "" || c.cfg.Password != "") {
 		req.SetBasicAuth(c.cfg.Username, c.cfg.Password)
@@ -325,8 +315,12 @@ func (c *Client) newRequest(ctx context.Context, method, target string, body io.
 	return req, nil
 }
 
-// roundTrip sends req and reads its answer.
-func (c *Client) roundTrip(req *http.Request) (int, []byte, error) {
+// send builds and sends one attempt's request, and reads its answer.
+func (c *Client) send(ctx context.Context, method, target string, body io.Reader, length int64, contentType string, auth bool) (int, []byte, error) {
+	req, err := c.newRequest(ctx, method, target, body, length, contentType, auth)
+	if err != nil {
+		return 0, nil, err
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -357,11 +351,7 @@ func (c *Client) get(ctx context.Context, target string, auth bool) ([]byte, err
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
 	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		req, err := c.newRequest(ctx, http.MethodGet, target, http.NoBody, auth)
-		if err != nil {
-			return 0, nil, err
-		}
-		return c.roundTrip(req)
+		return c.send(ctx, http.MethodGet, target, http.NoBody, 0, "", auth)
 	}, alwaysReplayable)
 	if err != nil {
 		return nil, err
@@ -406,29 +396,17 @@ func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte)
 	defer cancel()
 	target := PathPlan + "?" + url.Values{"plan_id": {planID}, "proof": {proof}}.Encode()
 	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		req, err := c.newRequest(ctx, http.MethodPut, target, bytes.NewReader(blob), true)
-		if err != nil {
-			return 0, nil, err
-		}
-		req.ContentLength = int64(len(blob))
-		req.Header.Set("Content-Type", "application/octet-stream")
-		return c.roundTrip(req)
+		return c.send(ctx, http.MethodPut, target, bytes.NewReader(blob), int64(len(blob)), "application/octet-stream", true)
 	}, alwaysReplayable)
-	if err != nil {
+	if err != nil || status == http.StatusOK {
 		return err
 	}
-	if status == http.StatusOK {
-		return nil
-	}
 	err = classifyAnswer(status, body)
-	var ce *ConflictError
-	var he *HTTPError
+	var me *MissingError
 	switch {
-	case errors.As(err, &ce):
+	case status == http.StatusConflict && !errors.As(err, &me):
 		return ErrPlanMoved
-	case errors.As(err, &he) && he.Status == http.StatusConflict:
-		return ErrPlanMoved
-	case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusMethodNotAllowed):
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
 		return ErrNoPlanEndpoint
 	}
 	return err
@@ -486,7 +464,8 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 			return nil, err
 		}
 		attempt = func(ctx context.Context) (int, []byte, error) {
-			return c.send(ctx, bytes.NewReader(buffered), int64(len(buffered)), contentType, &consumed)
+			body := &firstReadMark{r: bytes.NewReader(buffered), consumed: &consumed}
+			return c.send(ctx, http.MethodPost, PathApply, body, int64(len(buffered)), contentType, true)
 		}
 	} else {
 		if plan != nil {
@@ -565,17 +544,16 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 		estimate += expectedPartBytes(f)
 	}
 
+	var ordered []applyPart
 	for i := range m.Files {
-		f := &m.Files[i]
-		if f.Patch == nil {
-			continue
-		}
-		if parts[f.Path] == nil {
+		f, r := &m.Files[i], parts[m.Files[i].Path]
+		if p := f.Patch; p != nil && r == nil {
 			return nil, fmt.Errorf("agent client: file %q declares a patch without a part", f.Path)
-		}
-		p := f.Patch
-		if p.Offset < 0 || p.Length < 0 || p.BaseSize < 0 || p.Offset+p.Length > p.BaseSize || f.Size-p.BaseSize+p.Length < 0 {
+		} else if p != nil && (p.Offset < 0 || p.Length < 0 || p.BaseSize < 0 || p.Offset+p.Length > p.BaseSize || f.Size-p.BaseSize+p.Length < 0) {
 			return nil, fmt.Errorf("agent client: file %q declares a patch that does not fit its base", f.Path)
+		}
+		if r != nil {
+			ordered = append(ordered, applyPart{path: f.Path, expected: expectedPartBytes(f), r: r})
 		}
 	}
 	if estimate > MaxApplyBodyBytes {
@@ -583,14 +561,6 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	}
 	if len(manifestJSON) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("agent client: manifest of %d bytes exceeds the %d-byte limit", len(manifestJSON), MaxPlanBlobBytes)
-	}
-
-	ordered := make([]applyPart, 0, len(keys))
-	for i := range m.Files {
-		f := &m.Files[i]
-		if r := parts[f.Path]; r != nil {
-			ordered = append(ordered, applyPart{path: f.Path, expected: expectedPartBytes(f), r: r})
-		}
 	}
 	return ordered, nil
 }
@@ -649,28 +619,7 @@ func (b *applyBody) buffer() ([]byte, string, error) {
 	if err := b.writeTo(mw); err != nil {
 		return nil, "", err
 	}
-	if err := mw.Close(); err != nil {
-		return nil, "", err
-	}
 	return buf.Bytes(), mw.FormDataContentType(), nil
-}
-
-// send posts a body of known length once.
-func (c *Client) send(ctx context.Context, body io.Reader, length int64, contentType string, consumed *atomic.Bool) (int, []byte, error) {
-	req, err := c.newRequest(ctx, http.MethodPost, PathApply, &firstReadMark{r: body, consumed: consumed}, true)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.ContentLength = length
-	req.GetBody = nil
-	req.Header.Set("Content-Type", contentType)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	status, answer, err := readAnswer(resp)
-	resp.Body.Close()
-	return status, answer, err
 }
 
 // errAttemptOver closes an attempt's pipe once the attempt has its answer
@@ -688,33 +637,21 @@ func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte
 	written := make(chan struct{})
 	go func() {
 		defer close(written)
-		err := body.writeTo(mw)
-		if err == nil {
-			err = mw.Close()
-		}
-		if err != nil {
-			writeErr = err
-			pw.CloseWithError(err)
-			return
-		}
-		pw.Close()
+		writeErr = body.writeTo(mw)
+		pw.CloseWithError(writeErr) // nil: a plain Close
 	}()
 	stopWriter := func() {
 		pr.CloseWithError(errAttemptOver)
 		<-written
 	}
 
-	req, err := c.newRequest(ctx, http.MethodPost, PathApply, pr, true)
+	// Unknown length, sent chunked, and no GetBody (a pipe has none): the
+	// transport must never replay a part reader on its own.
+	req, err := c.newRequest(ctx, http.MethodPost, PathApply, pr, -1, mw.FormDataContentType(), true)
 	if err != nil {
 		stopWriter()
 		return 0, nil, err
 	}
-	// Unknown length, sent chunked, and no GetBody: the transport must
-	// never replay a part reader on its own.
-	req.ContentLength = -1
-	req.GetBody = nil
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-
 	resp, err := c.http.Do(req)
 	if err != nil {
 		stopWriter()
@@ -731,26 +668,18 @@ func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte
 	return status, answer, err
 }
 
-// writeTo writes the multipart stream: manifest, plan, then the parts in
-// manifest order, the order the agent stages them in.
+// writeTo writes and closes the multipart stream: manifest, plan, then the
+// parts in manifest order, the order the agent stages them in.
 func (b *applyBody) writeTo(mw *multipart.Writer) error {
 	w, err := mw.CreateFormField(PartManifest)
+	if err == nil {
+		_, err = w.Write(b.manifest)
+	}
 	if err != nil {
 		return err
 	}
-	if _, err := w.Write(b.manifest); err != nil {
-		return err
-	}
 	if b.plan != nil {
-		w, err := mw.CreateFormFile(PartPlan, PartPlan)
-		if err != nil {
-			return err
-		}
-		src := &readErrorMark{r: io.LimitReader(b.plan, MaxPlanBlobBytes+1)}
-		n, err := copyBytes(w, src)
-		if src.err != nil {
-			return fmt.Errorf("agent client: plan blob: %w", src.err)
-		}
+		n, err := writePart(mw, PartPlan, b.plan, MaxPlanBlobBytes, "plan blob")
 		if err != nil {
 			return err
 		}
@@ -759,15 +688,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 		}
 	}
 	for _, p := range b.parts {
-		w, err := mw.CreateFormFile(p.path, p.path)
-		if err != nil {
-			return err
-		}
-		src := &readErrorMark{r: io.LimitReader(p.r, p.expected+1)}
-		n, err := copyBytes(w, src)
-		if src.err != nil {
-			return fmt.Errorf("agent client: part %q: %w", p.path, src.err)
-		}
+		n, err := writePart(mw, p.path, p.r, p.expected, fmt.Sprintf("part %q", p.path))
 		if err != nil {
 			return err
 		}
@@ -775,7 +696,22 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 			return fmt.Errorf("agent client: part %q: manifest declares %d bytes, content yielded %d", p.path, p.expected, n)
 		}
 	}
-	return nil
+	return mw.Close()
+}
+
+// writePart writes the part name from at most limit+1 bytes of r. A failure
+// of r is reported as the caller's reader's (what), never as the pipe's.
+func writePart(mw *multipart.Writer, name string, r io.Reader, limit int64, what string) (int64, error) {
+	w, err := mw.CreateFormFile(name, name)
+	if err != nil {
+		return 0, err
+	}
+	src := &readErrorMark{r: io.LimitReader(r, limit+1)}
+	n, err := copyBytes(w, src)
+	if src.err != nil {
+		return n, fmt.Errorf("agent client: %s: %w", what, src.err)
+	}
+	return n, err
 }
 
 // countingWriter fails once more than limit bytes were written through it,
@@ -1052,10 +988,7 @@ func deployBaseline(state *State, applied *Plan) *Baseline {
 // missingParts builds the resend's parts: exactly the listed paths, each
 // with the content next holds for it.
 func missingParts(next *Plan, missing []string) (map[string]io.Reader, error) {
-	files := make(map[string]*PlanFile, len(next.Files))
-	for i := range next.Files {
-		files[next.Files[i].Path] = &next.Files[i]
-	}
+	files := planFilesByPath(next)
 	parts := make(map[string]io.Reader, len(missing))
 	for _, p := range missing {
 		f, ok := files[p]
