@@ -30,11 +30,13 @@ import (
 	"time"
 )
 
-// AgentConfig configures one agent. Empty file and socket names of HAProxy
-// and the state file, the listen address and zero durations get the
-// defaults DefaultAgentConfig lists. AdminSocket, DrainSocket, MetricsListen
-// and TLSDir stay off when empty, although the command turns the first three
-// on by default: a program that embeds agents (tests run many in one
+// AgentConfig configures one agent. BaseDir is required. Empty file and
+// socket names of HAProxy and the state file, the listen address and zero
+// durations get the defaults DefaultAgentConfig lists. AdminSocket,
+// DrainSocket, MetricsListen and TLSDir stay off when empty, and
+// ReloadIntervalMin 0 paces nothing, although `haptic agent` turns the
+// first three on by default (with ReloadIntervalMin 5s and BaseDir
+// /etc/haproxy): a program that embeds agents (tests run many in one
 // process) binds only the listeners it asks for, and no two of them fight
 // over :9101.
 //
@@ -182,19 +184,14 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	a.paths = paths
-	files, err := newFileStore(fileStoreConfig{
-		Base:   cfg.BaseDir,
-		Config: cfg.ConfigFile,
+	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
+		Logger: cfg.Logger, Disk: opts.disk,
 		// The admin and drain socket names `haptic agent` binds by default
 		// are reserved too, even on an agent that binds other paths or
 		// none: a file there would refuse its socket to the next agent
 		// started with the defaults.
 		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob,
-			filepath.Join(cfg.BaseDir, "haptic-agent.sock"), filepath.Join(cfg.BaseDir, "haptic-drain.sock")},
-		FileMode: cfg.FileMode,
-		Logger:   cfg.Logger,
-		Disk:     opts.disk,
-	})
+			filepath.Join(cfg.BaseDir, "haptic-agent.sock"), filepath.Join(cfg.BaseDir, "haptic-drain.sock")}})
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
@@ -204,15 +201,9 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 			return nil, fmt.Errorf("--state-file: %w", err)
 		}
 	}
-	a.rt = newHAProxyRuntime(runtimeConfig{
-		WorkerSocket:  paths.worker,
-		MasterSocket:  paths.master,
-		Logger:        cfg.Logger,
-		ReloadTimeout: cfg.ReloadTimeout,
-	})
-	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) {
-		a.metrics.deferredDeletes.inc(kind, outcome)
-	})
+	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
+		ReloadTimeout: cfg.ReloadTimeout})
+	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
 	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -237,13 +228,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 
 // DefaultAgentConfig returns the values NewAgent gives the fields left
 // empty or zero, which are also the flag defaults of `haptic agent`. The
-// rest has no default here: BaseDir is required; MetricsListen, AdminSocket
-// and DrainSocket are off while empty and ReloadIntervalMin 0 paces
-// nothing. `haptic agent` turns them on (":9101", "haptic-agent.sock",
-// "haptic-drain.sock", 5s) and defaults BaseDir to /etc/haproxy, but an
-// agent embedded in a program binds only what it asks for. TLSDir,
-// credentials and InsecureNoAuth are the caller's choice, and a nil Logger
-// means slog.Default().
+// other fields have none here (AgentConfig says why).
 func DefaultAgentConfig() AgentConfig {
 	return AgentConfig{
 		ConfigFile:       ConfigFilePath,        // the manifest path of the HAProxy config
@@ -258,9 +243,8 @@ func DefaultAgentConfig() AgentConfig {
 	}
 }
 
-// fillAgentDefaults fills empty names and the zero reload timeout from
-// DefaultAgentConfig; validateDrain fills the drain's window where it
-// checks it.
+// fillAgentDefaults fills from DefaultAgentConfig all but the drain's
+// window, which validateDrain fills where it checks it.
 func fillAgentDefaults(cfg *AgentConfig) {
 	def := DefaultAgentConfig()
 	cfg.ConfigFile = cmp.Or(cfg.ConfigFile, def.ConfigFile)
