@@ -326,17 +326,16 @@ func (a *Agent) warnAboutAuth() {
 // pathFlags lists c's file and socket paths with their flags, in the order
 // NewAgent refuses two that coincide: the config file's manifest path
 // first, then the local paths.
-func (c *AgentConfig) pathFlags() []struct {
-	flag string
-	path *string
-} {
-	return []struct {
-		flag string
-		path *string
-	}{
+func (c *AgentConfig) pathFlags() []pathFlag {
+	return []pathFlag{
 		{"config", &c.ConfigFile}, {"state-file", &c.StateFile}, {"master-socket", &c.MasterSocket},
 		{"worker-socket", &c.WorkerSocket}, {"drain-socket", &c.DrainSocket}, {"admin-socket", &c.AdminSocket},
 	}
+}
+
+type pathFlag struct {
+	flag string
+	path *string
 }
 
 // ResolvePaths returns c with its local paths (MasterSocket, WorkerSocket,
