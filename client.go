@@ -78,10 +78,8 @@ type Client struct {
 	noPlanEndpoint atomic.Bool
 }
 
-// NewClient checks cfg and builds a client with its own transport. The
-// checks run in a fixed order (the config, the URL, then the combination of
-// URL scheme, TLS and unix socket) and the first failure is returned, so a
-// bad configuration always gets the same error.
+// NewClient checks cfg, in a fixed order so that a bad configuration always
+// gets the same error, and builds a client with its own transport.
 func NewClient(cfg *ClientConfig) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("agent client: ClientConfig is required")
@@ -217,13 +215,12 @@ func (e *HTTPError) Error() string {
 	return fmt.Sprintf("agent returned HTTP %d: %s", e.Status, e.Body)
 }
 
-// ServerFault reports a 5xx answer: the agent failed on its side (its disk
-// is full or read-only, it is still initialising, a proxy in front of it
-// failed), and the request itself may well be fine. The call is not retried
-// by the client, because an apply may have been acted on and its body may
-// not be replayable; a controller should retry it later, with a backoff,
-// rather than treat its render as refused. A 4xx answer is the request's
-// fault and would be refused again as is.
+// ServerFault reports a 5xx answer: the agent failed on its side (a full or
+// read-only disk, still initialising, a failing proxy in front of it), and
+// the request may well be fine. The client does not retry it (an apply may
+// have been acted on, its body may not replay); a controller should, later
+// and with a backoff, rather than treat its render as refused. A 4xx would
+// be refused again as is.
 func (e *HTTPError) ServerFault() bool { return e.Status >= 500 && e.Status <= 599 }
 
 func newHTTPError(status int, body []byte) *HTTPError {
@@ -779,12 +776,8 @@ func CheckSkew(state *State) (majorMismatch bool, missingOps []string) {
 	if state == nil {
 		return true, nil
 	}
-	executed := make(map[string]bool, len(state.AgentOps))
-	for _, kind := range state.AgentOps {
-		executed[kind] = true
-	}
 	for _, kind := range ComposableOps() {
-		if !executed[kind] {
+		if !slices.Contains(state.AgentOps, kind) {
 			missingOps = append(missingOps, kind)
 		}
 	}
@@ -813,18 +806,11 @@ const maxDeployRounds = 4
 // blob after an apply that did not carry it. Run one Deploy per pod, in
 // parallel across pods, each with that pod's Client.
 //
-// A changed file travels as a patch (only the replaced byte range) when
-// the agent advertises file_patch, its state lists the file's previous
-// bytes with a proof, opts.Applied holds exactly those bytes, and the
-// replacement is much smaller than the file (see patchFor). The pod's
-// stored blob carries no file contents, so only the caller's own plan can
-// be the base: without opts.Applied every changed file travels whole, as
-// does a patched file whose base the agent no longer holds.
-//
-// A 200 answer is returned with a nil error whether it is an ACK or a NACK;
-// a NACK is not retried. A stale_epoch conflict (a newer leader exists),
-// any other conflict reason, and every transport or HTTP error are
-// returned as is, at once.
+// A changed file travels as a patch (see deployPatches) only with
+// opts.Applied: the pod's stored blob carries no file contents, so only the
+// caller's own plan can be the base. A 200 answer, ACK or NACK, is returned
+// with a nil error and not retried; any other conflict than a moved
+// baseline, and every transport or HTTP error, is returned at once.
 func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
 	if c == nil {
 		return nil, errors.New("agent client: deploy: client is required")
@@ -868,14 +854,10 @@ func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*Ap
 // conflict, or a Missing answer to the resend.
 func needsRediff(err error) bool {
 	var ce *ConflictError
-	if errors.As(err, &ce) {
-		switch ce.Reason {
-		case ReasonPrevMismatch, ReasonUnknownBaseline, ReasonWorkerOpsMismatch:
-			return true
-		}
-		return false
-	}
 	var me *MissingError
+	if errors.As(err, &ce) {
+		return ce.Reason == ReasonPrevMismatch || ce.Reason == ReasonUnknownBaseline || ce.Reason == ReasonWorkerOpsMismatch
+	}
 	return errors.As(err, &me)
 }
 
@@ -888,17 +870,14 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 		return nil, err
 	}
 	base := deployBaseline(state, opts.Applied)
-
-	var d Decision
 	if major, _ := CheckSkew(state); major {
+		base = nil
+	}
+	d := Diff(next, base)
+	if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
+		// An agent that ignores op_batches would run only the first batch
+		// and report success.
 		d = Diff(next, nil)
-	} else {
-		d = Diff(next, base)
-		if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
-			// An agent that ignores op_batches would run only the first
-			// batch and report success.
-			d = Diff(next, nil)
-		}
 	}
 	m := NewManifest(next, d, state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
 
@@ -972,12 +951,10 @@ func deployBaseline(state *State, applied *Plan) *Baseline {
 		return nil
 	}
 	if applied != nil && state.AppliedPlanID != "" && applied.ID == state.AppliedPlanID {
-		base.Applied = applied
-		base.Running = nil
+		base.Applied, base.Running, base.WorkerOps = applied, nil, nil
 		if state.RunningPlanID == applied.ID {
 			base.Running = applied
 		}
-		base.WorkerOps = nil
 		if state.WorkerOpsPlanID == applied.ID {
 			base.WorkerOps = applied
 		}
@@ -1039,15 +1016,8 @@ func patchFor(base, next string) *filePatch {
 	if len(replacement) > len(next)/2 {
 		return nil
 	}
-	return &filePatch{
-		patch: FilePatch{
-			BaseDigest: DigestString(base),
-			BaseSize:   int64(len(base)),
-			Offset:     int64(prefix),
-			Length:     int64(len(base) - prefix - suffix),
-		},
-		replacement: replacement,
-	}
+	return &filePatch{replacement: replacement, patch: FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)),
+		Offset: int64(prefix), Length: int64(len(base) - prefix - suffix)}}
 }
 
 // patchCompareBlock is the stride of the prefix and suffix scans: whole
