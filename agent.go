@@ -908,9 +908,7 @@ func (a *Agent) refreshTree() error {
 // controller that reads its state as the baseline of its next diff, so a
 // blob that does not decode (garbage, a zstd bomb that inflates past
 // MaxPlanJSONBytes) or holds another plan would make each of them reload
-// for want of a baseline, or diff against a plan the pod does not run. The
-// refusals read "plan blob does not decode: <why>" and "plan blob holds
-// plan <id> (its content hashes to <digest>), not plan <planID>".
+// for want of a baseline, or diff against a plan the pod does not run.
 func checkPlanBlob(blob []byte, planID string) error {
 	p, err := DecodePlanBlob(blob)
 	if err != nil {
@@ -942,16 +940,13 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge) || len(blob) > MaxPlanBlobBytes:
-		writeError(w, http.StatusBadRequest, StagePlan, fmt.Sprintf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes))
-		return
-	case err != nil:
-		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
-		return
-	case len(blob) == 0:
-		writeError(w, http.StatusBadRequest, StagePlan, "plan blob is empty")
-		return
+		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+	case err == nil && len(blob) == 0:
+		err = errors.New("plan blob is empty")
+	case err == nil:
+		err = checkPlanBlob(blob, ref.ID)
 	}
-	if err := checkPlanBlob(blob, ref.ID); err != nil {
+	if err != nil {
 		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}
