@@ -78,12 +78,11 @@ const (
 )
 
 // localSocketMode is the mode of the admin and drain sockets, which never
-// authenticate: only the agent's own user may connect. Their callers
-// (`haptic agent state`, `health` and `drain`; in Kubernetes the preStop
-// hooks of both containers) run as that user: the pod's uid, which both
-// containers share, or root beside a systemd-managed HAProxy. A drain socket open to
-// every local user let any of them hold its connection cap, and a preStop
-// drain then took 11.3 s instead of 2 s.
+// authenticate: only the agent's own user may connect, which their callers
+// (`haptic agent state`, `health` and `drain`, the preStop hooks of both
+// containers) are: the pod's shared uid, or root beside a systemd-managed
+// HAProxy. A drain socket open to every local user let any of them hold its
+// connection cap, and a preStop drain then took 11.3 s instead of 2 s.
 const localSocketMode = 0o600
 
 // agentPaths are the resolved local paths of one agent.

@@ -43,16 +43,15 @@ const (
 )
 
 // authenticated wraps a handler of the network API with the configured
-// authentication. With --insecure-no-auth and nothing configured, every
+// authentication; with --insecure-no-auth and nothing configured, every
 // request passes. A request first spends a check of its address's budget
-// (agent_authfail.go): once the address has spent it, the request is
-// refused with 429 and its credentials are not looked at, so that not even
-// the right password gets through, else a guesser would learn it. A
-// connection on which a request authenticated needs no budget: only a
-// client that has the credentials holds one, so a controller's keep-alive
-// connections stay usable while a guesser behind the same address (a NAT)
-// has spent it. A failure answers at once and closes its connection: no
-// failing client holds a slot of the API's capped pool.
+// (agent_authfail.go): once that is spent it is refused with 429 and its
+// credentials are not looked at, else a guesser would learn when it hit the
+// right password. A connection on which a request authenticated needs no
+// budget, so a controller's keep-alive connections stay usable while a
+// guesser behind the same address (a NAT) has spent it. A failure answers
+// at once and closes its connection: no failing client holds a slot of the
+// API's capped pool.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	scheme := ""
 	switch {
