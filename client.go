@@ -252,17 +252,14 @@ func classifyAnswer(status int, body []byte) error {
 // ---------------------------------------------------------------------------
 // Requests, retries and answers.
 
-// attemptFunc runs one attempt of a call and returns the answer's status
-// and body, already read.
-type attemptFunc func(ctx context.Context) (status int, body []byte, err error)
-
-// exchange runs the retry rules around attempt: at most ConnectRetries+1
-// attempts, a retry only after a refused or reset connection and only while
-// replayable says the body can be sent again, with ConnectRetryBackoff before
-// each retry. Every HTTP status returns at once: a 5xx is the agent's answer,
-// not a transport fault, and (*HTTPError).ServerFault marks it for the
-// caller's own, later retry.
-func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable func() bool) (int, []byte, error) {
+// exchange runs the retry rules around attempt, which returns the answer's
+// status and body, already read: at most ConnectRetries+1 attempts, a retry
+// only after a refused or reset connection and only while replayable says
+// the body can be sent again, with ConnectRetryBackoff before each retry.
+// Every HTTP status returns at once, the body of a 200 or the classified
+// answer: a 5xx is the agent's answer, not a transport fault, and
+// (*HTTPError).ServerFault marks it for the caller's own, later retry.
+func (c *Client) exchange(ctx context.Context, attempt func(context.Context) (int, []byte, error), replayable func() bool) ([]byte, error) {
 	attempts := c.cfg.ConnectRetries + 1
 	var lastErr error
 	for i := range attempts {
@@ -271,20 +268,22 @@ func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable f
 			select {
 			case <-ctx.Done():
 				wait.Stop()
-				return 0, nil, ctx.Err()
+				return nil, ctx.Err()
 			case <-wait.C:
 			}
 		}
 		status, body, err := attempt(ctx)
-		if err == nil {
-			return status, body, nil
-		}
-		if ctx.Err() != nil || !isConnectError(err) || !replayable() {
-			return 0, nil, err
+		switch {
+		case err == nil && status == http.StatusOK:
+			return body, nil
+		case err == nil:
+			return nil, classifyAnswer(status, body)
+		case ctx.Err() != nil || !isConnectError(err) || !replayable():
+			return nil, err
 		}
 		lastErr = err
 	}
-	return 0, nil, fmt.Errorf("agent client: %d connect attempts failed: %w", attempts, lastErr)
+	return nil, fmt.Errorf("agent client: %d connect attempts failed: %w", attempts, lastErr)
 }
 
 // isConnectError reports whether err is a refused or reset connection: the
@@ -347,16 +346,9 @@ func readAnswer(resp *http.Response) (int, []byte, error) {
 func (c *Client) get(ctx context.Context, target string, auth bool) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+	return c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
 		return c.send(ctx, http.MethodGet, target, http.NoBody, 0, "", auth)
 	}, alwaysReplayable)
-	if err != nil {
-		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, classifyAnswer(status, body)
-	}
-	return body, nil
 }
 
 // State reads GET /v1/state with the query of read.
@@ -392,18 +384,15 @@ func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PerPodApplyTimeout)
 	defer cancel()
 	target := PathPlan + "?" + url.Values{"plan_id": {planID}, "proof": {proof}}.Encode()
-	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+	_, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
 		return c.send(ctx, http.MethodPut, target, bytes.NewReader(blob), int64(len(blob)), "application/octet-stream", true)
 	}, alwaysReplayable)
-	if err != nil || status == http.StatusOK {
-		return err
-	}
-	err = classifyAnswer(status, body)
-	var me *MissingError
+	var ce *ConflictError
+	var he *HTTPError
 	switch {
-	case status == http.StatusConflict && !errors.As(err, &me):
+	case errors.As(err, &ce) || errors.As(err, &he) && he.Status == http.StatusConflict:
 		return ErrPlanMoved
-	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
+	case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusMethodNotAllowed):
 		return ErrNoPlanEndpoint
 	}
 	return err
@@ -473,12 +462,9 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 		}
 	}
 
-	status, answer, err := c.exchange(ctx, attempt, func() bool { return !consumed.Load() })
+	answer, err := c.exchange(ctx, attempt, func() bool { return !consumed.Load() })
 	if err != nil {
 		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, classifyAnswer(status, answer)
 	}
 	var result ApplyResult
 	if err := json.Unmarshal(answer, &result); err != nil {
