@@ -473,11 +473,8 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 	return &result, nil
 }
 
-// validateApply runs the client-side checks, in order, and returns the
-// parts in manifest order: the plan id and mode, the file count and op
-// batches, every file's path, uniqueness, size and digest, then every part
-// names a file of the manifest and the body's estimate fits
-// MaxApplyBodyBytes.
+// validateApply runs the client-side checks in their contract order, first
+// failure wins, and returns the parts in manifest order.
 func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader) ([]applyPart, error) {
 	if m.PlanID == "" {
 		return nil, errors.New("agent client: manifest has no plan_id")
@@ -581,8 +578,8 @@ type applyBody struct {
 // manifest declares them) sent from memory in one piece; larger ones stream.
 const maxBufferedApplyBytes = 1 << 20
 
-// small reports whether the body is sent from memory: its parts fit
-// maxBufferedApplyBytes and it carries no plan blob, whose size is unknown
+// small reports whether the body is sent from memory: it fits
+// maxBufferedApplyBytes and carries no plan blob, whose size is unknown
 // until read.
 func (b *applyBody) small() bool {
 	if b.plan != nil {
