@@ -84,29 +84,23 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("agent client: ClientConfig is required")
 	}
-	if cfg.BaseURL == "" {
-		return nil, errors.New("agent client: BaseURL is required")
-	}
 	u, err := url.Parse(cfg.BaseURL)
-	if err != nil {
+	switch {
+	case cfg.BaseURL == "":
+		return nil, errors.New("agent client: BaseURL is required")
+	case err != nil:
 		return nil, fmt.Errorf("agent client: BaseURL %q: %v", cfg.BaseURL, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
+	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be http or https", cfg.BaseURL)
-	}
-	if u.Host == "" {
+	case u.Host == "":
 		return nil, fmt.Errorf("agent client: BaseURL %q has no host", cfg.BaseURL)
-	}
-	if cfg.UnixSocket != "" && cfg.TLS != nil {
+	case cfg.UnixSocket != "" && cfg.TLS != nil:
 		return nil, errors.New("agent client: UnixSocket and TLS cannot be combined")
-	}
-	if cfg.TLS != nil && u.Scheme == "http" {
+	case cfg.TLS != nil && u.Scheme == "http":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be https when TLS is set", cfg.BaseURL)
-	}
-	if cfg.UnixSocket != "" && u.Scheme == "https" {
+	case cfg.UnixSocket != "" && u.Scheme == "https":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be http when UnixSocket is set", cfg.BaseURL)
 	}
-
 	c := &Client{cfg: *cfg, baseURL: strings.TrimSuffix(cfg.BaseURL, "/")}
 	c.cfg.Timeout = positiveOr(c.cfg.Timeout, defaultTimeout)
 	c.cfg.PerPodApplyTimeout = positiveOr(c.cfg.PerPodApplyTimeout, defaultApplyTimeout)
@@ -476,36 +470,31 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 // validateApply runs the client-side checks in their contract order, first
 // failure wins, and returns the parts in manifest order.
 func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader) ([]applyPart, error) {
-	if m.PlanID == "" {
+	switch err := m.ValidateOpBatches(); {
+	case m.PlanID == "":
 		return nil, errors.New("agent client: manifest has no plan_id")
-	}
-	switch m.Mode {
-	case ModeAuto, ModeReload, ModeRevertLKG:
-	default:
+	case m.Mode != ModeAuto && m.Mode != ModeReload && m.Mode != ModeRevertLKG:
 		return nil, fmt.Errorf("agent client: unknown apply mode %q", m.Mode)
-	}
-	if len(m.Files) > MaxFiles {
+	case len(m.Files) > MaxFiles:
 		return nil, fmt.Errorf("agent client: %d files exceeds the limit of %d", len(m.Files), MaxFiles)
-	}
-	if err := m.ValidateOpBatches(); err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("agent client: %v", err)
 	}
 	declared := make(map[string]*ManifestFile, len(m.Files))
 	for i := range m.Files {
 		f := &m.Files[i]
-		if err := checkManifestPath(f.Path); err != nil {
+		_, dup := declared[f.Path]
+		switch err := checkManifestPath(f.Path); {
+		case err != nil:
 			return nil, err
-		}
-		if _, dup := declared[f.Path]; dup {
+		case dup:
 			return nil, fmt.Errorf("agent client: file %q is declared twice", f.Path)
-		}
-		declared[f.Path] = f
-		if f.Size < 0 {
+		case f.Size < 0:
 			return nil, fmt.Errorf("agent client: file %q has a negative size", f.Path)
-		}
-		if f.Digest == "" {
+		case f.Digest == "":
 			return nil, fmt.Errorf("agent client: file %q has no digest", f.Path)
 		}
+		declared[f.Path] = f
 	}
 
 	estimate := int64(len(manifestJSON))
@@ -795,13 +784,12 @@ const maxDeployRounds = 4
 // with a nil error and not retried; any other conflict than a moved
 // baseline, and every transport or HTTP error, is returned at once.
 func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
-	if c == nil {
+	switch {
+	case c == nil:
 		return nil, errors.New("agent client: deploy: client is required")
-	}
-	if next == nil {
+	case next == nil:
 		return nil, errors.New("agent client: deploy: plan is required")
-	}
-	if next.ID == "" {
+	case next.ID == "":
 		return nil, errors.New("agent client: deploy: plan has no id")
 	}
 	blob := opts.PlanBlob
