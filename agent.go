@@ -261,23 +261,20 @@ func fillAgentDefaults(cfg *AgentConfig) {
 // way to authenticate (or an explicit --insecure-no-auth), so that a
 // misconfigured agent fails at start instead of at its first apply.
 func validateAgentConfig(cfg *AgentConfig) error {
-	if cfg.BaseDir == "" {
-		return errors.New("--base-dir is required")
-	}
-	if err := validatePath(cfg.ConfigFile); err != nil {
-		return fmt.Errorf("--config: %w", err)
-	}
-	if cfg.ReloadIntervalMin < 0 || cfg.ReloadIntervalMin > MaxReloadIntervalMs*time.Millisecond {
-		return fmt.Errorf("--reload-interval-min %s is outside 0..60s", cfg.ReloadIntervalMin)
-	}
-	if maxTimeout := MaxReloadMs * time.Millisecond; cfg.ReloadTimeout < 0 || cfg.ReloadTimeout > maxTimeout {
-		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
-	}
-	var err error
-	if cfg.DrainQuietPeriod, cfg.DrainMaxWait, err = validateDrain(cfg.DrainQuietPeriod, cfg.DrainMaxWait); err != nil {
-		return err
-	}
+	pathErr := validatePath(cfg.ConfigFile)
+	maxTimeout := MaxReloadMs * time.Millisecond
+	quiet, maxWait, drainErr := validateDrain(cfg.DrainQuietPeriod, cfg.DrainMaxWait)
 	switch {
+	case cfg.BaseDir == "":
+		return errors.New("--base-dir is required")
+	case pathErr != nil:
+		return fmt.Errorf("--config: %w", pathErr)
+	case cfg.ReloadIntervalMin < 0 || cfg.ReloadIntervalMin > MaxReloadIntervalMs*time.Millisecond:
+		return fmt.Errorf("--reload-interval-min %s is outside 0..60s", cfg.ReloadIntervalMin)
+	case cfg.ReloadTimeout < 0 || cfg.ReloadTimeout > maxTimeout:
+		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
+	case drainErr != nil:
+		return drainErr
 	case cfg.TLSDir != "" && cfg.TLSClientName == "":
 		return errors.New("--tls-client-name is required with --tls-dir")
 	case cfg.TLSDir != "":
@@ -286,6 +283,7 @@ func validateAgentConfig(cfg *AgentConfig) error {
 	case cfg.Username == "" && !cfg.InsecureNoAuth:
 		return errors.New("no authentication configured: use --tls-dir, or set DATAPLANE_USERNAME and DATAPLANE_PASSWORD, or pass --insecure-no-auth")
 	}
+	cfg.DrainQuietPeriod, cfg.DrainMaxWait = quiet, maxWait
 	return nil
 }
 
