@@ -444,15 +444,15 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 			return nil, err
 		}
 		attempt = func(ctx context.Context) (int, []byte, error) {
-			body := &firstReadMark{r: bytes.NewReader(buffered), consumed: &consumed}
+			body := &markReader{r: bytes.NewReader(buffered), consumed: &consumed}
 			return c.send(ctx, http.MethodPost, PathApply, body, int64(len(buffered)), contentType, true)
 		}
 	} else {
 		if plan != nil {
-			body.plan = &firstReadMark{r: plan, consumed: &consumed}
+			body.plan = &markReader{r: plan, consumed: &consumed}
 		}
 		for i := range body.parts {
-			body.parts[i].r = &firstReadMark{r: body.parts[i].r, consumed: &consumed}
+			body.parts[i].r = &markReader{r: body.parts[i].r, consumed: &consumed}
 		}
 	}
 
@@ -675,7 +675,7 @@ func writePart(mw *multipart.Writer, name string, r io.Reader, limit int64, what
 	if err != nil {
 		return 0, err
 	}
-	src := &readErrorMark{r: io.LimitReader(r, limit+1)}
+	src := &markReader{r: io.LimitReader(r, limit+1)}
 	n, err := copyBytes(w, src)
 	if src.err != nil {
 		return n, fmt.Errorf("agent client: %s: %w", what, src.err)
@@ -701,29 +701,20 @@ func (cw *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// firstReadMark marks consumed once its reader yielded any bytes.
-type firstReadMark struct {
+// markReader remembers its reader's error, so that a failing caller's
+// reader is reported as such and a failing pipe is not mistaken for it, and
+// marks consumed (when set) once the reader yielded any bytes.
+type markReader struct {
 	r        io.Reader
 	consumed *atomic.Bool
+	err      error
 }
 
-func (f *firstReadMark) Read(p []byte) (int, error) {
-	n, err := f.r.Read(p)
-	if n > 0 {
-		f.consumed.Store(true)
-	}
-	return n, err
-}
-
-// readErrorMark remembers its reader's error, so that a failing caller's
-// reader is reported as such and a failing pipe is not mistaken for it.
-type readErrorMark struct {
-	r   io.Reader
-	err error
-}
-
-func (m *readErrorMark) Read(p []byte) (int, error) {
+func (m *markReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
+	if n > 0 && m.consumed != nil {
+		m.consumed.Store(true)
+	}
 	if err != nil && err != io.EOF {
 		m.err = err
 	}
