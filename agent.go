@@ -11,6 +11,7 @@
 package haptic
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -29,11 +30,13 @@ import (
 	"time"
 )
 
-// AgentConfig configures one agent. Empty file and socket names of HAProxy
-// and the state file, the listen address and zero durations get the
-// defaults DefaultAgentConfig lists. AdminSocket, DrainSocket, MetricsListen
-// and TLSDir stay off when empty, although the command turns the first three
-// on by default: a program that embeds agents (tests run many in one
+// AgentConfig configures one agent. BaseDir is required. Empty file and
+// socket names of HAProxy and the state file, the listen address and zero
+// durations get the defaults DefaultAgentConfig lists. AdminSocket,
+// DrainSocket, MetricsListen and TLSDir stay off when empty, and
+// ReloadIntervalMin 0 paces nothing, although `haptic agent` turns the
+// first three on by default (with ReloadIntervalMin 5s and BaseDir
+// /etc/haproxy): a program that embeds agents (tests run many in one
 // process) binds only the listeners it asks for, and no two of them fight
 // over :9101.
 //
@@ -63,33 +66,23 @@ type AgentConfig struct {
 	Logger               *slog.Logger  // nil means slog.Default()
 }
 
-// Flag defaults and fixed values of the agent's process shape.
+// Fixed values of the agent's process shape.
 const (
-	defaultConfigFile    = ConfigFilePath
-	defaultMasterSocket  = "haproxy-master.sock"
-	defaultWorkerSocket  = "haproxy-worker.sock"
 	defaultStateFile     = ".haptic-agent.json"
-	defaultListen        = ":5555"
-	defaultAgentVersion  = "dev"
-	defaultDrainQuiet    = 2 * time.Second
-	defaultDrainMaxWait  = 10 * time.Second
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond
 	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
-	textContentType      = "text/plain; charset=utf-8"
-	jsonContentType      = "application/json"
 	msgAgentInitialising = "agent is initialising"
 )
 
 // localSocketMode is the mode of the admin and drain sockets, which never
-// authenticate: only the agent's own user may connect. Their callers
-// (`haptic agent state`, `health` and `drain`; in Kubernetes the preStop
-// hooks of both containers) run as that user: the pod's uid, which both
-// containers share, or root beside a systemd-managed HAProxy. A drain socket open to
-// every local user let any of them hold its connection cap, and a preStop
-// drain then took 11.3 s instead of 2 s.
+// authenticate: only the agent's own user may connect, which their callers
+// (`haptic agent state`, `health` and `drain`, the preStop hooks of both
+// containers) are: the pod's shared uid, or root beside a systemd-managed
+// HAProxy. A drain socket open to every local user let any of them hold its
+// connection cap, and a preStop drain then took 11.3 s instead of 2 s.
 const localSocketMode = 0o600
 
 // agentPaths are the resolved local paths of one agent.
@@ -100,38 +93,32 @@ type agentPaths struct {
 // Agent is one running HAPTIC agent. Build it with NewAgent and run it once
 // with Run.
 type Agent struct {
-	cfg     AgentConfig
-	logger  *slog.Logger
-	paths   agentPaths
-	files   *fileStore
-	rt      *haproxyRuntime
-	queue   *deleteQueue
-	metrics *agentMetrics
-	tls     *tlsMaterial // nil without --tls-dir
-	led     *ledger
-	worker  *workerTracker
-	deps    *applyDeps
-	pacer   *pacer
-	reads   *readBacks
-	loaded  *loadedLog // what the log said at startup, until initialise has recovered it
-
-	authFail *authFailures // failed authentication: counted, logged, budgeted per address
-
-	limits map[string]listenerLimits // per listener name; tests shorten them before Run
-
-	drainIgnore map[string]bool // frontends the drain's counter leaves out
+	cfg      AgentConfig
+	logger   *slog.Logger
+	paths    agentPaths
+	files    *fileStore
+	rt       *haproxyRuntime
+	queue    *deleteQueue
+	metrics  *agentMetrics
+	tls      *tlsMaterial // nil without --tls-dir
+	led      *ledger
+	worker   *workerTracker
+	deps     *applyDeps
+	pacer    *pacer
+	reads    *readBacks
+	loaded   *loadedLog                // what the log said at startup, until initialise has recovered it
+	authFail *authFailures             // failed authentication: counted, logged, budgeted per address
+	limits   map[string]listenerLimits // per listener name; tests shorten them before Run
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
-	ran         atomic.Bool
-	applySlots  chan struct{} // the apply gate: maxAppliesInFlight slots
-	initialized chan struct{}
-	drainStop   chan struct{}
-	haproxy     haproxyWatch    // reaching HAProxy now (agent_readiness.go)
-	baseCtx     context.Context // the group context of Run; set before any goroutine starts
-
-	// stallTimeout ends an upload that sends nothing for this long.
-	stallTimeout time.Duration
+	ran          atomic.Bool
+	applySlots   chan struct{} // the apply gate: maxAppliesInFlight slots
+	initialized  chan struct{}
+	drainStop    chan struct{}
+	haproxy      haproxyWatch    // reaching HAProxy now (agent_readiness.go)
+	baseCtx      context.Context // the group context of Run; set before any goroutine starts
+	stallTimeout time.Duration   // uploadStallTimeout; tests shorten it
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
@@ -180,7 +167,6 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		drainStop:    make(chan struct{}),
 		metrics:      newAgentMetrics(),
 		baseCtx:      context.Background(),
-		drainIgnore:  drainIgnoreSet(cfg.DrainIgnoreFrontends),
 		stallTimeout: uploadStallTimeout,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
@@ -197,15 +183,14 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	a.paths = paths
-	files, err := newFileStore(fileStoreConfig{
-		Base:   cfg.BaseDir,
-		Config: cfg.ConfigFile,
-		Reserved: append([]string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob},
-			defaultSocketPaths(cfg.BaseDir)...),
-		FileMode: cfg.FileMode,
-		Logger:   cfg.Logger,
-		Disk:     opts.disk,
-	})
+	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
+		Logger: cfg.Logger, Disk: opts.disk,
+		// The admin and drain socket names `haptic agent` binds by default
+		// are reserved too, even on an agent that binds other paths or
+		// none: a file there would refuse its socket to the next agent
+		// started with the defaults.
+		Reserved: []string{paths.master, paths.worker, paths.admin, paths.drain, paths.state, paths.log, paths.planBlob,
+			filepath.Join(cfg.BaseDir, "haptic-agent.sock"), filepath.Join(cfg.BaseDir, "haptic-drain.sock")}})
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
@@ -215,15 +200,9 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 			return nil, fmt.Errorf("--state-file: %w", err)
 		}
 	}
-	a.rt = newHAProxyRuntime(runtimeConfig{
-		WorkerSocket:  paths.worker,
-		MasterSocket:  paths.master,
-		Logger:        cfg.Logger,
-		ReloadTimeout: cfg.ReloadTimeout,
-	})
-	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) {
-		a.metrics.deferredDeletes.inc(kind, outcome)
-	})
+	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
+		ReloadTimeout: cfg.ReloadTimeout})
+	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
 	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -246,78 +225,34 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	return a, nil
 }
 
-// defaultSocketNames are the admin and drain socket names `haptic agent`
-// binds by default. No manifest may write them, even on an agent that binds
-// other paths or none: the file would refuse its socket to the next agent
-// started with the defaults.
-var defaultSocketNames = []string{"haptic-agent.sock", "haptic-drain.sock"}
-
-func defaultSocketPaths(base string) []string {
-	var out []string
-	for _, name := range defaultSocketNames {
-		out = append(out, filepath.Join(base, name))
-	}
-	return out
-}
-
 // DefaultAgentConfig returns the values NewAgent gives the fields left
-// empty or zero, which are also the flag defaults of `haptic agent`:
-//
-//   - ConfigFile "haproxy.cfg" (ConfigFilePath), the manifest path of the
-//     HAProxy config.
-//   - MasterSocket "haproxy-master.sock" and WorkerSocket
-//     "haproxy-worker.sock", HAProxy's master CLI and worker stats sockets.
-//   - StateFile ".haptic-agent.json"; the plan blob and the log live beside
-//     it.
-//   - Listen ":5555", the API.
-//   - ReloadTimeout 60s, the longest a reload may take.
-//   - DrainQuietPeriod 2s and DrainMaxWait 10s, the drain's window.
-//   - AgentVersion "dev".
-//
-// The rest has no default here. BaseDir is required. MetricsListen,
-// AdminSocket and DrainSocket are off while empty and ReloadIntervalMin 0
-// paces nothing; `haptic agent` turns them on (":9101",
-// "haptic-agent.sock", "haptic-drain.sock", 5s) and defaults BaseDir to
-// /etc/haproxy, but an agent embedded in a program binds only what it asks
-// for. TLSDir, credentials and InsecureNoAuth are the caller's choice, and
-// a nil Logger means slog.Default().
+// empty or zero, which are also the flag defaults of `haptic agent`. The
+// other fields have none here (AgentConfig says why).
 func DefaultAgentConfig() AgentConfig {
 	return AgentConfig{
-		ConfigFile:       defaultConfigFile,
-		MasterSocket:     defaultMasterSocket,
-		WorkerSocket:     defaultWorkerSocket,
-		StateFile:        defaultStateFile,
-		Listen:           defaultListen,
-		ReloadTimeout:    MaxReloadMs * time.Millisecond,
-		DrainQuietPeriod: defaultDrainQuiet,
-		DrainMaxWait:     defaultDrainMaxWait,
-		AgentVersion:     defaultAgentVersion,
+		ConfigFile:       ConfigFilePath,        // the manifest path of the HAProxy config
+		MasterSocket:     "haproxy-master.sock", // HAProxy's master CLI
+		WorkerSocket:     "haproxy-worker.sock", // its worker stats socket
+		StateFile:        defaultStateFile,      // the plan blob and the log live beside it
+		Listen:           ":5555",
+		ReloadTimeout:    MaxReloadMs * time.Millisecond, // the longest a reload may take
+		DrainQuietPeriod: 2 * time.Second,
+		DrainMaxWait:     10 * time.Second,
+		AgentVersion:     "dev",
 	}
 }
 
-// fillAgentDefaults fills empty names and the zero reload timeout from
-// DefaultAgentConfig; validateDrain fills the drain's window where it
-// checks it.
+// fillAgentDefaults fills from DefaultAgentConfig all but the drain's
+// window, which validateDrain fills where it checks it.
 func fillAgentDefaults(cfg *AgentConfig) {
 	def := DefaultAgentConfig()
-	for _, f := range []struct {
-		field *string
-		def   string
-	}{
-		{&cfg.ConfigFile, def.ConfigFile},
-		{&cfg.MasterSocket, def.MasterSocket},
-		{&cfg.WorkerSocket, def.WorkerSocket},
-		{&cfg.StateFile, def.StateFile},
-		{&cfg.Listen, def.Listen},
-		{&cfg.AgentVersion, def.AgentVersion},
-	} {
-		if *f.field == "" {
-			*f.field = f.def
-		}
-	}
-	if cfg.ReloadTimeout == 0 {
-		cfg.ReloadTimeout = def.ReloadTimeout
-	}
+	cfg.ConfigFile = cmp.Or(cfg.ConfigFile, def.ConfigFile)
+	cfg.MasterSocket = cmp.Or(cfg.MasterSocket, def.MasterSocket)
+	cfg.WorkerSocket = cmp.Or(cfg.WorkerSocket, def.WorkerSocket)
+	cfg.StateFile = cmp.Or(cfg.StateFile, def.StateFile)
+	cfg.Listen = cmp.Or(cfg.Listen, def.Listen)
+	cfg.AgentVersion = cmp.Or(cfg.AgentVersion, def.AgentVersion)
+	cfg.ReloadTimeout = cmp.Or(cfg.ReloadTimeout, def.ReloadTimeout)
 }
 
 // validateAgentConfig checks a filled configuration before anything on
@@ -326,25 +261,20 @@ func fillAgentDefaults(cfg *AgentConfig) {
 // way to authenticate (or an explicit --insecure-no-auth), so that a
 // misconfigured agent fails at start instead of at its first apply.
 func validateAgentConfig(cfg *AgentConfig) error {
-	if cfg.BaseDir == "" {
-		return errors.New("--base-dir is required")
-	}
-	if err := validatePath(cfg.ConfigFile); err != nil {
-		return fmt.Errorf("--config: %w", err)
-	}
-	maxInterval := MaxReloadIntervalMs * time.Millisecond
-	if cfg.ReloadIntervalMin < 0 || cfg.ReloadIntervalMin > maxInterval {
-		return fmt.Errorf("--reload-interval-min %s is outside 0..60s", cfg.ReloadIntervalMin)
-	}
-	if maxTimeout := MaxReloadMs * time.Millisecond; cfg.ReloadTimeout < 0 || cfg.ReloadTimeout > maxTimeout {
-		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
-	}
-	quiet, maxWait, err := validateDrain(cfg.DrainQuietPeriod, cfg.DrainMaxWait)
-	if err != nil {
-		return err
-	}
-	cfg.DrainQuietPeriod, cfg.DrainMaxWait = quiet, maxWait
+	pathErr := validatePath(cfg.ConfigFile)
+	maxTimeout := MaxReloadMs * time.Millisecond
+	quiet, maxWait, drainErr := validateDrain(cfg.DrainQuietPeriod, cfg.DrainMaxWait)
 	switch {
+	case cfg.BaseDir == "":
+		return errors.New("--base-dir is required")
+	case pathErr != nil:
+		return fmt.Errorf("--config: %w", pathErr)
+	case cfg.ReloadIntervalMin < 0 || cfg.ReloadIntervalMin > MaxReloadIntervalMs*time.Millisecond:
+		return fmt.Errorf("--reload-interval-min %s is outside 0..60s", cfg.ReloadIntervalMin)
+	case cfg.ReloadTimeout < 0 || cfg.ReloadTimeout > maxTimeout:
+		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
+	case drainErr != nil:
+		return drainErr
 	case cfg.TLSDir != "" && cfg.TLSClientName == "":
 		return errors.New("--tls-client-name is required with --tls-dir")
 	case cfg.TLSDir != "":
@@ -353,17 +283,14 @@ func validateAgentConfig(cfg *AgentConfig) error {
 	case cfg.Username == "" && !cfg.InsecureNoAuth:
 		return errors.New("no authentication configured: use --tls-dir, or set DATAPLANE_USERNAME and DATAPLANE_PASSWORD, or pass --insecure-no-auth")
 	}
+	cfg.DrainQuietPeriod, cfg.DrainMaxWait = quiet, maxWait
 	return nil
 }
 
 // validateDrain fills the drain window's defaults and checks it.
 func validateDrain(quiet, maxWait time.Duration) (time.Duration, time.Duration, error) {
-	if quiet == 0 {
-		quiet = defaultDrainQuiet
-	}
-	if maxWait == 0 {
-		maxWait = defaultDrainMaxWait
-	}
+	def := DefaultAgentConfig()
+	quiet, maxWait = cmp.Or(quiet, def.DrainQuietPeriod), cmp.Or(maxWait, def.DrainMaxWait)
 	switch {
 	case quiet < 0:
 		return 0, 0, fmt.Errorf("--drain-quiet-period must not be negative, got %s", quiet)
@@ -393,6 +320,21 @@ func (a *Agent) warnAboutAuth() {
 	}
 }
 
+// pathFlags lists c's file and socket paths with their flags, in the order
+// NewAgent refuses two that coincide: the config file's manifest path
+// first, then the local paths.
+func (c *AgentConfig) pathFlags() []pathFlag {
+	return []pathFlag{
+		{"config", &c.ConfigFile}, {"state-file", &c.StateFile}, {"master-socket", &c.MasterSocket},
+		{"worker-socket", &c.WorkerSocket}, {"drain-socket", &c.DrainSocket}, {"admin-socket", &c.AdminSocket},
+	}
+}
+
+type pathFlag struct {
+	flag string
+	path *string
+}
+
 // ResolvePaths returns c with its local paths (MasterSocket, WorkerSocket,
 // StateFile, AdminSocket, DrainSocket) resolved as NewAgent resolves them:
 // relative to BaseDir unless absolute, and absolute, a relative BaseDir
@@ -402,77 +344,54 @@ func (a *Agent) warnAboutAuth() {
 // nothing, so a caller may resolve before NewAgent (to log or check where
 // the agent will put its sockets) without moving them to base/base.
 func (c AgentConfig) ResolvePaths() (AgentConfig, error) {
-	base, err := absBase(c.BaseDir)
+	r, err := c.resolved()
+	r.ConfigFile = c.ConfigFile
+	return r, err
+}
+
+// resolved is c with every path of pathFlags resolved by ResolvePaths'
+// rule, the config file's too: a manifest path, always under the base.
+func (c AgentConfig) resolved() (AgentConfig, error) {
+	base, err := filepath.Abs(c.BaseDir)
 	if err != nil {
-		return c, err
+		return c, fmt.Errorf("--base-dir: %w", err)
 	}
-	return c.resolvedIn(base), nil
+	for _, f := range c.pathFlags() {
+		switch {
+		case *f.path == "":
+		case filepath.IsAbs(*f.path):
+			*f.path = filepath.Clean(*f.path)
+		default:
+			*f.path = filepath.Join(base, *f.path)
+		}
+	}
+	return c, nil
 }
 
-func absBase(dir string) (string, error) {
-	base, err := filepath.Abs(dir)
-	if err != nil {
-		return "", fmt.Errorf("--base-dir: %w", err)
-	}
-	return base, nil
-}
-
-func (c AgentConfig) resolvedIn(base string) AgentConfig {
-	for _, p := range []*string{&c.MasterSocket, &c.WorkerSocket, &c.StateFile, &c.AdminSocket, &c.DrainSocket} {
-		*p = resolveLocalPath(base, *p)
-	}
-	return c
-}
-
-// resolveLocalPath is the rule for one path, base being absolute.
-func resolveLocalPath(base, p string) string {
-	switch {
-	case p == "":
-		return ""
-	case filepath.IsAbs(p):
-		return filepath.Clean(p)
-	default:
-		return filepath.Join(base, p)
-	}
-}
-
-// resolveAgentPaths resolves every local path by ResolvePaths' rule, the
-// config file's too (a manifest path under the base), and refuses two that
-// coincide: the agent would bind a socket over its own state, or two
-// listeners on one file.
+// resolveAgentPaths resolves every path and refuses two that coincide: the
+// agent would bind a socket over its own state, or two listeners on one
+// file.
 func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
-	base, err := absBase(cfg.BaseDir)
+	r, err := cfg.resolved()
 	if err != nil {
 		return agentPaths{}, err
 	}
-	r := cfg.resolvedIn(base)
-	p := agentPaths{
-		config: resolveLocalPath(base, filepath.FromSlash(cfg.ConfigFile)),
-		state:  r.StateFile,
-		master: r.MasterSocket,
-		worker: r.WorkerSocket,
-		drain:  r.DrainSocket,
-		admin:  r.AdminSocket,
-	}
-	entries := []struct{ flag, path string }{
-		{"config", p.config}, {"state-file", p.state}, {"master-socket", p.master},
-		{"worker-socket", p.worker}, {"drain-socket", p.drain}, {"admin-socket", p.admin},
-	}
-	for i, b := range entries {
-		for _, e := range entries[:i] {
-			if b.path != "" && e.path == b.path {
-				return p, fmt.Errorf("--%s and --%s share %s; choose distinct file and socket paths", e.flag, b.flag, b.path)
+	fields := r.pathFlags()
+	for i, b := range fields {
+		for _, e := range fields[:i] {
+			if *b.path != "" && *e.path == *b.path {
+				return agentPaths{}, fmt.Errorf("--%s and --%s share %s; choose distinct file and socket paths", e.flag, b.flag, *b.path)
 			}
 		}
 	}
-	for _, s := range []struct{ flag, path string }{{"admin-socket", p.admin}, {"drain-socket", p.drain}} {
-		if len(s.path) > maxUnixSocketPath {
-			return p, fmt.Errorf("--%s: %s exceeds the %d-byte unix socket path limit", s.flag, s.path, maxUnixSocketPath)
+	for _, f := range []struct{ flag, path string }{{"admin-socket", r.AdminSocket}, {"drain-socket", r.DrainSocket}} {
+		if len(f.path) > maxUnixSocketPath {
+			return agentPaths{}, fmt.Errorf("--%s: %s exceeds the %d-byte unix socket path limit", f.flag, f.path, maxUnixSocketPath)
 		}
 	}
-	p.planBlob = filepath.Join(filepath.Dir(p.state), planBlobFile)
-	p.log = logPathFor(p.state)
-	return p, nil
+	return agentPaths{config: r.ConfigFile, state: r.StateFile, master: r.MasterSocket, worker: r.WorkerSocket,
+		admin: r.AdminSocket, drain: r.DrainSocket,
+		planBlob: filepath.Join(filepath.Dir(r.StateFile), planBlobFile), log: logPathFor(r.StateFile)}, nil
 }
 
 // bindListeners binds, in order, the API, metrics, admin and drain
@@ -492,16 +411,14 @@ func (a *Agent) bindListeners() (err error) {
 		}
 	}
 	if a.paths.admin != "" {
-		if a.adminLn, err = listenUnix("admin-socket", a.paths.admin, localSocketMode); err != nil {
+		if a.adminLn, err = listenUnix("admin-socket", a.paths.admin); err != nil {
 			return err
 		}
 	}
 	if a.paths.drain != "" {
-		if a.drainLn, err = listenUnix("drain-socket", a.paths.drain, localSocketMode); err != nil {
-			return err
-		}
+		a.drainLn, err = listenUnix("drain-socket", a.paths.drain)
 	}
-	return nil
+	return err
 }
 
 func (a *Agent) closeListeners() {
@@ -512,9 +429,9 @@ func (a *Agent) closeListeners() {
 	}
 }
 
-// listenUnix binds a local agent socket, replacing a stale socket file but
-// never a file of another kind.
-func listenUnix(flag, path string, mode os.FileMode) (net.Listener, error) {
+// listenUnix binds a local agent socket with localSocketMode, replacing a
+// stale socket file but never a file of another kind.
+func listenUnix(flag, path string) (net.Listener, error) {
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -531,7 +448,7 @@ func listenUnix(flag, path string, mode os.FileMode) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
-	if err := os.Chmod(path, mode); err != nil {
+	if err := os.Chmod(path, localSocketMode); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("--%s: %w", flag, err)
 	}
@@ -640,55 +557,49 @@ type agentServer struct {
 	after func() // runs once the server has shut down
 }
 
-// buildServers builds the four servers, each with its own limits and each
-// listener capped on its own (agent_listeners.go), so that no listener's
-// clients can take another's connections.
+// buildServers builds the servers of the bound listeners, each with its own
+// limits and each listener capped on its own (agent_listeners.go), so that
+// no listener's clients can take another's connections.
 func (a *Agent) buildServers(gctx context.Context) []agentServer {
-	base := func(net.Listener) context.Context { return gctx }
+	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
+	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
+		a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
+	admin, drain := a.paths.admin, a.paths.drain
 	var out []agentServer
-
-	api := a.newServer(listenerAPI, a.apiMux(), base)
-	apiLn := a.capped(listenerAPI, a.apiLn)
-	if a.tls != nil {
-		// Under the cap, so that a handshake holds a slot too.
-		apiLn = tlsListener(apiLn, a.tls.serverConfig())
-	}
-	out = append(out, agentServer{name: listenerAPI, ln: apiLn, srv: api, grace: serverGrace})
-
-	if a.metricsLn != nil {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET /metrics", a.handleMetrics)
+	for _, s := range []struct {
+		name  string
+		ln    net.Listener
+		mux   *http.ServeMux
+		grace time.Duration
+		after func()
+	}{
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
-		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
-		mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
-		srv := a.newServer(listenerMetrics, mux, base)
-		out = append(out, agentServer{name: listenerMetrics, ln: a.capped(listenerMetrics, a.metricsLn), srv: srv, grace: serverGrace})
-	}
-	if a.adminLn != nil {
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
-		mux.HandleFunc("GET "+PathState, a.handleState)
-		srv := a.newServer(listenerAdmin, mux, base)
-		path := a.paths.admin
-		out = append(out, agentServer{name: listenerAdmin, ln: a.capped(listenerAdmin, a.adminLn), srv: srv, grace: serverGrace,
-			after: func() { removeSocketFile(path) }})
-	}
-	if a.drainLn != nil {
-		d := newDrainer(a.countConnections, a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
-		mux := http.NewServeMux()
-		mux.HandleFunc("GET "+PathDrain, func(w http.ResponseWriter, r *http.Request) {
+		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
+		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
+			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(admin) }},
+		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		})
-		grace := a.cfg.DrainMaxWait + serverGrace
-		// The drain's context is not the group's: an in-flight drain finishes
-		// within its grace instead of ending the moment the agent stops.
-		drainBase := context.WithoutCancel(gctx)
-		srv := a.newServer(listenerDrain, mux, func(net.Listener) context.Context { return drainBase })
-		path := a.paths.drain
-		out = append(out, agentServer{name: listenerDrain, ln: a.capped(listenerDrain, a.drainLn), srv: srv, grace: grace,
-			after: func() { close(a.drainStop); removeSocketFile(path) }})
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(drain) }},
+	} {
+		if s.ln == nil {
+			continue
+		}
+		base := gctx
+		if s.name == listenerDrain {
+			// Not the group's context: an in-flight drain finishes within
+			// its grace instead of ending the moment the agent stops.
+			base = context.WithoutCancel(gctx)
+		}
+		ln := a.capped(s.name, s.ln)
+		if s.name == listenerAPI && a.tls != nil {
+			ln = tls.NewListener(ln, a.tls.serverConfig()) // under the cap, so that a handshake holds a slot too
+		}
+		srv := a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
+		out = append(out, agentServer{name: s.name, ln: ln, srv: srv, grace: s.grace, after: s.after})
 	}
 	return out
 }
@@ -698,9 +609,7 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 func (a *Agent) shutdownServers(servers []agentServer) {
 	var wg sync.WaitGroup
 	for _, s := range servers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), s.grace)
 			defer cancel()
 			if err := s.srv.Shutdown(ctx); err != nil {
@@ -710,27 +619,15 @@ func (a *Agent) shutdownServers(servers []agentServer) {
 			if s.after != nil {
 				s.after()
 			}
-		}()
+		})
 	}
 	wg.Wait()
-}
-
-// disableHTTP2 keeps a server on HTTP/1.1: the agent's wire is HTTP/1.1
-// only, and an empty TLSNextProto map is how net/http is told so.
-func disableHTTP2(srv *http.Server) {
-	srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 }
 
 func removeSocketFile(path string) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		slog.Default().Warn("could not remove a local agent socket", "path", path, "err", err)
 	}
-}
-
-// countConnections is the drain's counter: accepted connections over the
-// worker's frontends, minus the ignored ones.
-func (a *Agent) countConnections(ctx context.Context) (uint64, error) {
-	return a.rt.frontendConnections(ctx, a.drainIgnore)
 }
 
 // ---------------------------------------------------------------------------
@@ -837,12 +734,10 @@ func sweepStateTemps(d disk, statePath string, logger *slog.Logger) {
 		return
 	}
 	for _, e := range entries {
-		name := e.Name()
-		if matched, _ := filepath.Match(stateTempPattern, name); !matched {
-			continue
-		}
-		if err := d.Remove(filepath.Join(dir, name)); err != nil {
-			logger.Warn("could not remove a leftover state temp file", "path", filepath.Join(dir, name), "err", err)
+		if matched, _ := filepath.Match(stateTempPattern, e.Name()); matched {
+			if err := d.Remove(filepath.Join(dir, e.Name())); err != nil {
+				logger.Warn("could not remove a leftover state temp file", "path", filepath.Join(dir, e.Name()), "err", err)
+			}
 		}
 	}
 }
@@ -879,18 +774,26 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 // the metrics listener.
 
 func (a *Agent) apiMux() *http.ServeMux {
+	return muxOf(map[string]http.HandlerFunc{
+		"GET " + PathHealthz: a.handleHealthz,
+		"GET " + PathReadyz:  a.handleReadyz,
+		"GET " + PathState:   a.authenticated(a.handleState),
+		"POST " + PathApply:  a.authenticated(a.handleApply),
+		"PUT " + PathPlan:    a.authenticated(a.handlePutPlan),
+	})
+}
+
+func muxOf(routes map[string]http.HandlerFunc) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+PathHealthz, a.handleHealthz)
-	mux.HandleFunc("GET "+PathReadyz, a.handleReadyz)
-	mux.HandleFunc("GET "+PathState, a.authenticated(a.handleState))
-	mux.HandleFunc("POST "+PathApply, a.authenticated(a.handleApply))
-	mux.HandleFunc("PUT "+PathPlan, a.authenticated(a.handlePutPlan))
+	for pattern, h := range routes {
+		mux.HandleFunc(pattern, h)
+	}
 	return mux
 }
 
 // writeText answers a text body with one trailing newline.
 func writeText(w http.ResponseWriter, code int, s string) {
-	w.Header().Set("Content-Type", textContentType)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(code)
 	io.WriteString(w, s+"\n")
 }
@@ -902,7 +805,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 		writeText(w, http.StatusInternalServerError, "the agent could not encode its answer")
 		return
 	}
-	w.Header().Set("Content-Type", jsonContentType)
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	w.Write(append(b, '\n'))
 }
@@ -1002,9 +905,7 @@ func (a *Agent) refreshTree() error {
 // controller that reads its state as the baseline of its next diff, so a
 // blob that does not decode (garbage, a zstd bomb that inflates past
 // MaxPlanJSONBytes) or holds another plan would make each of them reload
-// for want of a baseline, or diff against a plan the pod does not run. The
-// refusals read "plan blob does not decode: <why>" and "plan blob holds
-// plan <id> (its content hashes to <digest>), not plan <planID>".
+// for want of a baseline, or diff against a plan the pod does not run.
 func checkPlanBlob(blob []byte, planID string) error {
 	p, err := DecodePlanBlob(blob)
 	if err != nil {
@@ -1036,16 +937,13 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge) || len(blob) > MaxPlanBlobBytes:
-		writeError(w, http.StatusBadRequest, StagePlan, fmt.Sprintf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes))
-		return
-	case err != nil:
-		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
-		return
-	case len(blob) == 0:
-		writeError(w, http.StatusBadRequest, StagePlan, "plan blob is empty")
-		return
+		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+	case err == nil && len(blob) == 0:
+		err = errors.New("plan blob is empty")
+	case err == nil:
+		err = checkPlanBlob(blob, ref.ID)
 	}
-	if err := checkPlanBlob(blob, ref.ID); err != nil {
+	if err != nil {
 		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}

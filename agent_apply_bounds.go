@@ -16,16 +16,14 @@ import (
 
 // maxAppliesInFlight bounds the apply requests past authentication and
 // readiness that are reading their manifest, waiting for the apply lock or
-// running: one runs, one is decoded and waits, so that the next apply starts
-// as soon as the lock frees. Each holds up to a manifest of
-// MaxPlanBlobBytes and its decoded form; without the bound, concurrent
-// authenticated requests would each hold theirs while they queue for the
-// apply lock (16 manifests of 8 MiB took 1.4 GB). Further requests wait
-// before they read any of their body, until a slot frees or they give up.
+// running: one runs, one is decoded and waits to start as soon as the lock
+// frees. Each holds a manifest of up to MaxPlanBlobBytes and its decoded
+// form; unbounded, 16 queued manifests of 8 MiB took 1.4 GB. Further
+// requests wait before they read any of their body.
 const maxAppliesInFlight = 2
 
 // enterApply takes a slot of the apply gate, waiting until one frees or
-// ctx ends; it reports whether the slot was taken.
+// ctx ends.
 func (a *Agent) enterApply(ctx context.Context) bool {
 	select {
 	case a.applySlots <- struct{}{}:
@@ -39,12 +37,10 @@ func (a *Agent) enterApply(ctx context.Context) bool {
 func (a *Agent) leaveApply() { <-a.applySlots }
 
 // maxManifestListElements bounds the list elements (files, ops, op batches
-// and everything nested in them: keywords, options, arguments, SNI
-// filters) one manifest may hold. A decoded element costs up to a few
-// hundred bytes where its JSON costs three ("{},"), so a manifest within
-// its byte limit could otherwise decode to gigabytes. A real manifest
-// holds MaxFiles files and a few thousand ops with tens of keywords each,
-// well below the bound.
+// and everything nested in them) one manifest may hold. A decoded element
+// costs up to a few hundred bytes where its JSON costs three ("{},"), so a
+// manifest within its byte limit could otherwise decode to gigabytes. A
+// real manifest holds a few thousand, well below the bound.
 const maxManifestListElements = 1 << 18
 
 var errPlanIDEmpty = errors.New("plan_id is empty")
@@ -56,18 +52,17 @@ func tooManyFiles(n int) error {
 // decodeManifest decodes a manifest in two passes. The first measures its
 // lists (through the same encoding/json field matching as the second, so
 // "FILES" or an escaped key is measured like "files") without building any
-// of their elements; a manifest whose lists exceed what validation accepts
-// is refused there, with the text validation would have used, and is never
-// decoded. The second pass is a plain json.Unmarshal into Manifest, so every
-// manifest within the bounds decodes, and is refused, exactly as before.
+// of their elements, and refuses a manifest whose lists exceed what
+// validation accepts, with the text validation would have used. The second
+// is a plain json.Unmarshal into Manifest, so every manifest within the
+// bounds decodes, and is refused, as if the first were not there.
 //
 // A manifest of at most smallManifestBytes skips the first pass: it cannot
-// build much, it cannot hold more files than validation accepts, and
-// validation refuses its other lists with the same words.
+// build much or hold more files than validation accepts, and validation
+// refuses its other lists with the same words. A first pass that fails
+// (bad syntax, not an object) decoded nothing large; the second reports it.
 func decodeManifest(b []byte) (*Manifest, error) {
 	var shape manifestShape
-	// A first pass that fails (bad syntax, not an object) decodes nothing
-	// large; the second pass reports that failure in its usual words.
 	if len(b) > smallManifestBytes && json.Unmarshal(b, &shape) == nil {
 		if err := shape.refusal(); err != nil {
 			return nil, err
@@ -96,10 +91,9 @@ type manifestShape struct {
 
 // refusal returns nil when every list is within the bounds decoding may
 // build, and otherwise the first refusal validation would give, in its
-// order: the op budget, an empty plan id, the file count, then the
-// element bound, which validation has no rule for. A legacy manifest is
-// measured like any other: its ops would be dropped, but building them is
-// the cost being bounded.
+// order: the op budget, an empty plan id, the file count, then the element
+// bound, which validation has no rule for. A legacy manifest's ops are
+// measured too: building them is the cost being bounded.
 func (s *manifestShape) refusal() error {
 	over := s.Files.top > MaxFiles ||
 		s.Ops.top+s.InPlaceOps.top > MaxOpsPerApply ||
@@ -145,12 +139,10 @@ func (l *listShape) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// countListElements measures the JSON list data: its element count, the
-// count of list elements at any depth (its own included) and the element
-// counts of its first MaxOpBatches elements that are lists. Any other value
-// measures as zero. data is valid JSON: encoding/json checks the whole
-// document before it calls an Unmarshaler. The walk allocates nothing but
-// its container stack, whose depth encoding/json bounds.
+// countListElements measures the JSON list data as listShape holds it; any
+// other value measures as zero. data is valid JSON: encoding/json checks the
+// whole document before it calls an Unmarshaler. The walk allocates nothing
+// but its container stack, whose depth encoding/json bounds.
 func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
 	i := 0
 	for i < len(data) && isJSONSpace(data[i]) {
@@ -218,13 +210,11 @@ func endOfJSONString(data []byte, start int) int {
 	return len(data)
 }
 
-// stagingStatus is the HTTP status of a failed staging. A part that does
-// not match its manifest, a part the manifest does not list or a body cut
-// short is the client's fault (400). A failure of the agent's own disk is
-// the agent's fault: 507 Insufficient Storage when the disk or the quota is
-// full, 500 for anything else (read-only, immutable, I/O error). A 5xx
-// tells the controller that its render is fine and the apply may be
-// retried once the pod is repaired.
+// stagingStatus is the HTTP status of a failed staging: 400 for the
+// client's fault (a part that does not match or is not listed, a body cut
+// short); for the agent's own disk 507 when it or the quota is full, 500
+// otherwise (read-only, immutable, I/O error). A 5xx tells the controller
+// that its render is fine and may be retried once the pod is repaired.
 func stagingStatus(err error) int {
 	var fault *stagingFault
 	switch {

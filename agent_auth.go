@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,9 +31,6 @@ import (
 )
 
 const (
-	basicRealmHeader    = `Basic realm="haptic-agent"`
-	msgUnauthorized     = "unauthorized"
-	msgClientCertDenied = "client certificate rejected"
 	// msgTooManyAuthFailures answers, with 429, a request from an address
 	// that spent its budget of failed authentications.
 	msgTooManyAuthFailures = "too many failed authentications from this address"
@@ -45,16 +43,15 @@ const (
 )
 
 // authenticated wraps a handler of the network API with the configured
-// authentication. With --insecure-no-auth and nothing configured, every
+// authentication; with --insecure-no-auth and nothing configured, every
 // request passes. A request first spends a check of its address's budget
-// (agent_authfail.go): once the address has spent it, the request is
-// refused with 429 and its credentials are not looked at, so that not even
-// the right password gets through, else a guesser would learn it. A
-// connection on which a request authenticated needs no budget: only a
-// client that has the credentials holds one, so a controller's keep-alive
-// connections stay usable while a guesser behind the same address (a NAT)
-// has spent it. A failure answers at once and closes its connection: no
-// failing client holds a slot of the API's capped pool.
+// (agent_authfail.go): once that is spent it is refused with 429 and its
+// credentials are not looked at, else a guesser would learn when it hit the
+// right password. A connection on which a request authenticated needs no
+// budget, so a controller's keep-alive connections stay usable while a
+// guesser behind the same address (a NAT) has spent it. A failure answers
+// at once and closes its connection: no failing client holds a slot of the
+// API's capped pool.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	scheme := ""
 	switch {
@@ -82,11 +79,11 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 		}
 		switch {
 		case scheme == authSchemeTLS && !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()):
-			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgClientCertDenied)
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, "client certificate rejected")
 			return
 		case scheme == authSchemeBasic && !basicMatches(r, a.cfg.Username, a.cfg.Password):
-			w.Header().Set("WWW-Authenticate", basicRealmHeader)
-			a.refuse(w, r, scheme, true, http.StatusUnauthorized, msgUnauthorized)
+			w.Header().Set("WWW-Authenticate", `Basic realm="haptic-agent"`)
+			a.refuse(w, r, scheme, true, http.StatusUnauthorized, "unauthorized")
 			return
 		}
 		if took {
@@ -133,16 +130,9 @@ type fileStamp struct {
 	size int64
 }
 
-// The files of --tls-dir, in stamp order. The first three are required;
-// the last two are the CA rotation overlap and optional.
-const (
-	tlsFileCert = iota
-	tlsFileKey
-	tlsFileCA
-	tlsFilePreviousCA
-	tlsFilePreviousUntil
-	tlsFileCount
-)
+// tlsFiles are the files of --tls-dir, in stamp order. The first three are
+// required; the last two are the CA rotation overlap and optional.
+var tlsFiles = [...]string{tlsCertFile, tlsKeyFile, tlsCAFile, tlsPreviousCAFile, tlsPreviousUntilFile}
 
 // tlsMaterial is the agent's serving identity and the trust of controller
 // client certificates, re-read from --tls-dir when the files change.
@@ -159,21 +149,19 @@ type tlsMaterial struct {
 	logger *slog.Logger
 	now    func() time.Time // the clock of the overlap and of handshake verification
 
-	mu            sync.Mutex
+	mu           sync.Mutex
+	tlsTrust          // what the files held at stamps
+	overlapEnded bool // the end of the overlap was logged
+	stamps       [len(tlsFiles)]fileStamp
+	failedAt     [len(tlsFiles)]fileStamp // the last change whose reload failed, logged once
+	haveFailed   bool
+}
+
+// tlsTrust is what one read of --tls-dir yields.
+type tlsTrust struct {
 	cert          *tls.Certificate
 	pool          *x509.CertPool // ca.crt
 	overlap       *x509.CertPool // ca.crt and previous-ca.crt; nil without a previous CA
-	previousUntil time.Time
-	overlapEnded  bool // the end of the overlap was logged
-	stamps        [tlsFileCount]fileStamp
-	failedAt      [tlsFileCount]fileStamp // the last change whose reload failed, logged once
-	haveFailed    bool
-}
-
-// tlsMaterialFiles is what one read of --tls-dir yields.
-type tlsMaterialFiles struct {
-	cert          *tls.Certificate
-	pool, overlap *x509.CertPool
 	previousUntil time.Time
 }
 
@@ -183,29 +171,22 @@ func loadTLSMaterial(dir string, logger *slog.Logger, now func() time.Time) (*tl
 	if err != nil {
 		return nil, err
 	}
-	f, err := m.read()
+	t, err := m.read()
 	if err != nil {
 		return nil, err
 	}
-	m.adoptLocked(f, stamps)
+	m.adoptLocked(t, stamps)
 	return m, nil
-}
-
-func (m *tlsMaterial) files() [tlsFileCount]string {
-	return [tlsFileCount]string{
-		filepath.Join(m.dir, tlsCertFile), filepath.Join(m.dir, tlsKeyFile), filepath.Join(m.dir, tlsCAFile),
-		filepath.Join(m.dir, tlsPreviousCAFile), filepath.Join(m.dir, tlsPreviousUntilFile),
-	}
 }
 
 // stat follows symlinks, so that Kubernetes' secret swaps (a symlinked
 // directory replaced atomically) are seen. A missing optional file has the
 // zero stamp.
-func (m *tlsMaterial) stat() ([tlsFileCount]fileStamp, error) {
-	var out [tlsFileCount]fileStamp
-	for i, p := range m.files() {
-		fi, err := os.Stat(p)
-		if i >= tlsFilePreviousCA && errors.Is(err, fs.ErrNotExist) {
+func (m *tlsMaterial) stat() ([len(tlsFiles)]fileStamp, error) {
+	var out [len(tlsFiles)]fileStamp
+	for i, name := range tlsFiles {
+		fi, err := os.Stat(filepath.Join(m.dir, name))
+		if i >= 3 && errors.Is(err, fs.ErrNotExist) { // the overlap's files are optional
 			continue
 		}
 		if err != nil {
@@ -216,52 +197,51 @@ func (m *tlsMaterial) stat() ([tlsFileCount]fileStamp, error) {
 	return out, nil
 }
 
-func (m *tlsMaterial) read() (tlsMaterialFiles, error) {
-	var out tlsMaterialFiles
-	f := m.files()
-	cert, err := tls.LoadX509KeyPair(f[tlsFileCert], f[tlsFileKey])
+func (m *tlsMaterial) read() (tlsTrust, error) {
+	var out tlsTrust
+	path := func(name string) string { return filepath.Join(m.dir, name) }
+	cert, err := tls.LoadX509KeyPair(path(tlsCertFile), path(tlsKeyFile))
 	if err != nil {
 		return out, err
 	}
-	caPEM, err := os.ReadFile(f[tlsFileCA])
+	caPEM, err := os.ReadFile(path(tlsCAFile))
 	if err != nil {
 		return out, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return out, fmt.Errorf("%s holds no PEM certificate", f[tlsFileCA])
+		return out, fmt.Errorf("%s holds no PEM certificate", path(tlsCAFile))
 	}
 	out.cert, out.pool = &cert, pool
 
-	previousPEM, err := os.ReadFile(f[tlsFilePreviousCA])
+	previousPEM, err := os.ReadFile(path(tlsPreviousCAFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return out, nil
 	}
 	if err != nil {
 		return out, err
 	}
-	untilText, err := os.ReadFile(f[tlsFilePreviousUntil])
+	untilText, err := os.ReadFile(path(tlsPreviousUntilFile))
 	if err != nil {
 		return out, fmt.Errorf("%s needs %s, the RFC 3339 time its trust ends: %w", tlsPreviousCAFile, tlsPreviousUntilFile, err)
 	}
 	until, err := time.Parse(time.RFC3339, strings.TrimSpace(string(untilText)))
 	if err != nil {
-		return out, fmt.Errorf("%s: not an RFC 3339 time: %w", f[tlsFilePreviousUntil], err)
+		return out, fmt.Errorf("%s: not an RFC 3339 time: %w", path(tlsPreviousUntilFile), err)
 	}
 	overlap := x509.NewCertPool()
 	overlap.AppendCertsFromPEM(caPEM)
 	if !overlap.AppendCertsFromPEM(previousPEM) {
-		return out, fmt.Errorf("%s holds no PEM certificate", f[tlsFilePreviousCA])
+		return out, fmt.Errorf("%s holds no PEM certificate", path(tlsPreviousCAFile))
 	}
 	out.overlap, out.previousUntil = overlap, until
 	return out, nil
 }
 
-func (m *tlsMaterial) adoptLocked(f tlsMaterialFiles, stamps [tlsFileCount]fileStamp) {
-	m.cert, m.pool, m.overlap, m.previousUntil, m.stamps = f.cert, f.pool, f.overlap, f.previousUntil, stamps
-	m.overlapEnded = false
-	if f.overlap != nil {
-		m.logger.Info("trusting the previous client CA beside the current one", "dir", m.dir, "until", f.previousUntil)
+func (m *tlsMaterial) adoptLocked(t tlsTrust, stamps [len(tlsFiles)]fileStamp) {
+	m.tlsTrust, m.stamps, m.overlapEnded = t, stamps, false
+	if t.overlap != nil {
+		m.logger.Info("trusting the previous client CA beside the current one", "dir", m.dir, "until", t.previousUntil)
 	}
 }
 
@@ -275,9 +255,9 @@ func (m *tlsMaterial) refresh() {
 		return
 	}
 	if err == nil {
-		var f tlsMaterialFiles
-		if f, err = m.read(); err == nil {
-			m.adoptLocked(f, stamps)
+		var t tlsTrust
+		if t, err = m.read(); err == nil {
+			m.adoptLocked(t, stamps)
 			m.haveFailed = false
 			m.logger.Info("reloaded the TLS material", "dir", m.dir)
 			return
@@ -312,31 +292,27 @@ func (m *tlsMaterial) current(now time.Time) (*tls.Certificate, *x509.CertPool) 
 // against the trusted CAs in the handshake, so that a client no CA vouches
 // for never reaches an HTTP handler. Each handshake builds its own
 // configuration from the files as they are now (rotation needs no restart)
-// and the CA pool trusted at this moment (the overlap ends on time). Session
-// tickets are off: a resumed session would skip that verification.
+// and the CA pool trusted at this moment (the overlap ends on time); the
+// outer configuration only hands it over. Session tickets are off: a
+// resumed session would skip that verification.
 //
 // Probes cannot present a client certificate, so the API port serves them
 // nothing; /healthz and /readyz are also served on --metrics-listen, which
 // is where a kubelet's probes go.
 func (m *tlsMaterial) serverConfig() *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		ClientAuth: tls.RequireAndVerifyClientCert,
-		NextProtos: []string{"http/1.1"},
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			m.refresh()
-			cert, pool := m.current(m.now())
-			return &tls.Config{
-				MinVersion:             tls.VersionTLS13,
-				Certificates:           []tls.Certificate{*cert},
-				ClientAuth:             tls.RequireAndVerifyClientCert,
-				ClientCAs:              pool,
-				NextProtos:             []string{"http/1.1"},
-				Time:                   m.now,
-				SessionTicketsDisabled: true,
-			}, nil
-		},
-	}
+	return &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		m.refresh()
+		cert, pool := m.current(m.now())
+		return &tls.Config{
+			MinVersion:             tls.VersionTLS13,
+			Certificates:           []tls.Certificate{*cert},
+			ClientAuth:             tls.RequireAndVerifyClientCert,
+			ClientCAs:              pool,
+			NextProtos:             []string{"http/1.1"},
+			Time:                   m.now,
+			SessionTicketsDisabled: true,
+		}, nil
+	}}
 }
 
 // verifyPeer accepts a client whose leaf verifies against the CA pool
@@ -361,18 +337,5 @@ func (m *tlsMaterial) verifyPeer(cs *tls.ConnectionState, clientName string, now
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 		CurrentTime:   now,
 	})
-	if err != nil {
-		return false
-	}
-	for _, name := range leaf.DNSNames {
-		if strings.EqualFold(name, clientName) {
-			return true
-		}
-	}
-	return false
-}
-
-// tlsListener serves TLS over ln with cfg.
-func tlsListener(ln net.Listener, cfg *tls.Config) net.Listener {
-	return tls.NewListener(ln, cfg)
+	return err == nil && slices.ContainsFunc(leaf.DNSNames, func(name string) bool { return strings.EqualFold(name, clientName) })
 }

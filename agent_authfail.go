@@ -30,9 +30,8 @@ const (
 // never fails; one that has the old ones after a rotation fails a few times
 // before it is reconfigured, and then waits at most one refill.
 const (
-	// authFailLogInterval: at most one log line per interval, however many
-	// failures (30,000 wrong passwords at 20,000 a second would otherwise
-	// be 30,000 lines, or none at all).
+	// At most one log line per interval, however many failures: 30,000
+	// wrong passwords at 20,000 a second would otherwise be 30,000 lines.
 	authFailLogInterval = 10 * time.Second
 	// authFailBurst failures of one address are checked at once; then one
 	// more every authFailRefill: at most 10 guesses a minute per address.
@@ -40,7 +39,7 @@ const (
 	authFailRefill = 6 * time.Second
 	// maxAuthFailAddrs bounds the per-address table. The addresses it
 	// cannot hold share one more budget, so that spreading guesses over
-	// more addresses than the table holds does not make them unbounded.
+	// more addresses does not make them unbounded.
 	maxAuthFailAddrs = 4096
 	// authFailPruneEvery spaces the scans that drop whole budgets from a
 	// full table, so that a flood of new addresses cannot make every
@@ -48,16 +47,12 @@ const (
 	authFailPruneEvery = time.Second
 )
 
-// authFailures is the agent's failed-authentication accounting. Its
-// tunables are fields so that tests can shorten them.
+// authFailures is the agent's failed-authentication accounting.
 type authFailures struct {
 	logger   *slog.Logger
 	count    func(scheme string) // the metric
-	now      func() time.Time
-	interval time.Duration // authFailLogInterval
-	burst    int           // authFailBurst
-	refill   time.Duration // authFailRefill
-	maxAddrs int           // maxAuthFailAddrs
+	now      func() time.Time    // tests move it
+	maxAddrs int                 // maxAuthFailAddrs; tests shrink it
 
 	mu         sync.Mutex
 	byAddr     map[netip.Prefix]*time.Time // when each address's budget is whole again
@@ -68,11 +63,7 @@ type authFailures struct {
 }
 
 func newAuthFailures(logger *slog.Logger, count func(scheme string)) *authFailures {
-	return &authFailures{
-		logger: logger, count: count, now: time.Now, interval: authFailLogInterval,
-		burst: authFailBurst, refill: authFailRefill, maxAddrs: maxAuthFailAddrs,
-		byAddr: map[netip.Prefix]*time.Time{},
-	}
+	return &authFailures{logger: logger, count: count, now: time.Now, maxAddrs: maxAuthFailAddrs, byAddr: map[netip.Prefix]*time.Time{}}
 }
 
 // take spends one check of r's address's budget before its credentials are
@@ -88,10 +79,10 @@ func (f *authFailures) take(r *http.Request) (bool, time.Duration) {
 	if from.Before(now) {
 		from = now
 	}
-	if wait := from.Sub(now) - time.Duration(f.burst-1)*f.refill; wait > 0 {
+	if wait := from.Sub(now) - (authFailBurst-1)*authFailRefill; wait > 0 {
 		return false, wait
 	}
-	*whole = from.Add(f.refill)
+	*whole = from.Add(authFailRefill)
 	return true, 0
 }
 
@@ -102,7 +93,7 @@ func (f *authFailures) giveBack(r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	whole := f.budgetLocked(r, now)
-	*whole = whole.Add(-f.refill)
+	*whole = whole.Add(-authFailRefill)
 }
 
 // budgetLocked is the budget of r's address: its entry in the table, made
@@ -139,7 +130,7 @@ func (f *authFailures) failed(r *http.Request, scheme string, checked bool) {
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.lastLog.IsZero() && now.Sub(f.lastLog) < f.interval {
+	if !f.lastLog.IsZero() && now.Sub(f.lastLog) < authFailLogInterval {
 		f.suppressed++
 		return
 	}

@@ -26,11 +26,11 @@ const drainPollInterval = 100 * time.Millisecond
 
 // drainer runs drains for one agent.
 type drainer struct {
-	count        func(ctx context.Context) (uint64, error)
+	count        func(ctx context.Context) (uint64, error) // accepted connections, less the ignored frontends
 	quiet        time.Duration
 	maxWait      time.Duration
-	stop         <-chan struct{}
-	pollInterval time.Duration // drainPollInterval; tests shrink it before the first drain
+	stop         <-chan struct{} // closed when the agent stops; a running drain then answers cancelled
+	pollInterval time.Duration   // drainPollInterval; tests shrink it before the first drain
 
 	mu   sync.Mutex
 	run  *drainRun // the run in flight; nil when idle
@@ -45,9 +45,6 @@ type drainRun struct {
 	last   atomic.Uint64 // the last counter value read, for callers that leave early
 }
 
-// newDrainer builds the drainer. count reads the connection counter
-// (runtime.frontendConnections with the ignore set); stop is closed when the
-// agent stops, and a running drain then answers cancelled.
 func newDrainer(count func(ctx context.Context) (uint64, error), quiet, maxWait time.Duration, stop <-chan struct{}) *drainer {
 	return &drainer{count: count, quiet: quiet, maxWait: maxWait, stop: stop, pollInterval: drainPollInterval}
 }
@@ -65,7 +62,15 @@ func (d *drainer) drain(ctx context.Context) DrainResult {
 		r = &drainRun{start: time.Now(), done: make(chan struct{})}
 		d.run = r
 		d.runs++
-		go d.execute(r)
+		go func() {
+			r.result = d.watch(r)
+			// Retired before the callers wake, so that the next caller
+			// starts afresh.
+			d.mu.Lock()
+			d.run = nil
+			d.mu.Unlock()
+			close(r.done)
+		}()
 	}
 	d.mu.Unlock()
 
@@ -75,16 +80,6 @@ func (d *drainer) drain(ctx context.Context) DrainResult {
 	case <-ctx.Done():
 		return drainResult(DrainReasonCancelled, r.start, r.last.Load())
 	}
-}
-
-// execute runs r to its end, then retires it so the next caller starts
-// afresh, and only then wakes the callers.
-func (d *drainer) execute(r *drainRun) {
-	r.result = d.watch(r)
-	d.mu.Lock()
-	d.run = nil
-	d.mu.Unlock()
-	close(r.done)
 }
 
 // watch is the drain loop. Its reads carry a context that ends at the bound
@@ -109,61 +104,55 @@ func (d *drainer) watch(r *drainRun) DrainResult {
 			return false
 		}
 	}
+	end := func(reason string, n uint64) DrainResult { return drainResult(reason, r.start, n) }
 
 	// A counter that cannot be read at all (the worker is gone, the socket
 	// is wrong) gives the hook nothing to wait for: answer at once rather
 	// than hold the pod's termination for the whole bound.
 	if stopped() {
-		return drainResult(DrainReasonCancelled, r.start, 0)
+		return end(DrainReasonCancelled, 0)
 	}
 	last, err := d.count(ctx)
-	if err != nil {
-		if stopped() {
-			return drainResult(DrainReasonCancelled, r.start, 0)
-		}
-		return drainResult(DrainReasonUnavailable, r.start, 0)
+	switch {
+	case err != nil && stopped():
+		return end(DrainReasonCancelled, 0)
+	case err != nil:
+		return end(DrainReasonUnavailable, 0)
 	}
 	r.last.Store(last)
 	changed := time.Now()
 
-	interval := d.pollInterval
-	if interval <= 0 {
-		interval = drainPollInterval
-	}
-	poll := time.NewTicker(interval)
+	poll := time.NewTicker(d.pollInterval)
 	defer poll.Stop()
 	bound := time.NewTimer(time.Until(r.start.Add(d.maxWait)))
 	defer bound.Stop()
 	for {
 		select {
 		case <-d.stop:
-			return drainResult(DrainReasonCancelled, r.start, last)
+			return end(DrainReasonCancelled, last)
 		case <-bound.C:
-			return drainResult(DrainReasonBound, r.start, last)
+			return end(DrainReasonBound, last)
 		case <-poll.C:
 		}
 		n, err := d.count(ctx)
 		if err == nil && n != last {
-			last = n
+			last, changed = n, time.Now()
 			r.last.Store(n)
-			changed = time.Now()
 		}
+		now := time.Now()
 		switch {
 		case stopped():
-			return drainResult(DrainReasonCancelled, r.start, last)
+			return end(DrainReasonCancelled, last)
 		case err != nil && ctx.Err() == context.DeadlineExceeded:
 			// The read was cut off by the bound, not by a failing worker.
-			return drainResult(DrainReasonBound, r.start, last)
+			return end(DrainReasonBound, last)
 		case err != nil:
-			return drainResult(DrainReasonUnavailable, r.start, last)
-		}
-		// Quiet wins over the bound when both hold: the traffic did stop.
-		now := time.Now()
-		if now.Sub(changed) >= d.quiet {
-			return drainResult(DrainReasonQuiet, r.start, last)
-		}
-		if now.Sub(r.start) >= d.maxWait {
-			return drainResult(DrainReasonBound, r.start, last)
+			return end(DrainReasonUnavailable, last)
+		case now.Sub(changed) >= d.quiet:
+			// Quiet wins over the bound when both hold: the traffic did stop.
+			return end(DrainReasonQuiet, last)
+		case now.Sub(r.start) >= d.maxWait:
+			return end(DrainReasonBound, last)
 		}
 	}
 }
@@ -180,22 +169,20 @@ func drainResult(reason string, start time.Time, connections uint64) DrainResult
 }
 
 // drainIgnoreSet turns --drain-ignore-frontend values into the set of
-// frontend names the connection counter leaves out. The flag is repeatable
-// and each value may also be a comma-separated list, as the upstream
-// agent's flag accepts; blanks
-// around names and empty items (a trailing comma) are dropped. Nil when
-// nothing is ignored.
+// frontend names the connection counter leaves out, nil when it is empty.
+// The flag is repeatable and each value may also be a comma-separated list,
+// as the upstream agent's flag accepts; blanks around names and empty items
+// (a trailing comma) are dropped.
 func drainIgnoreSet(values []string) map[string]bool {
 	var set map[string]bool
 	for _, v := range values {
 		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name == "" {
-				continue
+			if name = strings.TrimSpace(name); name != "" {
+				if set == nil {
+					set = map[string]bool{}
+				}
+				set[name] = true
 			}
-			if set == nil {
-				set = map[string]bool{}
-			}
-			set[name] = true
 		}
 	}
 	return set

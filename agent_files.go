@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -999,25 +998,4 @@ func (s *fileStore) sweep(keep map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// pathProblem says why rel is no manifest path, or returns "".
-func pathProblem(rel string) string {
-	switch {
-	case rel == "":
-		return "is empty"
-	case len(rel) > MaxPathBytes:
-		return fmt.Sprintf("exceeds %d bytes", MaxPathBytes)
-	case path.IsAbs(rel):
-		return "is absolute"
-	case rel != path.Clean(rel):
-		return "is not canonical"
-	case strings.IndexByte(rel, 0) >= 0:
-		return "contains NUL"
-	case pathCharProblem(rel) != "":
-		return pathCharProblem(rel)
-	case slices.ContainsFunc(strings.Split(rel, "/"), func(c string) bool { return strings.HasPrefix(c, ".") }):
-		return "has a component starting with a dot"
-	}
-	return ""
 }

@@ -10,6 +10,7 @@ package haptic
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"net/http"
@@ -37,16 +38,12 @@ const (
 	maxMetricsConns = 32
 	maxAdminConns   = 32
 	maxDrainConns   = 32
-	// maxHeaderBytes bounds the request headers one connection may make
-	// the agent buffer; the agent's requests carry a few hundred bytes.
-	maxHeaderBytes = 64 << 10
-	// capLogInterval: at most one "at its connection cap" line per
-	// listener and interval.
-	capLogInterval = 10 * time.Second
+	maxHeaderBytes  = 64 << 10         // the agent's requests carry a few hundred bytes
+	capLogInterval  = 10 * time.Second // at most one "at its connection cap" line per listener
 )
 
-// listenerLimits is one server's connection cap and timeouts. The agent
-// holds them in a field so that tests can shorten them.
+// listenerLimits is one server's connection cap and timeouts; tests shorten
+// them in the agent's field.
 type listenerLimits struct {
 	maxConns   int
 	readHeader time.Duration // the request line and headers
@@ -56,21 +53,16 @@ type listenerLimits struct {
 }
 
 // defaultListenerLimits are the limits of each server. The API reads an
-// apply body of up to 64 MiB and may answer after a 60 s reload; the metrics,
-// admin and drain servers read bodiless GETs. Every server closes an idle
-// keep-alive connection: without it, the metrics listener kept one open
-// for as long as the client liked. The drain answers after at most
-// drainMaxWait.
+// apply body of up to 64 MiB and may answer after a 60 s reload; the others
+// read bodiless GETs, and the drain answers after at most drainMaxWait.
+// Every server closes an idle keep-alive connection: without it, the
+// metrics listener kept one open for as long as the client liked.
 func defaultListenerLimits(drainMaxWait time.Duration) map[string]listenerLimits {
-	return map[string]listenerLimits{
-		listenerAPI: {maxConns: maxAPIConns, readHeader: 10 * time.Second, read: 2 * time.Minute,
-			write: 3 * time.Minute, idle: 2 * time.Minute},
-		listenerMetrics: {maxConns: maxMetricsConns, readHeader: 10 * time.Second, read: 30 * time.Second,
-			write: 30 * time.Second, idle: 2 * time.Minute},
-		listenerAdmin: {maxConns: maxAdminConns, readHeader: 10 * time.Second, read: 30 * time.Second,
-			write: 15 * time.Second, idle: 30 * time.Second},
-		listenerDrain: {maxConns: maxDrainConns, readHeader: 10 * time.Second, read: 30 * time.Second,
-			write: drainMaxWait + serverGrace, idle: 30 * time.Second},
+	return map[string]listenerLimits{ // maxConns, readHeader, read, write, idle
+		listenerAPI:     {maxAPIConns, 10 * time.Second, 2 * time.Minute, 3 * time.Minute, 2 * time.Minute},
+		listenerMetrics: {maxMetricsConns, 10 * time.Second, 30 * time.Second, 30 * time.Second, 2 * time.Minute},
+		listenerAdmin:   {maxAdminConns, 10 * time.Second, 30 * time.Second, 15 * time.Second, 30 * time.Second},
+		listenerDrain:   {maxDrainConns, 10 * time.Second, 30 * time.Second, drainMaxWait + serverGrace, 30 * time.Second},
 	}
 }
 
@@ -89,24 +81,21 @@ func (a *Agent) newServer(name string, h http.Handler, base func(net.Listener) c
 		MaxHeaderBytes:    maxHeaderBytes,
 		BaseContext:       base,
 		ErrorLog:          slog.NewLogLogger(a.logger.Handler(), slog.LevelDebug),
+		// HTTP/1.1 only, the agent's wire: an empty map is how net/http is
+		// told so.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 	if name == listenerAPI {
 		srv.ConnContext = withConnAuth
 	}
-	disableHTTP2(srv)
 	return srv
 }
 
 // capped wraps ln so that it holds at most the listener's maxConns
 // connections at once.
 func (a *Agent) capped(name string, ln net.Listener) net.Listener {
-	return &cappedListener{
-		Listener: ln,
-		name:     name,
-		slots:    make(chan struct{}, max(1, a.limits[name].maxConns)),
-		refused:  func() { a.metrics.connsRefused.inc(name) },
-		logger:   a.logger,
-	}
+	return &cappedListener{Listener: ln, name: name, slots: make(chan struct{}, max(1, a.limits[name].maxConns)),
+		refused: func() { a.metrics.connsRefused.inc(name) }, logger: a.logger}
 }
 
 // cappedListener holds at most cap(slots) connections. At the cap, the

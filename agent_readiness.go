@@ -37,6 +37,8 @@ const (
 	// after a restart gets the state, not an error. While HAProxy does not
 	// answer, the read is answered at once with what the agent waits for.
 	stateInitGrace = 2 * time.Second
+	// stateInitPoll is how often such a read looks again.
+	stateInitPoll = 50 * time.Millisecond
 )
 
 // haproxyWatch is what the agent knows about reaching HAProxy. Its mutex
@@ -65,13 +67,6 @@ func (a *Agent) setWaiting(err error) {
 	a.haproxy.mu.Lock()
 	a.haproxy.waiting = msg
 	a.haproxy.mu.Unlock()
-}
-
-// haproxyLost returns why HAProxy is unreachable, or "" while it answers
-// (and before initialisation, which has its own answer).
-func (a *Agent) haproxyLost() string {
-	_, lost := a.haproxy.get()
-	return lost
 }
 
 // probeSockets connects to the worker and the master socket once each and
@@ -132,7 +127,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // after startup: a pod whose HAProxy is gone must leave the load balancer
 // and be seen, whatever its agent last applied.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	switch lost := a.haproxyLost(); {
+	switch _, lost := a.haproxy.get(); {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
 	case lost != "":
@@ -149,7 +144,7 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) {
 	grace := time.NewTimer(stateInitGrace)
 	defer grace.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
+	tick := time.NewTicker(stateInitPoll)
 	defer tick.Stop()
 	for {
 		if waiting, _ := a.haproxy.get(); waiting != "" && !a.Ready() {
@@ -168,8 +163,7 @@ func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) 
 }
 
 // verifyReachable is a verified state read's check that HAProxy is there:
-// a verification that cannot reach the worker or the master must fail
-// rather than vouch for a worker that is gone.
+// it must fail rather than vouch for a worker that is gone.
 func (a *Agent) verifyReachable(ctx context.Context) error {
 	if err := a.probeSockets(ctx); err != nil {
 		return fmt.Errorf("cannot verify: %w", err)

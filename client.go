@@ -23,7 +23,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -59,18 +58,11 @@ type ClientConfig struct {
 	// agent's admin socket). It requires an http BaseURL such as
 	// http://localhost, whose host only fills the Host header.
 	UnixSocket string
-	// Timeout is the deadline of State and Health calls; 10 s when zero or
-	// negative.
-	Timeout time.Duration
-	// PerPodApplyTimeout is the deadline of Apply and PutPlan calls; 2 min
-	// when zero or negative.
-	PerPodApplyTimeout time.Duration
-	// ConnectRetries is the number of retries after a refused or reset
-	// connection; ConnectRetries (3) when zero or negative.
-	ConnectRetries int
-	// ConnectRetryBackoff is the fixed wait before each retry; 100 ms when
-	// zero or negative.
-	ConnectRetryBackoff time.Duration
+	// The rest take their default when zero or negative.
+	Timeout             time.Duration // of State and Health calls; 10 s
+	PerPodApplyTimeout  time.Duration // of Apply and PutPlan calls; 2 min
+	ConnectRetries      int           // retries after a refused or reset connection; ConnectRetries (3)
+	ConnectRetryBackoff time.Duration // the fixed wait before each retry; 100 ms
 }
 
 // Client talks to one agent over one pooled keep-alive HTTP/1.1 client. It
@@ -86,50 +78,34 @@ type Client struct {
 	noPlanEndpoint atomic.Bool
 }
 
-// NewClient checks cfg and builds a client with its own transport. The
-// checks run in a fixed order (the config, the URL, then the combination of
-// URL scheme, TLS and unix socket) and the first failure is returned, so a
-// bad configuration always gets the same error.
+// NewClient checks cfg, in a fixed order so that a bad configuration always
+// gets the same error, and builds a client with its own transport.
 func NewClient(cfg *ClientConfig) (*Client, error) {
 	if cfg == nil {
 		return nil, errors.New("agent client: ClientConfig is required")
 	}
-	if cfg.BaseURL == "" {
-		return nil, errors.New("agent client: BaseURL is required")
-	}
 	u, err := url.Parse(cfg.BaseURL)
-	if err != nil {
+	switch {
+	case cfg.BaseURL == "":
+		return nil, errors.New("agent client: BaseURL is required")
+	case err != nil:
 		return nil, fmt.Errorf("agent client: BaseURL %q: %v", cfg.BaseURL, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
+	case u.Scheme != "http" && u.Scheme != "https":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be http or https", cfg.BaseURL)
-	}
-	if u.Host == "" {
+	case u.Host == "":
 		return nil, fmt.Errorf("agent client: BaseURL %q has no host", cfg.BaseURL)
-	}
-	if cfg.UnixSocket != "" && cfg.TLS != nil {
+	case cfg.UnixSocket != "" && cfg.TLS != nil:
 		return nil, errors.New("agent client: UnixSocket and TLS cannot be combined")
-	}
-	if cfg.TLS != nil && u.Scheme == "http" {
+	case cfg.TLS != nil && u.Scheme == "http":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be https when TLS is set", cfg.BaseURL)
-	}
-	if cfg.UnixSocket != "" && u.Scheme == "https" {
+	case cfg.UnixSocket != "" && u.Scheme == "https":
 		return nil, fmt.Errorf("agent client: BaseURL %q must be http when UnixSocket is set", cfg.BaseURL)
 	}
-
 	c := &Client{cfg: *cfg, baseURL: strings.TrimSuffix(cfg.BaseURL, "/")}
-	if c.cfg.Timeout <= 0 {
-		c.cfg.Timeout = defaultTimeout
-	}
-	if c.cfg.PerPodApplyTimeout <= 0 {
-		c.cfg.PerPodApplyTimeout = defaultApplyTimeout
-	}
-	if c.cfg.ConnectRetries <= 0 {
-		c.cfg.ConnectRetries = ConnectRetries
-	}
-	if c.cfg.ConnectRetryBackoff <= 0 {
-		c.cfg.ConnectRetryBackoff = ConnectRetryBackoffMs * time.Millisecond
-	}
+	c.cfg.Timeout = positiveOr(c.cfg.Timeout, defaultTimeout)
+	c.cfg.PerPodApplyTimeout = positiveOr(c.cfg.PerPodApplyTimeout, defaultApplyTimeout)
+	c.cfg.ConnectRetries = positiveOr(c.cfg.ConnectRetries, ConnectRetries)
+	c.cfg.ConnectRetryBackoff = positiveOr(c.cfg.ConnectRetryBackoff, ConnectRetryBackoffMs*time.Millisecond)
 	if cfg.TLS != nil {
 		c.cfg.TLS = cfg.TLS.Clone()
 	}
@@ -142,6 +118,13 @@ func NewClient(cfg *ClientConfig) (*Client, error) {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return c, nil
+}
+
+func positiveOr[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // newAgentTransport builds the transport of one client. It never uses a proxy:
@@ -158,7 +141,6 @@ func newAgentTransport(tlsConfig *tls.Config, unixSocket string) *http.Transport
 		IdleConnTimeout:       idleConnTimeout,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,
-		ForceAttemptHTTP2:     false,
 		TLSClientConfig:       tlsConfig,
 	}
 	t.Protocols = new(http.Protocols)
@@ -227,13 +209,12 @@ func (e *HTTPError) Error() string {
 	return fmt.Sprintf("agent returned HTTP %d: %s", e.Status, e.Body)
 }
 
-// ServerFault reports a 5xx answer: the agent failed on its side (its disk
-// is full or read-only, it is still initialising, a proxy in front of it
-// failed), and the request itself may well be fine. The call is not retried
-// by the client, because an apply may have been acted on and its body may
-// not be replayable; a controller should retry it later, with a backoff,
-// rather than treat its render as refused. A 4xx answer is the request's
-// fault and would be refused again as is.
+// ServerFault reports a 5xx answer: the agent failed on its side (a full or
+// read-only disk, still initialising, a failing proxy in front of it), and
+// the request may well be fine. The client does not retry it (an apply may
+// have been acted on, its body may not replay); a controller should, later
+// and with a backoff, rather than treat its render as refused. A 4xx would
+// be refused again as is.
 func (e *HTTPError) ServerFault() bool { return e.Status >= 500 && e.Status <= 599 }
 
 func newHTTPError(status int, body []byte) *HTTPError {
@@ -249,20 +230,14 @@ func newHTTPError(status int, body []byte) *HTTPError {
 // ConflictError when it is any other JSON object; the key alone decides,
 // because a Conflict never carries it.
 func classifyAnswer(status int, body []byte) error {
-	if status == http.StatusConflict {
-		var object map[string]json.RawMessage
-		if json.Unmarshal(body, &object) == nil && object != nil {
-			if _, ok := object["missing"]; ok {
-				var m Missing
-				if json.Unmarshal(body, &m) == nil {
-					return &MissingError{m}
-				}
-			} else {
-				var cf Conflict
-				if json.Unmarshal(body, &cf) == nil {
-					return &ConflictError{cf}
-				}
-			}
+	var object map[string]json.RawMessage
+	if status == http.StatusConflict && json.Unmarshal(body, &object) == nil && object != nil {
+		var m MissingError
+		var cf ConflictError
+		if _, ok := object["missing"]; ok && json.Unmarshal(body, &m.Missing) == nil {
+			return &m
+		} else if !ok && json.Unmarshal(body, &cf.Conflict) == nil {
+			return &cf
 		}
 	}
 	return newHTTPError(status, body)
@@ -271,17 +246,14 @@ func classifyAnswer(status int, body []byte) error {
 // ---------------------------------------------------------------------------
 // Requests, retries and answers.
 
-// attemptFunc runs one attempt of a call and returns the answer's status
-// and body, already read.
-type attemptFunc func(ctx context.Context) (status int, body []byte, err error)
-
-// exchange runs the retry rules around attempt: at most ConnectRetries+1
-// attempts, a retry only after a refused or reset connection and only while
-// replayable says the body can be sent again, with ConnectRetryBackoff before
-// each retry. Every HTTP status returns at once: a 5xx is the agent's answer,
-// not a transport fault, and (*HTTPError).ServerFault marks it for the
-// caller's own, later retry.
-func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable func() bool) (int, []byte, error) {
+// exchange runs the retry rules around attempt, which returns the answer's
+// status and body, already read: at most ConnectRetries+1 attempts, a retry
+// only after a refused or reset connection and only while replayable says
+// the body can be sent again, with ConnectRetryBackoff before each retry.
+// Every HTTP status returns at once, the body of a 200 or the classified
+// answer: a 5xx is the agent's answer, not a transport fault, and
+// (*HTTPError).ServerFault marks it for the caller's own, later retry.
+func (c *Client) exchange(ctx context.Context, attempt func(context.Context) (int, []byte, error), replayable func() bool) ([]byte, error) {
 	attempts := c.cfg.ConnectRetries + 1
 	var lastErr error
 	for i := range attempts {
@@ -290,20 +262,22 @@ func (c *Client) exchange(ctx context.Context, attempt attemptFunc, replayable f
 			select {
 			case <-ctx.Done():
 				wait.Stop()
-				return 0, nil, ctx.Err()
+				return nil, ctx.Err()
 			case <-wait.C:
 			}
 		}
 		status, body, err := attempt(ctx)
-		if err == nil {
-			return status, body, nil
-		}
-		if ctx.Err() != nil || !isConnectError(err) || !replayable() {
-			return 0, nil, err
+		switch {
+		case err == nil && status == http.StatusOK:
+			return body, nil
+		case err == nil:
+			return nil, classifyAnswer(status, body)
+		case ctx.Err() != nil || !isConnectError(err) || !replayable():
+			return nil, err
 		}
 		lastErr = err
 	}
-	return 0, nil, fmt.Errorf("agent client: %d connect attempts failed: %w", attempts, lastErr)
+	return nil, fmt.Errorf("agent client: %d connect attempts failed: %w", attempts, lastErr)
 }
 
 // isConnectError reports whether err is a refused or reset connection: the
@@ -314,11 +288,16 @@ func isConnectError(err error) bool {
 
 func alwaysReplayable() bool { return true }
 
-// newRequest builds one attempt's request for BaseURL + target.
-func (c *Client) newRequest(ctx context.Context, method, target string, body io.Reader, auth bool) (*http.Request, error) {
+// newRequest builds one attempt's request for BaseURL + target. A length
+// of -1 sends the body chunked; an empty contentType sets none.
+func (c *Client) newRequest(ctx context.Context, method, target string, body io.Reader, length int64, contentType string, auth bool) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.baseURL+target, body)
 	if err != nil {
 		return nil, fmt.Errorf("agent client: %v", err)
+	}
+	req.ContentLength = length
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	if auth && c.cfg.UnixSocket == "" && (c.cfg.Username != "" || c.cfg.Password != "") {
 		req.SetBasicAuth(c.cfg.Username, c.cfg.Password)
@@ -326,8 +305,12 @@ func (c *Client) newRequest(ctx context.Context, method, target string, body io.
 	return req, nil
 }
 
-// roundTrip sends req and reads its answer.
-func (c *Client) roundTrip(req *http.Request) (int, []byte, error) {
+// send builds and sends one attempt's request, and reads its answer.
+func (c *Client) send(ctx context.Context, method, target string, body io.Reader, length int64, contentType string, auth bool) (int, []byte, error) {
+	req, err := c.newRequest(ctx, method, target, body, length, contentType, auth)
+	if err != nil {
+		return 0, nil, err
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -357,20 +340,9 @@ func readAnswer(resp *http.Response) (int, []byte, error) {
 func (c *Client) get(ctx context.Context, target string, auth bool) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		req, err := c.newRequest(ctx, http.MethodGet, target, http.NoBody, auth)
-		if err != nil {
-			return 0, nil, err
-		}
-		return c.roundTrip(req)
+	return c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+		return c.send(ctx, http.MethodGet, target, http.NoBody, 0, "", auth)
 	}, alwaysReplayable)
-	if err != nil {
-		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, classifyAnswer(status, body)
-	}
-	return body, nil
 }
 
 // State reads GET /v1/state with the query of read.
@@ -406,28 +378,13 @@ func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.PerPodApplyTimeout)
 	defer cancel()
 	target := PathPlan + "?" + url.Values{"plan_id": {planID}, "proof": {proof}}.Encode()
-	status, body, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		req, err := c.newRequest(ctx, http.MethodPut, target, bytes.NewReader(blob), true)
-		if err != nil {
-			return 0, nil, err
-		}
-		req.ContentLength = int64(len(blob))
-		req.Header.Set("Content-Type", "application/octet-stream")
-		return c.roundTrip(req)
+	_, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
+		return c.send(ctx, http.MethodPut, target, bytes.NewReader(blob), int64(len(blob)), "application/octet-stream", true)
 	}, alwaysReplayable)
-	if err != nil {
-		return err
-	}
-	if status == http.StatusOK {
-		return nil
-	}
-	err = classifyAnswer(status, body)
 	var ce *ConflictError
 	var he *HTTPError
 	switch {
-	case errors.As(err, &ce):
-		return ErrPlanMoved
-	case errors.As(err, &he) && he.Status == http.StatusConflict:
+	case errors.As(err, &ce) || errors.As(err, &he) && he.Status == http.StatusConflict:
 		return ErrPlanMoved
 	case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusMethodNotAllowed):
 		return ErrNoPlanEndpoint
@@ -487,23 +444,21 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 			return nil, err
 		}
 		attempt = func(ctx context.Context) (int, []byte, error) {
-			return c.send(ctx, bytes.NewReader(buffered), int64(len(buffered)), contentType, &consumed)
+			body := &markReader{r: bytes.NewReader(buffered), consumed: &consumed}
+			return c.send(ctx, http.MethodPost, PathApply, body, int64(len(buffered)), contentType, true)
 		}
 	} else {
 		if plan != nil {
-			body.plan = &firstReadMark{r: plan, consumed: &consumed}
+			body.plan = &markReader{r: plan, consumed: &consumed}
 		}
 		for i := range body.parts {
-			body.parts[i].r = &firstReadMark{r: body.parts[i].r, consumed: &consumed}
+			body.parts[i].r = &markReader{r: body.parts[i].r, consumed: &consumed}
 		}
 	}
 
-	status, answer, err := c.exchange(ctx, attempt, func() bool { return !consumed.Load() })
+	answer, err := c.exchange(ctx, attempt, func() bool { return !consumed.Load() })
 	if err != nil {
 		return nil, err
-	}
-	if status != http.StatusOK {
-		return nil, classifyAnswer(status, answer)
 	}
 	var result ApplyResult
 	if err := json.Unmarshal(answer, &result); err != nil {
@@ -512,42 +467,34 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 	return &result, nil
 }
 
-// validateApply runs the client-side checks, in order, and returns the
-// parts in manifest order: the plan id and mode, the file count and op
-// batches, every file's path, uniqueness, size and digest, then every part
-// names a file of the manifest and the body's estimate fits
-// MaxApplyBodyBytes.
+// validateApply runs the client-side checks in their contract order, first
+// failure wins, and returns the parts in manifest order.
 func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader) ([]applyPart, error) {
-	if m.PlanID == "" {
+	switch err := m.ValidateOpBatches(); {
+	case m.PlanID == "":
 		return nil, errors.New("agent client: manifest has no plan_id")
-	}
-	switch m.Mode {
-	case ModeAuto, ModeReload, ModeRevertLKG:
-	default:
+	case m.Mode != ModeAuto && m.Mode != ModeReload && m.Mode != ModeRevertLKG:
 		return nil, fmt.Errorf("agent client: unknown apply mode %q", m.Mode)
-	}
-	if len(m.Files) > MaxFiles {
+	case len(m.Files) > MaxFiles:
 		return nil, fmt.Errorf("agent client: %d files exceeds the limit of %d", len(m.Files), MaxFiles)
-	}
-	if err := m.ValidateOpBatches(); err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("agent client: %v", err)
 	}
 	declared := make(map[string]*ManifestFile, len(m.Files))
 	for i := range m.Files {
 		f := &m.Files[i]
-		if err := checkManifestPath(f.Path); err != nil {
+		_, dup := declared[f.Path]
+		switch err := checkManifestPath(f.Path); {
+		case err != nil:
 			return nil, err
-		}
-		if _, dup := declared[f.Path]; dup {
+		case dup:
 			return nil, fmt.Errorf("agent client: file %q is declared twice", f.Path)
-		}
-		declared[f.Path] = f
-		if f.Size < 0 {
+		case f.Size < 0:
 			return nil, fmt.Errorf("agent client: file %q has a negative size", f.Path)
-		}
-		if f.Digest == "" {
+		case f.Digest == "":
 			return nil, fmt.Errorf("agent client: file %q has no digest", f.Path)
 		}
+		declared[f.Path] = f
 	}
 
 	estimate := int64(len(manifestJSON))
@@ -566,17 +513,16 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 		estimate += expectedPartBytes(f)
 	}
 
+	var ordered []applyPart
 	for i := range m.Files {
-		f := &m.Files[i]
-		if f.Patch == nil {
-			continue
-		}
-		if parts[f.Path] == nil {
+		f, r := &m.Files[i], parts[m.Files[i].Path]
+		if p := f.Patch; p != nil && r == nil {
 			return nil, fmt.Errorf("agent client: file %q declares a patch without a part", f.Path)
-		}
-		p := f.Patch
-		if p.Offset < 0 || p.Length < 0 || p.BaseSize < 0 || p.Offset+p.Length > p.BaseSize || f.Size-p.BaseSize+p.Length < 0 {
+		} else if p != nil && (p.Offset < 0 || p.Length < 0 || p.BaseSize < 0 || p.Offset+p.Length > p.BaseSize || f.Size-p.BaseSize+p.Length < 0) {
 			return nil, fmt.Errorf("agent client: file %q declares a patch that does not fit its base", f.Path)
+		}
+		if r != nil {
+			ordered = append(ordered, applyPart{path: f.Path, expected: expectedPartBytes(f), r: r})
 		}
 	}
 	if estimate > MaxApplyBodyBytes {
@@ -585,37 +531,17 @@ func validateApply(m *Manifest, manifestJSON []byte, parts map[string]io.Reader)
 	if len(manifestJSON) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("agent client: manifest of %d bytes exceeds the %d-byte limit", len(manifestJSON), MaxPlanBlobBytes)
 	}
-
-	ordered := make([]applyPart, 0, len(keys))
-	for i := range m.Files {
-		f := &m.Files[i]
-		if r := parts[f.Path]; r != nil {
-			ordered = append(ordered, applyPart{path: f.Path, expected: expectedPartBytes(f), r: r})
-		}
-	}
 	return ordered, nil
 }
 
-// checkManifestPath checks one manifest path: empty, too long, absolute,
-// NUL, the character rules the agent applies too (pathCharProblem), not
-// clean, escaping the base, first failure wins. Dot-name components other
-// than ".." are left to the agent.
+// checkManifestPath refuses, in the client's words, a path the agent would
+// refuse for its form.
 func checkManifestPath(p string) error {
-	switch {
-	case p == "":
+	if p == "" {
 		return errors.New("agent client: manifest has an empty file path")
-	case len(p) > MaxPathBytes:
-		return fmt.Errorf("agent client: file path %q exceeds %d bytes", p, MaxPathBytes)
-	case strings.HasPrefix(p, "/"):
-		return fmt.Errorf("agent client: file path %q must be relative to the base dir", p)
-	case strings.IndexByte(p, 0) >= 0:
-		return fmt.Errorf("agent client: file path %q contains a NUL byte", p)
-	case pathCharProblem(p) != "":
-		return fmt.Errorf("agent client: file path %q %s", p, pathCharProblem(p))
-	case path.Clean(p) != p:
-		return fmt.Errorf("agent client: file path %q is not in cleaned form", p)
-	case p == ".." || strings.HasPrefix(p, "../"):
-		return fmt.Errorf("agent client: file path %q escapes the base dir", p)
+	}
+	if why := manifestPathProblem(p, true); why != "" {
+		return fmt.Errorf("agent client: file path %q %s", p, why)
 	}
 	return nil
 }
@@ -641,8 +567,8 @@ type applyBody struct {
 // manifest declares them) sent from memory in one piece; larger ones stream.
 const maxBufferedApplyBytes = 1 << 20
 
-// small reports whether the body is sent from memory: its parts fit
-// maxBufferedApplyBytes and it carries no plan blob, whose size is unknown
+// small reports whether the body is sent from memory: it fits
+// maxBufferedApplyBytes and carries no plan blob, whose size is unknown
 // until read.
 func (b *applyBody) small() bool {
 	if b.plan != nil {
@@ -662,28 +588,7 @@ func (b *applyBody) buffer() ([]byte, string, error) {
 	if err := b.writeTo(mw); err != nil {
 		return nil, "", err
 	}
-	if err := mw.Close(); err != nil {
-		return nil, "", err
-	}
 	return buf.Bytes(), mw.FormDataContentType(), nil
-}
-
-// send posts a body of known length once.
-func (c *Client) send(ctx context.Context, body io.Reader, length int64, contentType string, consumed *atomic.Bool) (int, []byte, error) {
-	req, err := c.newRequest(ctx, http.MethodPost, PathApply, &firstReadMark{r: body, consumed: consumed}, true)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.ContentLength = length
-	req.GetBody = nil
-	req.Header.Set("Content-Type", contentType)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	status, answer, err := readAnswer(resp)
-	resp.Body.Close()
-	return status, answer, err
 }
 
 // errAttemptOver closes an attempt's pipe once the attempt has its answer
@@ -701,33 +606,21 @@ func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte
 	written := make(chan struct{})
 	go func() {
 		defer close(written)
-		err := body.writeTo(mw)
-		if err == nil {
-			err = mw.Close()
-		}
-		if err != nil {
-			writeErr = err
-			pw.CloseWithError(err)
-			return
-		}
-		pw.Close()
+		writeErr = body.writeTo(mw)
+		pw.CloseWithError(writeErr) // nil: a plain Close
 	}()
 	stopWriter := func() {
 		pr.CloseWithError(errAttemptOver)
 		<-written
 	}
 
-	req, err := c.newRequest(ctx, http.MethodPost, PathApply, pr, true)
+	// Unknown length, sent chunked, and no GetBody (a pipe has none): the
+	// transport must never replay a part reader on its own.
+	req, err := c.newRequest(ctx, http.MethodPost, PathApply, pr, -1, mw.FormDataContentType(), true)
 	if err != nil {
 		stopWriter()
 		return 0, nil, err
 	}
-	// Unknown length, sent chunked, and no GetBody: the transport must
-	// never replay a part reader on its own.
-	req.ContentLength = -1
-	req.GetBody = nil
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-
 	resp, err := c.http.Do(req)
 	if err != nil {
 		stopWriter()
@@ -744,26 +637,18 @@ func (c *Client) applyAttempt(ctx context.Context, body *applyBody) (int, []byte
 	return status, answer, err
 }
 
-// writeTo writes the multipart stream: manifest, plan, then the parts in
-// manifest order, the order the agent stages them in.
+// writeTo writes and closes the multipart stream: manifest, plan, then the
+// parts in manifest order, the order the agent stages them in.
 func (b *applyBody) writeTo(mw *multipart.Writer) error {
 	w, err := mw.CreateFormField(PartManifest)
+	if err == nil {
+		_, err = w.Write(b.manifest)
+	}
 	if err != nil {
 		return err
 	}
-	if _, err := w.Write(b.manifest); err != nil {
-		return err
-	}
 	if b.plan != nil {
-		w, err := mw.CreateFormFile(PartPlan, PartPlan)
-		if err != nil {
-			return err
-		}
-		src := &readErrorMark{r: io.LimitReader(b.plan, MaxPlanBlobBytes+1)}
-		n, err := copyBytes(w, src)
-		if src.err != nil {
-			return fmt.Errorf("agent client: plan blob: %w", src.err)
-		}
+		n, err := writePart(mw, PartPlan, b.plan, MaxPlanBlobBytes, "plan blob")
 		if err != nil {
 			return err
 		}
@@ -772,15 +657,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 		}
 	}
 	for _, p := range b.parts {
-		w, err := mw.CreateFormFile(p.path, p.path)
-		if err != nil {
-			return err
-		}
-		src := &readErrorMark{r: io.LimitReader(p.r, p.expected+1)}
-		n, err := copyBytes(w, src)
-		if src.err != nil {
-			return fmt.Errorf("agent client: part %q: %w", p.path, src.err)
-		}
+		n, err := writePart(mw, p.path, p.r, p.expected, fmt.Sprintf("part %q", p.path))
 		if err != nil {
 			return err
 		}
@@ -788,7 +665,22 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 			return fmt.Errorf("agent client: part %q: manifest declares %d bytes, content yielded %d", p.path, p.expected, n)
 		}
 	}
-	return nil
+	return mw.Close()
+}
+
+// writePart writes the part name from at most limit+1 bytes of r. A failure
+// of r is reported as the caller's reader's (what), never as the pipe's.
+func writePart(mw *multipart.Writer, name string, r io.Reader, limit int64, what string) (int64, error) {
+	w, err := mw.CreateFormFile(name, name)
+	if err != nil {
+		return 0, err
+	}
+	src := &markReader{r: io.LimitReader(r, limit+1)}
+	n, err := copyBytes(w, src)
+	if src.err != nil {
+		return n, fmt.Errorf("agent client: %s: %w", what, src.err)
+	}
+	return n, err
 }
 
 // countingWriter fails once more than limit bytes were written through it,
@@ -809,29 +701,20 @@ func (cw *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// firstReadMark marks consumed once its reader yielded any bytes.
-type firstReadMark struct {
+// markReader remembers its reader's error, so that a failing caller's
+// reader is reported as such and a failing pipe is not mistaken for it, and
+// marks consumed (when set) once the reader yielded any bytes.
+type markReader struct {
 	r        io.Reader
 	consumed *atomic.Bool
+	err      error
 }
 
-func (f *firstReadMark) Read(p []byte) (int, error) {
-	n, err := f.r.Read(p)
-	if n > 0 {
-		f.consumed.Store(true)
-	}
-	return n, err
-}
-
-// readErrorMark remembers its reader's error, so that a failing caller's
-// reader is reported as such and a failing pipe is not mistaken for it.
-type readErrorMark struct {
-	r   io.Reader
-	err error
-}
-
-func (m *readErrorMark) Read(p []byte) (int, error) {
+func (m *markReader) Read(p []byte) (int, error) {
 	n, err := m.r.Read(p)
+	if n > 0 && m.consumed != nil {
+		m.consumed.Store(true)
+	}
 	if err != nil && err != io.EOF {
 		m.err = err
 	}
@@ -856,12 +739,8 @@ func CheckSkew(state *State) (majorMismatch bool, missingOps []string) {
 	if state == nil {
 		return true, nil
 	}
-	executed := make(map[string]bool, len(state.AgentOps))
-	for _, kind := range state.AgentOps {
-		executed[kind] = true
-	}
 	for _, kind := range ComposableOps() {
-		if !executed[kind] {
+		if !slices.Contains(state.AgentOps, kind) {
 			missingOps = append(missingOps, kind)
 		}
 	}
@@ -890,26 +769,18 @@ const maxDeployRounds = 4
 // blob after an apply that did not carry it. Run one Deploy per pod, in
 // parallel across pods, each with that pod's Client.
 //
-// A changed file travels as a patch (only the replaced byte range) when
-// the agent advertises file_patch, its state lists the file's previous
-// bytes with a proof, opts.Applied holds exactly those bytes, and the
-// replacement is much smaller than the file (see patchFor). The pod's
-// stored blob carries no file contents, so only the caller's own plan can
-// be the base: without opts.Applied every changed file travels whole, as
-// does a patched file whose base the agent no longer holds.
-//
-// A 200 answer is returned with a nil error whether it is an ACK or a NACK;
-// a NACK is not retried. A stale_epoch conflict (a newer leader exists),
-// any other conflict reason, and every transport or HTTP error are
-// returned as is, at once.
+// A changed file travels as a patch (see deployPatches) only with
+// opts.Applied: the pod's stored blob carries no file contents, so only the
+// caller's own plan can be the base. A 200 answer, ACK or NACK, is returned
+// with a nil error and not retried; any other conflict than a moved
+// baseline, and every transport or HTTP error, is returned at once.
 func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
-	if c == nil {
+	switch {
+	case c == nil:
 		return nil, errors.New("agent client: deploy: client is required")
-	}
-	if next == nil {
+	case next == nil:
 		return nil, errors.New("agent client: deploy: plan is required")
-	}
-	if next.ID == "" {
+	case next.ID == "":
 		return nil, errors.New("agent client: deploy: plan has no id")
 	}
 	blob := opts.PlanBlob
@@ -945,14 +816,10 @@ func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*Ap
 // conflict, or a Missing answer to the resend.
 func needsRediff(err error) bool {
 	var ce *ConflictError
-	if errors.As(err, &ce) {
-		switch ce.Reason {
-		case ReasonPrevMismatch, ReasonUnknownBaseline, ReasonWorkerOpsMismatch:
-			return true
-		}
-		return false
-	}
 	var me *MissingError
+	if errors.As(err, &ce) {
+		return ce.Reason == ReasonPrevMismatch || ce.Reason == ReasonUnknownBaseline || ce.Reason == ReasonWorkerOpsMismatch
+	}
 	return errors.As(err, &me)
 }
 
@@ -965,17 +832,14 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 		return nil, err
 	}
 	base := deployBaseline(state, opts.Applied)
-
-	var d Decision
 	if major, _ := CheckSkew(state); major {
+		base = nil
+	}
+	d := Diff(next, base)
+	if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
+		// An agent that ignores op_batches would run only the first batch
+		// and report success.
 		d = Diff(next, nil)
-	} else {
-		d = Diff(next, base)
-		if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
-			// An agent that ignores op_batches would run only the first
-			// batch and report success.
-			d = Diff(next, nil)
-		}
 	}
 	m := NewManifest(next, d, state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
 
@@ -1049,12 +913,10 @@ func deployBaseline(state *State, applied *Plan) *Baseline {
 		return nil
 	}
 	if applied != nil && state.AppliedPlanID != "" && applied.ID == state.AppliedPlanID {
-		base.Applied = applied
-		base.Running = nil
+		base.Applied, base.Running, base.WorkerOps = applied, nil, nil
 		if state.RunningPlanID == applied.ID {
 			base.Running = applied
 		}
-		base.WorkerOps = nil
 		if state.WorkerOpsPlanID == applied.ID {
 			base.WorkerOps = applied
 		}
@@ -1065,10 +927,7 @@ func deployBaseline(state *State, applied *Plan) *Baseline {
 // missingParts builds the resend's parts: exactly the listed paths, each
 // with the content next holds for it.
 func missingParts(next *Plan, missing []string) (map[string]io.Reader, error) {
-	files := make(map[string]*PlanFile, len(next.Files))
-	for i := range next.Files {
-		files[next.Files[i].Path] = &next.Files[i]
-	}
+	files := planFilesByPath(next)
 	parts := make(map[string]io.Reader, len(missing))
 	for _, p := range missing {
 		f, ok := files[p]
@@ -1119,15 +978,8 @@ func patchFor(base, next string) *filePatch {
 	if len(replacement) > len(next)/2 {
 		return nil
 	}
-	return &filePatch{
-		patch: FilePatch{
-			BaseDigest: DigestString(base),
-			BaseSize:   int64(len(base)),
-			Offset:     int64(prefix),
-			Length:     int64(len(base) - prefix - suffix),
-		},
-		replacement: replacement,
-	}
+	return &filePatch{replacement: replacement, patch: FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)),
+		Offset: int64(prefix), Length: int64(len(base) - prefix - suffix)}}
 }
 
 // patchCompareBlock is the stride of the prefix and suffix scans: whole

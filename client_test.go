@@ -786,7 +786,7 @@ func TestRetryNeedsAReplayableBody(t *testing.T) {
 		wantAttempts int
 	}{{true, 4}, {false, 1}} {
 		attempts := 0
-		_, _, err := c.exchange(context.Background(), func(context.Context) (int, []byte, error) {
+		_, err := c.exchange(context.Background(), func(context.Context) (int, []byte, error) {
 			attempts++
 			return 0, nil, reset
 		}, func() bool { return tt.replayable })

@@ -165,3 +165,27 @@ func TestClientRefusesAControlCharacterBeforeSending(t *testing.T) {
 		t.Errorf("%d requests sent", n)
 	}
 }
+
+// TestEachEndKeepsItsOwnWordsAndOrder: one set of rules, read by the agent
+// and by the client in their own words and order. Only the agent refuses a
+// dot name other than "..", and a path that breaks two rules is refused
+// for the one each end checks first.
+func TestEachEndKeepsItsOwnWordsAndOrder(t *testing.T) {
+	for _, tc := range []struct{ rel, agent, client string }{
+		{".hidden/x.map", `invalid manifest path: ".hidden/x.map" has a component starting with a dot`, ""},
+		{"maps/.x", `invalid manifest path: "maps/.x" has a component starting with a dot`, ""},
+		{"../x", `invalid manifest path: "../x" has a component starting with a dot`, `agent client: file path "../x" escapes the base dir`},
+		{"a//b\x00", `invalid manifest path: "a//b\x00" is not canonical`, `agent client: file path "a//b\x00" contains a NUL byte`},
+		{"a/./b\n", `invalid manifest path: "a/./b\n" is not canonical`, `agent client: file path "a/./b\n" contains a control character`},
+		{"/a", `invalid manifest path: "/a" is absolute`, `agent client: file path "/a" must be relative to the base dir`},
+		{"", `invalid manifest path: "" is empty`, "agent client: manifest has an empty file path"},
+	} {
+		if err := validatePath(tc.rel); err == nil || err.Error() != tc.agent {
+			t.Errorf("agent %q: %v, want %s", tc.rel, err, tc.agent)
+		}
+		err := checkManifestPath(tc.rel)
+		if (tc.client == "" && err != nil) || (tc.client != "" && (err == nil || err.Error() != tc.client)) {
+			t.Errorf("client %q: %v, want %q", tc.rel, err, tc.client)
+		}
+	}
+}
