@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -426,5 +427,283 @@ func TestTheFirstPushAfterAnHAProxyRestartLandsItsPlan(t *testing.T) {
 	code, body := e.c.post(applyRequest{manifest: m, files: next, omit: omit})
 	if again := applyResultOf(t, code, body); !again.OK || again.Mode != ResultNoop {
 		t.Errorf("the same render again: %+v", again)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Fencing.
+
+// TestAManifestNamingNoPreviousPlanIsFencedByAnAgentThatHasOne: whatever
+// token, proof and mode a manifest without a previous plan carries, an
+// agent with an applied plan refuses it.
+func TestAManifestNamingNoPreviousPlanIsFencedByAnAgentThatHasOne(t *testing.T) {
+	p1 := planRef{"plan-1", "a:1"}
+	held := agentState{Applied: p1, Running: p1, WorkerOps: p1, LKG: p1, Token: Token{LeaderEpoch: 1, RenderSeq: 4}}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Manifest)
+	}{
+		{"the agent's own token", func(m *Manifest) {}},
+		{"no token", func(m *Manifest) { m.ExpectedPrevToken = Token{} }},
+		{"a later token", func(m *Manifest) { m.ExpectedPrevToken.RenderSeq = 9 }},
+		{"a later epoch", func(m *Manifest) { m.Token.LeaderEpoch, m.ExpectedPrevToken.LeaderEpoch = 2, 2 }},
+		{"no proof either", func(m *Manifest) { m.ExpectedPrevPlanProof = "" }},
+		{"auto", func(m *Manifest) { m.Mode = ModeAuto }},
+		{"a legacy manifest", func(m *Manifest) { m.IdentityVersion, m.ExpectedPrevPlanProof = 0, "" }},
+	} {
+		m := &Manifest{IdentityVersion: ExactIdentityVersion, PlanID: "plan-2", Mode: ModeReload,
+			Token: Token{LeaderEpoch: 1, RenderSeq: 5}, ExpectedPrevPlanProof: p1.Proof, ExpectedPrevToken: held.Token,
+			ExpectedWorkerOpsPlanID: p1.ID, ExpectedWorkerOpsPlanProof: p1.Proof}
+		tc.mutate(m)
+		if got := fenceReason(m, &held, false); got != ReasonPrevMismatch {
+			t.Errorf("%s: fenceReason = %q, want %q", tc.name, got, ReasonPrevMismatch)
+		}
+	}
+}
+
+// TestARevertMayNameTheWorkerOpsPlan: the plan being refused is the applied
+// plan or the one the worker holds through in-place ops; a revert naming
+// either passes the fence, one naming the running plan or neither does not.
+func TestARevertMayNameTheWorkerOpsPlan(t *testing.T) {
+	p0, p1, p2w := planRef{"plan-0", "a:1"}, planRef{"plan-1", "a:2"}, planRef{"plan-1w", "a:3"}
+	s := agentState{Applied: p1, Running: p0, WorkerOps: p2w, LKG: p0, Token: Token{LeaderEpoch: 1, RenderSeq: 2}}
+	for _, tc := range []struct {
+		name string
+		ref  planRef
+		want string
+	}{
+		{"the applied plan", p1, ""},
+		{"the worker-ops plan", p2w, ""},
+		{"the running plan", p0, ReasonRevertTargetMismatch},
+		{"another plan", planRef{"plan-9", "a:9"}, ReasonRevertTargetMismatch},
+		{"the worker-ops plan under another proof", planRef{p2w.ID, "a:9"}, ReasonRevertTargetMismatch},
+	} {
+		m := &Manifest{IdentityVersion: ExactIdentityVersion, Mode: ModeRevertLKG, PlanID: tc.ref.ID, PlanProof: tc.ref.Proof,
+			Token: Token{LeaderEpoch: 1, RenderSeq: 3}}
+		if got := fenceReason(m, &s, false); got != tc.want {
+			t.Errorf("a revert naming %s: fenceReason = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Recovery at start.
+
+// TestAFailedRecoveryReloadAtStartVouchesForNothing: a start that owes a
+// reload (an apply's ops may be in the worker with no record closing it)
+// and whose reload HAProxy refuses reports no running or worker-ops plan:
+// the worker that serves on may hold those ops.
+func TestAFailedRecoveryReloadAtStartVouchesForNothing(t *testing.T) {
+	fake, cfg, _, _ := landedThenStopped(t)
+	editState(t, cfg.BaseDir, func(s *agentState, _ map[string]FileAt) { s.ReloadOwed = true })
+	fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	reloads := fakeReloads(fake)
+	a, _ := launchTestAgent(t, cfg, true)
+	if fakeReloads(fake) != reloads+1 {
+		t.Fatalf("%d reloads at the start, want 1", fakeReloads(fake)-reloads)
+	}
+	st := newAgentClient(t, a).state("?plan=0")
+	if st.RunningPlanID != "" || st.RunningPlanProof != "" || st.WorkerOpsPlanID != "" || st.WorkerOpsPlanProof != "" {
+		t.Errorf("a refused recovery reload vouches for the worker: running %s/%s worker ops %s/%s",
+			st.RunningPlanID, st.RunningPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof)
+	}
+}
+
+// TestRecoveryKeepsAPathDeletedThenCreatedAgain: one apply deletes a path,
+// a later one creates it again, and the agent is killed. Recovery puts a
+// path back only as the replayed tree says, so the later file stays.
+func TestRecoveryKeepsAPathDeletedThenCreatedAgain(t *testing.T) {
+	e, set := landedEnv(t, nil, nil)
+	with := set.clone()
+	with["notes/a.txt"] = "first\n"
+	applyFileOnly(t, e.c, "plan-2", with)
+	applyFileOnly(t, e.c, "plan-3", set)
+	again := set.clone()
+	again["notes/a.txt"] = "again\n"
+	applyFileOnly(t, e.c, "plan-4", again)
+	before := e.c.state("?plan=0")
+	reloads := fakeReloads(e.fake)
+	e.killAndRestart(t)
+	if got := e.disk(t); !sameSet(got, again) {
+		t.Errorf("recovery changed the tree: %v", got)
+	}
+	if fakeReloads(e.fake) != reloads {
+		t.Error("the start reloaded HAProxy")
+	}
+	samePairs(t, "after the restart", e.c.state("?plan=0"), before)
+}
+
+// TestACrashAfterANACKNeitherRollsBackAgainNorReloads: a refused reload
+// was undone and its end record written, one more change was ACKed, and
+// the agent is killed. The start finds every apply closed: it reloads
+// nothing, and the tree and the pairs are what the last ACK left.
+func TestACrashAfterANACKNeitherRollsBackAgainNorReloads(t *testing.T) {
+	e, set := landedEnv(t, nil, nil)
+	set, _ = ackEntries(t, e.c, set, "ack", 2)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	bad := set.clone()
+	bad[ConfigFilePath] += "bogus\n"
+	bad["maps/host.map"] += "refused.example be-a\n"
+	if res := e.c.apply(reloadManifest(e, "plan-bad", bad), bad); res.OK || res.Rollback == nil || !res.Rollback.Performed {
+		t.Fatalf("the refused reload: %+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	set, _ = ackEntries(t, e.c, set, "later", 1)
+	before := e.c.state("?plan=0")
+	reloads, worker := fakeReloads(e.fake), e.fake.Worker()
+	e.killAndRestart(t)
+	if fakeReloads(e.fake) != reloads || e.fake.Worker() != worker {
+		t.Errorf("the start reloaded HAProxy: %d reloads, then %d", reloads, fakeReloads(e.fake))
+	}
+	if got := e.disk(t); !sameSet(got, set) {
+		t.Errorf("the tree is not the last ACKed set; map:\n%s", got["maps/host.map"])
+	}
+	samePairs(t, "after the restart", e.c.state("?plan=0"), before)
+	workerHoldsMapOf(t, e.fake, set)
+}
+
+// ---------------------------------------------------------------------------
+// Durability of the journal.
+
+// durableLinks is a disk that notes, at every link it makes, whether the
+// bytes linked to were durable: synced since they were last written. It
+// follows inodes, so a rename or another link of a file keeps what is
+// known of its bytes.
+type durableLinks struct {
+	*hookDisk
+	mu      sync.Mutex
+	dirty   map[uint64]bool   // inodes written since their last sync
+	durable map[string]bool   // link path → its bytes were durable when linked
+	source  map[string]string // link path → the path it was linked from
+}
+
+func newDurableLinks() *durableLinks {
+	d := &durableLinks{hookDisk: &hookDisk{}, dirty: map[uint64]bool{}, durable: map[string]bool{}, source: map[string]string{}}
+	d.setHook(func(op diskOp) error {
+		if op.Op != "write" && op.Op != "sync" {
+			return nil
+		}
+		ino, ok := inodeOf(op.Path)
+		if !ok {
+			return nil
+		}
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.dirty[ino] = op.Op == "write"
+		return nil
+	})
+	return d
+}
+
+func inodeOf(path string) (uint64, bool) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return st.Ino, true
+}
+
+// CreateTemp starts a file with nothing unsynced, whatever an earlier
+// file of the same inode number left.
+func (d *durableLinks) CreateTemp(dir, pattern string) (diskFile, error) {
+	f, err := d.hookDisk.CreateTemp(dir, pattern)
+	if err == nil {
+		if ino, ok := inodeOf(f.Name()); ok {
+			d.mu.Lock()
+			delete(d.dirty, ino)
+			d.mu.Unlock()
+		}
+	}
+	return f, err
+}
+
+func (d *durableLinks) Link(from, to string) error {
+	ino, ok := inodeOf(from)
+	if err := d.hookDisk.Link(from, to); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.durable[to], d.source[to] = ok && !d.dirty[ino], from
+	return nil
+}
+
+// wasDurable reports whether link was made to durable bytes, and from where.
+func (d *durableLinks) wasDurable(link string) (bool, string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.durable[link], d.source[link]
+}
+
+// TestAJournalBackupLinksOnlyDurableBytes: the journal's backups are how
+// each path looked when the last-known-good plan became current, and a
+// power loss must not tear them. So each backup links bytes synced since
+// they were written: after a reload made its set the last-known-good one,
+// and after a validated plan was promoted.
+func TestAJournalBackupLinksOnlyDurableBytes(t *testing.T) {
+	d := newDurableLinks()
+	e := newTestEnvWithDisk(t, d, nil)
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	check := func(when string) {
+		t.Helper()
+		journal := e.a.led.state().Journal
+		if len(journal) == 0 {
+			t.Fatalf("%s: the journal is empty", when)
+		}
+		for _, j := range journal {
+			if ok, from := d.wasDurable(j.Backup); j.Backup != "" && !ok {
+				t.Errorf("%s: the journal's backup of %s links %s, whose bytes were not durable", when, j.Path, from)
+			}
+		}
+	}
+	set, _ = ackEntries(t, e.c, set, "after-reload", 1)
+	check("after the first change since a reload")
+
+	st := e.c.state("?plan=0")
+	next, op := mapEntryChange(set, "after-promotion.example", "be-a")
+	m := e.c.manifestFrom(st, "plan-promoted", next, op)
+	m.ValidatedPlanID, m.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
+	if res := e.c.apply(m, next); !res.OK || res.Mode != ResultRuntime || res.LKGPlanID != st.AppliedPlanID {
+		t.Fatalf("the apply that promotes %s: %+v", st.AppliedPlanID, res)
+	}
+	check("after the first change since a promotion")
+}
+
+// ---------------------------------------------------------------------------
+// The read-back.
+
+// TestSameMapKeys: a running map matches its file only with the same keys
+// and the same number of entries; a key the worker holds that the file
+// lacks is a divergence as much as a missing one.
+func TestSameMapKeys(t *testing.T) {
+	entries := func(keys ...string) []MapEntry {
+		var out []MapEntry
+		for _, k := range keys {
+			out = append(out, MapEntry{Key: k, Value: "v"})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		running map[string][]string
+		desired []MapEntry
+		want    bool
+	}{
+		{"the same keys", map[string][]string{"a": {"v"}, "b": {"v"}}, entries("a", "b"), true},
+		{"a key twice in both", map[string][]string{"a": {"v", "w"}}, entries("a", "a"), true},
+		{"a missing key", map[string][]string{"a": {"v"}}, entries("a", "b"), false},
+		{"an extra key", map[string][]string{"a": {"v"}, "b": {"v"}}, entries("a"), false},
+		{"an extra key where the file holds a key twice", map[string][]string{"a": {"v"}, "b": {"v"}}, entries("a", "a"), false},
+		{"a key twice in the worker only", map[string][]string{"a": {"v", "w"}}, entries("a"), false},
+		{"an empty file", map[string][]string{"a": {"v"}}, nil, false},
+	} {
+		if got := sameMapKeys(tc.running, tc.desired); got != tc.want {
+			t.Errorf("%s: sameMapKeys = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
