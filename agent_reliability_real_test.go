@@ -7,13 +7,10 @@
 package haptic
 
 import (
-	"io/fs"
 	"log/slog"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -158,22 +155,7 @@ func TestRealAFullDiskAtTheRecordWriteChangesNothing(t *testing.T) {
 	before := e.c.state("?plan=0")
 	pid := realWorkerPID(e.h)
 
-	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
-	d.setHook(func(op diskOp) error {
-		if op.Op == "write" && op.Path == logPath {
-			return &fs.PathError{Op: "write", Path: logPath, Err: syscall.ENOSPC}
-		}
-		return nil
-	})
-	next, op := mapEntryChange(set, "full.example", "be-a")
-	res := e.c.apply(e.c.manifest("plan-full", next, op), next)
-	d.setHook(nil)
-	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.Contains(res.Error.Message, "no space left on device") {
-		t.Fatalf("the apply on a full disk: %s", jsonOf(res))
-	}
-	if got := diskSet(t, e.h.Dir); !sameSet(got, set) {
-		t.Errorf("the tree changed; map:\n%s", got["maps/host.map"])
-	}
+	next, op := applyOnAFullDisk(t, d, e.c, e.cfg.BaseDir, set)
 	if got := realWorkerPID(e.h); got != pid {
 		t.Errorf("worker %d answers, want %d: HAProxy was reloaded", got, pid)
 	}

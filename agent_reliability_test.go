@@ -164,6 +164,31 @@ func TestAFailedFallbackReloadReloadsTheTreeTheApplyFound(t *testing.T) {
 // ---------------------------------------------------------------------------
 // A full disk.
 
+// applyOnAFullDisk sends a one-entry change on top of set while the log
+// refuses every write with ENOSPC, and fails unless the apply is refused
+// at stage backup with the tree left as set. It returns the change, for
+// the test to send again once the disk has room.
+func applyOnAFullDisk(t *testing.T, d *hookDisk, c *agentClient, base string, set fileSet) (fileSet, Op) {
+	t.Helper()
+	logPath := filepath.Join(base, logFileName)
+	d.setHook(func(op diskOp) error {
+		if op.Op == "write" && op.Path == logPath {
+			return &fs.PathError{Op: "write", Path: logPath, Err: syscall.ENOSPC}
+		}
+		return nil
+	})
+	next, op := mapEntryChange(set, "full.example", "be-a")
+	res := c.apply(c.manifest("plan-full", next, op), next)
+	d.setHook(nil)
+	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.Contains(res.Error.Message, "no space left on device") {
+		t.Fatalf("the apply on a full disk: %+v %+v", res, res.Error)
+	}
+	if got := diskSet(t, base); !sameSet(got, set) {
+		t.Errorf("the tree changed; map:\n%s", got["maps/host.map"])
+	}
+	return next, op
+}
+
 // TestAFullDiskAtTheRecordWriteChangesNothing: the log refuses the
 // apply's record with ENOSPC after runtime ACKs. The apply is refused at
 // stage backup having changed nothing: the ACKed entries stay on disk and
@@ -177,22 +202,7 @@ func TestAFullDiskAtTheRecordWriteChangesNothing(t *testing.T) {
 	set, _ = ackEntries(t, e.c, set, "ack", 3)
 	before := e.c.state("?plan=0")
 	reloads, worker := fakeReloads(e.fake), e.fake.Worker()
-	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
-	d.setHook(func(op diskOp) error {
-		if op.Op == "write" && op.Path == logPath {
-			return &fs.PathError{Op: "write", Path: logPath, Err: syscall.ENOSPC}
-		}
-		return nil
-	})
-	next, op := mapEntryChange(set, "full.example", "be-a")
-	res := e.c.apply(e.c.manifest("plan-full", next, op), next)
-	d.setHook(nil)
-	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.Contains(res.Error.Message, "no space left on device") {
-		t.Fatalf("the apply on a full disk: %+v %+v", res, res.Error)
-	}
-	if got := e.disk(t); !sameSet(got, set) {
-		t.Errorf("the tree changed; map:\n%s", got["maps/host.map"])
-	}
+	next, op := applyOnAFullDisk(t, d, e.c, e.cfg.BaseDir, set)
 	if fakeReloads(e.fake) != reloads || e.fake.Worker() != worker {
 		t.Errorf("HAProxy was reloaded: %d reloads, then %d", reloads, fakeReloads(e.fake))
 	}
