@@ -2,7 +2,9 @@
 // (HAPTIC_HAPROXY) in master-worker mode: the fake versions are in
 // agent_reliability_test.go. What the worker serves is read from its stats
 // socket, and a restart of HAProxy is a real one: the master stopped and
-// started again on the same directory, behind the agent's back.
+// started again on the same directory, behind the agent's back. It must
+// never start a binary HAPTIC_HAPROXY does not name: without it every test
+// here skips.
 
 package haptic
 

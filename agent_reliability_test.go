@@ -6,7 +6,11 @@
 // HAProxy are in agent_reliability_real_test.go.
 //
 // A kill -9 is simulated with stopAsKilled: the state file and the log
-// are put back as they were before the clean stop compacted them.
+// are put back as they were before the clean stop compacted them. A test
+// here must never touch the agent's files or the fake behind its back
+// except for the one fault it is about (a kill, a flipped byte, a full
+// disk, a restarted HAProxy), so that what it then sees is the agent's
+// doing.
 
 package haptic
 
