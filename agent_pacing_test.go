@@ -528,9 +528,11 @@ func TestAFailedScheduledReloadRestoresTheBaselineItsAppliesFound(t *testing.T) 
 	}
 }
 
-// A failed pacer reload is a finished transaction: the state file says
-// idle, so the next start runs no crash recovery (no reload, no
-// invalidation) for an apply that was never interrupted.
+// A failed pacer reload is a finished transaction: the state says idle, so
+// the next start runs no crash recovery (no reload, no invalidation) for an
+// apply that was never interrupted. The agent is killed, not stopped: a
+// clean stop compacts the log away, and only a start that replays the log
+// can show that its records close what they opened.
 func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = 500 * time.Millisecond }, nil)
 	fs := seedFiles()
@@ -552,7 +554,7 @@ func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) 
 	var reloads int
 	e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
 	worker := e.fake.Worker()
-	e.restart(t)
+	e.killAndRestart(t)
 	e.fake.With(func(m *FakeModel) {
 		if m.Reloads != reloads {
 			t.Errorf("the restart reloaded HAProxy (%d reloads, then %d): a crash recovery ran", reloads, m.Reloads)

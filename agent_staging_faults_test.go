@@ -117,11 +117,11 @@ const mountNamespaceEnv = "HAPTIC_TEST_IN_MOUNT_NAMESPACE"
 
 // TestStagingFaultsOnARealFilesystem puts the base directory on a tiny
 // tmpfs in a private mount namespace and makes the kernel refuse staging
-// for real: a full disk is 507, a read-only one and an immutable staging
-// directory are 500, each with the kernel's reason in the message, and the
-// agent applies again once the disk is repaired. It re-runs itself as a
-// child process in a new mount namespace, and skips where the machine
-// cannot make one or mount a tmpfs.
+// for real: a full disk is 507, a read-only staging directory (its own
+// read-only mount) and an immutable one are 500, each with the kernel's
+// reason in the message, and the agent applies again once the disk is
+// repaired. It re-runs itself as a child process in a new mount namespace,
+// and skips where the machine cannot make one or mount a tmpfs.
 func TestStagingFaultsOnARealFilesystem(t *testing.T) {
 	if os.Getenv(mountNamespaceEnv) == "" {
 		runInMountNamespace(t, "TestStagingFaultsOnARealFilesystem")
@@ -156,13 +156,23 @@ func TestStagingFaultsOnARealFilesystem(t *testing.T) {
 		}
 	})
 	t.Run("read-only", func(t *testing.T) {
-		if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
-			t.Skipf("cannot remount read-only (%v): the agent holds its state log open for writing on this filesystem, which Linux refuses to remount read-only; the immutable case below covers a staging area that refuses writes", err)
+		// The agent holds its log open for writing, so the tmpfs itself
+		// cannot be remounted read-only; the staging directory becomes a
+		// read-only mount of its own instead, a bind mount of itself.
+		tmp := filepath.Join(dir, storeTempDir)
+		if err := syscall.Mount(tmp, tmp, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatalf("bind mount %s: %v", tmp, err)
 		}
+		defer syscall.Unmount(tmp, syscall.MNT_DETACH)
+		if err := syscall.Mount("", tmp, "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, ""); err != nil {
+			t.Fatalf("remount %s read-only: %v", tmp, err)
+		}
+		before := e.snapshot(t)
 		he := clientApply(t, e, "plan-2", fs2)
-		if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT, ""); err != nil {
-			t.Fatalf("remount read-write: %v", err)
+		if err := syscall.Unmount(tmp, 0); err != nil {
+			t.Fatalf("unmount %s: %v", tmp, err)
 		}
+		e.unchanged(t, before)
 		if he.Status != http.StatusInternalServerError || !strings.Contains(he.Body, "the agent's disk failed: open ") ||
 			!strings.Contains(he.Body, "read-only file system") {
 			t.Errorf("got %d %s", he.Status, he.Body)

@@ -678,6 +678,33 @@ func writeSnapshot(t testing.TB, base string, st agentState, tree map[string]Fil
 	}
 }
 
+// stopAsKilled stops an agent and leaves its state as kill -9 would: a
+// clean stop compacts the log into a new snapshot, so the state file and
+// the log are copied before the stop and put back after it (the page cache
+// outlives a killed process, so these bytes are what it left).
+func stopAsKilled(t testing.TB, base string, stop func()) {
+	t.Helper()
+	saved := map[string][]byte{}
+	for _, name := range []string{".haptic-agent.json", logFileName} {
+		b, err := os.ReadFile(filepath.Join(base, name))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		saved[name] = b
+	}
+	stop()
+	for name, b := range saved {
+		p := filepath.Join(base, name)
+		err := os.Remove(p)
+		if b != nil {
+			err = os.WriteFile(p, b, 0o600)
+		}
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
 // readStateFile reads the persisted state: the snapshot with the log
 // replayed on it, as the next start would read it.
 func readStateFile(t testing.TB, base string) agentState {
