@@ -245,7 +245,9 @@ func (run *applyRun) runtimeOps(content func(string) ([]byte, error)) *opsOutcom
 func (run *applyRun) afterOps(ops *opsOutcome, o outcome) outcome {
 	switch {
 	case ops.compileErr != nil:
-		run.invariant(false, invOpsExecutable)
+		// Diff keeps out what the worker's version cannot take; one that
+		// arrives anyway is that version's limit, not a broken invariant.
+		run.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", ops.compileErr)
 		return run.reload(reasonUnknownOp, o)
 	case ops.c.empty():
@@ -453,7 +455,7 @@ func (run *applyRun) runInPlace() bool {
 	}
 	c, err := run.compile(m.InPlaceOps, run.files.readHeld)
 	if err != nil {
-		run.invariant(false, invOpsExecutable)
+		run.invariant(errors.Is(err, errVersionLimit), invOpsExecutable)
 		return fail(err)
 	}
 	worker, results, _, err := run.execute(c.programs)

@@ -77,10 +77,10 @@ func osFileOf(f *os.File, err error) (diskFile, error) {
 	return osFile{f}, nil
 }
 
-func (f osFile) Sync() error                        { return datasync(f.File) }
-func (osDisk) Rename(oldpath, newpath string) error { return os.Rename(oldpath, newpath) }
+func (f osFile) Sync() error                          { return datasync(f.File) }
+func (osDisk) Rename(oldpath, newpath string) error   { return os.Rename(oldpath, newpath) }
 func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
-func (osDisk) Link(oldname, newname string) error   { return os.Link(oldname, newname) }
+func (osDisk) Link(oldname, newname string) error     { return os.Link(oldname, newname) }
 
 func (osDisk) Remove(name string) error                  { return os.Remove(name) }
 func (osDisk) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }

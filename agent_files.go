@@ -243,7 +243,7 @@ func checkOwnedPath(d disk, p string, wantDir bool) error {
 // files and directories out of any manifest's reach), and the character
 // rules the client shares (pathProblem).
 func validatePath(rel string) error {
-	if why := pathProblem(rel); why != "" {
+	if why := manifestPathProblem(rel, false); why != "" {
 		return fmt.Errorf("%w: %q %s", errInvalidPath, rel, why)
 	}
 	return nil

@@ -92,8 +92,8 @@ type fileChange struct {
 	// Data, so that a large file changed by a few bytes costs the record
 	// only those bytes.
 	Patch *FilePatch `json:"patch,omitempty"`
-	Old  *FileAt `json:"old,omitempty"`
-	Undo string  `json:"undo,omitempty"` // a link to the old bytes
+	Old   *FileAt    `json:"old,omitempty"`
+	Undo  string     `json:"undo,omitempty"` // a link to the old bytes
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)

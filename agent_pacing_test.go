@@ -742,7 +742,9 @@ func TestReadBackDoesNotHoldUpTheNextApply(t *testing.T) {
 	fs3 := fs2.clone()
 	fs3["maps/host.map"] += "s.example be-s\n"
 	done := make(chan ApplyResult, 1)
-	go func() { done <- e.land(t, "plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"}) }()
+	go func() {
+		done <- e.land(t, "plan-3", fs3, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"})
+	}()
 	select {
 	case res := <-done:
 		if res.Mode != ResultRuntime {
@@ -755,32 +757,6 @@ func TestReadBackDoesNotHoldUpTheNextApply(t *testing.T) {
 	e.a.reads.wg.Wait()
 	if metricValue(e.a, "map_divergence_total") != 0 {
 		t.Error("a divergence was found on an overtaken listing")
-	}
-}
-
-// TestSameMapKeys: the read-back compares key sets both ways and entry
-// counts; a key the worker holds that the file lacks is a divergence.
-func TestSameMapKeys(t *testing.T) {
-	file := ParseMapEntries("a x\na y\nb z\n")
-	for _, tc := range []struct {
-		name    string
-		running map[string][]string
-		want    bool
-	}{
-		{"the same entries", map[string][]string{"a": {"x", "y"}, "b": {"z"}}, true},
-		{"a key missing", map[string][]string{"a": {"x", "y", "z"}}, false},
-		{"an extra key with the same count", map[string][]string{"a": {"x", "y"}, "c": {"z"}}, false},
-		{"an extra key", map[string][]string{"a": {"x", "y"}, "b": {"z"}, "c": {"w"}}, false},
-		{"a duplicate lost", map[string][]string{"a": {"x"}, "b": {"z"}}, false},
-	} {
-		if got := sameMapKeys(tc.running, file); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-	// Every key of the file is there and the counts match, yet the worker
-	// holds a key the file does not.
-	if sameMapKeys(map[string][]string{"a": {"x"}, "b": {"y"}}, ParseMapEntries("a x\na y\n")) {
-		t.Error("an extra key behind a duplicate went unseen")
 	}
 }
 

@@ -12,9 +12,6 @@ import (
 	"unicode/utf8"
 )
 
-// pathProblem is manifestPathProblem in the agent's words.
-func pathProblem(rel string) string { return manifestPathProblem(rel, false) }
-
 // manifestPathProblem says why rel is no manifest path, or returns "", in
 // the agent's words or (client) the client's, each end in its own order.
 // The agent refuses every component that starts with a dot, which keeps its
