@@ -49,6 +49,10 @@ const (
 	recordApply    = "apply"    // one apply: the state it lands, its files and their undo
 	recordEnd      = "end"      // closes an apply: landed (ok) or undone
 	recordState    = "state"    // any other change of the state
+	// numbers opens the log a compaction emptied: the generation, token and
+	// proofs the snapshot holds, so that a damaged snapshot never lets them
+	// be handed out again.
+	recordNumbers = "numbers"
 )
 
 // logRecord is one frame's payload.
@@ -254,10 +258,7 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	seen := map[string]bool{}
 	for _, r := range tail {
 		out.index(r, seen)
-		if s := stateOf(r); s.Generation >= out.st.Generation {
-			out.st.Generation, out.st.Token = s.Generation, s.Token
-		}
-		out.st.ProofGeneration = max(out.st.ProofGeneration, stateOf(r).ProofGeneration)
+		out.st.raiseNumbers(stateOf(r))
 		for p := range r.Tree {
 			out.touched = append(out.touched, p)
 		}
@@ -283,6 +284,10 @@ func (l *loadedLog) replay(records []logRecord) {
 	seen := map[string]bool{}
 	for _, r := range records {
 		l.seq, l.count = r.Seq, l.count+1
+		if r.Kind == recordNumbers {
+			l.st.raiseNumbers(stateOf(r))
+			continue
+		}
 		if r.Kind == recordApply {
 			l.index(r, seen)
 			l.reload = l.reload || !closed[r.Seq] && r.Open
@@ -333,6 +338,15 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 			add(e.At, source{path: e.Backup})
 		}
 	}
+}
+
+// raiseNumbers raises the numbers st has handed out to those of s, so that
+// none is handed out twice.
+func (st *agentState) raiseNumbers(s agentState) {
+	if s.Generation >= st.Generation {
+		st.Generation, st.Token = s.Generation, s.Token
+	}
+	st.ProofGeneration = max(st.ProofGeneration, s.ProofGeneration)
 }
 
 func stateOf(r logRecord) agentState {
@@ -432,7 +446,9 @@ func (w *stateLog) full() bool { return w.bytes >= maxLogBytes || w.count >= max
 // compact writes snap as the new snapshot, makes its rename durable, and
 // only then empties the log: a crash between the two leaves records the
 // snapshot already holds, which replay skips by their sequence numbers,
-// never an emptied log beside an older snapshot.
+// never an emptied log beside an older snapshot. The emptied log starts
+// with the snapshot's numbers, which replay skips the same way unless the
+// snapshot is damaged.
 func (w *stateLog) compact(snap *logRecord) error {
 	b, err := encodeFrame(snap)
 	if err != nil {
@@ -451,7 +467,9 @@ func (w *stateLog) compact(snap *logRecord) error {
 		return err
 	}
 	w.bytes, w.count = 0, 0
-	return w.f.Sync()
+	st := snap.State
+	return w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
+		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true)
 }
 
 func (w *stateLog) close() error { return w.f.Close() }
