@@ -123,6 +123,10 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	defer run.discardStaged()
 	code, body := run.admit(mr)
 	writeJSON(w, code, body)
+	http.NewResponseController(w).Flush()
+	a.deps.applyMu.Lock()
+	defer a.deps.applyMu.Unlock()
+	a.deps.compactIfDue()
 }
 
 // stallGuard ends an upload that makes no progress: every read must bring

@@ -675,7 +675,6 @@ func (run *applyRun) finish(s steps, o outcome) {
 	for _, name := range failedInvariants(&run.result, run.m, prev, &st, tree) {
 		run.invariant(false, name)
 	}
-	run.compactIfDue()
 }
 
 // journalAdditions are the entries of undo for paths journal lacks.
@@ -699,7 +698,9 @@ func (d *applyDeps) flushTree() {
 
 // compactIfDue writes a new snapshot once the log is long, or after a
 // failed write. The files its records could redo are made durable first,
-// and the links no record will need any more go once the snapshot is.
+// and the links no record will need any more go once the snapshot is. It
+// runs under the apply lock, after the apply's answer has gone out: the
+// answer must not wait for a snapshot.
 func (d *applyDeps) compactIfDue() {
 	d.files.mu.Lock()
 	linked := d.files.linked

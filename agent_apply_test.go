@@ -1823,3 +1823,33 @@ func TestAReloadWhoseInPlaceOpsWillRunNeedsTheWorkerBaseline(t *testing.T) {
 		check(t, e, "plan-2", fs2)
 	})
 }
+
+// TestAFullLogIsCompactedAfterTheAnswer: once the log is full, the apply
+// that finds it so is answered first and compacts after: the log is then
+// only the numbers record a compaction starts it with.
+func TestAFullLogIsCompactedAfterTheAnswer(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	e.a.deps.applyMu.Lock()
+	e.a.deps.led.mu.Lock()
+	e.a.deps.led.log.count = maxLogRecords
+	e.a.deps.led.mu.Unlock()
+	e.a.deps.applyMu.Unlock()
+	fs2 := fs.clone()
+	fs2["notes/n.txt"] = "n\n"
+	applyFileOnly(t, e.c, "plan-2", fs2)
+	e.a.deps.applyMu.Lock() // the compaction holds it, if it has begun
+	e.a.deps.applyMu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e.a.deps.led.mu.Lock()
+		count := e.a.deps.led.log.count
+		e.a.deps.led.mu.Unlock()
+		if count == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log holds %d records after the apply that found it full", count)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
