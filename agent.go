@@ -275,6 +275,9 @@ func validateAgentConfig(cfg *AgentConfig) error {
 		return fmt.Errorf("--reload-timeout must be between 0 and %s, got %s", maxTimeout, cfg.ReloadTimeout)
 	case drainErr != nil:
 		return drainErr
+	case cfg.FileMode != 0 && (cfg.FileMode&^0o777 != 0 || cfg.FileMode&0o400 == 0):
+		// The agent re-reads every file it wrote: its owner must read it.
+		return fmt.Errorf("--file-mode %#o is outside 0400..0777 or not readable by its owner", uint32(cfg.FileMode))
 	case cfg.TLSDir != "" && cfg.TLSClientName == "":
 		return errors.New("--tls-client-name is required with --tls-dir")
 	case cfg.TLSDir != "":

@@ -409,6 +409,19 @@ func TestFirstApplyWritesTheTreeAndReloads(t *testing.T) {
 	}
 }
 
+// TestTheOperatorsFileModeGovernsTheTree: --file-mode replaces the private
+// default for every file the agent writes into the tree, and directories
+// follow it (x where r is); the agent's own files stay 0600 whatever it is.
+func TestTheOperatorsFileModeGovernsTheTree(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.FileMode = 0o604 }, nil)
+	e.land(t, "plan-1", seedFiles())
+	for path, want := range map[string]os.FileMode{"maps/host.map": 0o604, "maps": 0o705, ".haptic-agent.json": 0o600} {
+		if fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, path)); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v (%v), want %v", path, fi.Mode().Perm(), err, want)
+		}
+	}
+}
+
 func TestRuntimeApplyRunsOpsWithoutReloading(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
 	fs := seedFiles()

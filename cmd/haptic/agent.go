@@ -14,7 +14,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,6 +100,12 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 				}
 			}
 			return nil
+		})
+	fs.Func("file-mode", "octal mode of every file written into the tree, 0400..0777; directories get x where r is (default 0640: HAProxy's group reads, others nothing)",
+		func(v string) error {
+			mode, err := strconv.ParseUint(v, 8, 32)
+			cfg.FileMode = os.FileMode(mode)
+			return err
 		})
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow starting with no authentication at all")
 

@@ -83,6 +83,7 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 			"--drain-max-wait", "1m",
 			"--drain-ignore-frontend", "status",
 			"--drain-ignore-frontend", "stats, healthz,",
+			"--file-mode", "0600",
 			"--insecure-no-auth",
 		)
 		if err != nil {
@@ -112,6 +113,7 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 			DrainQuietPeriod:     1500 * time.Millisecond,
 			DrainMaxWait:         time.Minute,
 			DrainIgnoreFrontends: []string{"status", "stats", "healthz"},
+			FileMode:             0o600,
 			AgentVersion:         agentVersion(),
 		}
 		if !reflect.DeepEqual(cfg, want) {
