@@ -1,10 +1,8 @@
-// This file owns one apply, in the order it flows: reading and checking
-// the manifest, admission (the fence, staging the parts, the missing
-// answer, the known-bad cache, last-known-good promotion, role proofs),
-// then the run: the apply's record, the install, activation (runtime ops,
-// in-place ops or a reload), the undo of a failure, and the end record that
-// every apply, scheduled reload and read-back repair closes with. The
-// decisions it follows are agent_apply_steps.go's.
+// This file owns the admission of one apply, in the order it flows:
+// reading and checking the manifest, the fence, staging the parts, the
+// missing answer, the known-bad cache, last-known-good promotion and role
+// proofs. The run that follows is agent_apply_run.go's; the decisions both
+// follow are agent_apply_steps.go's.
 //
 // It never decides what HAProxy should do: it executes what the manifest
 // asks, and whenever it cannot, it reloads the files on disk. A failure

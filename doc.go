@@ -93,9 +93,9 @@
 //	            verdict, ops, reasons             POST /v1/apply:
 //	                    │                         fence ─► stage parts
 //	                    ▼                         ─► known-bad cache
-//	NewManifest ─► Client.Apply ── manifest ──►   ─► intent ─► write files
-//	                            ◄─ ApplyResult ─  ─► ops or reload ─► commit
-//	                            ◄─ 409 Conflict   ─► read-back (runtime)
+//	NewManifest ─► Client.Apply ── manifest ──►   ─► record (synced; ops sent
+//	                            ◄─ ApplyResult ─     meanwhile) ─► install ─►
+//	                            ◄─ 409 Conflict   reload ─► end ─► read-back
 //	                               or Missing       │ worker    │ master
 //	Deploy: State ─► Diff ─► Apply ─► resend        ▼ socket    ▼ socket
 //	        ─► re-diff on a conflict ─► PutPlan   HAProxy worker ◄─ master
@@ -103,11 +103,17 @@
 // # Applies
 //
 // The [Agent] owns the pod's file tree. It writes each file set in one
-// transaction with a backup journal, runs the ops or reloads, rolls back to
-// the last-known-good set when HAProxy refuses, fences stale leaders, and
-// reports what happened in an [ApplyResult]. What it promised survives a
-// crash or a power loss: every change of its state is a record in an
-// append-only log that is synced before the answer leaves.
+// transaction, runs the ops or reloads, fences stale leaders, and reports
+// what happened in an [ApplyResult]. An apply HAProxy refuses, or one that
+// fails, puts back exactly the tree it started from (ACKed runtime changes
+// included) and reloads it where the worker may have seen the new one; only
+// when HAProxy refuses that tree too does the agent fall back to the
+// last-known-good set. What it promised survives a crash or a power loss:
+// each apply is one record of an append-only log, synced before its first
+// rename (once for a runtime, file_only or noop apply, while its ops travel;
+// once more after a reload took effect), and nothing answered is ever taken
+// back by a rollback, a recovery or a restart. agent_apply_steps.go states
+// the order things become durable in.
 //
 // In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
 // that keeps serving while a reload waits: one is pending, or this apply
@@ -152,11 +158,13 @@
 //	client.go                 the controller's end of the wire, and Deploy
 //	pathrules.go              the characters a manifest path may hold, shared by both ends
 //	agent.go                  the agent's configuration, listeners, startup and handlers
-//	agent_apply.go            one apply, from manifest to commit: fence, cache, transaction, abort
+//	agent_apply.go            one apply's admission: the manifest, the fence, parts, the known-bad cache
+//	agent_apply_steps.go      the apply's decisions as plain functions, and the order of its durable points
+//	agent_apply_run.go        the run: record, install, ops or reload, the undo of a failure, the end
 //	agent_apply_bounds.go     what an apply may cost before it is admitted
 //	agent_ledger.go           the agent's state: one type, every change a named transition
 //	agent_log.go              how the state reaches the disk: the snapshot and the log
-//	agent_files.go            the file store: staging, the backup journal, install, restore
+//	agent_files.go            the file store: staging, links aside (undo, journal), install, restore
 //	agent_disk*.go            the one interface every file operation goes through
 //	agent_worker.go           the worker the agent expects: check, adopt, reload
 //	agent_runtime_compile.go  an Op compiled into HAProxy commands, packed into lines
@@ -168,7 +176,6 @@
 //	agent_listeners.go        per-listener timeouts and connection caps
 //	agent_metrics.go          the Prometheus text exposition
 //	agent_drain.go            the preStop drain
-//	agent_reasons.go          why a reload the controller asked for is logged as it is
 //	fakehaproxy*.go           FakeHAProxy: an in-process HAProxy for tests, held to the real one
 //	harness_test.go           the harness every agent test builds on
 //	cmd/haptic/               the command: agent (state, health, drain), install, plan, diff, push, demo
