@@ -642,7 +642,7 @@ func removeSocketFile(path string) {
 // until it answers and keep what the worker still proves, reload when the
 // worker may hold what no record explains, and start a fresh snapshot.
 func (a *Agent) initialise(ctx context.Context) error {
-	st, hashed, reload, err := recoverDisk(a.files, a.led, a.loaded, a.logger)
+	st, hashed, reload, err := recoverDisk(a.files, a.led, a.loaded, a.logger, a.now())
 	a.loaded = nil
 	if err != nil {
 		return err
@@ -687,7 +687,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 // it still proves. reload: the worker may hold an unclosed apply's ops or
 // files, or (HAProxy may boot before the agent after a power loss) the tree
 // it loaded is not the one recovery left.
-func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.Logger) (agentState, map[string]FileAt, bool, error) {
+func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.Logger, now time.Time) (agentState, map[string]FileAt, bool, error) {
 	st, recorded := led.view()
 	reload := false
 	switch {
@@ -712,7 +712,7 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		}
 		if changed {
 			logger.Warn("files a crash left behind were put back as the log says; HAProxy reloads them")
-			st.TreeChangedAt = time.Now()
+			st.TreeChangedAt = now
 		}
 		reload = changed
 	}

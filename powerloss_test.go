@@ -289,7 +289,7 @@ func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofB
 	}
 	defer led.log.close()
 	beforeRecovery := treeOf(img, cfg.BaseDir)
-	st, _, reload, err := recoverDisk(files, led, loaded, logger)
+	st, _, reload, err := recoverDisk(files, led, loaded, logger, time.Now())
 	if err != nil {
 		return "recovery: " + err.Error()
 	}
