@@ -78,7 +78,7 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 			}
 		}
 		switch {
-		case scheme == authSchemeTLS && !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, time.Now()):
+		case scheme == authSchemeTLS && !a.tls.verifyPeer(r.TLS, a.cfg.TLSClientName, a.now()):
 			a.refuse(w, r, scheme, true, http.StatusUnauthorized, "client certificate rejected")
 			return
 		case scheme == authSchemeBasic && !basicMatches(r, a.cfg.Username, a.cfg.Password):
