@@ -16,6 +16,7 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,17 +79,14 @@ func (e *runtimeError) Unwrap() []error { return e.kind }
 // Construction.
 
 // runtimeConfig configures the layer. Zero durations mean the production
-// defaults (the socket constants, and MaxReloadMs for a reload).
-// SessionTimeout, ConnectRetryPause and ReloadPollInterval exist so tests
-// can shrink every wait the layer has.
+// defaults (the socket constants, and MaxReloadMs for a reload);
+// SessionTimeout and ConnectRetryPause exist so tests can shrink them.
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
 	IOTimeout, ReloadTimeout   time.Duration // zero = 30s / 60s
-
-	SessionTimeout     time.Duration // zero = 30s (interactive worker session)
-	ConnectRetryPause  time.Duration // zero = 100ms (pause before the one dial retry)
-	ReloadPollInterval time.Duration // zero = 100ms (show proc polling without Success=)
+	SessionTimeout             time.Duration // zero = 30s (interactive worker session)
+	ConnectRetryPause          time.Duration // zero = 100ms (pause before the one dial retry)
 }
 
 // haproxyRuntime is the agent's only way to HAProxy. It holds no connection:
@@ -98,8 +96,7 @@ type haproxyRuntime struct {
 	workerSocket, masterSocket string
 	logger                     *slog.Logger
 
-	ioTimeout, reloadTimeout, sessionTimeout time.Duration
-	retryPause, pollInterval                 time.Duration
+	ioTimeout, reloadTimeout, sessionTimeout, retryPause time.Duration
 
 	// dial opens one unix connection; tests replace it to count dials.
 	dial func(ctx context.Context, path string, deadline time.Time) (net.Conn, error)
@@ -118,7 +115,6 @@ func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
 		reloadTimeout:  orDefault(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
 		sessionTimeout: orDefault(cfg.SessionTimeout, workerSessionTimeout),
 		retryPause:     orDefault(cfg.ConnectRetryPause, connectRetryPause),
-		pollInterval:   orDefault(cfg.ReloadPollInterval, reloadPollInterval),
 		dial:           dialUnix,
 	}
 	if r.logger == nil {
@@ -155,12 +151,10 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	}
 	conn, err := r.dial(ctx, path, deadline)
 	if err != nil && ctx.Err() == nil {
-		pause := time.NewTimer(r.retryPause)
 		select {
 		case <-ctx.Done():
-		case <-pause.C:
+		case <-time.After(r.retryPause):
 		}
-		pause.Stop()
 		if ctx.Err() == nil {
 			conn, err = r.dial(ctx, path, deadline)
 		}
@@ -220,32 +214,27 @@ func (r *haproxyRuntime) masterExchange(ctx context.Context, cmd string) (string
 // one response, so a complete reply to k commands is exactly k responses.
 // Counting them is what tells a cut reply from silence.
 
-// countResponses counts the responses in a raw reply: a silent command
-// writes a lone '\n', any other one or more lines then an empty line.
-// partial reports a tail that is not a whole response (a connection closed
-// mid-reply, or HAProxy's "command is too big" error, which ends in one
-// '\n').
-func countResponses(raw []byte) (n int, partial bool) {
-	for pos := 0; pos < len(raw); n++ {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			return n, true
+// responseEnds returns where each whole response of a raw reply ends: a
+// silent command writes a lone '\n', any other one or more lines then an
+// empty line. partial reports a tail that is not a whole response (a
+// connection closed mid-reply, or HAProxy's "command is too big" error,
+// which ends in one '\n').
+func responseEnds(raw []byte) (ends []int, partial bool) {
+	for pos := 0; pos < len(raw); ends = append(ends, pos) {
+		if raw[pos] == '\n' {
+			pos++
+		} else if i := bytes.Index(raw[pos:], []byte("\n\n")); i >= 0 {
+			pos += i + 2
+		} else {
+			return ends, true
 		}
-		pos = end
 	}
-	return n, false
+	return ends, false
 }
 
-// nextResponse returns where the response starting at pos ends.
-func nextResponse(raw []byte, pos int) (end int, complete bool) {
-	if raw[pos] == '\n' {
-		return pos + 1, true
-	}
-	i := bytes.Index(raw[pos:], []byte("\n\n"))
-	if i < 0 {
-		return len(raw), false
-	}
-	return pos + i + 2, true
+func countResponses(raw []byte) (n int, partial bool) {
+	ends, partial := responseEnds(raw)
+	return len(ends), partial
 }
 
 // trimReply post-processes a reply before segmentation: one trailing
@@ -260,16 +249,13 @@ func trimReply(s string) string {
 // partial tail, into its responses. A short reply is an error, never a
 // short listing.
 func responses(raw []byte, k int) ([]string, error) {
-	var out []string
-	for pos := 0; pos < len(raw); {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			return nil, incompleteReply(len(out), k)
-		}
-		out, pos = append(out, string(raw[pos:end])), end
+	ends, partial := responseEnds(raw)
+	if partial || len(ends) != k {
+		return nil, incompleteReply(len(ends), k)
 	}
-	if len(out) != k {
-		return nil, incompleteReply(len(out), k)
+	out, start := make([]string, k), 0
+	for i, end := range ends {
+		out[i], start = string(raw[start:end]), end
 	}
 	return out, nil
 }
@@ -478,22 +464,17 @@ func mapVersion(segment string) (string, bool) {
 // ---------------------------------------------------------------------------
 // Executing: compiled programs packed into lines, sent, judged, recorded.
 
-// execute runs compiled programs in order and returns one result per
+// executeAs runs compiled programs in order and returns one result per
 // program and the verdict. It stops after the first line with a failure:
 // programs never sent keep their preset OK, and the agent falls back to a
 // reload. A line whose reply cannot be read is outcome unknown, never
 // refused.
-func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpResult, error) {
-	results, _, err := r.executeAs(ctx, programs, nil)
-	return results, err
-}
-
-// executeAs is execute that also reads, on every line's own connection and
-// before its commands, which worker answers (a connection to the worker
-// socket reaches exactly one process). observed is the worker that ran the
-// last line sent. When expected is set and a line reached another worker,
-// the execution stops after that line with errWorkerMoved: checking the
-// worker in the same exchange as the ops costs no round trip, and it names
+//
+// With an expected worker, every line's own connection first reads which
+// worker answers (a connection to the worker socket reaches exactly one
+// process); observed is the worker that ran the last line sent, and a line
+// that reached another worker stops the execution with errWorkerMoved.
+// Checking in the same exchange as the ops costs no round trip and names
 // exactly the process the ops ran on.
 func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expected *HAProxyInfo) (results []OpResult, observed HAProxyInfo, err error) {
 	results = make([]OpResult, len(programs))
@@ -561,15 +542,7 @@ func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
 // cutIdentity takes the third response of a reply (the identity read after
 // the two prefix commands) out of it and parses it.
 func cutIdentity(raw []byte) ([]byte, HAProxyInfo, error) {
-	ends := make([]int, 0, 3)
-	for pos := 0; len(ends) < 3 && pos < len(raw); {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			break
-		}
-		ends = append(ends, end)
-		pos = end
-	}
+	ends, _ := responseEnds(raw)
 	if len(ends) < 3 {
 		return nil, HAProxyInfo{}, incompleteReply(len(ends), 3)
 	}
@@ -634,16 +607,8 @@ func (e *execution) send(line []lineCommand) error {
 	v := judgeLine(raw, cmds)
 	var lineErr error
 	for i, c := range line {
-		if v.Errs[i] == nil {
-			continue
-		}
-		output := v.Outputs[i]
-		if output == "" {
-			output = v.Errs[i].Error()
-		}
-		e.fail(c.prog, output)
-		if lineErr == nil {
-			lineErr = fmt.Errorf("op %s: %w: %s", e.programs[c.prog].Kind, v.Errs[i], output)
+		if v.Errs[i] != nil {
+			lineErr = cmp.Or(lineErr, e.refuse(c.prog, v.Errs[i], v.Outputs[i]))
 		}
 	}
 	if v.Version != "" {
@@ -664,6 +629,14 @@ func (e *execution) fail(prog int, output string) {
 		e.results[prog].OK = false
 		e.results[prog].Output = output
 	}
+}
+
+// refuse fails a program on a command's verdict, HAProxy's words as its
+// output when there are any, and returns the op's error.
+func (e *execution) refuse(prog int, err error, output string) error {
+	output = cmp.Or(output, err.Error())
+	e.fail(prog, output)
+	return fmt.Errorf("op %s: %w: %s", e.programs[prog].Kind, err, output)
 }
 
 // repeat runs "del map" alone on a line until HAProxy refuses it: HAProxy
@@ -689,12 +662,7 @@ func (e *execution) repeat(prog int, c command) error {
 		if removals > 0 && errors.Is(v.Errs[0], errRejected) {
 			return nil
 		}
-		output := v.Outputs[0]
-		if output == "" {
-			output = v.Errs[0].Error()
-		}
-		e.fail(prog, output)
-		return fmt.Errorf("op %s: %w: %s", e.programs[prog].Kind, v.Errs[0], output)
+		return e.refuse(prog, v.Errs[0], v.Outputs[0])
 	}
 	err := fmt.Errorf("%w: still not exhausted after %d calls", errUnreadableResponse, MaxMapDelRepeat)
 	e.fail(prog, err.Error())
@@ -792,8 +760,6 @@ func (r *haproxyRuntime) terminator() string {
 // parseWorkerInfo reads Version, Pid and Start_time_sec from show info.
 func parseWorkerInfo(text string) (HAProxyInfo, error) {
 	var info HAProxyInfo
-	var startText string
-	haveStart := false
 	for line := range strings.SplitSeq(text, "\n") {
 		key, value, ok := strings.Cut(line, ":")
 		if !ok {
@@ -808,15 +774,12 @@ func parseWorkerInfo(text string) (HAProxyInfo, error) {
 				info.WorkerPID = pid
 			}
 		case "Start_time_sec":
-			startText, haveStart = value, true
+			start, ok := parseStartMicros(value)
+			if !ok {
+				return HAProxyInfo{}, fmt.Errorf("show info: invalid worker start time %q", value)
+			}
+			info.WorkerStartTimeUnixMicros = start
 		}
-	}
-	if haveStart {
-		start, ok := parseStartMicros(startText)
-		if !ok {
-			return HAProxyInfo{}, fmt.Errorf("show info: invalid worker start time %q", startText)
-		}
-		info.WorkerStartTimeUnixMicros = start
 	}
 	if !info.HasWorkerIdentity() {
 		return HAProxyInfo{}, errors.New("show info: missing or invalid worker identity")
@@ -906,16 +869,17 @@ func parseShowProc(text string) (procList, error) {
 		}
 		pid, err1 := strconv.Atoi(fields[0])
 		reloads, err2 := strconv.Atoi(fields[2])
-		if err1 != nil || err2 != nil {
+		failed, ok := failedCount(line)
+		master := section == "" && fields[1] == "master"
+		if err1 != nil || err2 != nil || master && !ok {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
-		row := procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)}
+		row := procRow{PID: pid, Reloads: reloads}
+		if len(fields) > 4 {
+			row.Version = fields[4]
+		}
 		switch {
-		case section == "" && fields[1] == "master":
-			failed, ok := failedCount(line)
-			if !ok {
-				return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
-			}
+		case master:
 			list.MasterPID, list.Reloads, list.FailedReloads, haveMaster = pid, reloads, failed, true
 		case section == "workers":
 			list.Workers = append(list.Workers, row)
@@ -941,13 +905,6 @@ func failedCount(line string) (int, bool) {
 	}
 	n, err := strconv.Atoi(digits)
 	return n, err == nil
-}
-
-func procVersion(fields []string) string {
-	if len(fields) > 4 {
-		return fields[4]
-	}
-	return ""
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
@@ -988,11 +945,8 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 	text := trimReply(string(raw))
 	status, _, _ := strings.Cut(text, "\n")
 	if strings.HasPrefix(status, "Success=") {
-		log := ""
-		if full := text + "\n"; strings.Contains(full, "\n--\n") {
-			_, log, _ = strings.Cut(full, "\n--\n")
-			log = strings.TrimRight(log, "\n")
-		}
+		_, log, _ := strings.Cut(text+"\n", "\n--\n")
+		log = strings.TrimRight(log, "\n")
 		switch status {
 		case "Success=1":
 			return log, nil
@@ -1019,7 +973,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 	for _, w := range base.Workers {
 		known[w.PID] = true
 	}
-	tick := time.NewTicker(r.pollInterval)
+	tick := time.NewTicker(reloadPollInterval)
 	defer tick.Stop()
 	for {
 		if procs, err := r.showProc(pollCtx); err == nil {
@@ -1077,29 +1031,19 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 // Inventory and read-backs: what the worker holds, read through listings
 // that carry the apply-path prefix.
 
-// list reads one listing with the apply-path prefix and returns its data
-// lines (blank and '#' lines dropped), at most MaxInventoryEntries.
-func (r *haproxyRuntime) list(ctx context.Context, cmd string) ([]string, error) {
-	text, err := r.read(ctx, linePrefix, cmd)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", cmd, err)
-	}
-	lines := dataLines(text)
-	if len(lines) > MaxInventoryEntries {
-		return nil, fmt.Errorf("%s: %w (%d rows)", cmd, errTooManyEntries, len(lines))
-	}
-	return lines, nil
-}
-
-// dataLines drops blank lines and '#' lines.
-func dataLines(text string) []string {
+// dataLines returns a listing's data lines (blank and '#' lines dropped),
+// at most MaxInventoryEntries; what names the listing in the error.
+func dataLines(what, text string) ([]string, error) {
 	var lines []string
 	for line := range strings.SplitSeq(text, "\n") {
 		if strings.TrimSpace(line) != "" && !strings.HasPrefix(line, "#") {
 			lines = append(lines, line)
 		}
 	}
-	return lines
+	if len(lines) > MaxInventoryEntries {
+		return nil, fmt.Errorf("%s: %w (%d rows)", what, errTooManyEntries, len(lines))
+	}
+	return lines, nil
 }
 
 // inventory lists what the worker has loaded: maps, certificates, CA files,
@@ -1129,27 +1073,9 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 	inv := Inventory{Generation: generation}
 	listings := []struct {
 		cmd  string
-		take func(line string) string
 		into *[]string
-	}{
-		{"show map", func(line string) string {
-			_, rest, ok := strings.Cut(line, "(")
-			name, _, closed := strings.Cut(rest, ")")
-			if !ok || !closed {
-				return ""
-			}
-			return name
-		}, &inv.Maps},
-		{"show ssl cert", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.Certs},
-		{"show ssl ca-file", func(line string) string {
-			if name := strings.TrimPrefix(firstField(line), "*"); name != systemCA {
-				return name
-			}
-			return ""
-		}, &inv.CAFiles},
-		{"show ssl crl-file", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.CRLFiles},
-		{"show ssl crt-list", firstField, &inv.CRTLists},
-	}
+	}{{"show map", &inv.Maps}, {"show ssl cert", &inv.Certs}, {"show ssl ca-file", &inv.CAFiles},
+		{"show ssl crl-file", &inv.CRLFiles}, {"show ssl crt-list", &inv.CRTLists}}
 	var cmds []string
 	if withIdentity {
 		cmds = append(cmds, identityCommand)
@@ -1158,22 +1084,14 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 		cmds = append(cmds, l.cmd)
 	}
 	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
-	if err != nil && withIdentity {
-		return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
-	}
 	if err != nil {
-		var errs []error
-		for _, l := range listings {
-			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, err))
-		}
-		return HAProxyInfo{}, inv, errors.Join(errs...)
+		texts, readErrs = make([]string, len(cmds)), slices.Repeat([]error{err}, len(cmds))
 	}
 	var info HAProxyInfo
 	if withIdentity {
-		if readErrs[0] == nil {
+		err := readErrs[0]
+		if err == nil {
 			info, err = r.identify(texts[0])
-		} else {
-			err = readErrs[0]
 		}
 		if err != nil {
 			return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
@@ -1182,32 +1100,44 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 	}
 	var errs []error
 	for i, l := range listings {
-		names := []string{}
-		lines := dataLines(texts[i])
-		switch {
-		case readErrs[i] != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, readErrs[i]))
-			lines = nil
-		case len(lines) > MaxInventoryEntries:
-			errs = append(errs, fmt.Errorf("%s: %w (%d rows)", l.cmd, errTooManyEntries, len(lines)))
-			lines = nil
+		lines, err := dataLines(l.cmd, texts[i])
+		if readErrs[i] != nil {
+			err = fmt.Errorf("%s: %w", l.cmd, readErrs[i])
 		}
+		names := []string{}
 		for _, line := range lines {
-			if name := l.take(line); name != "" {
+			if name := listedName(l.cmd, line); name != "" {
 				names = append(names, name)
 			}
 		}
 		slices.Sort(names)
-		*l.into = slices.Compact(names)
+		*l.into, errs = slices.Compact(names), append(errs, err)
 	}
 	return info, inv, errors.Join(errs...)
 }
 
-func firstField(line string) string {
-	if f := strings.Fields(line); len(f) > 0 {
+// listedName is the object one listing row names: the file in the
+// parentheses of a show map row, else the first field, less the '*' that
+// marks an object with an open transaction (a crt-list row has none). The
+// system CA store is HAProxy's own, no file of ours.
+func listedName(cmd, line string) string {
+	f := strings.Fields(line)
+	switch {
+	case cmd == "show map":
+		_, rest, ok := strings.Cut(line, "(")
+		name, _, closed := strings.Cut(rest, ")")
+		if !ok || !closed {
+			return ""
+		}
+		return name
+	case len(f) == 0:
+		return ""
+	case cmd == "show ssl crt-list":
 		return f[0]
+	case cmd == "show ssl ca-file" && strings.TrimPrefix(f[0], "*") == systemCA:
+		return ""
 	}
-	return ""
+	return strings.TrimPrefix(f[0], "*")
 }
 
 // mapEntries reads the running entries of one map: rows
@@ -1231,15 +1161,12 @@ func (r *haproxyRuntime) mapEntries(ctx context.Context, path string) (map[strin
 		if rows++; rows > MaxMapEntries {
 			return nil, fmt.Errorf("%s: %w (more than %d rows)", cmd, errTooManyEntries, MaxMapEntries)
 		}
-		fields := strings.SplitN(row, " ", 3)
-		if len(fields) < 2 {
+		_, rest, ok := strings.Cut(row, " ")
+		if !ok {
 			continue
 		}
-		value := ""
-		if len(fields) == 3 {
-			value = fields[2]
-		}
-		entries[fields[1]] = append(entries[fields[1]], value)
+		key, value, _ := strings.Cut(rest, " ")
+		entries[key] = append(entries[key], value)
 	}
 	return entries, nil
 }
@@ -1249,7 +1176,12 @@ func (r *haproxyRuntime) serverNames(ctx context.Context, backend string) (map[s
 	if err := checkToken("backend", backend); err != nil {
 		return nil, err
 	}
-	lines, err := r.list(ctx, "show servers state "+backend)
+	cmd := "show servers state " + backend
+	text, err := r.read(ctx, linePrefix, cmd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	lines, err := dataLines(cmd, text)
 	if err != nil {
 		return nil, err
 	}
@@ -1285,26 +1217,19 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 	if column < 0 {
 		return 0, errors.New("show stat: no conn_tot column")
 	}
-	rows := dataLines(body)
-	if len(rows) > MaxInventoryEntries {
-		return 0, fmt.Errorf("show stat: %w (%d rows)", errTooManyEntries, len(rows))
+	rows, err := dataLines("show stat", body)
+	if err != nil {
+		return 0, err
 	}
 	var sum uint64
 	for _, row := range rows {
 		cells := strings.Split(row, ",")
-		if len(cells) < 2 || cells[1] != "FRONTEND" || ignore[cells[0]] {
+		if len(cells) < 2 || cells[1] != "FRONTEND" || ignore[cells[0]] || column >= len(cells) || cells[column] == "" {
 			continue
 		}
-		cell := ""
-		if column < len(cells) {
-			cell = cells[column]
-		}
-		if cell == "" {
-			continue
-		}
-		n, err := strconv.ParseUint(cell, 10, 64)
+		n, err := strconv.ParseUint(cells[column], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("show stat: conn_tot of %s is not a number: %q", cells[0], cell)
+			return 0, fmt.Errorf("show stat: conn_tot of %s is not a number: %q", cells[0], cells[column])
 		}
 		sum += n
 	}
@@ -1338,25 +1263,20 @@ func (r *haproxyRuntime) openWorker(ctx context.Context, expected HAProxyInfo) (
 	}
 	s := &workerSession{ctx: ctx, conn: conn, timeout: r.sessionTimeout}
 	s.stop = context.AfterFunc(ctx, func() { conn.Close() })
-	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on"} {
+	var got HAProxyInfo
+	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on", identityCommand} {
 		reply, err := s.execute(cmd)
-		if err == nil {
+		switch {
+		case err != nil:
+		case cmd == identityCommand:
+			got, err = parseWorkerInfo(reply)
+		default:
 			err = sessionVerdict(reply, command{Text: cmd})
 		}
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("worker session setup: %w", err)
 		}
-	}
-	reply, err := s.execute("show info float")
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("worker session setup: %w", err)
-	}
-	got, err := parseWorkerInfo(reply)
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("worker session setup: %w", err)
 	}
 	if !expected.SameWorker(got) {
 		s.Close()
