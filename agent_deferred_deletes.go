@@ -13,6 +13,7 @@
 package haptic
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,25 +64,10 @@ var errDeferralOverflow = errors.New("deferred delete queue is full")
 
 // deleteItem is one queued delete, stamped with the worker it was meant for.
 type deleteItem struct {
-	server     serverRef // for a server delete
-	backend    string    // for a backend delete
+	kind, name string // deferredKindServer and "backend/server", or deferredKindBackend and the backend
 	worker     HAProxyInfo
 	generation uint64
 	tries      int
-}
-
-func (it *deleteItem) kind() string {
-	if it.backend != "" {
-		return deferredKindBackend
-	}
-	return deferredKindServer
-}
-
-func (it *deleteItem) name() string {
-	if it.backend != "" {
-		return it.backend
-	}
-	return it.server.String()
 }
 
 // deleteQueue runs deferred deletes one at a time, each on its own worker
@@ -106,13 +92,10 @@ type deleteQueue struct {
 // newDeleteQueue builds the queue; count (never blocking) is told every
 // outcome: "done", "deferred", "abandoned" or "superseded".
 func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, outcome string)) *deleteQueue {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	if count == nil {
 		count = func(string, string) {}
 	}
-	return &deleteQueue{rt: rt, logger: logger, count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
+	return &deleteQueue{rt: rt, logger: cmp.Or(logger, slog.New(slog.DiscardHandler)), count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
 }
 
 // check accepts deletes before anything executes: every name passes the
@@ -139,22 +122,24 @@ func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends 
 		return fmt.Errorf("%w: queue worker pid %d (start %d), enqueue for pid %d (start %d)", errWorkerGone,
 			q.worker.WorkerPID, q.worker.WorkerStartTimeUnixMicros, worker.WorkerPID, worker.WorkerStartTimeUnixMicros)
 	}
-	for _, s := range newServers {
-		q.servers = append(q.servers, &deleteItem{server: s, worker: worker, generation: q.generation})
+	for _, name := range newServers {
+		q.servers = append(q.servers, &deleteItem{kind: deferredKindServer, name: name, worker: worker, generation: q.generation})
 	}
-	for _, b := range newBackends {
-		q.backends = append(q.backends, &deleteItem{backend: b, worker: worker, generation: q.generation})
+	for _, name := range newBackends {
+		q.backends = append(q.backends, &deleteItem{kind: deferredKindBackend, name: name, worker: worker, generation: q.generation})
 	}
 	return nil
 }
 
 // admit validates names and capacity (under q.mu) and returns the deletes
 // not already pending, each once.
-func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef, []string, error) {
-	for _, s := range servers {
+func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers, newBackends []string, err error) {
+	names := make([]string, len(servers))
+	for i, s := range servers {
 		if err := firstError(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
 			return nil, nil, err
 		}
+		names[i] = s.String()
 	}
 	for _, b := range backends {
 		if err := checkToken("backend", b); err != nil {
@@ -162,27 +147,7 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef
 		}
 	}
 	pendingServers, pendingBackends := q.pendingLocked()
-	seen := make(map[string]bool, len(pendingServers)+len(pendingBackends))
-	for _, name := range pendingServers {
-		seen["s:"+name] = true
-	}
-	for _, name := range pendingBackends {
-		seen["b:"+name] = true
-	}
-	var newServers []serverRef
-	for _, s := range servers {
-		if key := "s:" + s.String(); !seen[key] {
-			seen[key] = true
-			newServers = append(newServers, s)
-		}
-	}
-	var newBackends []string
-	for _, b := range backends {
-		if key := "b:" + b; !seen[key] {
-			seen[key] = true
-			newBackends = append(newBackends, b)
-		}
-	}
+	newServers, newBackends = unseen(pendingServers, names), unseen(pendingBackends, backends)
 	if len(pendingServers)+len(newServers) > MaxPendingServerDeletes {
 		return nil, nil, fmt.Errorf("%w: %d pending and %d new server deletes exceed %d",
 			errDeferralOverflow, len(pendingServers), len(newServers), MaxPendingServerDeletes)
@@ -192,6 +157,22 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef
 			errDeferralOverflow, len(pendingBackends), len(newBackends), MaxPendingBackendDeletes)
 	}
 	return newServers, newBackends, nil
+}
+
+// unseen returns the names not pending, each once.
+func unseen(pending, names []string) []string {
+	seen := make(map[string]bool, len(pending)+len(names))
+	for _, name := range pending {
+		seen[name] = true
+	}
+	var out []string
+	for _, name := range names {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // wake makes the loop drain now rather than at its next tick.
@@ -219,8 +200,8 @@ func (q *deleteQueue) setWorker(info HAProxyInfo) {
 	q.servers, q.backends = nil, nil
 	q.mu.Unlock()
 	for _, it := range dropped {
-		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind(), "name", it.name())
-		q.count(it.kind(), "superseded")
+		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind, "name", it.name)
+		q.count(it.kind, "superseded")
 	}
 }
 
@@ -234,19 +215,17 @@ func (q *deleteQueue) pending() PendingDeletes {
 }
 
 func (q *deleteQueue) pendingLocked() (servers, backends []string) {
-	servers, backends = make([]string, 0, len(q.servers)+1), make([]string, 0, len(q.backends)+1)
+	servers, backends = []string{}, []string{}
+	items := slices.Concat(q.servers, q.backends)
 	if it := q.inFlight; it != nil && it.generation == q.generation {
-		if it.backend != "" {
-			backends = append(backends, it.backend)
+		items = slices.Insert(items, 0, it)
+	}
+	for _, it := range items {
+		if it.kind == deferredKindBackend {
+			backends = append(backends, it.name)
 		} else {
-			servers = append(servers, it.server.String())
+			servers = append(servers, it.name)
 		}
-	}
-	for _, it := range q.servers {
-		servers = append(servers, it.server.String())
-	}
-	for _, it := range q.backends {
-		backends = append(backends, it.backend)
 	}
 	return servers, backends
 }
@@ -271,16 +250,13 @@ func (q *deleteQueue) start(ctx context.Context) {
 // round.
 func (q *deleteQueue) drain(ctx context.Context) {
 	q.mu.Lock()
-	servers, backends := len(q.servers), len(q.backends)
+	counts := []int{len(q.servers), len(q.backends)}
 	q.mu.Unlock()
-	for range servers {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.servers) {
-			return
-		}
-	}
-	for range backends {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.backends) {
-			return
+	for i, list := range []*[]*deleteItem{&q.servers, &q.backends} {
+		for range counts[i] {
+			if ctx.Err() != nil || !q.runNext(ctx, list) {
+				return
+			}
 		}
 	}
 }
@@ -325,15 +301,15 @@ func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
 
 	switch outcome {
 	case "done":
-		q.logger.Info("deferred delete done", "kind", it.kind(), "name", it.name())
+		q.logger.Info("deferred delete done", "kind", it.kind, "name", it.name)
 	case "abandoned":
-		q.logger.Warn("deferred delete abandoned", "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+		q.logger.Warn("deferred delete abandoned", "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	case "":
 		return true
 	default:
-		q.logger.Info("deferred delete "+outcome, "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+		q.logger.Info("deferred delete "+outcome, "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	}
-	q.count(it.kind(), outcome)
+	q.count(it.kind, outcome)
 	return true
 }
 
@@ -344,7 +320,7 @@ func (q *deleteQueue) run(ctx context.Context, it *deleteItem) error {
 		return err
 	}
 	defer s.Close()
-	if it.backend != "" {
+	if it.kind == deferredKindBackend {
 		return q.deleteBackend(s, it)
 	}
 	return q.deleteServer(s, it)
@@ -374,11 +350,10 @@ func (q *deleteQueue) sendJudged(s *workerSession, it *deleteItem, c command) er
 // deleteServer: wait until removable (shutting the sessions down when the
 // wait expires), then delete.
 func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
-	ref := it.server.String()
-	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + ref, Expect: expectDone}
+	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + it.name, Expect: expectDone}
 	err := q.sendJudged(s, it, wait)
 	if errors.Is(err, errWaitExpired) {
-		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + ref}); err != nil {
+		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + it.name}); err != nil {
 			return err
 		}
 		err = q.sendJudged(s, it, wait)
@@ -386,7 +361,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 	if err != nil {
 		return err
 	}
-	return q.sendJudged(s, it, command{Text: "del server " + ref, Expect: "Server deleted"})
+	return q.sendJudged(s, it, command{Text: "del server " + it.name, Expect: "Server deleted"})
 }
 
 // deleteBackend: a backend's deletion counts only when confirmed by its
@@ -394,7 +369,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 // prints in it the messages earlier commands left on the worker thread (a
 // del server's "Server deleted."), so only its severity is read.
 func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
-	be := it.backend
+	be := it.name
 	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
 	if err != nil {
 		return err

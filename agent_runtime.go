@@ -107,27 +107,16 @@ type haproxyRuntime struct {
 // newHAProxyRuntime builds the layer. It dials nothing: the agent starts
 // before HAProxy answers, and readiness is probed later (probe).
 func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
-	r := &haproxyRuntime{
+	return &haproxyRuntime{
 		workerSocket:   cfg.WorkerSocket,
 		masterSocket:   cfg.MasterSocket,
-		logger:         cfg.Logger,
-		ioTimeout:      orDefault(cfg.IOTimeout, runtimeIOTimeout),
-		reloadTimeout:  orDefault(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
-		sessionTimeout: orDefault(cfg.SessionTimeout, workerSessionTimeout),
-		retryPause:     orDefault(cfg.ConnectRetryPause, connectRetryPause),
+		logger:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		ioTimeout:      cmp.Or(cfg.IOTimeout, runtimeIOTimeout),
+		reloadTimeout:  cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
+		sessionTimeout: cmp.Or(cfg.SessionTimeout, workerSessionTimeout),
+		retryPause:     cmp.Or(cfg.ConnectRetryPause, connectRetryPause),
 		dial:           dialUnix,
 	}
-	if r.logger == nil {
-		r.logger = slog.New(slog.DiscardHandler)
-	}
-	return r
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }
 
 func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
