@@ -133,7 +133,7 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		if op.Port > 0 {
 			text += ":" + strconv.Itoa(op.Port)
 		}
-		p.Commands = []command{{Text: text + keywordWords(op.Keywords), Expect: "New server registered"}}
+		p.Commands = []command{{Text: strings.Join(slices.Concat([]string{text}, flatWords(op.Keywords)), " "), Expect: "New server registered"}}
 	case OpServerEnable:
 		err = checkRef(op)
 		if op.Health {
@@ -357,43 +357,22 @@ func readContent(content func(string) ([]byte, error), path string) ([]byte, err
 // crtListLine renders one crt-list entry: the certificate, the options in
 // one bracket pair, then the SNI filters.
 func crtListLine(op *Op) string {
-	var b strings.Builder
-	b.WriteString(op.Cert)
+	words := []string{op.Cert}
 	if len(op.Options) > 0 {
-		b.WriteString(" [")
-		for i, o := range op.Options {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(o.Name)
-			for _, a := range o.Args {
-				b.WriteByte(' ')
-				b.WriteString(a)
-			}
-		}
-		b.WriteByte(']')
+		words = append(words, "["+strings.Join(flatWords(op.Options), " ")+"]")
 	}
-	for _, f := range op.SNIFilters {
-		b.WriteByte(' ')
-		b.WriteString(f)
-	}
-	b.WriteByte('\n')
-	return b.String()
+	return strings.Join(append(words, op.SNIFilters...), " ") + "\n"
 }
 
 func serverRefText(op *Op) string { return op.Backend + "/" + op.Server }
 
-func keywordWords(kws []KeywordArg) string {
-	var b strings.Builder
+// flatWords lists keywords, each followed by its arguments.
+func flatWords(kws []KeywordArg) []string {
+	var words []string
 	for _, kw := range kws {
-		b.WriteByte(' ')
-		b.WriteString(kw.Name)
-		for _, a := range kw.Args {
-			b.WriteByte(' ')
-			b.WriteString(a)
-		}
+		words = append(append(words, kw.Name), kw.Args...)
 	}
-	return b.String()
+	return words
 }
 
 // Token checks. A word HAProxy would read differently from what the op
@@ -441,11 +420,7 @@ func checkKeywords(field string, kws []KeywordArg) error {
 // SafeToken allows them, but inside the entry's one bracket pair a ']'
 // would end the options early and turn the rest into SNI filters.
 func checkCRTListWords(op *Op) error {
-	words := append([]string{op.Cert}, op.SNIFilters...)
-	for _, o := range op.Options {
-		words = append(append(words, o.Name), o.Args...)
-	}
-	for _, w := range words {
+	for _, w := range slices.Concat([]string{op.Cert}, op.SNIFilters, flatWords(op.Options)) {
 		if strings.ContainsAny(w, "[]") {
 			return fmt.Errorf("%w: crt-list word %q", errUnsafeToken, w)
 		}
@@ -546,23 +521,10 @@ func checkCommand(c command, term string) error {
 // frameCommand renders a payload command: "<text> <<TERM\n<payload>TERM\n",
 // with HAProxy's default empty-line terminator when term is "".
 func frameCommand(text, payload, term string) string {
-	var b strings.Builder
-	b.Grow(framedLen(text, payload, term))
-	writeFramed(&b, text, payload, term)
-	return b.String()
-}
-
-func writeFramed(b *strings.Builder, text, payload, term string) {
-	b.WriteString(text)
-	b.WriteString(" <<")
-	b.WriteString(term)
-	b.WriteByte('\n')
-	b.WriteString(payload)
 	if !strings.HasSuffix(payload, "\n") {
-		b.WriteByte('\n')
+		payload += "\n"
 	}
-	b.WriteString(term)
-	b.WriteByte('\n')
+	return text + " <<" + term + "\n" + payload + term + "\n"
 }
 
 // framedLen is len(frameCommand(text, payload, term)) without building it.
@@ -633,25 +595,18 @@ func waitMsOf(text string) int {
 // renderLine renders one line with the apply-path prefix; a payload
 // command, always last, is framed with its program's terminator.
 func renderLine(line []lineCommand, term string) string {
-	size := len(linePrefix) + 1
-	for _, c := range line {
-		size += framedLen(c.Text, c.Payload, term)
-	}
 	var b strings.Builder
-	b.Grow(size)
 	b.WriteString(linePrefix)
 	for i, c := range line {
 		if i > 0 {
 			b.WriteByte(';')
 		}
 		if c.Payload != "" {
-			writeFramed(&b, c.Text, c.Payload, term)
-			return b.String()
+			return b.String() + frameCommand(c.Text, c.Payload, term)
 		}
 		b.WriteString(c.Text)
 	}
-	b.WriteByte('\n')
-	return b.String()
+	return b.String() + "\n"
 }
 
 func lineWaitBudget(line []lineCommand) time.Duration {
