@@ -162,7 +162,6 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 	return info, err
 }
 
-// ---------------------------------------------------------------------------
 // Read-back.
 
 // readBacks runs the background read-backs: counted, awaited at shutdown,

@@ -75,9 +75,6 @@ type runtimeError struct {
 func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
-// ---------------------------------------------------------------------------
-// Construction.
-
 // runtimeConfig configures the layer. Zero durations mean the production
 // defaults (the socket constants, and MaxReloadMs for a reload);
 // SessionTimeout and ConnectRetryPause exist so tests can shrink them.
@@ -124,7 +121,6 @@ func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, e
 	return d.DialContext(ctx, "unix", path)
 }
 
-// ---------------------------------------------------------------------------
 // Transport: one line, one connection. HAProxy answers a non-interactive
 // worker connection's line and closes it, and 3.0 discards any further line
 // already sent on it, so every exchange dials, writes its one line and
@@ -166,9 +162,9 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		return nil, true, fmt.Errorf("runtime socket: reply exceeds %d bytes", maxRuntimeReplyBytes)
 	}
 	if err != nil {
-		return buf.Bytes(), true, transportError(ctx, err)
+		err = transportError(ctx, err)
 	}
-	return buf.Bytes(), true, nil
+	return buf.Bytes(), true, err
 }
 
 // transportError reports a socket failure; a cancelled context is reported
@@ -187,18 +183,6 @@ func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget t
 	return raw, err
 }
 
-// masterExchange sends one master command. The master CLI keeps a
-// connection open after a command unless told to quit, so every command
-// ends with ";quit"; without it show proc would hang until the deadline.
-func (r *haproxyRuntime) masterExchange(ctx context.Context, cmd string) (string, error) {
-	raw, _, err := r.roundTrip(ctx, r.masterSocket, cmd+";quit\n", time.Now().Add(r.ioTimeout))
-	if err != nil {
-		return "", err
-	}
-	return trimReply(string(raw)), nil
-}
-
-// ---------------------------------------------------------------------------
 // Reply framing: HAProxy answers every command of a line, in order, with
 // one response, so a complete reply to k commands is exactly k responses.
 // Counting them is what tells a cut reply from silence.
@@ -250,13 +234,9 @@ func responses(raw []byte, k int) ([]string, error) {
 }
 
 func incompleteReply(n, k int) error {
-	return &runtimeError{
-		msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k),
-		kind: []error{errUnreadableResponse},
-	}
+	return &runtimeError{fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k), []error{errUnreadableResponse}}
 }
 
-// ---------------------------------------------------------------------------
 // Judging: each response segment is read by its severity tag and its
 // words, and matched to the command that wrote it.
 
@@ -450,7 +430,6 @@ func mapVersion(segment string) (string, bool) {
 	return v, true
 }
 
-// ---------------------------------------------------------------------------
 // Executing: compiled programs packed into lines, sent, judged, recorded.
 
 // executeAs runs compiled programs in order and returns one result per
@@ -519,28 +498,17 @@ func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	rest, info, err := cutIdentity(raw)
+	// The identity is the third response, after the two prefix commands'.
+	ends, _ := responseEnds(raw)
+	if len(ends) < 3 {
+		return nil, incompleteReply(len(ends), 3)
+	}
+	info, err := e.r.identify(trimReply(string(raw[ends[1]:ends[2]])))
 	if err != nil {
 		return nil, err
 	}
 	e.observed = info
-	e.r.version.Store(&info.Version)
-	return rest, nil
-}
-
-// cutIdentity takes the third response of a reply (the identity read after
-// the two prefix commands) out of it and parses it.
-func cutIdentity(raw []byte) ([]byte, HAProxyInfo, error) {
-	ends, _ := responseEnds(raw)
-	if len(ends) < 3 {
-		return nil, HAProxyInfo{}, incompleteReply(len(ends), 3)
-	}
-	info, err := parseWorkerInfo(trimReply(string(raw[ends[1]:ends[2]])))
-	if err != nil {
-		return nil, HAProxyInfo{}, err
-	}
-	rest := append(slices.Clone(raw[:ends[1]]), raw[ends[2]:]...)
-	return rest, info, nil
+	return append(slices.Clone(raw[:ends[1]]), raw[ends[2]:]...), nil
 }
 
 // moved reports a line that reached another worker than expected.
@@ -674,7 +642,6 @@ func (e *execution) abort(p program) {
 	}
 }
 
-// ---------------------------------------------------------------------------
 // Reads: each a complete reply, its own response taken by position; a
 // response tagged [0]: to [3]: is a refusal, never a listing.
 
@@ -806,7 +773,6 @@ func allDigits(s string) bool {
 	return s != ""
 }
 
-// ---------------------------------------------------------------------------
 // Master socket: the process table and the reload.
 
 // procList is the master's show proc table.
@@ -823,12 +789,14 @@ type procRow struct {
 
 // showProc reads the master's process table. It is the master-socket
 // readiness gate and tells a refused reload from an unreachable master.
+// The master CLI keeps a connection open after a command unless told to
+// quit: without ";quit" show proc would hang until the deadline.
 func (r *haproxyRuntime) showProc(ctx context.Context) (procList, error) {
-	text, err := r.masterExchange(ctx, "show proc")
+	raw, _, err := r.roundTrip(ctx, r.masterSocket, "show proc;quit\n", time.Now().Add(r.ioTimeout))
 	if err != nil {
 		return procList{}, fmt.Errorf("show proc: %w", err)
 	}
-	return parseShowProc(text)
+	return parseShowProc(trimReply(string(raw)))
 }
 
 // parseShowProc parses HAProxy's show proc table: a "#<PID>" header line,
@@ -990,9 +958,6 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Readiness.
-
 // probe is the readiness check: the worker answers with an identity, the
 // master lists that worker, and the inventory reads. The worker may be
 // listed as old: after a failed reload HAProxy 3.4 lists the worker that
@@ -1016,7 +981,6 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	return info, inv, nil
 }
 
-// ---------------------------------------------------------------------------
 // Inventory and read-backs: what the worker holds, read through listings
 // that carry the apply-path prefix.
 
@@ -1225,7 +1189,6 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 	return sum, nil
 }
 
-// ---------------------------------------------------------------------------
 // Interactive worker session.
 
 // workerSession is one prompt-mode connection to one worker, so that
@@ -1315,7 +1278,6 @@ func (s *workerSession) cause(err error) error {
 	return err
 }
 
-// Close ends the session.
 func (s *workerSession) Close() error {
 	s.stop()
 	return s.conn.Close()

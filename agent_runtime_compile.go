@@ -55,7 +55,6 @@ var (
 	errVersionLimit = errors.New("beyond what this HAProxy version takes at runtime")
 )
 
-// ---------------------------------------------------------------------------
 // Programs: what an op becomes.
 
 // command is one HAProxy runtime command with the text that judges it.
@@ -94,7 +93,6 @@ func terminatorFor(version string) string {
 	return ""
 }
 
-// ---------------------------------------------------------------------------
 // Compiling: one case per op kind, each building HAProxy's own command
 // text; the payload forms, map_replace and the certificate transactions
 // follow.
@@ -536,7 +534,6 @@ func framedLen(text, payload, term string) int {
 	return n
 }
 
-// ---------------------------------------------------------------------------
 // Line building: the commands of consecutive programs share a line until
 // the budget is reached, since every line costs a connection.
 

@@ -101,17 +101,6 @@ func (w *workerTracker) listInventory(ctx context.Context) *Inventory {
 	return &inv
 }
 
-// reloadFailure is a reload HAProxy refused: its text is HAProxy's startup
-// log, and it wraps errReloadRejected so that the failure counts as
-// deterministic.
-type reloadFailure struct {
-	msg string
-	err error
-}
-
-func (e *reloadFailure) Error() string { return e.msg }
-func (e *reloadFailure) Unwrap() error { return e.err }
-
 // reload sends the reload through the master and adopts the new worker,
 // holding the worker-observation lock throughout. The reload timeout bounds
 // the whole of it, but the runtime layer enforces it on the reload itself
@@ -133,7 +122,9 @@ func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
 		info.TookMs = time.Since(start).Milliseconds()
 		w.metrics.reloads.inc("failed")
 		if errors.Is(err, errReloadRejected) {
-			return info, &reloadFailure{msg: cmp.Or(log, errReloadRejected.Error()), err: err}
+			// HAProxy's startup log says why; the error still counts as a
+			// refusal, which is deterministic.
+			return info, &runtimeError{msg: cmp.Or(log, errReloadRejected.Error()), kind: []error{err}}
 		}
 		info.Performed = false
 		return info, err
