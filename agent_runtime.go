@@ -98,7 +98,7 @@ type haproxyRuntime struct {
 	// dial opens one unix connection; tests replace it to count dials.
 	dial func(ctx context.Context, path string, deadline time.Time) (net.Conn, error)
 
-	version atomic.Pointer[string] // Version of the last successful info
+	term atomic.Value // the payload terminator for the worker the last info named
 }
 
 // newHAProxyRuntime builds the layer. It dials nothing: the agent starts
@@ -188,10 +188,10 @@ func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget t
 // Counting them is what tells a cut reply from silence.
 
 // responseEnds returns where each whole response of a raw reply ends: a
-// silent command writes a lone '\n', any other one or more lines then an
-// empty line. partial reports a tail that is not a whole response (a
-// connection closed mid-reply, or HAProxy's "command is too big" error,
-// which ends in one '\n').
+// silent command writes a lone '\n', any other lines then an empty line.
+// partial reports a tail that is not a whole response (a connection closed
+// mid-reply, or HAProxy's "command is too big" error, which ends in one
+// '\n').
 func responseEnds(raw []byte) (ends []int, partial bool) {
 	for pos := 0; pos < len(raw); ends = append(ends, pos) {
 		if raw[pos] == '\n' {
@@ -218,9 +218,8 @@ func trimReply(s string) string {
 	return strings.TrimRightFunc(s, unicode.IsSpace)
 }
 
-// responses cuts a reply that must be complete, exactly k responses and no
-// partial tail, into its responses. A short reply is an error, never a
-// short listing.
+// responses cuts a reply that must be exactly k whole responses into them:
+// a short reply is an error, never a short listing.
 func responses(raw []byte, k int) ([]string, error) {
 	ends, partial := responseEnds(raw)
 	if partial || len(ends) != k {
@@ -486,10 +485,8 @@ type execution struct {
 const identityCommand = "show info float"
 
 // line sends one rendered line (which starts with linePrefix). With an
-// expected worker, the line reads the worker's identity first, the reply to
-// that read is cut out before the commands are judged, and a line that
-// reached another worker fails with errWorkerMoved once its reply is
-// judged.
+// expected worker it reads the identity first and cuts that response out
+// before the commands are judged.
 func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
 	if e.expect == nil {
 		return e.r.exchange(e.ctx, text, budget)
@@ -643,11 +640,10 @@ func (e *execution) abort(p program) {
 }
 
 // Reads: each a complete reply, its own response taken by position; a
-// response tagged [0]: to [3]: is a refusal, never a listing.
+// response tagged [0]: to [3]: is a refusal (errRejected with HAProxy's
+// words), never a listing.
 
-// read sends one read command after prefix and returns its response. A
-// response whose first line carries a severity tag [0]: to [3]: is a
-// refusal (errRejected with HAProxy's words).
+// read sends one read command after prefix and returns its response.
 func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, error) {
 	texts, errs, err := r.readAll(ctx, prefix, []string{cmd})
 	if err != nil {
@@ -701,16 +697,14 @@ func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	if err != nil {
 		return HAProxyInfo{}, err
 	}
-	r.version.Store(&info.Version)
+	r.term.Store(terminatorFor(info.Version))
 	return info, nil
 }
 
 // terminator is the payload terminator for the worker the last info read.
 func (r *haproxyRuntime) terminator() string {
-	if v := r.version.Load(); v != nil {
-		return terminatorFor(*v)
-	}
-	return terminatorFor("")
+	term, _ := r.term.Load().(string)
+	return term
 }
 
 // parseWorkerInfo reads Version, Pid and Start_time_sec from show info.
@@ -764,14 +758,7 @@ func parseStartMicros(v string) (int64, bool) {
 	return total, total > 0
 }
 
-func allDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
+func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
 // Master socket: the process table and the reload.
 
@@ -852,16 +839,10 @@ func parseShowProc(text string) (procList, error) {
 
 // failedCount reads "[failed: N]" from the master row.
 func failedCount(line string) (int, bool) {
-	_, rest, ok := strings.Cut(line, "[failed: ")
-	if !ok {
-		return 0, false
-	}
+	_, rest, _ := strings.Cut(line, "[failed: ")
 	digits, _, ok := strings.Cut(rest, "]")
-	if !ok {
-		return 0, false
-	}
 	n, err := strconv.Atoi(digits)
-	return n, err == nil
+	return n, ok && err == nil
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
@@ -999,20 +980,13 @@ func dataLines(what, text string) ([]string, error) {
 	return lines, nil
 }
 
-// inventory lists what the worker has loaded: maps, certificates, CA files,
-// CRL files and crt-lists, each sorted and deduplicated (a file with an open
-// transaction is listed twice). The five listings travel on one line; a
-// listing that fails is reported, and the others still count: their errors
-// are joined.
 func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
 	_, inv, err := r.listWorker(ctx, generation, false)
 	return inv, err
 }
 
 // identifiedInventory reads which worker answers and its inventory in one
-// exchange, so the inventory is that worker's. An identity that cannot be
-// read is an errNoIdentity error with no inventory; listings that fail leave
-// the identity and say why.
+// exchange, so the inventory is that worker's.
 func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, Inventory, error) {
 	return r.listWorker(ctx, 0, true)
 }
@@ -1020,8 +994,12 @@ func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, 
 // errNoIdentity marks a listing whose worker identity could not be read.
 var errNoIdentity = errors.New("no worker identity")
 
-// listWorker reads the five inventory listings on one line, after the
-// worker's identity when withIdentity is set.
+// listWorker lists what the worker has loaded: maps, certificates, CA
+// files, CRL files and crt-lists, each sorted and deduplicated (a file with
+// an open transaction is listed twice). The five listings travel on one
+// line, after the worker's identity when withIdentity is set. An identity
+// that cannot be read is an errNoIdentity error with no inventory; a
+// listing that fails is reported, and the others still count.
 func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, withIdentity bool) (HAProxyInfo, Inventory, error) {
 	inv := Inventory{Generation: generation}
 	listings := []struct {
@@ -1283,15 +1261,11 @@ func (s *workerSession) Close() error {
 	return s.conn.Close()
 }
 
-// sessionVerdict judges one session reply as a line of one command: the
-// prefix entry first, as matchBatch always expects, although the session
-// sent its prefix commands at setup.
+// sessionVerdict judges one session reply as a line of one command behind
+// the prefix entry, which the session sent at setup.
 func sessionVerdict(reply string, c command) error {
 	errs, outputs := matchSegments(splitSegments(reply), []command{prefixEntry, c})
-	if errs[1] == nil {
-		return nil
-	}
-	if outputs[1] != "" {
+	if errs[1] != nil && outputs[1] != "" {
 		return fmt.Errorf("%w: %s", errs[1], outputs[1])
 	}
 	return errs[1]
