@@ -136,7 +136,7 @@ func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends 
 func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers, newBackends []string, err error) {
 	names := make([]string, len(servers))
 	for i, s := range servers {
-		if err := firstError(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
+		if err := cmp.Or(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
 			return nil, nil, err
 		}
 		names[i] = s.String()

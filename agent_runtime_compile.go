@@ -16,6 +16,7 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -106,11 +107,10 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	var err error
 	switch op.Kind {
 	case OpBackendAdd:
-		err = firstError(checkToken("backend", op.Backend), checkToken("profile", op.Profile),
-			checkEnum("mode", op.Mode, "http", "tcp"), checkOptionalToken("guid", op.GUID))
+		err = cmp.Or(checkToken("backend", op.Backend), checkToken("profile", op.Profile), checkEnum("mode", op.Mode, "http", "tcp"))
 		text := "add backend " + op.Backend + " from " + op.Profile + " mode " + op.Mode
 		if op.GUID != "" {
-			text += " guid " + op.GUID
+			err, text = cmp.Or(err, checkToken("guid", op.GUID)), text+" guid "+op.GUID
 		}
 		p.Commands = []command{{Text: text, Expect: "New backend registered"}}
 	case OpBackendPublish:
@@ -123,10 +123,10 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		err = checkToken("backend", op.Backend)
 		p.Commands = []command{{Text: "del backend " + op.Backend, Expect: "Backend deleted"}}
 	case OpBackendWaitRemovable:
-		err = firstError(checkToken("backend", op.Backend), checkWaitTimeout(op.TimeoutMs))
+		err = cmp.Or(checkToken("backend", op.Backend), checkRange("timeout_ms", op.TimeoutMs, 1, MaxWaitBudgetMs))
 		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " be-removable " + op.Backend, Expect: expectDone}}
 	case OpServerAdd:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port), checkKeywords("keyword", op.Keywords))
+		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535), checkKeywords("keyword", op.Keywords))
 		text := "add server " + serverRefText(op) + " " + op.Address
 		if op.Port > 0 {
 			text += ":" + strconv.Itoa(op.Port)
@@ -142,7 +142,7 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		err = checkRef(op)
 		p.Commands = []command{{Text: "disable server " + serverRefText(op)}}
 	case OpServerSetAddr:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port))
+		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535))
 		text := "set server " + serverRefText(op) + " addr " + op.Address
 		if op.Port > 0 {
 			text += " port " + strconv.Itoa(op.Port)
@@ -151,15 +151,15 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		// words decide ("IP changed", "port changed", "nothing changed").
 		p.Commands = []command{{Text: text, Expect: "chang"}}
 	case OpServerSetWeight:
-		err = firstError(checkRef(op), checkWeight(op.Weight))
+		err = cmp.Or(checkRef(op), checkWeight(op.Weight))
 		if err == nil {
 			p.Commands = []command{{Text: "set server " + serverRefText(op) + " weight " + strconv.Itoa(*op.Weight)}}
 		}
 	case OpServerSetState:
-		err = firstError(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
+		err = cmp.Or(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
 		p.Commands = []command{{Text: "set server " + serverRefText(op) + " state " + op.State}}
 	case OpServerWaitRemovable:
-		err = firstError(checkRef(op), checkWaitTimeout(op.TimeoutMs))
+		err = cmp.Or(checkRef(op), checkRange("timeout_ms", op.TimeoutMs, 1, MaxWaitBudgetMs))
 		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + serverRefText(op), Expect: expectDone}}
 	case OpShutdownSessions:
 		err = checkRef(op)
@@ -170,13 +170,13 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpMapAdd:
 		// The payload form carries a value with spaces, which the line form
 		// would cut at the first space.
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
 		p.Commands = []command{{Text: "add map " + op.Path, Payload: op.Key + " " + op.Value + "\n"}}
 	case OpMapSet:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
 		p.Commands = []command{{Text: "set map " + op.Path + " " + op.Key + " " + op.Value}}
 	case OpMapDel:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key))
 		p.Commands = []command{{Text: "del map " + op.Path + " " + op.Key, Repeat: true}}
 	case OpMapReplace:
 		p.Commands, err = compileMapReplace(op.Path, content)
@@ -187,11 +187,11 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpCRTListAdd:
 		// Always the payload form: the line form silently drops options
 		// and SNI filters.
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert),
+		err = cmp.Or(checkToken("path", op.Path), checkToken("cert", op.Cert),
 			checkKeywords("option", op.Options), checkTokens("sni filter", op.SNIFilters), checkCRTListWords(op))
 		p.Commands = []command{{Text: "add ssl crt-list " + op.Path, Payload: crtListLine(op), Expect: "Success"}}
 	case OpCRTListDel:
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("cert", op.Cert))
 		p.Commands = []command{{Text: "del ssl crt-list " + op.Path + " " + op.Cert}}
 	default:
 		return program{}, fmt.Errorf("%w: %q", errUnknownOp, op.Kind)
@@ -389,13 +389,6 @@ func checkToken(field, s string) error {
 	return nil
 }
 
-func checkOptionalToken(field, s string) error {
-	if s == "" {
-		return nil
-	}
-	return checkToken(field, s)
-}
-
 func checkTokens(field string, words []string) error {
 	for _, w := range words {
 		if err := checkToken(field, w); err != nil {
@@ -407,7 +400,7 @@ func checkTokens(field string, words []string) error {
 
 func checkKeywords(field string, kws []KeywordArg) error {
 	for _, kw := range kws {
-		if err := firstError(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
+		if err := cmp.Or(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
 			return err
 		}
 	}
@@ -434,7 +427,7 @@ func checkPayloadValue(field, s string) error {
 }
 
 func checkRef(op *Op) error {
-	return firstError(checkToken("backend", op.Backend), checkToken("server", op.Server))
+	return cmp.Or(checkToken("backend", op.Backend), checkToken("server", op.Server))
 }
 
 func checkEnum(field, s string, allowed ...string) error {
@@ -444,17 +437,11 @@ func checkEnum(field, s string, allowed ...string) error {
 	return nil
 }
 
-func checkWaitTimeout(ms int) error {
-	if ms < 1 || ms > MaxWaitBudgetMs {
-		return fmt.Errorf("%w: timeout_ms %d outside 1..%d", errUnsafeToken, ms, MaxWaitBudgetMs)
-	}
-	return nil
-}
-
-// checkPort refuses what HAProxy would wrap: "port 70000" sets port 4464.
-func checkPort(port int) error {
-	if port < 0 || port > 65535 {
-		return fmt.Errorf("%w: port %d outside 0..65535", errUnsafeToken, port)
+// checkRange refuses a number outside what HAProxy takes as meant: it
+// would wrap "port 70000" to port 4464.
+func checkRange(field string, n, lo, hi int) error {
+	if n < lo || n > hi {
+		return fmt.Errorf("%w: %s %d outside %d..%d", errUnsafeToken, field, n, lo, hi)
 	}
 	return nil
 }
@@ -463,19 +450,7 @@ func checkWeight(w *int) error {
 	if w == nil {
 		return fmt.Errorf("%w: weight is unset", errUnsafeToken)
 	}
-	if *w < 0 || *w > 256 {
-		return fmt.Errorf("%w: weight %d outside 0..256", errUnsafeToken, *w)
-	}
-	return nil
-}
-
-func firstError(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return checkRange("weight", *w, 0, 256)
 }
 
 // checkCommand enforces the size limits and payload framing rules on one
