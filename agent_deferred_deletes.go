@@ -176,9 +176,13 @@ func unseen(pending, names []string) []string {
 }
 
 // wake makes the loop drain now rather than at its next tick.
-func (q *deleteQueue) wake() {
+func (q *deleteQueue) wake() { notify(q.wakeup) }
+
+// notify wakes the loop that waits on ch, never blocking: one pending
+// wake-up is as good as many.
+func notify(ch chan struct{}) {
 	select {
-	case q.wakeup <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -34,12 +34,7 @@ func newPacer(deps *applyDeps, ready func() bool) *pacer {
 }
 
 // poke wakes the pacer at once.
-func (p *pacer) poke() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
+func (p *pacer) poke() { notify(p.wake) }
 
 // run wakes every 100 ms, or at once when poked, until ctx ends.
 func (p *pacer) run(ctx context.Context) {

@@ -192,10 +192,7 @@ func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (H
 	for {
 		info, inv, err := w.rt.identifiedInventory(ctx)
 		if errors.Is(err, errNoIdentity) {
-			var infoErr error
-			if info, infoErr = w.rt.info(ctx); infoErr != nil {
-				info = HAProxyInfo{}
-			}
+			info, _ = w.rt.info(ctx) // no identity on error
 		}
 		if info.HasWorkerIdentity() && !prev.SameWorker(info) {
 			if err != nil {
