@@ -113,11 +113,9 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 	if err != nil {
 		d.logger.Error("putting back the scheduled reload's files failed", "err", err)
 	}
-	recovered := false
 	if reloadWithoutVerdict(cause) {
 		_, rerr := d.worker.reloadToRecover(ctx)
-		recovered = rerr == nil
-		result.Rollback.Reloaded = recovered
+		result.Rollback.Reloaded = rerr == nil
 	}
 	tree := map[string]*FileAt{}
 	for _, e := range st.PendingUndo {
@@ -130,7 +128,7 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 		}
 		if reloadWithoutVerdict(cause) {
 			s.Running, s.WorkerOps = planRef{}, planRef{}
-			if recovered {
+			if result.Rollback.Reloaded {
 				s.Running, s.WorkerOps = s.Applied, s.Applied
 			}
 		}
@@ -156,8 +154,6 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 	<-flushed
 	return info, err
 }
-
-// Read-back.
 
 // readBacks runs the background read-backs: counted, awaited at shutdown,
 // and none starts once the agent is stopping.

@@ -236,9 +236,6 @@ func incompleteReply(n, k int) error {
 	return &runtimeError{fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k), []error{errUnreadableResponse}}
 }
 
-// Judging: each response segment is read by its severity tag and its
-// words, and matched to the command that wrote it.
-
 // splitSegments cuts a post-processed reply into the non-empty responses.
 // A silent command yields no segment.
 func splitSegments(text string) []string {
@@ -428,8 +425,6 @@ func mapVersion(segment string) (string, bool) {
 	}
 	return v, true
 }
-
-// Executing: compiled programs packed into lines, sent, judged, recorded.
 
 // executeAs runs compiled programs in order and returns one result per
 // program and the verdict. It stops after the first line with a failure:
@@ -760,8 +755,6 @@ func parseStartMicros(v string) (int64, bool) {
 
 func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
-// Master socket: the process table and the reload.
-
 // procList is the master's show proc table.
 type procList struct {
 	MasterPID, Reloads, FailedReloads int
@@ -961,9 +954,6 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	}
 	return info, inv, nil
 }
-
-// Inventory and read-backs: what the worker holds, read through listings
-// that carry the apply-path prefix.
 
 // dataLines returns a listing's data lines (blank and '#' lines dropped),
 // at most MaxInventoryEntries; what names the listing in the error.
@@ -1166,8 +1156,6 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 	}
 	return sum, nil
 }
-
-// Interactive worker session.
 
 // workerSession is one prompt-mode connection to one worker, so that
 // show info, wait, shutdown sessions and del run on the same worker. It

@@ -56,8 +56,6 @@ var (
 	errVersionLimit = errors.New("beyond what this HAProxy version takes at runtime")
 )
 
-// Programs: what an op becomes.
-
 // command is one HAProxy runtime command with the text that judges it.
 type command struct {
 	Text     string // the command; never contains '\n'
@@ -81,22 +79,16 @@ type program struct {
 }
 
 // terminatorFor chooses the payload terminator for a worker version.
-// HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
-// argument and then run every payload line as a command. Custom terminators
-// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
-// decides (major.minor of at least 3.0, read from the version's leading
-// digits); an older or unreadable version gets HAProxy's default
-// empty-line terminator.
+// HAProxy 2.6 would take "<<HAPTIC" as a plain argument and run every
+// payload line as a command. Custom terminators arrived in 3.0 with dynamic
+// servers, so CapsFor's version rule decides; an older or unreadable
+// version gets HAProxy's default empty-line terminator.
 func terminatorFor(version string) string {
 	if CapsFor(version, nil).DynamicServers {
 		return payloadTerminator
 	}
 	return ""
 }
-
-// Compiling: one case per op kind, each building HAProxy's own command
-// text; the payload forms, map_replace and the certificate transactions
-// follow.
 
 // compileOp turns one op into its program. Every word is checked against
 // the token grammar first; a failing field is refused, never sanitised.
