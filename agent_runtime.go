@@ -317,32 +317,24 @@ func matchSegments(segments []string, cmds []command) (errs []error, outputs []s
 			errs[i] = errUnreadableResponse
 			continue
 		}
-		next := nextAnchor(cmds[i+1:])
-		left := cursor < len(segments)
+		next, seg, left := nextAnchor(cmds[i+1:]), "", cursor < len(segments)
+		if left {
+			seg = segments[cursor]
+		}
 		switch {
 		case c.Optional:
-			if left && classify(segments[cursor]) == nil && !containsFold(segments[cursor], next) {
-				outputs[i] = segments[cursor]
-				cursor++
+			if left && classify(seg) == nil && !containsFold(seg, next) {
+				outputs[i], cursor = seg, cursor+1
 			}
-			continue
 		case c.Expect == "":
-			if !left || containsFold(segments[cursor], next) {
-				continue
+			if left && !containsFold(seg, next) {
+				outputs[i], errs[i], cursor = seg, classify(seg), cursor+1
 			}
-			outputs[i] = segments[cursor]
-			errs[i] = classify(segments[cursor])
-			cursor++
+		case !left:
+			errs[i] = errUnreadableResponse
 		default:
-			if !left {
-				errs[i] = errUnreadableResponse
-				break
-			}
-			outputs[i] = segments[cursor]
-			cursor++
-			if err := classify(outputs[i]); err != nil {
-				errs[i] = err
-			} else if !containsFold(outputs[i], c.Expect) {
+			outputs[i], errs[i], cursor = seg, classify(seg), cursor+1
+			if errs[i] == nil && !containsFold(seg, c.Expect) {
 				errs[i] = errUnreadableResponse
 			}
 		}
