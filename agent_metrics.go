@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 )
@@ -207,17 +206,9 @@ func (c *metricFamily) lookup(labelValues []string) *counterSeries {
 	return s
 }
 
-// seriesKey encodes label values without ambiguity: each value is prefixed
-// by its length, so no value can masquerade as a separator.
-func seriesKey(labelValues []string) string {
-	var b strings.Builder
-	for _, v := range labelValues {
-		b.WriteString(strconv.Itoa(len(v)))
-		b.WriteByte(':')
-		b.WriteString(v)
-	}
-	return b.String()
-}
+// seriesKey encodes label values without ambiguity: each value is quoted,
+// so no value can masquerade as a separator.
+func seriesKey(labelValues []string) string { return fmt.Sprintf("%q", labelValues) }
 
 func (c *metricFamily) appendText(b []byte) []byte {
 	c.mu.Lock()
