@@ -1,9 +1,7 @@
 // This file owns the deferred-delete queue. Deleting a server or a backend
 // can finish only once it carries no traffic, which can take seconds, so an
 // apply runs the traffic-stopping half inline and hands the removals to this
-// queue, which runs them off the apply path. It reads in that order: the
-// split of an apply's ops, the items and their caps, binding the queue to a
-// worker, the loop, and the commands of one item on a worker session.
+// queue, which runs them off the apply path on worker sessions.
 //
 // It must never hold its mutex across HAProxy I/O or while counting an
 // outcome, never run an item on another worker than the one it was queued
@@ -71,8 +69,7 @@ type deleteItem struct {
 }
 
 // deleteQueue runs deferred deletes one at a time, each on its own worker
-// session bound to the worker recorded at enqueue. Its mutex is a leaf
-// lock: it is never held across HAProxy I/O or while calling count, so
+// session bound to the worker recorded at enqueue. Its mutex is a leaf, so
 // setWorker, enqueue, check and pending never wait for a session command.
 type deleteQueue struct {
 	rt     *haproxyRuntime

@@ -21,11 +21,10 @@ import (
 // metricsContentType is the Content-Type of GET /metrics.
 const metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
 
-// maxSeriesPerFamily caps the series one counter family holds. The label
-// values the agent passes come from closed sets or from validated op kinds,
-// so the cap is never reached in practice; it exists so that a bug feeding
-// free-form text into a label cannot grow the scrape without bound. An
-// increment that would create a series beyond the cap is dropped.
+// maxSeriesPerFamily caps the series of one family, so that a bug feeding
+// free-form text into a label cannot grow the scrape without bound (the
+// agent's label values come from closed sets or validated op kinds). An
+// increment that would create a series beyond it is dropped.
 const maxSeriesPerFamily = 256
 
 // rejectedStageFencing is the apply_rejected_total stage of an apply refused
@@ -55,11 +54,9 @@ type agentMetrics struct {
 // newAgentMetrics builds the families with every series of a closed label
 // set already present at 0, as Prometheus advises: a dashboard sees a flat
 // line rather than missing data, and rate() and increase() see the first
-// event, which a series born at 1 hides. The cost is that a series'
-// presence says nothing: a client or test that waits for an event (a
-// deferred delete with outcome="deferred") must wait for its value to rise,
-// not for its series to appear, as it may with an agent that serves a
-// series only once it happened.
+// event, which a series born at 1 hides. So a series' presence says
+// nothing: whoever waits for an event (a deferred delete with
+// outcome="deferred") must wait for its value to rise.
 func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",

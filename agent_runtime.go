@@ -1,10 +1,9 @@
 // This file owns the agent's way to HAProxy: the worker and master
-// sockets. It reads in the order a compiled line flows: the line travels on
-// a connection of its own, the reply is counted, cut into segments and
-// judged, and execute records one result per program. Then come the reads
-// (worker identity, the master's show proc and reload, the inventory and
-// read-backs) and the interactive worker session the deferred-delete queue
-// runs its commands on. What an op becomes is agent_runtime_compile.go's.
+// sockets. A compiled line travels on a connection of its own, its reply is
+// counted, cut into segments and judged, one result per program; then come
+// the reads, the master's show proc and reload, and the worker session the
+// deferred-delete queue runs on. What an op becomes is
+// agent_runtime_compile.go's.
 //
 // It must never retry a line that may have landed, never read a cut reply
 // as silence (silence is success in HAProxy's CLI), never send a word that
@@ -892,10 +891,6 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply string, deadline time.Time) (string, error) {
 	pollCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	known := make(map[int]bool, len(base.Workers))
-	for _, w := range base.Workers {
-		known[w.PID] = true
-	}
 	tick := time.NewTicker(reloadPollInterval)
 	defer tick.Stop()
 	for {
@@ -908,7 +903,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 				return log, errReloadRejected
 			}
 			for _, w := range procs.Workers {
-				if !known[w.PID] {
+				if !slices.ContainsFunc(base.Workers, func(old procRow) bool { return old.PID == w.PID }) {
 					return reply, nil
 				}
 			}
@@ -1157,7 +1152,6 @@ type workerSession struct {
 	conn    net.Conn
 	stop    func() bool
 	timeout time.Duration
-	buf     []byte
 }
 
 // openWorker opens a session bound to the expected worker: after the setup
@@ -1209,22 +1203,22 @@ func (s *workerSession) execute(cmd string) (string, error) {
 	if _, err := io.WriteString(s.conn, cmd+"\n"); err != nil {
 		return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
 	}
-	s.buf = s.buf[:0]
+	var buf []byte
 	var chunk [4096]byte
-	for !bytes.HasSuffix(s.buf, []byte(workerPrompt)) {
-		if len(s.buf) > maxSessionReplyBytes {
+	for !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+		if len(buf) > maxSessionReplyBytes {
 			return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 		}
 		n, err := s.conn.Read(chunk[:])
-		s.buf = append(s.buf, chunk[:n]...)
-		if err != nil && !bytes.HasSuffix(s.buf, []byte(workerPrompt)) {
+		buf = append(buf, chunk[:n]...)
+		if err != nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
 			return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
 		}
 	}
-	if len(s.buf) > maxSessionReplyBytes+len(workerPrompt) {
+	if len(buf) > maxSessionReplyBytes+len(workerPrompt) {
 		return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 	}
-	return strings.TrimSpace(string(s.buf[:len(s.buf)-len(workerPrompt)])), nil
+	return strings.TrimSpace(string(buf[:len(buf)-len(workerPrompt)])), nil
 }
 
 // cause reports a cancelled context rather than the closed connection it

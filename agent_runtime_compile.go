@@ -2,9 +2,7 @@
 // runtime commands (compileOp), every word checked against the token
 // grammar, every payload framed for the worker's terminator, and the
 // commands are packed into ';'-joined lines under the line budget, each
-// rendered behind the line prefix. It reads in that order: the line
-// constants, the program types, compiling, the token checks, payload
-// framing, then line building.
+// rendered behind the line prefix.
 //
 // It is pure functions over data and must never do I/O: the file bytes
 // arrive through a content function and the terminator as an argument, so

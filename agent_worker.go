@@ -180,12 +180,10 @@ func (w *workerTracker) reloadToRecover(ctx context.Context) (*ReloadInfo, error
 
 // awaitNewWorker polls until a worker other than prev answers, and returns
 // it with its inventory (nil when a listing failed). Each poll reads the
-// identity and the inventory on one line, so the first answer of the new
-// worker is the whole refresh and the inventory is the adopted worker's
-// own. A line that fails as a whole (a cut or oversized reply) is followed
-// by the identity alone, so that a listing the worker cannot answer costs
-// the inventory, never the reload. Ops are never sent to the outgoing
-// worker.
+// identity and the inventory on one line, so the inventory is the adopted
+// worker's own. A line that fails as a whole (a cut or oversized reply) is
+// followed by the identity alone: a listing the worker cannot answer costs
+// the inventory, never the reload. Ops never go to the outgoing worker.
 func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
