@@ -1,9 +1,7 @@
 // This file owns the deferred-delete queue. Deleting a server or a backend
 // can finish only once it carries no traffic, which can take seconds, so an
 // apply runs the traffic-stopping half inline and hands the removals to this
-// queue, which runs them off the apply path. It reads in that order: the
-// split of an apply's ops, the items and their caps, binding the queue to a
-// worker, the loop, and the commands of one item on a worker session.
+// queue, which runs them off the apply path on worker sessions.
 //
 // It must never hold its mutex across HAProxy I/O or while counting an
 // outcome, never run an item on another worker than the one it was queued
@@ -13,6 +11,7 @@
 package haptic
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,30 +62,14 @@ var errDeferralOverflow = errors.New("deferred delete queue is full")
 
 // deleteItem is one queued delete, stamped with the worker it was meant for.
 type deleteItem struct {
-	server     serverRef // for a server delete
-	backend    string    // for a backend delete
+	kind, name string // deferredKindServer and "backend/server", or deferredKindBackend and the backend
 	worker     HAProxyInfo
 	generation uint64
 	tries      int
 }
 
-func (it *deleteItem) kind() string {
-	if it.backend != "" {
-		return deferredKindBackend
-	}
-	return deferredKindServer
-}
-
-func (it *deleteItem) name() string {
-	if it.backend != "" {
-		return it.backend
-	}
-	return it.server.String()
-}
-
 // deleteQueue runs deferred deletes one at a time, each on its own worker
-// session bound to the worker recorded at enqueue. Its mutex is a leaf
-// lock: it is never held across HAProxy I/O or while calling count, so
+// session bound to the worker recorded at enqueue. Its mutex is a leaf, so
 // setWorker, enqueue, check and pending never wait for a session command.
 type deleteQueue struct {
 	rt     *haproxyRuntime
@@ -106,13 +89,10 @@ type deleteQueue struct {
 // newDeleteQueue builds the queue; count (never blocking) is told every
 // outcome: "done", "deferred", "abandoned" or "superseded".
 func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, outcome string)) *deleteQueue {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	if count == nil {
 		count = func(string, string) {}
 	}
-	return &deleteQueue{rt: rt, logger: logger, count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
+	return &deleteQueue{rt: rt, logger: cmp.Or(logger, slog.New(slog.DiscardHandler)), count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
 }
 
 // check accepts deletes before anything executes: every name passes the
@@ -139,22 +119,24 @@ func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends 
 		return fmt.Errorf("%w: queue worker pid %d (start %d), enqueue for pid %d (start %d)", errWorkerGone,
 			q.worker.WorkerPID, q.worker.WorkerStartTimeUnixMicros, worker.WorkerPID, worker.WorkerStartTimeUnixMicros)
 	}
-	for _, s := range newServers {
-		q.servers = append(q.servers, &deleteItem{server: s, worker: worker, generation: q.generation})
+	for _, name := range newServers {
+		q.servers = append(q.servers, &deleteItem{kind: deferredKindServer, name: name, worker: worker, generation: q.generation})
 	}
-	for _, b := range newBackends {
-		q.backends = append(q.backends, &deleteItem{backend: b, worker: worker, generation: q.generation})
+	for _, name := range newBackends {
+		q.backends = append(q.backends, &deleteItem{kind: deferredKindBackend, name: name, worker: worker, generation: q.generation})
 	}
 	return nil
 }
 
 // admit validates names and capacity (under q.mu) and returns the deletes
 // not already pending, each once.
-func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef, []string, error) {
-	for _, s := range servers {
-		if err := firstError(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
+func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers, newBackends []string, err error) {
+	names := make([]string, len(servers))
+	for i, s := range servers {
+		if err := cmp.Or(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
 			return nil, nil, err
 		}
+		names[i] = s.String()
 	}
 	for _, b := range backends {
 		if err := checkToken("backend", b); err != nil {
@@ -162,27 +144,7 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef
 		}
 	}
 	pendingServers, pendingBackends := q.pendingLocked()
-	seen := make(map[string]bool, len(pendingServers)+len(pendingBackends))
-	for _, name := range pendingServers {
-		seen["s:"+name] = true
-	}
-	for _, name := range pendingBackends {
-		seen["b:"+name] = true
-	}
-	var newServers []serverRef
-	for _, s := range servers {
-		if key := "s:" + s.String(); !seen[key] {
-			seen[key] = true
-			newServers = append(newServers, s)
-		}
-	}
-	var newBackends []string
-	for _, b := range backends {
-		if key := "b:" + b; !seen[key] {
-			seen[key] = true
-			newBackends = append(newBackends, b)
-		}
-	}
+	newServers, newBackends = unseen(pendingServers, names), unseen(pendingBackends, backends)
 	if len(pendingServers)+len(newServers) > MaxPendingServerDeletes {
 		return nil, nil, fmt.Errorf("%w: %d pending and %d new server deletes exceed %d",
 			errDeferralOverflow, len(pendingServers), len(newServers), MaxPendingServerDeletes)
@@ -194,10 +156,30 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) ([]serverRef
 	return newServers, newBackends, nil
 }
 
+// unseen returns the names not pending, each once.
+func unseen(pending, names []string) []string {
+	seen := make(map[string]bool, len(pending)+len(names))
+	for _, name := range pending {
+		seen[name] = true
+	}
+	var out []string
+	for _, name := range names {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // wake makes the loop drain now rather than at its next tick.
-func (q *deleteQueue) wake() {
+func (q *deleteQueue) wake() { notify(q.wakeup) }
+
+// notify wakes the loop that waits on ch, never blocking: one pending
+// wake-up is as good as many.
+func notify(ch chan struct{}) {
 	select {
-	case q.wakeup <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -219,8 +201,8 @@ func (q *deleteQueue) setWorker(info HAProxyInfo) {
 	q.servers, q.backends = nil, nil
 	q.mu.Unlock()
 	for _, it := range dropped {
-		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind(), "name", it.name())
-		q.count(it.kind(), "superseded")
+		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind, "name", it.name)
+		q.count(it.kind, "superseded")
 	}
 }
 
@@ -234,19 +216,17 @@ func (q *deleteQueue) pending() PendingDeletes {
 }
 
 func (q *deleteQueue) pendingLocked() (servers, backends []string) {
-	servers, backends = make([]string, 0, len(q.servers)+1), make([]string, 0, len(q.backends)+1)
+	servers, backends = []string{}, []string{}
+	items := slices.Concat(q.servers, q.backends)
 	if it := q.inFlight; it != nil && it.generation == q.generation {
-		if it.backend != "" {
-			backends = append(backends, it.backend)
+		items = slices.Insert(items, 0, it)
+	}
+	for _, it := range items {
+		if it.kind == deferredKindBackend {
+			backends = append(backends, it.name)
 		} else {
-			servers = append(servers, it.server.String())
+			servers = append(servers, it.name)
 		}
-	}
-	for _, it := range q.servers {
-		servers = append(servers, it.server.String())
-	}
-	for _, it := range q.backends {
-		backends = append(backends, it.backend)
 	}
 	return servers, backends
 }
@@ -271,16 +251,13 @@ func (q *deleteQueue) start(ctx context.Context) {
 // round.
 func (q *deleteQueue) drain(ctx context.Context) {
 	q.mu.Lock()
-	servers, backends := len(q.servers), len(q.backends)
+	counts := []int{len(q.servers), len(q.backends)}
 	q.mu.Unlock()
-	for range servers {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.servers) {
-			return
-		}
-	}
-	for range backends {
-		if ctx.Err() != nil || !q.runNext(ctx, &q.backends) {
-			return
+	for i, list := range []*[]*deleteItem{&q.servers, &q.backends} {
+		for range counts[i] {
+			if ctx.Err() != nil || !q.runNext(ctx, list) {
+				return
+			}
 		}
 	}
 }
@@ -325,15 +302,15 @@ func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
 
 	switch outcome {
 	case "done":
-		q.logger.Info("deferred delete done", "kind", it.kind(), "name", it.name())
+		q.logger.Info("deferred delete done", "kind", it.kind, "name", it.name)
 	case "abandoned":
-		q.logger.Warn("deferred delete abandoned", "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+		q.logger.Warn("deferred delete abandoned", "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	case "":
 		return true
 	default:
-		q.logger.Info("deferred delete "+outcome, "kind", it.kind(), "name", it.name(), "attempts", it.tries, "error", err)
+		q.logger.Info("deferred delete "+outcome, "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	}
-	q.count(it.kind(), outcome)
+	q.count(it.kind, outcome)
 	return true
 }
 
@@ -344,7 +321,7 @@ func (q *deleteQueue) run(ctx context.Context, it *deleteItem) error {
 		return err
 	}
 	defer s.Close()
-	if it.backend != "" {
+	if it.kind == deferredKindBackend {
 		return q.deleteBackend(s, it)
 	}
 	return q.deleteServer(s, it)
@@ -374,11 +351,10 @@ func (q *deleteQueue) sendJudged(s *workerSession, it *deleteItem, c command) er
 // deleteServer: wait until removable (shutting the sessions down when the
 // wait expires), then delete.
 func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
-	ref := it.server.String()
-	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + ref, Expect: expectDone}
+	wait := command{Text: "wait " + strconv.Itoa(deferredWaitMs) + " srv-removable " + it.name, Expect: expectDone}
 	err := q.sendJudged(s, it, wait)
 	if errors.Is(err, errWaitExpired) {
-		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + ref}); err != nil {
+		if err := q.sendJudged(s, it, command{Text: "shutdown sessions server " + it.name}); err != nil {
 			return err
 		}
 		err = q.sendJudged(s, it, wait)
@@ -386,7 +362,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 	if err != nil {
 		return err
 	}
-	return q.sendJudged(s, it, command{Text: "del server " + ref, Expect: "Server deleted"})
+	return q.sendJudged(s, it, command{Text: "del server " + it.name, Expect: "Server deleted"})
 }
 
 // deleteBackend: a backend's deletion counts only when confirmed by its
@@ -394,7 +370,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 // prints in it the messages earlier commands left on the worker thread (a
 // del server's "Server deleted."), so only its severity is read.
 func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
-	be := it.backend
+	be := it.name
 	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
 	if err != nil {
 		return err

@@ -11,22 +11,20 @@
 package haptic
 
 import (
+	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 )
 
 // metricsContentType is the Content-Type of GET /metrics.
 const metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
 
-// maxSeriesPerFamily caps the series one counter family holds. The label
-// values the agent passes come from closed sets or from validated op kinds,
-// so the cap is never reached in practice; it exists so that a bug feeding
-// free-form text into a label cannot grow the scrape without bound. An
-// increment that would create a series beyond the cap is dropped.
+// maxSeriesPerFamily caps the series of one family, so that a bug feeding
+// free-form text into a label cannot grow the scrape without bound (the
+// agent's label values come from closed sets or validated op kinds). An
+// increment that would create a series beyond it is dropped.
 const maxSeriesPerFamily = 256
 
 // rejectedStageFencing is the apply_rejected_total stage of an apply refused
@@ -36,37 +34,29 @@ const rejectedStageFencing = "fencing"
 
 // agentMetrics holds every metric family the agent exposes.
 type agentMetrics struct {
-	applyTotal          *counterVec // label mode
-	applyRejected       *counterVec // label stage
-	invariantViolations *counterVec // label name
-	reloads             *counterVec // label result
-	rollbacks           *counterVec // no label
-	deferredDeletes     *counterVec // labels kind, outcome
-	opErrors            *counterVec // label kind
-	mapDivergence       *counterVec // no label
-	generation          *gauge
-	authFailures        *counterVec // label scheme
-	connsRefused        *counterVec // label listener
+	applyTotal          *metricFamily // label mode
+	applyRejected       *metricFamily // label stage
+	invariantViolations *metricFamily // label name
+	reloads             *metricFamily // label result
+	rollbacks           *metricFamily // no label
+	deferredDeletes     *metricFamily // labels kind, outcome
+	opErrors            *metricFamily // label kind
+	mapDivergence       *metricFamily // no label
+	generation          *metricFamily // the one gauge
+	authFailures        *metricFamily // label scheme
+	connsRefused        *metricFamily // label listener
 
 	// families is the exposition order, fixed so that two scrapes of one
 	// agent, or of two agents, diff line by line.
-	families []metricFamily
-}
-
-// metricFamily is one family of the exposition: its HELP and TYPE lines
-// followed by its series.
-type metricFamily interface {
-	appendText(b []byte) []byte
+	families []*metricFamily
 }
 
 // newAgentMetrics builds the families with every series of a closed label
 // set already present at 0, as Prometheus advises: a dashboard sees a flat
 // line rather than missing data, and rate() and increase() see the first
-// event, which a series born at 1 hides. The cost is that a series'
-// presence says nothing: a client or test that waits for an event (a
-// deferred delete with outcome="deferred") must wait for its value to rise,
-// not for its series to appear, as it may with an agent that serves a
-// series only once it happened.
+// event, which a series born at 1 hides. So a series' presence says
+// nothing: whoever waits for an event (a deferred delete with
+// outcome="deferred") must wait for its value to rise.
 func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",
@@ -114,7 +104,7 @@ func newAgentMetrics() *agentMetrics {
 			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
 	}
 	// The agent's own additions follow the contract's families.
-	m.families = []metricFamily{
+	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
 		m.authFailures, m.connsRefused,
@@ -134,11 +124,12 @@ func (m *agentMetrics) writeText(w io.Writer) error {
 	return err
 }
 
-// counterVec is a counter family with a fixed list of label names. A family
-// without labels holds exactly one series.
-type counterVec struct {
-	name, help string
-	labels     []string
+// metricFamily is a counter family with a fixed list of label names, or the
+// gauge, which has no label. A family without labels holds exactly one
+// series.
+type metricFamily struct {
+	name, help, typ string
+	labels          []string
 
 	mu     sync.Mutex
 	series map[string]*counterSeries // by seriesKey of the label values
@@ -152,8 +143,8 @@ type counterSeries struct {
 // newCounterVec builds a family. closed, when given, holds one closed value
 // set per label name; every combination of them is created at 0. A family
 // without labels always has its single series at 0.
-func newCounterVec(name, help string, labels []string, closed ...[]string) *counterVec {
-	c := &counterVec{name: name, help: help, labels: labels, series: map[string]*counterSeries{}}
+func newCounterVec(name, help string, labels []string, closed ...[]string) *metricFamily {
+	c := &metricFamily{name: name, help: help, typ: "counter", labels: labels, series: map[string]*counterSeries{}}
 	if len(closed) != len(labels) {
 		return c // an open label set: series appear when first incremented
 	}
@@ -176,7 +167,7 @@ func newCounterVec(name, help string, labels []string, closed ...[]string) *coun
 // inc adds one to the series with these label values, creating it at need.
 // A call with the wrong number of label values is a programming error; it is
 // dropped rather than allowed to panic the agent or corrupt the exposition.
-func (c *counterVec) inc(labelValues ...string) {
+func (c *metricFamily) inc(labelValues ...string) {
 	if len(labelValues) != len(c.labels) {
 		return
 	}
@@ -188,7 +179,7 @@ func (c *counterVec) inc(labelValues ...string) {
 }
 
 // value reads the series with these label values; 0 when it does not exist.
-func (c *counterVec) value(labelValues ...string) uint64 {
+func (c *metricFamily) value(labelValues ...string) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s, ok := c.series[seriesKey(labelValues)]; ok {
@@ -199,7 +190,7 @@ func (c *counterVec) value(labelValues ...string) uint64 {
 
 // lookup finds or creates a series; nil when the family is full. The caller
 // holds c.mu (or owns c exclusively, in newCounterVec).
-func (c *counterVec) lookup(labelValues []string) *counterSeries {
+func (c *metricFamily) lookup(labelValues []string) *counterSeries {
 	key := seriesKey(labelValues)
 	if s, ok := c.series[key]; ok {
 		return s
@@ -212,19 +203,11 @@ func (c *counterVec) lookup(labelValues []string) *counterSeries {
 	return s
 }
 
-// seriesKey encodes label values without ambiguity: each value is prefixed
-// by its length, so no value can masquerade as a separator.
-func seriesKey(labelValues []string) string {
-	var b strings.Builder
-	for _, v := range labelValues {
-		b.WriteString(strconv.Itoa(len(v)))
-		b.WriteByte(':')
-		b.WriteString(v)
-	}
-	return b.String()
-}
+// seriesKey encodes label values without ambiguity: each value is quoted,
+// so no value can masquerade as a separator.
+func seriesKey(labelValues []string) string { return fmt.Sprintf("%q", labelValues) }
 
-func (c *counterVec) appendText(b []byte) []byte {
+func (c *metricFamily) appendText(b []byte) []byte {
 	c.mu.Lock()
 	snapshot := make([]counterSeries, 0, len(c.series))
 	for _, s := range c.series {
@@ -235,45 +218,32 @@ func (c *counterVec) appendText(b []byte) []byte {
 	slices.SortFunc(snapshot, func(x, y counterSeries) int {
 		return slices.Compare(x.labelValues, y.labelValues)
 	})
-	b = appendFamilyHeader(b, c.name, c.help, "counter")
+	b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", c.name, helpEscaper.Replace(c.help), c.name, c.typ)
 	for _, s := range snapshot {
-		b = append(b, c.name...)
-		if len(c.labels) > 0 {
-			b = append(b, '{')
-			for i, label := range c.labels {
-				if i > 0 {
-					b = append(b, ',')
-				}
-				b = append(b, label...)
-				b = append(b, `="`...)
-				b = append(b, labelValueEscaper.Replace(s.labelValues[i])...)
-				b = append(b, '"')
-			}
-			b = append(b, '}')
+		pairs := make([]string, len(c.labels))
+		for i, label := range c.labels {
+			pairs[i] = label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
 		}
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, s.value, 10)
-		b = append(b, '\n')
+		labels := ""
+		if len(pairs) > 0 {
+			labels = "{" + strings.Join(pairs, ",") + "}"
+		}
+		b = fmt.Appendf(b, "%s%s %d\n", c.name, labels, s.value)
 	}
 	return b
 }
 
-// gauge is an unlabelled gauge. It needs no lock: one atomic word.
-type gauge struct {
-	name, help string
-	v          atomic.Uint64
+func newGauge(name, help string) *metricFamily {
+	g := newCounterVec(name, help, nil)
+	g.typ = "gauge"
+	return g
 }
 
-func newGauge(name, help string) *gauge { return &gauge{name: name, help: help} }
-
-func (g *gauge) set(v uint64)  { g.v.Store(v) }
-func (g *gauge) value() uint64 { return g.v.Load() }
-func (g *gauge) appendText(b []byte) []byte {
-	b = appendFamilyHeader(b, g.name, g.help, "gauge")
-	b = append(b, g.name...)
-	b = append(b, ' ')
-	b = strconv.AppendUint(b, g.value(), 10)
-	return append(b, '\n')
+// set replaces the value of the gauge's one series.
+func (c *metricFamily) set(v uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lookup(nil).value = v
 }
 
 // The text format 0.0.4 escapes backslash and newline in HELP text, and
@@ -283,15 +253,3 @@ var (
 	helpEscaper       = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
 	labelValueEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 )
-
-func appendFamilyHeader(b []byte, name, help, kind string) []byte {
-	b = append(b, "# HELP "...)
-	b = append(b, name...)
-	b = append(b, ' ')
-	b = append(b, helpEscaper.Replace(help)...)
-	b = append(b, "\n# TYPE "...)
-	b = append(b, name...)
-	b = append(b, ' ')
-	b = append(b, kind...)
-	return append(b, '\n')
-}

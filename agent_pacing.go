@@ -34,12 +34,7 @@ func newPacer(deps *applyDeps, ready func() bool) *pacer {
 }
 
 // poke wakes the pacer at once.
-func (p *pacer) poke() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
+func (p *pacer) poke() { notify(p.wake) }
 
 // run wakes every 100 ms, or at once when poked, until ctx ends.
 func (p *pacer) run(ctx context.Context) {
@@ -118,11 +113,9 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 	if err != nil {
 		d.logger.Error("putting back the scheduled reload's files failed", "err", err)
 	}
-	recovered := false
 	if reloadWithoutVerdict(cause) {
 		_, rerr := d.worker.reloadToRecover(ctx)
-		recovered = rerr == nil
-		result.Rollback.Reloaded = recovered
+		result.Rollback.Reloaded = rerr == nil
 	}
 	tree := map[string]*FileAt{}
 	for _, e := range st.PendingUndo {
@@ -135,7 +128,7 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 		}
 		if reloadWithoutVerdict(cause) {
 			s.Running, s.WorkerOps = planRef{}, planRef{}
-			if recovered {
+			if result.Rollback.Reloaded {
 				s.Running, s.WorkerOps = s.Applied, s.Applied
 			}
 		}
@@ -161,9 +154,6 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 	<-flushed
 	return info, err
 }
-
-// ---------------------------------------------------------------------------
-// Read-back.
 
 // readBacks runs the background read-backs: counted, awaited at shutdown,
 // and none starts once the agent is stopping.

@@ -1,10 +1,9 @@
 // This file owns the agent's way to HAProxy: the worker and master
-// sockets. It reads in the order a compiled line flows: the line travels on
-// a connection of its own, the reply is counted, cut into segments and
-// judged, and execute records one result per program. Then come the reads
-// (worker identity, the master's show proc and reload, the inventory and
-// read-backs) and the interactive worker session the deferred-delete queue
-// runs its commands on. What an op becomes is agent_runtime_compile.go's.
+// sockets. A compiled line travels on a connection of its own, its reply is
+// counted, cut into segments and judged, one result per program; then come
+// the reads, the master's show proc and reload, and the worker session the
+// deferred-delete queue runs on. What an op becomes is
+// agent_runtime_compile.go's.
 //
 // It must never retry a line that may have landed, never read a cut reply
 // as silence (silence is success in HAProxy's CLI), never send a word that
@@ -16,6 +15,7 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,21 +74,15 @@ type runtimeError struct {
 func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
-// ---------------------------------------------------------------------------
-// Construction.
-
 // runtimeConfig configures the layer. Zero durations mean the production
-// defaults (the socket constants, and MaxReloadMs for a reload).
-// SessionTimeout, ConnectRetryPause and ReloadPollInterval exist so tests
-// can shrink every wait the layer has.
+// defaults (the socket constants, and MaxReloadMs for a reload);
+// SessionTimeout and ConnectRetryPause exist so tests can shrink them.
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
 	IOTimeout, ReloadTimeout   time.Duration // zero = 30s / 60s
-
-	SessionTimeout     time.Duration // zero = 30s (interactive worker session)
-	ConnectRetryPause  time.Duration // zero = 100ms (pause before the one dial retry)
-	ReloadPollInterval time.Duration // zero = 100ms (show proc polling without Success=)
+	SessionTimeout             time.Duration // zero = 30s (interactive worker session)
+	ConnectRetryPause          time.Duration // zero = 100ms (pause before the one dial retry)
 }
 
 // haproxyRuntime is the agent's only way to HAProxy. It holds no connection:
@@ -98,40 +92,27 @@ type haproxyRuntime struct {
 	workerSocket, masterSocket string
 	logger                     *slog.Logger
 
-	ioTimeout, reloadTimeout, sessionTimeout time.Duration
-	retryPause, pollInterval                 time.Duration
+	ioTimeout, reloadTimeout, sessionTimeout, retryPause time.Duration
 
 	// dial opens one unix connection; tests replace it to count dials.
 	dial func(ctx context.Context, path string, deadline time.Time) (net.Conn, error)
 
-	version atomic.Pointer[string] // Version of the last successful info
+	term atomic.Value // the payload terminator for the worker the last info named
 }
 
 // newHAProxyRuntime builds the layer. It dials nothing: the agent starts
 // before HAProxy answers, and readiness is probed later (probe).
 func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
-	r := &haproxyRuntime{
+	return &haproxyRuntime{
 		workerSocket:   cfg.WorkerSocket,
 		masterSocket:   cfg.MasterSocket,
-		logger:         cfg.Logger,
-		ioTimeout:      orDefault(cfg.IOTimeout, runtimeIOTimeout),
-		reloadTimeout:  orDefault(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
-		sessionTimeout: orDefault(cfg.SessionTimeout, workerSessionTimeout),
-		retryPause:     orDefault(cfg.ConnectRetryPause, connectRetryPause),
-		pollInterval:   orDefault(cfg.ReloadPollInterval, reloadPollInterval),
+		logger:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		ioTimeout:      cmp.Or(cfg.IOTimeout, runtimeIOTimeout),
+		reloadTimeout:  cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
+		sessionTimeout: cmp.Or(cfg.SessionTimeout, workerSessionTimeout),
+		retryPause:     cmp.Or(cfg.ConnectRetryPause, connectRetryPause),
 		dial:           dialUnix,
 	}
-	if r.logger == nil {
-		r.logger = slog.New(slog.DiscardHandler)
-	}
-	return r
-}
-
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
 }
 
 func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
@@ -139,7 +120,6 @@ func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, e
 	return d.DialContext(ctx, "unix", path)
 }
 
-// ---------------------------------------------------------------------------
 // Transport: one line, one connection. HAProxy answers a non-interactive
 // worker connection's line and closes it, and 3.0 discards any further line
 // already sent on it, so every exchange dials, writes its one line and
@@ -155,12 +135,10 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	}
 	conn, err := r.dial(ctx, path, deadline)
 	if err != nil && ctx.Err() == nil {
-		pause := time.NewTimer(r.retryPause)
 		select {
 		case <-ctx.Done():
-		case <-pause.C:
+		case <-time.After(r.retryPause):
 		}
-		pause.Stop()
 		if ctx.Err() == nil {
 			conn, err = r.dial(ctx, path, deadline)
 		}
@@ -183,9 +161,9 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		return nil, true, fmt.Errorf("runtime socket: reply exceeds %d bytes", maxRuntimeReplyBytes)
 	}
 	if err != nil {
-		return buf.Bytes(), true, transportError(ctx, err)
+		err = transportError(ctx, err)
 	}
-	return buf.Bytes(), true, nil
+	return buf.Bytes(), true, err
 }
 
 // transportError reports a socket failure; a cancelled context is reported
@@ -204,48 +182,31 @@ func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget t
 	return raw, err
 }
 
-// masterExchange sends one master command. The master CLI keeps a
-// connection open after a command unless told to quit, so every command
-// ends with ";quit"; without it show proc would hang until the deadline.
-func (r *haproxyRuntime) masterExchange(ctx context.Context, cmd string) (string, error) {
-	raw, _, err := r.roundTrip(ctx, r.masterSocket, cmd+";quit\n", time.Now().Add(r.ioTimeout))
-	if err != nil {
-		return "", err
-	}
-	return trimReply(string(raw)), nil
-}
-
-// ---------------------------------------------------------------------------
 // Reply framing: HAProxy answers every command of a line, in order, with
 // one response, so a complete reply to k commands is exactly k responses.
 // Counting them is what tells a cut reply from silence.
 
-// countResponses counts the responses in a raw reply: a silent command
-// writes a lone '\n', any other one or more lines then an empty line.
+// responseEnds returns where each whole response of a raw reply ends: a
+// silent command writes a lone '\n', any other lines then an empty line.
 // partial reports a tail that is not a whole response (a connection closed
 // mid-reply, or HAProxy's "command is too big" error, which ends in one
 // '\n').
-func countResponses(raw []byte) (n int, partial bool) {
-	for pos := 0; pos < len(raw); n++ {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			return n, true
+func responseEnds(raw []byte) (ends []int, partial bool) {
+	for pos := 0; pos < len(raw); ends = append(ends, pos) {
+		if raw[pos] == '\n' {
+			pos++
+		} else if i := bytes.Index(raw[pos:], []byte("\n\n")); i >= 0 {
+			pos += i + 2
+		} else {
+			return ends, true
 		}
-		pos = end
 	}
-	return n, false
+	return ends, false
 }
 
-// nextResponse returns where the response starting at pos ends.
-func nextResponse(raw []byte, pos int) (end int, complete bool) {
-	if raw[pos] == '\n' {
-		return pos + 1, true
-	}
-	i := bytes.Index(raw[pos:], []byte("\n\n"))
-	if i < 0 {
-		return len(raw), false
-	}
-	return pos + i + 2, true
+func countResponses(raw []byte) (n int, partial bool) {
+	ends, partial := responseEnds(raw)
+	return len(ends), partial
 }
 
 // trimReply post-processes a reply before segmentation: one trailing
@@ -256,34 +217,23 @@ func trimReply(s string) string {
 	return strings.TrimRightFunc(s, unicode.IsSpace)
 }
 
-// responses cuts a reply that must be complete, exactly k responses and no
-// partial tail, into its responses. A short reply is an error, never a
-// short listing.
+// responses cuts a reply that must be exactly k whole responses into them:
+// a short reply is an error, never a short listing.
 func responses(raw []byte, k int) ([]string, error) {
-	var out []string
-	for pos := 0; pos < len(raw); {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			return nil, incompleteReply(len(out), k)
-		}
-		out, pos = append(out, string(raw[pos:end])), end
+	ends, partial := responseEnds(raw)
+	if partial || len(ends) != k {
+		return nil, incompleteReply(len(ends), k)
 	}
-	if len(out) != k {
-		return nil, incompleteReply(len(out), k)
+	out, start := make([]string, k), 0
+	for i, end := range ends {
+		out[i], start = string(raw[start:end]), end
 	}
 	return out, nil
 }
 
 func incompleteReply(n, k int) error {
-	return &runtimeError{
-		msg:  fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k),
-		kind: []error{errUnreadableResponse},
-	}
+	return &runtimeError{fmt.Sprintf("runtime socket: incomplete reply (%d of %d responses)", n, k), []error{errUnreadableResponse}}
 }
-
-// ---------------------------------------------------------------------------
-// Judging: each response segment is read by its severity tag and its
-// words, and matched to the command that wrote it.
 
 // splitSegments cuts a post-processed reply into the non-empty responses.
 // A silent command yields no segment.
@@ -366,32 +316,24 @@ func matchSegments(segments []string, cmds []command) (errs []error, outputs []s
 			errs[i] = errUnreadableResponse
 			continue
 		}
-		next := nextAnchor(cmds[i+1:])
-		left := cursor < len(segments)
+		next, seg, left := nextAnchor(cmds[i+1:]), "", cursor < len(segments)
+		if left {
+			seg = segments[cursor]
+		}
 		switch {
 		case c.Optional:
-			if left && classify(segments[cursor]) == nil && !containsFold(segments[cursor], next) {
-				outputs[i] = segments[cursor]
-				cursor++
+			if left && classify(seg) == nil && !containsFold(seg, next) {
+				outputs[i], cursor = seg, cursor+1
 			}
-			continue
 		case c.Expect == "":
-			if !left || containsFold(segments[cursor], next) {
-				continue
+			if left && !containsFold(seg, next) {
+				outputs[i], errs[i], cursor = seg, classify(seg), cursor+1
 			}
-			outputs[i] = segments[cursor]
-			errs[i] = classify(segments[cursor])
-			cursor++
+		case !left:
+			errs[i] = errUnreadableResponse
 		default:
-			if !left {
-				errs[i] = errUnreadableResponse
-				break
-			}
-			outputs[i] = segments[cursor]
-			cursor++
-			if err := classify(outputs[i]); err != nil {
-				errs[i] = err
-			} else if !containsFold(outputs[i], c.Expect) {
+			outputs[i], errs[i], cursor = seg, classify(seg), cursor+1
+			if errs[i] == nil && !containsFold(seg, c.Expect) {
 				errs[i] = errUnreadableResponse
 			}
 		}
@@ -475,25 +417,17 @@ func mapVersion(segment string) (string, bool) {
 	return v, true
 }
 
-// ---------------------------------------------------------------------------
-// Executing: compiled programs packed into lines, sent, judged, recorded.
-
-// execute runs compiled programs in order and returns one result per
+// executeAs runs compiled programs in order and returns one result per
 // program and the verdict. It stops after the first line with a failure:
 // programs never sent keep their preset OK, and the agent falls back to a
 // reload. A line whose reply cannot be read is outcome unknown, never
 // refused.
-func (r *haproxyRuntime) execute(ctx context.Context, programs []program) ([]OpResult, error) {
-	results, _, err := r.executeAs(ctx, programs, nil)
-	return results, err
-}
-
-// executeAs is execute that also reads, on every line's own connection and
-// before its commands, which worker answers (a connection to the worker
-// socket reaches exactly one process). observed is the worker that ran the
-// last line sent. When expected is set and a line reached another worker,
-// the execution stops after that line with errWorkerMoved: checking the
-// worker in the same exchange as the ops costs no round trip, and it names
+//
+// With an expected worker, every line's own connection first reads which
+// worker answers (a connection to the worker socket reaches exactly one
+// process); observed is the worker that ran the last line sent, and a line
+// that reached another worker stops the execution with errWorkerMoved.
+// Checking in the same exchange as the ops costs no round trip and names
 // exactly the process the ops ran on.
 func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expected *HAProxyInfo) (results []OpResult, observed HAProxyInfo, err error) {
 	results = make([]OpResult, len(programs))
@@ -537,10 +471,8 @@ type execution struct {
 const identityCommand = "show info float"
 
 // line sends one rendered line (which starts with linePrefix). With an
-// expected worker, the line reads the worker's identity first, the reply to
-// that read is cut out before the commands are judged, and a line that
-// reached another worker fails with errWorkerMoved once its reply is
-// judged.
+// expected worker it reads the identity first and cuts that response out
+// before the commands are judged.
 func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
 	if e.expect == nil {
 		return e.r.exchange(e.ctx, text, budget)
@@ -549,36 +481,17 @@ func (e *execution) line(text string, budget time.Duration) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	rest, info, err := cutIdentity(raw)
+	// The identity is the third response, after the two prefix commands'.
+	ends, _ := responseEnds(raw)
+	if len(ends) < 3 {
+		return nil, incompleteReply(len(ends), 3)
+	}
+	info, err := e.r.identify(trimReply(string(raw[ends[1]:ends[2]])))
 	if err != nil {
 		return nil, err
 	}
 	e.observed = info
-	e.r.version.Store(&info.Version)
-	return rest, nil
-}
-
-// cutIdentity takes the third response of a reply (the identity read after
-// the two prefix commands) out of it and parses it.
-func cutIdentity(raw []byte) ([]byte, HAProxyInfo, error) {
-	ends := make([]int, 0, 3)
-	for pos := 0; len(ends) < 3 && pos < len(raw); {
-		end, complete := nextResponse(raw, pos)
-		if !complete {
-			break
-		}
-		ends = append(ends, end)
-		pos = end
-	}
-	if len(ends) < 3 {
-		return nil, HAProxyInfo{}, incompleteReply(len(ends), 3)
-	}
-	info, err := parseWorkerInfo(trimReply(string(raw[ends[1]:ends[2]])))
-	if err != nil {
-		return nil, HAProxyInfo{}, err
-	}
-	rest := append(slices.Clone(raw[:ends[1]]), raw[ends[2]:]...)
-	return rest, info, nil
+	return append(slices.Clone(raw[:ends[1]]), raw[ends[2]:]...), nil
 }
 
 // moved reports a line that reached another worker than expected.
@@ -634,16 +547,8 @@ func (e *execution) send(line []lineCommand) error {
 	v := judgeLine(raw, cmds)
 	var lineErr error
 	for i, c := range line {
-		if v.Errs[i] == nil {
-			continue
-		}
-		output := v.Outputs[i]
-		if output == "" {
-			output = v.Errs[i].Error()
-		}
-		e.fail(c.prog, output)
-		if lineErr == nil {
-			lineErr = fmt.Errorf("op %s: %w: %s", e.programs[c.prog].Kind, v.Errs[i], output)
+		if v.Errs[i] != nil {
+			lineErr = cmp.Or(lineErr, e.refuse(c.prog, v.Errs[i], v.Outputs[i]))
 		}
 	}
 	if v.Version != "" {
@@ -664,6 +569,14 @@ func (e *execution) fail(prog int, output string) {
 		e.results[prog].OK = false
 		e.results[prog].Output = output
 	}
+}
+
+// refuse fails a program on a command's verdict, HAProxy's words as its
+// output when there are any, and returns the op's error.
+func (e *execution) refuse(prog int, err error, output string) error {
+	output = cmp.Or(output, err.Error())
+	e.fail(prog, output)
+	return fmt.Errorf("op %s: %w: %s", e.programs[prog].Kind, err, output)
 }
 
 // repeat runs "del map" alone on a line until HAProxy refuses it: HAProxy
@@ -689,12 +602,7 @@ func (e *execution) repeat(prog int, c command) error {
 		if removals > 0 && errors.Is(v.Errs[0], errRejected) {
 			return nil
 		}
-		output := v.Outputs[0]
-		if output == "" {
-			output = v.Errs[0].Error()
-		}
-		e.fail(prog, output)
-		return fmt.Errorf("op %s: %w: %s", e.programs[prog].Kind, v.Errs[0], output)
+		return e.refuse(prog, v.Errs[0], v.Outputs[0])
 	}
 	err := fmt.Errorf("%w: still not exhausted after %d calls", errUnreadableResponse, MaxMapDelRepeat)
 	e.fail(prog, err.Error())
@@ -717,13 +625,11 @@ func (e *execution) abort(p program) {
 	}
 }
 
-// ---------------------------------------------------------------------------
 // Reads: each a complete reply, its own response taken by position; a
-// response tagged [0]: to [3]: is a refusal, never a listing.
+// response tagged [0]: to [3]: is a refusal (errRejected with HAProxy's
+// words), never a listing.
 
-// read sends one read command after prefix and returns its response. A
-// response whose first line carries a severity tag [0]: to [3]: is a
-// refusal (errRejected with HAProxy's words).
+// read sends one read command after prefix and returns its response.
 func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, error) {
 	texts, errs, err := r.readAll(ctx, prefix, []string{cmd})
 	if err != nil {
@@ -777,23 +683,19 @@ func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	if err != nil {
 		return HAProxyInfo{}, err
 	}
-	r.version.Store(&info.Version)
+	r.term.Store(terminatorFor(info.Version))
 	return info, nil
 }
 
 // terminator is the payload terminator for the worker the last info read.
 func (r *haproxyRuntime) terminator() string {
-	if v := r.version.Load(); v != nil {
-		return terminatorFor(*v)
-	}
-	return terminatorFor("")
+	term, _ := r.term.Load().(string)
+	return term
 }
 
 // parseWorkerInfo reads Version, Pid and Start_time_sec from show info.
 func parseWorkerInfo(text string) (HAProxyInfo, error) {
 	var info HAProxyInfo
-	var startText string
-	haveStart := false
 	for line := range strings.SplitSeq(text, "\n") {
 		key, value, ok := strings.Cut(line, ":")
 		if !ok {
@@ -808,15 +710,12 @@ func parseWorkerInfo(text string) (HAProxyInfo, error) {
 				info.WorkerPID = pid
 			}
 		case "Start_time_sec":
-			startText, haveStart = value, true
+			start, ok := parseStartMicros(value)
+			if !ok {
+				return HAProxyInfo{}, fmt.Errorf("show info: invalid worker start time %q", value)
+			}
+			info.WorkerStartTimeUnixMicros = start
 		}
-	}
-	if haveStart {
-		start, ok := parseStartMicros(startText)
-		if !ok {
-			return HAProxyInfo{}, fmt.Errorf("show info: invalid worker start time %q", startText)
-		}
-		info.WorkerStartTimeUnixMicros = start
 	}
 	if !info.HasWorkerIdentity() {
 		return HAProxyInfo{}, errors.New("show info: missing or invalid worker identity")
@@ -845,17 +744,7 @@ func parseStartMicros(v string) (int64, bool) {
 	return total, total > 0
 }
 
-func allDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// ---------------------------------------------------------------------------
-// Master socket: the process table and the reload.
+func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
 // procList is the master's show proc table.
 type procList struct {
@@ -871,12 +760,14 @@ type procRow struct {
 
 // showProc reads the master's process table. It is the master-socket
 // readiness gate and tells a refused reload from an unreachable master.
+// The master CLI keeps a connection open after a command unless told to
+// quit: without ";quit" show proc would hang until the deadline.
 func (r *haproxyRuntime) showProc(ctx context.Context) (procList, error) {
-	text, err := r.masterExchange(ctx, "show proc")
+	raw, _, err := r.roundTrip(ctx, r.masterSocket, "show proc;quit\n", time.Now().Add(r.ioTimeout))
 	if err != nil {
 		return procList{}, fmt.Errorf("show proc: %w", err)
 	}
-	return parseShowProc(text)
+	return parseShowProc(trimReply(string(raw)))
 }
 
 // parseShowProc parses HAProxy's show proc table: a "#<PID>" header line,
@@ -906,16 +797,17 @@ func parseShowProc(text string) (procList, error) {
 		}
 		pid, err1 := strconv.Atoi(fields[0])
 		reloads, err2 := strconv.Atoi(fields[2])
-		if err1 != nil || err2 != nil {
+		failed, ok := failedCount(line)
+		master := section == "" && fields[1] == "master"
+		if err1 != nil || err2 != nil || master && !ok {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
-		row := procRow{PID: pid, Reloads: reloads, Version: procVersion(fields)}
+		row := procRow{PID: pid, Reloads: reloads}
+		if len(fields) > 4 {
+			row.Version = fields[4]
+		}
 		switch {
-		case section == "" && fields[1] == "master":
-			failed, ok := failedCount(line)
-			if !ok {
-				return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
-			}
+		case master:
 			list.MasterPID, list.Reloads, list.FailedReloads, haveMaster = pid, reloads, failed, true
 		case section == "workers":
 			list.Workers = append(list.Workers, row)
@@ -931,23 +823,10 @@ func parseShowProc(text string) (procList, error) {
 
 // failedCount reads "[failed: N]" from the master row.
 func failedCount(line string) (int, bool) {
-	_, rest, ok := strings.Cut(line, "[failed: ")
-	if !ok {
-		return 0, false
-	}
+	_, rest, _ := strings.Cut(line, "[failed: ")
 	digits, _, ok := strings.Cut(rest, "]")
-	if !ok {
-		return 0, false
-	}
 	n, err := strconv.Atoi(digits)
-	return n, err == nil
-}
-
-func procVersion(fields []string) string {
-	if len(fields) > 4 {
-		return fields[4]
-	}
-	return ""
+	return n, ok && err == nil
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
@@ -988,11 +867,8 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 	text := trimReply(string(raw))
 	status, _, _ := strings.Cut(text, "\n")
 	if strings.HasPrefix(status, "Success=") {
-		log := ""
-		if full := text + "\n"; strings.Contains(full, "\n--\n") {
-			_, log, _ = strings.Cut(full, "\n--\n")
-			log = strings.TrimRight(log, "\n")
-		}
+		_, log, _ := strings.Cut(text+"\n", "\n--\n")
+		log = strings.TrimRight(log, "\n")
 		switch status {
 		case "Success=1":
 			return log, nil
@@ -1015,11 +891,7 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply string, deadline time.Time) (string, error) {
 	pollCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	known := make(map[int]bool, len(base.Workers))
-	for _, w := range base.Workers {
-		known[w.PID] = true
-	}
-	tick := time.NewTicker(r.pollInterval)
+	tick := time.NewTicker(reloadPollInterval)
 	defer tick.Stop()
 	for {
 		if procs, err := r.showProc(pollCtx); err == nil {
@@ -1031,7 +903,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 				return log, errReloadRejected
 			}
 			for _, w := range procs.Workers {
-				if !known[w.PID] {
+				if !slices.ContainsFunc(base.Workers, func(old procRow) bool { return old.PID == w.PID }) {
 					return reply, nil
 				}
 			}
@@ -1046,9 +918,6 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 		}
 	}
 }
-
-// ---------------------------------------------------------------------------
-// Readiness.
 
 // probe is the readiness check: the worker answers with an identity, the
 // master lists that worker, and the inventory reads. The worker may be
@@ -1073,49 +942,28 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	return info, inv, nil
 }
 
-// ---------------------------------------------------------------------------
-// Inventory and read-backs: what the worker holds, read through listings
-// that carry the apply-path prefix.
-
-// list reads one listing with the apply-path prefix and returns its data
-// lines (blank and '#' lines dropped), at most MaxInventoryEntries.
-func (r *haproxyRuntime) list(ctx context.Context, cmd string) ([]string, error) {
-	text, err := r.read(ctx, linePrefix, cmd)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", cmd, err)
-	}
-	lines := dataLines(text)
-	if len(lines) > MaxInventoryEntries {
-		return nil, fmt.Errorf("%s: %w (%d rows)", cmd, errTooManyEntries, len(lines))
-	}
-	return lines, nil
-}
-
-// dataLines drops blank lines and '#' lines.
-func dataLines(text string) []string {
+// dataLines returns a listing's data lines (blank and '#' lines dropped),
+// at most MaxInventoryEntries; what names the listing in the error.
+func dataLines(what, text string) ([]string, error) {
 	var lines []string
 	for line := range strings.SplitSeq(text, "\n") {
 		if strings.TrimSpace(line) != "" && !strings.HasPrefix(line, "#") {
 			lines = append(lines, line)
 		}
 	}
-	return lines
+	if len(lines) > MaxInventoryEntries {
+		return nil, fmt.Errorf("%s: %w (%d rows)", what, errTooManyEntries, len(lines))
+	}
+	return lines, nil
 }
 
-// inventory lists what the worker has loaded: maps, certificates, CA files,
-// CRL files and crt-lists, each sorted and deduplicated (a file with an open
-// transaction is listed twice). The five listings travel on one line; a
-// listing that fails is reported, and the others still count: their errors
-// are joined.
 func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
 	_, inv, err := r.listWorker(ctx, generation, false)
 	return inv, err
 }
 
 // identifiedInventory reads which worker answers and its inventory in one
-// exchange, so the inventory is that worker's. An identity that cannot be
-// read is an errNoIdentity error with no inventory; listings that fail leave
-// the identity and say why.
+// exchange, so the inventory is that worker's.
 func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, Inventory, error) {
 	return r.listWorker(ctx, 0, true)
 }
@@ -1123,33 +971,19 @@ func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, 
 // errNoIdentity marks a listing whose worker identity could not be read.
 var errNoIdentity = errors.New("no worker identity")
 
-// listWorker reads the five inventory listings on one line, after the
-// worker's identity when withIdentity is set.
+// listWorker lists what the worker has loaded: maps, certificates, CA
+// files, CRL files and crt-lists, each sorted and deduplicated (a file with
+// an open transaction is listed twice). The five listings travel on one
+// line, after the worker's identity when withIdentity is set. An identity
+// that cannot be read is an errNoIdentity error with no inventory; a
+// listing that fails is reported, and the others still count.
 func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, withIdentity bool) (HAProxyInfo, Inventory, error) {
 	inv := Inventory{Generation: generation}
 	listings := []struct {
 		cmd  string
-		take func(line string) string
 		into *[]string
-	}{
-		{"show map", func(line string) string {
-			_, rest, ok := strings.Cut(line, "(")
-			name, _, closed := strings.Cut(rest, ")")
-			if !ok || !closed {
-				return ""
-			}
-			return name
-		}, &inv.Maps},
-		{"show ssl cert", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.Certs},
-		{"show ssl ca-file", func(line string) string {
-			if name := strings.TrimPrefix(firstField(line), "*"); name != systemCA {
-				return name
-			}
-			return ""
-		}, &inv.CAFiles},
-		{"show ssl crl-file", func(line string) string { return strings.TrimPrefix(firstField(line), "*") }, &inv.CRLFiles},
-		{"show ssl crt-list", firstField, &inv.CRTLists},
-	}
+	}{{"show map", &inv.Maps}, {"show ssl cert", &inv.Certs}, {"show ssl ca-file", &inv.CAFiles},
+		{"show ssl crl-file", &inv.CRLFiles}, {"show ssl crt-list", &inv.CRTLists}}
 	var cmds []string
 	if withIdentity {
 		cmds = append(cmds, identityCommand)
@@ -1158,22 +992,14 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 		cmds = append(cmds, l.cmd)
 	}
 	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
-	if err != nil && withIdentity {
-		return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
-	}
 	if err != nil {
-		var errs []error
-		for _, l := range listings {
-			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, err))
-		}
-		return HAProxyInfo{}, inv, errors.Join(errs...)
+		texts, readErrs = make([]string, len(cmds)), slices.Repeat([]error{err}, len(cmds))
 	}
 	var info HAProxyInfo
 	if withIdentity {
-		if readErrs[0] == nil {
+		err := readErrs[0]
+		if err == nil {
 			info, err = r.identify(texts[0])
-		} else {
-			err = readErrs[0]
 		}
 		if err != nil {
 			return HAProxyInfo{}, inv, fmt.Errorf("%w: %w", errNoIdentity, err)
@@ -1182,32 +1008,44 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 	}
 	var errs []error
 	for i, l := range listings {
-		names := []string{}
-		lines := dataLines(texts[i])
-		switch {
-		case readErrs[i] != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", l.cmd, readErrs[i]))
-			lines = nil
-		case len(lines) > MaxInventoryEntries:
-			errs = append(errs, fmt.Errorf("%s: %w (%d rows)", l.cmd, errTooManyEntries, len(lines)))
-			lines = nil
+		lines, err := dataLines(l.cmd, texts[i])
+		if readErrs[i] != nil {
+			err = fmt.Errorf("%s: %w", l.cmd, readErrs[i])
 		}
+		names := []string{}
 		for _, line := range lines {
-			if name := l.take(line); name != "" {
+			if name := listedName(l.cmd, line); name != "" {
 				names = append(names, name)
 			}
 		}
 		slices.Sort(names)
-		*l.into = slices.Compact(names)
+		*l.into, errs = slices.Compact(names), append(errs, err)
 	}
 	return info, inv, errors.Join(errs...)
 }
 
-func firstField(line string) string {
-	if f := strings.Fields(line); len(f) > 0 {
+// listedName is the object one listing row names: the file in the
+// parentheses of a show map row, else the first field, less the '*' that
+// marks an object with an open transaction (a crt-list row has none). The
+// system CA store is HAProxy's own, no file of ours.
+func listedName(cmd, line string) string {
+	f := strings.Fields(line)
+	switch {
+	case cmd == "show map":
+		_, rest, ok := strings.Cut(line, "(")
+		name, _, closed := strings.Cut(rest, ")")
+		if !ok || !closed {
+			return ""
+		}
+		return name
+	case len(f) == 0:
+		return ""
+	case cmd == "show ssl crt-list":
 		return f[0]
+	case cmd == "show ssl ca-file" && strings.TrimPrefix(f[0], "*") == systemCA:
+		return ""
 	}
-	return ""
+	return strings.TrimPrefix(f[0], "*")
 }
 
 // mapEntries reads the running entries of one map: rows
@@ -1231,15 +1069,12 @@ func (r *haproxyRuntime) mapEntries(ctx context.Context, path string) (map[strin
 		if rows++; rows > MaxMapEntries {
 			return nil, fmt.Errorf("%s: %w (more than %d rows)", cmd, errTooManyEntries, MaxMapEntries)
 		}
-		fields := strings.SplitN(row, " ", 3)
-		if len(fields) < 2 {
+		_, rest, ok := strings.Cut(row, " ")
+		if !ok {
 			continue
 		}
-		value := ""
-		if len(fields) == 3 {
-			value = fields[2]
-		}
-		entries[fields[1]] = append(entries[fields[1]], value)
+		key, value, _ := strings.Cut(rest, " ")
+		entries[key] = append(entries[key], value)
 	}
 	return entries, nil
 }
@@ -1249,7 +1084,12 @@ func (r *haproxyRuntime) serverNames(ctx context.Context, backend string) (map[s
 	if err := checkToken("backend", backend); err != nil {
 		return nil, err
 	}
-	lines, err := r.list(ctx, "show servers state "+backend)
+	cmd := "show servers state " + backend
+	text, err := r.read(ctx, linePrefix, cmd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", cmd, err)
+	}
+	lines, err := dataLines(cmd, text)
 	if err != nil {
 		return nil, err
 	}
@@ -1285,34 +1125,24 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 	if column < 0 {
 		return 0, errors.New("show stat: no conn_tot column")
 	}
-	rows := dataLines(body)
-	if len(rows) > MaxInventoryEntries {
-		return 0, fmt.Errorf("show stat: %w (%d rows)", errTooManyEntries, len(rows))
+	rows, err := dataLines("show stat", body)
+	if err != nil {
+		return 0, err
 	}
 	var sum uint64
 	for _, row := range rows {
 		cells := strings.Split(row, ",")
-		if len(cells) < 2 || cells[1] != "FRONTEND" || ignore[cells[0]] {
+		if len(cells) < 2 || cells[1] != "FRONTEND" || ignore[cells[0]] || column >= len(cells) || cells[column] == "" {
 			continue
 		}
-		cell := ""
-		if column < len(cells) {
-			cell = cells[column]
-		}
-		if cell == "" {
-			continue
-		}
-		n, err := strconv.ParseUint(cell, 10, 64)
+		n, err := strconv.ParseUint(cells[column], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("show stat: conn_tot of %s is not a number: %q", cells[0], cell)
+			return 0, fmt.Errorf("show stat: conn_tot of %s is not a number: %q", cells[0], cells[column])
 		}
 		sum += n
 	}
 	return sum, nil
 }
-
-// ---------------------------------------------------------------------------
-// Interactive worker session.
 
 // workerSession is one prompt-mode connection to one worker, so that
 // show info, wait, shutdown sessions and del run on the same worker. It
@@ -1322,7 +1152,6 @@ type workerSession struct {
 	conn    net.Conn
 	stop    func() bool
 	timeout time.Duration
-	buf     []byte
 }
 
 // openWorker opens a session bound to the expected worker: after the setup
@@ -1338,25 +1167,20 @@ func (r *haproxyRuntime) openWorker(ctx context.Context, expected HAProxyInfo) (
 	}
 	s := &workerSession{ctx: ctx, conn: conn, timeout: r.sessionTimeout}
 	s.stop = context.AfterFunc(ctx, func() { conn.Close() })
-	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on"} {
+	var got HAProxyInfo
+	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on", identityCommand} {
 		reply, err := s.execute(cmd)
-		if err == nil {
+		switch {
+		case err != nil:
+		case cmd == identityCommand:
+			got, err = parseWorkerInfo(reply)
+		default:
 			err = sessionVerdict(reply, command{Text: cmd})
 		}
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("worker session setup: %w", err)
 		}
-	}
-	reply, err := s.execute("show info float")
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("worker session setup: %w", err)
-	}
-	got, err := parseWorkerInfo(reply)
-	if err != nil {
-		s.Close()
-		return nil, fmt.Errorf("worker session setup: %w", err)
 	}
 	if !expected.SameWorker(got) {
 		s.Close()
@@ -1379,22 +1203,22 @@ func (s *workerSession) execute(cmd string) (string, error) {
 	if _, err := io.WriteString(s.conn, cmd+"\n"); err != nil {
 		return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
 	}
-	s.buf = s.buf[:0]
+	var buf []byte
 	var chunk [4096]byte
-	for !bytes.HasSuffix(s.buf, []byte(workerPrompt)) {
-		if len(s.buf) > maxSessionReplyBytes {
+	for !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+		if len(buf) > maxSessionReplyBytes {
 			return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 		}
 		n, err := s.conn.Read(chunk[:])
-		s.buf = append(s.buf, chunk[:n]...)
-		if err != nil && !bytes.HasSuffix(s.buf, []byte(workerPrompt)) {
+		buf = append(buf, chunk[:n]...)
+		if err != nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
 			return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
 		}
 	}
-	if len(s.buf) > maxSessionReplyBytes+len(workerPrompt) {
+	if len(buf) > maxSessionReplyBytes+len(workerPrompt) {
 		return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 	}
-	return strings.TrimSpace(string(s.buf[:len(s.buf)-len(workerPrompt)])), nil
+	return strings.TrimSpace(string(buf[:len(buf)-len(workerPrompt)])), nil
 }
 
 // cause reports a cancelled context rather than the closed connection it
@@ -1406,21 +1230,16 @@ func (s *workerSession) cause(err error) error {
 	return err
 }
 
-// Close ends the session.
 func (s *workerSession) Close() error {
 	s.stop()
 	return s.conn.Close()
 }
 
-// sessionVerdict judges one session reply as a line of one command: the
-// prefix entry first, as matchBatch always expects, although the session
-// sent its prefix commands at setup.
+// sessionVerdict judges one session reply as a line of one command behind
+// the prefix entry, which the session sent at setup.
 func sessionVerdict(reply string, c command) error {
 	errs, outputs := matchSegments(splitSegments(reply), []command{prefixEntry, c})
-	if errs[1] == nil {
-		return nil
-	}
-	if outputs[1] != "" {
+	if errs[1] != nil && outputs[1] != "" {
 		return fmt.Errorf("%w: %s", errs[1], outputs[1])
 	}
 	return errs[1]

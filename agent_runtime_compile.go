@@ -2,9 +2,7 @@
 // runtime commands (compileOp), every word checked against the token
 // grammar, every payload framed for the worker's terminator, and the
 // commands are packed into ';'-joined lines under the line budget, each
-// rendered behind the line prefix. It reads in that order: the line
-// constants, the program types, compiling, the token checks, payload
-// framing, then line building.
+// rendered behind the line prefix.
 //
 // It is pure functions over data and must never do I/O: the file bytes
 // arrive through a content function and the terminator as an argument, so
@@ -16,6 +14,7 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -55,9 +54,6 @@ var (
 	errVersionLimit = errors.New("beyond what this HAProxy version takes at runtime")
 )
 
-// ---------------------------------------------------------------------------
-// Programs: what an op becomes.
-
 // command is one HAProxy runtime command with the text that judges it.
 type command struct {
 	Text     string // the command; never contains '\n'
@@ -81,23 +77,16 @@ type program struct {
 }
 
 // terminatorFor chooses the payload terminator for a worker version.
-// HAProxy 2.6 has no custom terminators: it would take "<<HAPTIC" as a plain
-// argument and then run every payload line as a command. Custom terminators
-// arrived in 3.0 together with dynamic servers, so CapsFor's version rule
-// decides (major.minor of at least 3.0, read from the version's leading
-// digits); an older or unreadable version gets HAProxy's default
-// empty-line terminator.
+// HAProxy 2.6 would take "<<HAPTIC" as a plain argument and run every
+// payload line as a command. Custom terminators arrived in 3.0 with dynamic
+// servers, so CapsFor's version rule decides; an older or unreadable
+// version gets HAProxy's default empty-line terminator.
 func terminatorFor(version string) string {
 	if CapsFor(version, nil).DynamicServers {
 		return payloadTerminator
 	}
 	return ""
 }
-
-// ---------------------------------------------------------------------------
-// Compiling: one case per op kind, each building HAProxy's own command
-// text; the payload forms, map_replace and the certificate transactions
-// follow.
 
 // compileOp turns one op into its program. Every word is checked against
 // the token grammar first; a failing field is refused, never sanitised.
@@ -108,11 +97,10 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	var err error
 	switch op.Kind {
 	case OpBackendAdd:
-		err = firstError(checkToken("backend", op.Backend), checkToken("profile", op.Profile),
-			checkEnum("mode", op.Mode, "http", "tcp"), checkOptionalToken("guid", op.GUID))
+		err = cmp.Or(checkToken("backend", op.Backend), checkToken("profile", op.Profile), checkEnum("mode", op.Mode, "http", "tcp"))
 		text := "add backend " + op.Backend + " from " + op.Profile + " mode " + op.Mode
 		if op.GUID != "" {
-			text += " guid " + op.GUID
+			err, text = cmp.Or(err, checkToken("guid", op.GUID)), text+" guid "+op.GUID
 		}
 		p.Commands = []command{{Text: text, Expect: "New backend registered"}}
 	case OpBackendPublish:
@@ -125,15 +113,15 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		err = checkToken("backend", op.Backend)
 		p.Commands = []command{{Text: "del backend " + op.Backend, Expect: "Backend deleted"}}
 	case OpBackendWaitRemovable:
-		err = firstError(checkToken("backend", op.Backend), checkWaitTimeout(op.TimeoutMs))
+		err = cmp.Or(checkToken("backend", op.Backend), checkRange("timeout_ms", op.TimeoutMs, 1, MaxWaitBudgetMs))
 		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " be-removable " + op.Backend, Expect: expectDone}}
 	case OpServerAdd:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port), checkKeywords("keyword", op.Keywords))
+		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535), checkKeywords("keyword", op.Keywords))
 		text := "add server " + serverRefText(op) + " " + op.Address
 		if op.Port > 0 {
 			text += ":" + strconv.Itoa(op.Port)
 		}
-		p.Commands = []command{{Text: text + keywordWords(op.Keywords), Expect: "New server registered"}}
+		p.Commands = []command{{Text: strings.Join(slices.Concat([]string{text}, flatWords(op.Keywords)), " "), Expect: "New server registered"}}
 	case OpServerEnable:
 		err = checkRef(op)
 		if op.Health {
@@ -144,7 +132,7 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		err = checkRef(op)
 		p.Commands = []command{{Text: "disable server " + serverRefText(op)}}
 	case OpServerSetAddr:
-		err = firstError(checkRef(op), checkToken("address", op.Address), checkPort(op.Port))
+		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535))
 		text := "set server " + serverRefText(op) + " addr " + op.Address
 		if op.Port > 0 {
 			text += " port " + strconv.Itoa(op.Port)
@@ -153,15 +141,15 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		// words decide ("IP changed", "port changed", "nothing changed").
 		p.Commands = []command{{Text: text, Expect: "chang"}}
 	case OpServerSetWeight:
-		err = firstError(checkRef(op), checkWeight(op.Weight))
+		err = cmp.Or(checkRef(op), checkWeight(op.Weight))
 		if err == nil {
 			p.Commands = []command{{Text: "set server " + serverRefText(op) + " weight " + strconv.Itoa(*op.Weight)}}
 		}
 	case OpServerSetState:
-		err = firstError(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
+		err = cmp.Or(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
 		p.Commands = []command{{Text: "set server " + serverRefText(op) + " state " + op.State}}
 	case OpServerWaitRemovable:
-		err = firstError(checkRef(op), checkWaitTimeout(op.TimeoutMs))
+		err = cmp.Or(checkRef(op), checkRange("timeout_ms", op.TimeoutMs, 1, MaxWaitBudgetMs))
 		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + serverRefText(op), Expect: expectDone}}
 	case OpShutdownSessions:
 		err = checkRef(op)
@@ -172,13 +160,13 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpMapAdd:
 		// The payload form carries a value with spaces, which the line form
 		// would cut at the first space.
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
 		p.Commands = []command{{Text: "add map " + op.Path, Payload: op.Key + " " + op.Value + "\n"}}
 	case OpMapSet:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
 		p.Commands = []command{{Text: "set map " + op.Path + " " + op.Key + " " + op.Value}}
 	case OpMapDel:
-		err = firstError(checkToken("path", op.Path), checkToken("key", op.Key))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key))
 		p.Commands = []command{{Text: "del map " + op.Path + " " + op.Key, Repeat: true}}
 	case OpMapReplace:
 		p.Commands, err = compileMapReplace(op.Path, content)
@@ -189,11 +177,11 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpCRTListAdd:
 		// Always the payload form: the line form silently drops options
 		// and SNI filters.
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert),
+		err = cmp.Or(checkToken("path", op.Path), checkToken("cert", op.Cert),
 			checkKeywords("option", op.Options), checkTokens("sni filter", op.SNIFilters), checkCRTListWords(op))
 		p.Commands = []command{{Text: "add ssl crt-list " + op.Path, Payload: crtListLine(op), Expect: "Success"}}
 	case OpCRTListDel:
-		err = firstError(checkToken("path", op.Path), checkToken("cert", op.Cert))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("cert", op.Cert))
 		p.Commands = []command{{Text: "del ssl crt-list " + op.Path + " " + op.Cert}}
 	default:
 		return program{}, fmt.Errorf("%w: %q", errUnknownOp, op.Kind)
@@ -357,43 +345,22 @@ func readContent(content func(string) ([]byte, error), path string) ([]byte, err
 // crtListLine renders one crt-list entry: the certificate, the options in
 // one bracket pair, then the SNI filters.
 func crtListLine(op *Op) string {
-	var b strings.Builder
-	b.WriteString(op.Cert)
+	words := []string{op.Cert}
 	if len(op.Options) > 0 {
-		b.WriteString(" [")
-		for i, o := range op.Options {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(o.Name)
-			for _, a := range o.Args {
-				b.WriteByte(' ')
-				b.WriteString(a)
-			}
-		}
-		b.WriteByte(']')
+		words = append(words, "["+strings.Join(flatWords(op.Options), " ")+"]")
 	}
-	for _, f := range op.SNIFilters {
-		b.WriteByte(' ')
-		b.WriteString(f)
-	}
-	b.WriteByte('\n')
-	return b.String()
+	return strings.Join(append(words, op.SNIFilters...), " ") + "\n"
 }
 
 func serverRefText(op *Op) string { return op.Backend + "/" + op.Server }
 
-func keywordWords(kws []KeywordArg) string {
-	var b strings.Builder
+// flatWords lists keywords, each followed by its arguments.
+func flatWords(kws []KeywordArg) []string {
+	var words []string
 	for _, kw := range kws {
-		b.WriteByte(' ')
-		b.WriteString(kw.Name)
-		for _, a := range kw.Args {
-			b.WriteByte(' ')
-			b.WriteString(a)
-		}
+		words = append(append(words, kw.Name), kw.Args...)
 	}
-	return b.String()
+	return words
 }
 
 // Token checks. A word HAProxy would read differently from what the op
@@ -412,13 +379,6 @@ func checkToken(field, s string) error {
 	return nil
 }
 
-func checkOptionalToken(field, s string) error {
-	if s == "" {
-		return nil
-	}
-	return checkToken(field, s)
-}
-
 func checkTokens(field string, words []string) error {
 	for _, w := range words {
 		if err := checkToken(field, w); err != nil {
@@ -430,7 +390,7 @@ func checkTokens(field string, words []string) error {
 
 func checkKeywords(field string, kws []KeywordArg) error {
 	for _, kw := range kws {
-		if err := firstError(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
+		if err := cmp.Or(checkToken(field, kw.Name), checkTokens(field+" argument", kw.Args)); err != nil {
 			return err
 		}
 	}
@@ -441,11 +401,7 @@ func checkKeywords(field string, kws []KeywordArg) error {
 // SafeToken allows them, but inside the entry's one bracket pair a ']'
 // would end the options early and turn the rest into SNI filters.
 func checkCRTListWords(op *Op) error {
-	words := append([]string{op.Cert}, op.SNIFilters...)
-	for _, o := range op.Options {
-		words = append(append(words, o.Name), o.Args...)
-	}
-	for _, w := range words {
+	for _, w := range slices.Concat([]string{op.Cert}, op.SNIFilters, flatWords(op.Options)) {
 		if strings.ContainsAny(w, "[]") {
 			return fmt.Errorf("%w: crt-list word %q", errUnsafeToken, w)
 		}
@@ -461,7 +417,7 @@ func checkPayloadValue(field, s string) error {
 }
 
 func checkRef(op *Op) error {
-	return firstError(checkToken("backend", op.Backend), checkToken("server", op.Server))
+	return cmp.Or(checkToken("backend", op.Backend), checkToken("server", op.Server))
 }
 
 func checkEnum(field, s string, allowed ...string) error {
@@ -471,17 +427,11 @@ func checkEnum(field, s string, allowed ...string) error {
 	return nil
 }
 
-func checkWaitTimeout(ms int) error {
-	if ms < 1 || ms > MaxWaitBudgetMs {
-		return fmt.Errorf("%w: timeout_ms %d outside 1..%d", errUnsafeToken, ms, MaxWaitBudgetMs)
-	}
-	return nil
-}
-
-// checkPort refuses what HAProxy would wrap: "port 70000" sets port 4464.
-func checkPort(port int) error {
-	if port < 0 || port > 65535 {
-		return fmt.Errorf("%w: port %d outside 0..65535", errUnsafeToken, port)
+// checkRange refuses a number outside what HAProxy takes as meant: it
+// would wrap "port 70000" to port 4464.
+func checkRange(field string, n, lo, hi int) error {
+	if n < lo || n > hi {
+		return fmt.Errorf("%w: %s %d outside %d..%d", errUnsafeToken, field, n, lo, hi)
 	}
 	return nil
 }
@@ -490,19 +440,7 @@ func checkWeight(w *int) error {
 	if w == nil {
 		return fmt.Errorf("%w: weight is unset", errUnsafeToken)
 	}
-	if *w < 0 || *w > 256 {
-		return fmt.Errorf("%w: weight %d outside 0..256", errUnsafeToken, *w)
-	}
-	return nil
-}
-
-func firstError(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return checkRange("weight", *w, 0, 256)
 }
 
 // checkCommand enforces the size limits and payload framing rules on one
@@ -546,23 +484,10 @@ func checkCommand(c command, term string) error {
 // frameCommand renders a payload command: "<text> <<TERM\n<payload>TERM\n",
 // with HAProxy's default empty-line terminator when term is "".
 func frameCommand(text, payload, term string) string {
-	var b strings.Builder
-	b.Grow(framedLen(text, payload, term))
-	writeFramed(&b, text, payload, term)
-	return b.String()
-}
-
-func writeFramed(b *strings.Builder, text, payload, term string) {
-	b.WriteString(text)
-	b.WriteString(" <<")
-	b.WriteString(term)
-	b.WriteByte('\n')
-	b.WriteString(payload)
 	if !strings.HasSuffix(payload, "\n") {
-		b.WriteByte('\n')
+		payload += "\n"
 	}
-	b.WriteString(term)
-	b.WriteByte('\n')
+	return text + " <<" + term + "\n" + payload + term + "\n"
 }
 
 // framedLen is len(frameCommand(text, payload, term)) without building it.
@@ -574,7 +499,6 @@ func framedLen(text, payload, term string) int {
 	return n
 }
 
-// ---------------------------------------------------------------------------
 // Line building: the commands of consecutive programs share a line until
 // the budget is reached, since every line costs a connection.
 
@@ -633,25 +557,18 @@ func waitMsOf(text string) int {
 // renderLine renders one line with the apply-path prefix; a payload
 // command, always last, is framed with its program's terminator.
 func renderLine(line []lineCommand, term string) string {
-	size := len(linePrefix) + 1
-	for _, c := range line {
-		size += framedLen(c.Text, c.Payload, term)
-	}
 	var b strings.Builder
-	b.Grow(size)
 	b.WriteString(linePrefix)
 	for i, c := range line {
 		if i > 0 {
 			b.WriteByte(';')
 		}
 		if c.Payload != "" {
-			writeFramed(&b, c.Text, c.Payload, term)
-			return b.String()
+			return b.String() + frameCommand(c.Text, c.Payload, term)
 		}
 		b.WriteString(c.Text)
 	}
-	b.WriteByte('\n')
-	return b.String()
+	return b.String() + "\n"
 }
 
 func lineWaitBudget(line []lineCommand) time.Duration {

@@ -240,7 +240,7 @@ func TestALevelThreeReplyIsARejection(t *testing.T) {
 			return "Require 'backend/server'.", strings.HasPrefix(cmd, "disable server")
 		}
 	})
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"}}, nil), nil)
 	if !errors.Is(err, errRejected) || len(results) != 1 || results[0].OK || results[0].Output != "[3]: Require 'backend/server'." {
 		t.Errorf("err = %v, results %+v", err, results)
 	}
@@ -642,7 +642,7 @@ func compileAll(t *testing.T, r *haproxyRuntime, ops []Op, files map[string]stri
 // mustExecute runs ops and fails the test on any error.
 func mustExecute(t *testing.T, r *haproxyRuntime, ops []Op, files map[string]string) []OpResult {
 	t.Helper()
-	results, err := r.execute(t.Context(), compileAll(t, r, ops, files))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, ops, files), nil)
 	if err != nil {
 		t.Fatalf("execute: %v (results %+v)", err, results)
 	}
@@ -803,7 +803,7 @@ func testExecuteReportsANameCollision(t *testing.T, tg *target) {
 	r := tg.newRuntime(t, nil)
 	add := []Op{{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http"}}
 	mustExecute(t, r, add, nil)
-	results, err := r.execute(t.Context(), compileAll(t, r, add, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, add, nil), nil)
 	if !errors.Is(err, errNameCollision) || results[0].OK || !strings.Contains(results[0].Output, "already used by other proxy") {
 		t.Fatalf("err = %v, results %+v", err, results)
 	}
@@ -824,7 +824,7 @@ func testExecuteStopsAtTheFirstRejection(t *testing.T, tg *target) {
 		{Kind: OpServerAdd, Backend: "be-a", Server: "t2", Address: "10.0.0.1", Port: 80},
 		{Kind: OpMapAdd, Path: "maps/host.map", Key: "never.example.com", Value: "x"}, // a payload: a line of its own
 	}
-	results, err := r.execute(t.Context(), compileAll(t, r, ops, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, ops, nil), nil)
 	if !errors.Is(err, errRejected) {
 		t.Fatalf("err = %v", err)
 	}
@@ -940,7 +940,7 @@ func testExecuteRepeatsMapDelUntilTheKeyIsGone(t *testing.T, tg *target) {
 		t.Errorf("map %v", got)
 	}
 	// Deleting an absent key is the refusal.
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpMapDel, Path: "maps/host.map", Key: "dup.example.com"}}, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpMapDel, Path: "maps/host.map", Key: "dup.example.com"}}, nil), nil)
 	if !errors.Is(err, errRejected) || results[0].OK || !strings.Contains(results[0].Output, "Key not found") {
 		t.Errorf("absent key: %v %+v", err, results)
 	}
@@ -955,7 +955,7 @@ func testExecuteAbortsACertTransactionOnFailure(t *testing.T, tg *target) {
 	rec := recordLines(r)
 	pemText, _ := issuePEM(t, "a.example.com")
 	certOnly, _, _ := strings.Cut(pemText, "-----BEGIN EC PRIVATE KEY-----")
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpCertSet, Path: "certs/a.pem"}}, map[string]string{"certs/a.pem": certOnly}))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpCertSet, Path: "certs/a.pem"}}, map[string]string{"certs/a.pem": certOnly}), nil)
 	if !errors.Is(err, errRejected) || results[0].OK {
 		t.Fatalf("err = %v, results %+v", err, results)
 	}
@@ -1006,7 +1006,7 @@ func testExecuteReadsSetServerAddrByItsWords(t *testing.T, tg *target) {
 	if f := tg.serverRows(t, "be-a")["srv1"]; f[4] != "10.0.0.2" || f[18] != "81" {
 		t.Errorf("srv1 row %v", f)
 	}
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "bogus"}}, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "bogus"}}, nil), nil)
 	if !errors.Is(err, errRejected) || !strings.Contains(results[0].Output, "Invalid addr") {
 		t.Errorf("invalid address: %v %+v", err, results)
 	}
@@ -1017,7 +1017,7 @@ func TestExecuteRefusesBackendOpsOn30(t *testing.T) { onFakes(t, testExecuteRefu
 func testExecuteRefusesBackendOpsOn30(t *testing.T, tg *target) {
 	tg.requireDialect(t, "3.0")
 	r := tg.newRuntime(t, nil)
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http"}}, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpBackendAdd, Backend: "be-b", Profile: "web", Mode: "http"}}, nil), nil)
 	if !errors.Is(err, errRejected) || results[0].OK || !strings.Contains(results[0].Output, "Unknown command") {
 		t.Fatalf("err = %v, results %+v", err, results)
 	}
@@ -1034,7 +1034,7 @@ func TestExecuteRefusesMoreThanMaxOps(t *testing.T) {
 	for i := range programs {
 		programs[i] = program{Kind: OpServerDisable, Commands: []command{{Text: "disable server be-a/srv1"}}}
 	}
-	results, err := r.execute(t.Context(), programs)
+	results, _, err := r.executeAs(t.Context(), programs, nil)
 	if err == nil || err.Error() != "1001 ops exceed the 1000-op limit" || len(results) != len(programs) {
 		t.Fatalf("err = %v", err)
 	}
@@ -1049,10 +1049,10 @@ func TestExecuteTreatsACutReplyAsUnknown(t *testing.T) {
 	tg.fake.With(func(m *FakeModel) {
 		m.CutReply = func(line string) (int, bool) { return 2, strings.Contains(line, "add server be-a/cut") }
 	})
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{
 		{Kind: OpServerAdd, Backend: "be-a", Server: "cut", Address: "10.0.0.1", Port: 80},
 		{Kind: OpServerDisable, Backend: "be-a", Server: "cut"},
-	}, nil))
+	}, nil), nil)
 	if !errors.Is(err, errUnreadableResponse) || results[0].OK || results[1].OK {
 		t.Fatalf("err = %v, results %+v", err, results)
 	}
@@ -1089,7 +1089,7 @@ func TestExecuteRetriesOnlyAConnectFailure(t *testing.T) {
 			return conn, err
 		}
 		programs := compileAll(t, r, op, nil)
-		if _, err := r.execute(t.Context(), programs); err != nil {
+		if _, _, err := r.executeAs(t.Context(), programs, nil); err != nil {
 			t.Fatal(err)
 		}
 		if n := rec.dialCount(); n != 2 {
@@ -1107,7 +1107,7 @@ func TestExecuteRetriesOnlyAConnectFailure(t *testing.T) {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 		r := newHAProxyRuntime(runtimeConfig{WorkerSocket: dir + "/haproxy-worker.sock"})
 		rec := recordLines(r)
-		results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+		results, _, err := r.executeAs(t.Context(), compileAll(t, r, op, nil), nil)
 		if err == nil || !strings.HasPrefix(err.Error(), "runtime socket: ") || results[0].OK {
 			t.Fatalf("err = %v, results %+v", err, results)
 		}
@@ -1122,7 +1122,7 @@ func TestExecuteRetriesOnlyAConnectFailure(t *testing.T) {
 		tg.fake.With(func(m *FakeModel) {
 			m.CutReply = func(line string) (int, bool) { return 0, strings.Contains(line, "set map") }
 		})
-		results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+		results, _, err := r.executeAs(t.Context(), compileAll(t, r, op, nil), nil)
 		if !errors.Is(err, errUnreadableResponse) || results[0].OK {
 			t.Fatalf("err = %v, results %+v", err, results)
 		}
@@ -1195,7 +1195,7 @@ func TestARuntimeTransportErrorAfterTheWriteIsNotRetried(t *testing.T) {
 				}
 			})
 			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path, IOTimeout: 200 * time.Millisecond})
-			results, err := r.execute(t.Context(), compileAll(t, r, op, nil))
+			results, _, err := r.executeAs(t.Context(), compileAll(t, r, op, nil), nil)
 			mu.Lock()
 			n := accepted
 			mu.Unlock()
@@ -1223,7 +1223,7 @@ func TestExecuteHonoursTheDeadline(t *testing.T) {
 			return "", false
 		}
 	})
-	results, err := r.execute(t.Context(), compileAll(t, r, []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "x"}}, nil))
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpMapSet, Path: "maps/host.map", Key: "example.com", Value: "x"}}, nil), nil)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.Is(err, errUnreadableResponse) || results[0].OK {
 		t.Fatalf("err = %v, results %+v", err, results)
 	}
@@ -1571,7 +1571,7 @@ func testInventoryDeduplicatesTransactionRows(t *testing.T, tg *target) {
 	pemText, _ := issuePEM(t, "a.example.com")
 	open := program{Kind: OpCertSet, Terminator: r.terminator(),
 		Commands: []command{{Text: "set ssl cert certs/a.pem", Payload: pemText, Expect: "transaction"}}}
-	if _, err := r.execute(t.Context(), []program{open}); err != nil {
+	if _, _, err := r.executeAs(t.Context(), []program{open}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if out := tg.show(t, "show ssl cert"); !strings.Contains(out, "*certs/a.pem") {
@@ -1843,7 +1843,7 @@ func BenchmarkMapAddRoundTrip(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := r.execute(b.Context(), []program{p}); err != nil {
+		if _, _, err := r.executeAs(b.Context(), []program{p}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -1877,7 +1877,7 @@ func BenchmarkMapReplace10k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := r.execute(b.Context(), []program{p}); err != nil {
+		if _, _, err := r.executeAs(b.Context(), []program{p}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

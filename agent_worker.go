@@ -101,17 +101,6 @@ func (w *workerTracker) listInventory(ctx context.Context) *Inventory {
 	return &inv
 }
 
-// reloadFailure is a reload HAProxy refused: its text is HAProxy's startup
-// log, and it wraps errReloadRejected so that the failure counts as
-// deterministic.
-type reloadFailure struct {
-	msg string
-	err error
-}
-
-func (e *reloadFailure) Error() string { return e.msg }
-func (e *reloadFailure) Unwrap() error { return e.err }
-
 // reload sends the reload through the master and adopts the new worker,
 // holding the worker-observation lock throughout. The reload timeout bounds
 // the whole of it, but the runtime layer enforces it on the reload itself
@@ -133,7 +122,9 @@ func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
 		info.TookMs = time.Since(start).Milliseconds()
 		w.metrics.reloads.inc("failed")
 		if errors.Is(err, errReloadRejected) {
-			return info, &reloadFailure{msg: cmp.Or(log, errReloadRejected.Error()), err: err}
+			// HAProxy's startup log says why; the error still counts as a
+			// refusal, which is deterministic.
+			return info, &runtimeError{msg: cmp.Or(log, errReloadRejected.Error()), kind: []error{err}}
 		}
 		info.Performed = false
 		return info, err
@@ -189,22 +180,17 @@ func (w *workerTracker) reloadToRecover(ctx context.Context) (*ReloadInfo, error
 
 // awaitNewWorker polls until a worker other than prev answers, and returns
 // it with its inventory (nil when a listing failed). Each poll reads the
-// identity and the inventory on one line, so the first answer of the new
-// worker is the whole refresh and the inventory is the adopted worker's
-// own. A line that fails as a whole (a cut or oversized reply) is followed
-// by the identity alone, so that a listing the worker cannot answer costs
-// the inventory, never the reload. Ops are never sent to the outgoing
-// worker.
+// identity and the inventory on one line, so the inventory is the adopted
+// worker's own. A line that fails as a whole (a cut or oversized reply) is
+// followed by the identity alone: a listing the worker cannot answer costs
+// the inventory, never the reload. Ops never go to the outgoing worker.
 func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
 		info, inv, err := w.rt.identifiedInventory(ctx)
 		if errors.Is(err, errNoIdentity) {
-			var infoErr error
-			if info, infoErr = w.rt.info(ctx); infoErr != nil {
-				info = HAProxyInfo{}
-			}
+			info, _ = w.rt.info(ctx) // no identity on error
 		}
 		if info.HasWorkerIdentity() && !prev.SameWorker(info) {
 			if err != nil {
