@@ -1,0 +1,84 @@
+// This file owns the benchmarks of a one-entry change to a fleet-sized host
+// map (236,000 entries): what one pod's Deploy costs on the wire and in
+// time on the fake HAProxy, and what the agent's apply of that change costs
+// against the raw `add map` on a real HAProxy. Nothing here asserts a time.
+
+package haptic
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// bigMapEntries is the entry count of the host map of a multi-tenant
+// platform the benchmarks stand for.
+const bigMapEntries = 236_000
+
+// bigMapHost is the host of entry i.
+func bigMapHost(i int) string { return fmt.Sprintf("tenant-%06d.example.com", i) }
+
+// bigMap is the host map of bigMapEntries tenants, each on one of 32
+// backends, with entry changed (when in range) pointing at backend instead.
+// It is the same for the same arguments, so runs compare.
+func bigMap(changed int, backend string) string {
+	var b strings.Builder
+	b.Grow(bigMapEntries * 37)
+	for i := range bigMapEntries {
+		value := fmt.Sprintf("backend_%d", i%32)
+		if i == changed {
+			value = backend
+		}
+		b.WriteString(bigMapHost(i))
+		b.WriteByte(' ')
+		b.WriteString(value)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// BenchmarkDeployOneEntryBigMap deploys one changed entry of the big map
+// to the real agent on the fake HAProxy, back and forth between two
+// renders, with the caller's previous plan, its blob and the preparation
+// of the pair done once outside the timer (they are per fleet, not per
+// pod). It reports every byte the client writes per deploy (headers, the
+// patch and the plan blob's upload included) and, apart, the blob's share.
+func BenchmarkDeployOneEntryBigMap(b *testing.B) {
+	fake := startTestFake(b, "")
+	var plans [2]*Plan
+	var blobs [2][]byte
+	for i, backend := range []string{"backend_0", "backend_moved"} {
+		plans[i] = examplePlan(bigMap(bigMapEntries/2, backend))
+		blob, err := EncodePlanBlob(plans[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		blobs[i] = blob
+	}
+	seedHostMap(fake, plans[0].Files[1].Content)
+	agent := startTestAgent(b, fake, nil)
+	c := deployClient(b, agentBaseURL(agent))
+	wire := countWire(c)
+	ctx := context.Background()
+	if res, err := Deploy(ctx, c, plans[0], DeployOptions{LeaderEpoch: 1, PlanBlob: blobs[0]}); err != nil || !res.OK {
+		b.Fatalf("first deploy = %+v, %v", res, err)
+	}
+	wire.take()
+
+	preps := [2]*PreparedDeploy{PrepareDeploy(plans[1], plans[0]), PrepareDeploy(plans[0], plans[1])}
+	var sent, blob int64
+	b.ResetTimer()
+	for i := range b.N {
+		next, prev := (i+1)%2, i%2
+		res, err := Deploy(ctx, c, plans[next], DeployOptions{LeaderEpoch: 1, Applied: plans[prev], PlanBlob: blobs[next], Prepared: preps[next]})
+		if err != nil || res.Mode != ResultRuntime {
+			b.Fatalf("Deploy = %+v, %v", res, err)
+		}
+		byRoute, total := wire.take()
+		sent += total
+		blob += byRoute["PUT "+PathPlan]
+	}
+	b.ReportMetric(float64(sent)/float64(b.N), "bytes-per-deploy")
+	b.ReportMetric(float64(blob)/float64(b.N), "blob-bytes-per-deploy")
+}
