@@ -493,3 +493,64 @@ func TestPushSendsPatchesCutFromThePreviousRender(t *testing.T) {
 		t.Errorf("without --previous the apply sent %d bytes, want the whole %d-byte map", sent, size)
 	}
 }
+
+// stateReads fronts a real agent and records the query of every state read.
+func stateReads(t *testing.T, agent *testAgent) (string, func() []string) {
+	t.Helper()
+	target, _ := url.Parse(agent.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var reads []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == haptic.PathState {
+			mu.Lock()
+			reads = append(reads, "?"+r.URL.RawQuery)
+			mu.Unlock()
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(reads)
+	}
+}
+
+// TestPushWithPreviousReadsNoBlobFromPodsThatHoldIt: a pod that holds the
+// previous render is never asked for its stored blob; a pod that holds
+// another render is asked once, and its blob is the baseline the line's
+// reasons come from.
+func TestPushWithPreviousReadsNoBlobFromPodsThatHoldIt(t *testing.T) {
+	a, b := startCLIAgent(t, nil), startCLIAgent(t, nil)
+	for agent, dir := range map[*testAgent]string{a: "shop-v1", b: "shop-v3"} {
+		if r := runBinary(t, pushEnv, "push", "--agent", agent.URL(), testDir(dir)); r.code != exitOK {
+			t.Fatalf("push %s: %d %q %q", dir, r.code, r.out, r.err)
+		}
+	}
+	aURL, aReads := stateReads(t, a)
+	bURL, bReads := stateReads(t, b)
+	r := runBinary(t, pushEnv, "push", "--agent", aURL, "--agent", bURL, "--previous", testDir("shop-v1"), testDir("shop-v2"))
+	if r.code != exitOK {
+		t.Fatalf("push: %d %q %q", r.code, r.out, r.err)
+	}
+	if got := agentLines(r.out, aURL); len(got) != 1 || got[0] != aURL+": runtime: map_add" {
+		t.Errorf("the pod holding the previous render: %q", got)
+	}
+	if got := agentLines(r.out, bURL); len(got) != 1 || !strings.HasPrefix(got[0], bURL+": reload: ") || strings.Contains(got[0], "no baseline") {
+		t.Errorf("the pod holding another render: %q, want a reload with the reasons from its own baseline", got)
+	}
+	// The push's read and Deploy's, both without the blob; for the other
+	// pod the push reads the blob once, and Deploy then needs none.
+	if got := aReads(); !slices.Equal(got, []string{"?plan=0", "?plan=0"}) {
+		t.Errorf("state reads of the pod holding the previous render: %q", got)
+	}
+	if got := bReads(); !slices.Equal(got, []string{"?plan=0", "?", "?plan=0"}) {
+		t.Errorf("state reads of the pod holding another render: %q", got)
+	}
+	for _, agent := range []*testAgent{a, b} {
+		if st := agentState(t, agent); st.AppliedPlanID != planOfDir(t, testDir("shop-v2")) {
+			t.Errorf("applied %s, want shop-v2's plan", st.AppliedPlanID)
+		}
+	}
+}
