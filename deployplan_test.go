@@ -1408,7 +1408,7 @@ func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
 			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,
 				opsJSON(gotUp), opsJSON(gotDel), opsJSON(fullUp), opsJSON(fullDel))
 		}
-		if pw, _, ok := trimCommonEntries(prev, next); ok && len(pw) < len(prev) {
+		if prefix, suffix, ok := trimCommonEntries(prev, next); ok && prefix+suffix > 0 {
 			trimmed++
 		}
 	}
@@ -1421,9 +1421,62 @@ func TestTrimCommonEntriesRefusesAKeySharedWithTheTrimmedPart(t *testing.T) {
 	if _, _, ok := trimCommonEntries(mapEntries("k", "1", "k", "2", "z", "1"), mapEntries("k", "1", "z", "1")); ok {
 		t.Fatal("[k1,k2,z1] vs [k1,z1] was trimmed although k occurs in the trimmed prefix")
 	}
-	pw, nw, ok := trimCommonEntries(mapEntries("a", "1", "b", "1", "z", "1"), mapEntries("a", "1", "b", "2", "z", "1"))
-	if !ok || !reflect.DeepEqual(pw, mapEntries("b", "1")) || !reflect.DeepEqual(nw, mapEntries("b", "2")) {
-		t.Fatalf("[a1,b1,z1] vs [a1,b2,z1] gives %v, %v, %v; want [b1], [b2]", pw, nw, ok)
+	prefix, suffix, ok := trimCommonEntries(mapEntries("a", "1", "b", "1", "z", "1"), mapEntries("a", "1", "b", "2", "z", "1"))
+	if !ok || prefix != 1 || suffix != 1 {
+		t.Fatalf("[a1,b1,z1] vs [a1,b2,z1] gives prefix %d, suffix %d, %v; want 1, 1", prefix, suffix, ok)
+	}
+}
+
+// TestOrderedMapOpsWindowMatchesTheFullCompare: the ordered delta of the
+// windows between the common prefix and suffix is the delta of the whole
+// lists, also when a key is appended (allowed only when no key of the
+// suffix is kept after the window).
+func TestOrderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 5))
+	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
+	values := []string{"v0", "v1", "v 2"}
+	randomEntry := func() MapEntry {
+		return MapEntry{Key: keys[rng.IntN(len(keys))], Value: values[rng.IntN(len(values))]}
+	}
+	never := func() bool { return false }
+	appended, appendRefused := 0, 0
+	for i := range 5000 {
+		prev := make([]MapEntry, rng.IntN(10))
+		for j := range prev {
+			prev[j] = randomEntry()
+		}
+		next := slices.Clone(prev)
+		for range 1 + rng.IntN(2) {
+			switch op := rng.IntN(3); {
+			case op == 0 && len(next) > 0:
+				j := rng.IntN(len(next))
+				next = slices.Delete(next, j, j+1)
+			case op == 1 && len(next) > 0:
+				next[rng.IntN(len(next))].Value = values[rng.IntN(len(values))]
+			case len(next) < 10:
+				j := rng.IntN(len(next) + 1)
+				next = slices.Insert(next, j, randomEntry())
+			}
+		}
+		fullUp, fullDel := orderedMapDelta(routeMap, prev, next, never)
+		gotUp, gotDel := mapDelta(routeMap, true, prev, next)
+		if !reflect.DeepEqual(fullUp, gotUp) || !reflect.DeepEqual(fullDel, gotDel) {
+			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,
+				opsJSON(gotUp), opsJSON(gotDel), opsJSON(fullUp), opsJSON(fullDel))
+		}
+		if _, suffix, ok := trimCommonEntries(prev, next); ok && suffix > 0 {
+			switch {
+			case slices.ContainsFunc(fullUp, func(op Op) bool { return op.Kind == OpMapAdd }):
+				appended++
+			case len(fullUp) == 1 && fullUp[0].Kind == OpMapReplace:
+				appendRefused++
+			}
+		}
+	}
+	// Both sides of the suffix rule must occur: a key appended before a
+	// suffix of keys the prefix already has, and one refused.
+	if appended == 0 || appendRefused == 0 {
+		t.Fatalf("with a trimmed suffix: %d appends, %d replaces; the test does not exercise the rule", appended, appendRefused)
 	}
 }
 
