@@ -120,6 +120,19 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 			return usageError(fs, "--agent %s is given twice", u)
 		}
 	}
+	// The previous render holds the bytes a patch is cut from: the plan an
+	// agent stores carries no file contents. It is read while the next one
+	// is read and encoded: for a large map each is a parse and a hash of
+	// every entry.
+	var previous *haptic.Plan
+	var previousErr error
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		if *previousDir != "" {
+			previous, previousErr = haptic.PlanFromDir(*previousDir)
+		}
+	}()
 	// A directory, not a plan file: an agent that lacks a file asks for its
 	// bytes, and only a directory has them.
 	next, err := haptic.PlanFromDir(positional[0])
@@ -127,20 +140,19 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	if err == nil {
 		blob, err = haptic.EncodePlanBlob(next)
 	}
+	<-read
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
 	}
-	// The previous render holds the bytes a patch is cut from: the plan an
-	// agent stores carries no file contents. The change from it is
-	// prepared once, for every agent that holds it.
-	var previous *haptic.Plan
+	if previousErr != nil {
+		fmt.Fprintf(s.err, "haptic push: --previous: %s\n", errText(previousErr))
+		return exitFailure
+	}
+	// The change from the previous render is prepared once, for every
+	// agent that holds it.
 	var prepared *haptic.PreparedDeploy
-	if *previousDir != "" {
-		if previous, err = haptic.PlanFromDir(*previousDir); err != nil {
-			fmt.Fprintf(s.err, "haptic push: --previous: %s\n", errText(err))
-			return exitFailure
-		}
+	if previous != nil {
 		prepared = haptic.PrepareDeploy(previous, next)
 	}
 	tlsConfig, err := agents.tlsConfig()
