@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // bigMapEntries is the entry count of the host map of a multi-tenant
@@ -81,4 +82,63 @@ func BenchmarkDeployOneEntryBigMap(b *testing.B) {
 	}
 	b.ReportMetric(float64(sent)/float64(b.N), "bytes-per-deploy")
 	b.ReportMetric(float64(blob)/float64(b.N), "blob-bytes-per-deploy")
+}
+
+// BenchmarkRealBigMapEntryApply: the agent's apply adding one entry to the
+// big map, the map travelling as the patch a Deploy with the caller's plan
+// sends (POST /v1/apply alone: the state read before it and the read-back
+// after it are not timed), against the raw round trip of the same `add
+// map` line on the worker socket, interleaved in one run on one HAProxy.
+// Each iteration also removes the entry again on both sides, untimed.
+func BenchmarkRealBigMapEntryApply(b *testing.B) {
+	e, r := benchEnv(b)
+	big := r.with(func(r *e2eRender) { r.hostMap = bigMap(-1, "") })
+	without := e.plan(big)
+	if res := e.deploy(b, without); !res.OK {
+		b.Fatalf("deploying the big map: %+v", res.Error)
+	}
+	with := e.plan(big.with(func(r *e2eRender) { r.hostMap += "bench.test be-b\n" }))
+	addOp := Op{Kind: OpMapAdd, Path: e2eHostMap, Key: "bench.test", Value: "be-b"}
+	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
+	rawAdd := linePrefix + frameCommand("add map "+e2eHostMap, "bench-raw.test be-b\n", terminatorFor(e.h.Version()))
+	rawDel := linePrefix + "del map " + e2eHostMap + " bench-raw.test\n"
+	log := openDatasyncProbe(b, e)
+	var s benchSamples
+	for b.Loop() {
+		s.add(e.applyPatchTimed(b, without, with, addOp))
+		e.applyPatchTimed(b, with, without, delOp)
+		reply, took := rawLine(b, e.h.WorkerSocket(), rawAdd)
+		if strings.Contains(reply, "]: ") && !strings.Contains(reply, "[6]") {
+			b.Fatalf("raw add map: %q", reply)
+		}
+		s.raw = append(s.raw, took)
+		rawLine(b, e.h.WorkerSocket(), rawDel)
+		s.datasync = append(s.datasync, appendDatasync(b, log))
+	}
+	s.report(b)
+}
+
+// applyPatchTimed sends the runtime apply of op that takes the agent from
+// prev to next, every file it does not hold travelling as a patch cut from
+// prev, and returns how long the answer took and the agent's timing of it.
+func (e *e2eEnv) applyPatchTimed(b *testing.B, prev, next *Plan, op Op) (time.Duration, ApplyTiming) {
+	st := e.state(b)
+	m, whole := benchApply(st, next, []Op{op}, ModeAuto)
+	prep, patches := PrepareDeploy(prev, next), map[string]*filePatch{}
+	for path := range whole {
+		pp, ok := prep.patches[path]
+		if !ok || pp.cut() == nil {
+			b.Fatalf("%s would travel whole", path)
+		}
+		patches[path] = pp.cut()
+	}
+	sent, parts := patchedManifest(m, patches, nil)
+	start := time.Now()
+	res, err := e.c.Apply(context.Background(), sent, parts, nil)
+	took := time.Since(start)
+	if err != nil || !res.OK || res.Mode != ResultRuntime {
+		b.Fatalf("apply %s: %+v %v", next.ID, res, err)
+	}
+	e.awaitReadBacks() // outside the timed part: the answer does not wait for it
+	return took, res.Timing
 }
