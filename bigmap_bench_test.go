@@ -100,20 +100,12 @@ func BenchmarkRealBigMapEntryApply(b *testing.B) {
 	with := e.plan(big.with(func(r *e2eRender) { r.hostMap += "bench.test be-b\n" }))
 	addOp := Op{Kind: OpMapAdd, Path: e2eHostMap, Key: "bench.test", Value: "be-b"}
 	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
-	rawAdd := linePrefix + frameCommand("add map "+e2eHostMap, "bench-raw.test be-b\n", terminatorFor(e.h.Version()))
-	rawDel := linePrefix + "del map " + e2eHostMap + " bench-raw.test\n"
 	log := openDatasyncProbe(b, e)
 	var s benchSamples
 	for b.Loop() {
 		s.add(e.applyPatchTimed(b, without, with, addOp))
 		e.applyPatchTimed(b, with, without, delOp)
-		reply, took := rawLine(b, e.h.WorkerSocket(), rawAdd)
-		if strings.Contains(reply, "]: ") && !strings.Contains(reply, "[6]") {
-			b.Fatalf("raw add map: %q", reply)
-		}
-		s.raw = append(s.raw, took)
-		rawLine(b, e.h.WorkerSocket(), rawDel)
-		s.datasync = append(s.datasync, appendDatasync(b, log))
+		s.addRawMapEntry(b, e, log)
 	}
 	s.report(b)
 }
