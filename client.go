@@ -775,9 +775,10 @@ const maxDeployRounds = 4
 // opts.Applied: the pod's stored blob carries no file contents, so only the
 // caller's own plan can be the base. A caller deploying one change to many
 // pods prepares it once (PrepareDeploy) and passes it as opts.Prepared, so
-// that each pod costs only its own state, apply and blob. A 200 answer, ACK or NACK, is returned
-// with a nil error and not retried; any other conflict than a moved
-// baseline, and every transport or HTTP error, is returned at once.
+// that each pod costs only its own state read, apply and blob upload. A 200
+// answer, ACK or NACK, is returned with a nil error and not retried; any
+// other conflict than a moved baseline, and every transport or HTTP error,
+// is returned at once.
 func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
 	switch {
 	case c == nil:
