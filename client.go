@@ -26,6 +26,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -752,10 +753,11 @@ func CheckSkew(state *State) (majorMismatch bool, missingOps []string) {
 
 // DeployOptions tunes one Deploy.
 type DeployOptions struct {
-	LeaderEpoch uint64 // the caller's leadership epoch; the token epoch of every apply
-	Applied     *Plan  // optional: the caller's own copy of the plan the pod last applied; its contents enable patches
-	PlanBlob    []byte // optional: EncodePlanBlob(next), computed once for a fleet; nil or empty = Deploy encodes it
-	Verify      bool   // read state with verify=1
+	LeaderEpoch uint64          // the caller's leadership epoch; the token epoch of every apply
+	Applied     *Plan           // optional: the caller's own copy of the plan the pod last applied; its contents enable patches
+	PlanBlob    []byte          // optional: EncodePlanBlob(next), computed once for a fleet; nil or empty = Deploy encodes it
+	Prepared    *PreparedDeploy // optional: PrepareDeploy(Applied, next), shared by a fleet; nil = Deploy prepares its own
+	Verify      bool            // read state with verify=1
 }
 
 // maxDeployRounds bounds Deploy: one round plus at most three re-diffs
@@ -771,9 +773,12 @@ const maxDeployRounds = 4
 //
 // A changed file travels as a patch (see deployPatches) only with
 // opts.Applied: the pod's stored blob carries no file contents, so only the
-// caller's own plan can be the base. A 200 answer, ACK or NACK, is returned
-// with a nil error and not retried; any other conflict than a moved
-// baseline, and every transport or HTTP error, is returned at once.
+// caller's own plan can be the base. A caller deploying one change to many
+// pods prepares it once (PrepareDeploy) and passes it as opts.Prepared, so
+// that each pod costs only its own state read, apply and blob upload. A 200
+// answer, ACK or NACK, is returned with a nil error and not retried; any
+// other conflict than a moved baseline, and every transport or HTTP error,
+// is returned at once.
 func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*ApplyResult, error) {
 	switch {
 	case c == nil:
@@ -796,11 +801,15 @@ func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*Ap
 		// it, so the deploy proceeds without one.
 		blob = nil
 	}
+	prep := opts.Prepared
+	if prep == nil || planID(prep.applied) != planID(opts.Applied) || planID(prep.next) != next.ID {
+		prep = PrepareDeploy(opts.Applied, next)
+	}
 
 	var err error
 	for range maxDeployRounds {
 		var result *ApplyResult
-		result, err = c.deployRound(ctx, next, opts, blob)
+		result, err = c.deployRound(ctx, next, opts, prep, blob)
 		if err == nil {
 			return result, nil
 		}
@@ -826,22 +835,12 @@ func needsRediff(err error) bool {
 // deployRound is one round: read state, decide, apply (with the patched
 // files' parts, if any), resend the missing parts once, and store the blob
 // after an ACK.
-func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, blob []byte) (*ApplyResult, error) {
+func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, prep *PreparedDeploy, blob []byte) (*ApplyResult, error) {
 	state, err := c.deployState(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	base := deployBaseline(state, opts.Applied)
-	if major, _ := CheckSkew(state); major {
-		base = nil
-	}
-	d := Diff(next, base)
-	if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
-		// An agent that ignores op_batches would run only the first batch
-		// and report success.
-		d = Diff(next, nil)
-	}
-	m := NewManifest(next, d, state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
+	m := NewManifest(next, prep.Decision(state), state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
 
 	sendBlob := blob != nil && (m.Mode == ModeReload || c.noPlanEndpoint.Load())
 	planPart := func() io.Reader {
@@ -854,7 +853,7 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 	// The first apply carries the patches and no whole file: the agent
 	// lacks a changed file anyway, and a patch small enough to send costs
 	// less than the round trip that would ask for it.
-	patches := deployPatches(state, m.Files, next, opts.Applied)
+	patches := deployPatches(state, m.Files, prep)
 	sent, parts := patchedManifest(m, patches, nil)
 	result, err := c.Apply(ctx, sent, parts, planPart())
 	var me *MissingError
@@ -922,6 +921,132 @@ func deployBaseline(state *State, applied *Plan) *Baseline {
 		}
 	}
 	return base
+}
+
+// ---------------------------------------------------------------------------
+// Work shared by a fleet.
+
+// maxPreparedBaselines bounds the decisions one PreparedDeploy keeps: a
+// fleet's pods share a few baselines (one per HAProxy version, loaded set
+// and queue of deferred deletes), and a pod past the bound is diffed on
+// its own.
+const maxPreparedBaselines = 64
+
+// PreparedDeploy is the work of a Deploy that depends only on the change
+// from an applied plan to the next one, not on the pod, done once for a
+// whole fleet: the patches that turn the applied plan's files into next's,
+// each cut on first use, and Diff's decision for each pod baseline built
+// on the applied plan, computed for the first pod that has it. For a
+// one-entry change of a large map those are the diff of every entry and a
+// scan of the whole file, which a pod would otherwise pay for again.
+//
+// Deploy uses it only when it was prepared for plans with the ids of its
+// Applied and next, and prepares its own otherwise. Within it, a pod whose
+// applied plan is another (its stored blob is the baseline) is diffed on
+// its own, and a patch goes only to a pod that holds exactly the bytes it
+// was cut from. It is safe for concurrent use; the plans must not change
+// while it is in use.
+type PreparedDeploy struct {
+	applied, next *Plan
+	patches       map[string]preparedPatch // by path; read-only once prepared
+
+	mu        sync.Mutex
+	decisions map[string]func() Decision // by baselineKey, at most maxPreparedBaselines
+}
+
+// preparedPatch is one file of next that may travel as a patch: the
+// applied plan's file it is cut from, and the cut, made once on first use.
+type preparedPatch struct {
+	base *PlanFile
+	cut  func() *filePatch
+}
+
+// PrepareDeploy prepares the deploys of next to the pods that last applied
+// applied (nil when the caller has no plan of its own). It does no work
+// yet: each part is computed when the first pod needs it.
+func PrepareDeploy(applied, next *Plan) *PreparedDeploy {
+	p := &PreparedDeploy{applied: applied, next: next, patches: map[string]preparedPatch{}, decisions: map[string]func() Decision{}}
+	if applied == nil || next == nil {
+		return p
+	}
+	prev := planFilesByPath(applied)
+	for i := range next.Files {
+		nf := &next.Files[i]
+		pf := prev[nf.Path]
+		if pf == nil || !pf.ContentKnown || !nf.ContentKnown || int64(len(pf.Content)) != pf.Size || int64(len(nf.Content)) != nf.Size {
+			continue
+		}
+		p.patches[nf.Path] = preparedPatch{base: pf, cut: sync.OnceValue(func() *filePatch {
+			// A plan whose bytes are not its digest's would have the
+			// patch spliced into other bytes than it was cut from.
+			if fp := patchFor(pf.Content, nf.Content); fp != nil && fp.patch.BaseDigest == pf.Digest {
+				return fp
+			}
+			return nil
+		})}
+	}
+	return p
+}
+
+// Decision is what a Deploy round decides for a pod in state, read the way
+// Deploy reads it: Diff of next against the pod's baseline, the prepared
+// applied plan when the pod's applied plan has its id and otherwise the
+// plan the state carries; against no baseline (a reload) when the agent
+// speaks another API major version, or when the change needs more than
+// one op batch and the agent does not take op_batches.
+func (p *PreparedDeploy) Decision(state *State) Decision {
+	base := deployBaseline(state, p.applied)
+	if major, _ := CheckSkew(state); major {
+		base = nil
+	}
+	d := p.diff(base)
+	if len(d.Chunk()) > 1 && !slices.Contains(state.Features, FeatureRuntimeBatches) {
+		// An agent that ignores op_batches would run only the first batch
+		// and report success.
+		d = Diff(p.next, nil)
+	}
+	return d
+}
+
+// diff is Diff(p.next, base), shared by the pods whose baselines are
+// equal and built on the prepared applied plan. Diff is a pure function of
+// its arguments, so an equal baseline gets an equal decision; the
+// decision's slices are shared and read only.
+func (p *PreparedDeploy) diff(base *Baseline) Decision {
+	if base == nil || p.applied == nil || base.Applied != p.applied {
+		return Diff(p.next, base)
+	}
+	key := baselineKey(base)
+	p.mu.Lock()
+	d, ok := p.decisions[key]
+	if !ok && len(p.decisions) < maxPreparedBaselines {
+		d = sync.OnceValue(func() Decision { return Diff(p.next, base) })
+		p.decisions[key] = d
+	}
+	p.mu.Unlock()
+	if d == nil {
+		return Diff(p.next, base)
+	}
+	return d()
+}
+
+// baselineKey is equal for two baselines exactly when Diff reads the same
+// from them. %#v prints every field, strings quoted and map keys sorted,
+// and the plans as their addresses: an equal key means the same plan
+// objects. The inventory's generation is left out: Diff ignores it, and it
+// differs from pod to pod.
+func baselineKey(base *Baseline) string {
+	k := *base
+	k.Inventory.Generation = 0
+	return fmt.Sprintf("%#v", k)
+}
+
+// planID is p's id, "" for no plan.
+func planID(p *Plan) string {
+	if p == nil {
+		return ""
+	}
+	return p.ID
 }
 
 // missingParts builds the resend's parts: exactly the listed paths, each
@@ -1020,19 +1145,19 @@ func commonSuffixLen(a, b string) int {
 //   - the agent's state lists the path with a proof, that is a file an
 //     apply landed, and not the file the manifest wants (the agent would
 //     not need its bytes at all);
-//   - prev, the caller's copy of an earlier plan, holds the path's content,
-//     and that content has exactly the digest and size the state lists, so
-//     the agent splices the patch into the very bytes it was computed from;
-//   - next holds the new content, of the manifest's size;
+//   - the prepared applied plan holds the path's content, and that content
+//     has exactly the digest and size the state lists, so the agent splices
+//     the patch into the very bytes it was computed from;
+//   - next holds the new content, of the size its plan (and so the
+//     manifest) declares;
 //   - patchFor finds the patch worth sending.
 //
-// prev need not be the pod's applied plan: the digest check alone decides
+// The applied plan need not be the pod's: the digest check alone decides
 // whether its bytes are the agent's.
-func deployPatches(state *State, files []ManifestFile, next, prev *Plan) map[string]*filePatch {
-	if prev == nil || next == nil || !slices.Contains(state.Features, FeatureFilePatch) {
+func deployPatches(state *State, files []ManifestFile, prep *PreparedDeploy) map[string]*filePatch {
+	if !slices.Contains(state.Features, FeatureFilePatch) {
 		return nil
 	}
-	nextFiles, prevFiles := planFilesByPath(next), planFilesByPath(prev)
 	var patches map[string]*filePatch
 	for _, f := range files {
 		held, ok := state.Files[f.Path]
@@ -1042,17 +1167,14 @@ func deployPatches(state *State, files []ManifestFile, next, prev *Plan) map[str
 		if held.Proof == f.Proof && held.Digest == f.Digest && held.Size == f.Size {
 			continue
 		}
-		nf, pf := nextFiles[f.Path], prevFiles[f.Path]
-		if nf == nil || !nf.ContentKnown || int64(len(nf.Content)) != f.Size {
-			continue
-		}
-		// The plan's own digest is a cheap first filter; patchFor hashes
+		// The plan's own digest is a cheap first filter; the cut hashes
 		// the bytes themselves.
-		if pf == nil || !pf.ContentKnown || pf.Digest != held.Digest || int64(len(pf.Content)) != held.Size {
+		pp, ok := prep.patches[f.Path]
+		if !ok || pp.base.Digest != held.Digest || pp.base.Size != held.Size {
 			continue
 		}
-		p := patchFor(pf.Content, nf.Content)
-		if p == nil || p.patch.BaseDigest != held.Digest {
+		p := pp.cut()
+		if p == nil {
 			continue
 		}
 		if patches == nil {

@@ -253,25 +253,124 @@ func TestDeployUsesCallersAppliedPlan(t *testing.T) {
 	}
 }
 
+// TestDeployRereadsWhenCallersPlanIsStale: the pod holds another plan than
+// the caller's, so its blob is the baseline, with or without a preparation
+// for the caller's plan; the preparation keeps no decision for that pod.
 func TestDeployRereadsWhenCallersPlanIsStale(t *testing.T) {
 	v1, v2 := examplePlan(hostMapV1), examplePlan(hostMapV2)
 	other := examplePlan("other.example.com web-servers\n")
-	agent := &scriptedAgent{
-		state: func(int) State { return podState(t, v1, Token{LeaderEpoch: 1, RenderSeq: 1}) },
-		apply: func(int, recordedRequest) (int, any) { return 200, ackFor(v2, ResultRuntime) },
+	for _, prep := range []*PreparedDeploy{nil, PrepareDeploy(other, v2)} {
+		agent := &scriptedAgent{
+			state: func(int) State { return podState(t, v1, Token{LeaderEpoch: 1, RenderSeq: 1}) },
+			apply: func(int, recordedRequest) (int, any) { return 200, ackFor(v2, ResultRuntime) },
+		}
+		c := startScriptedAgent(t, agent)
+		if _, err := Deploy(context.Background(), c, v2, DeployOptions{LeaderEpoch: 1, Applied: other, Prepared: prep}); err != nil {
+			t.Fatal(err)
+		}
+		reads := agent.requests("GET /v1/state")
+		if len(reads) != 2 || reads[0].RequestURI != "/v1/state?plan=0" || reads[1].RequestURI != "/v1/state" {
+			t.Fatalf("prepared %v: state reads %+v", prep != nil, reads)
+		}
+		// The second read's blob is the baseline: the change stays runtime.
+		sent := decodeApply(t, agent.requests("POST /v1/apply")[0])
+		if sent.manifest.Mode != ModeAuto || len(sent.manifest.Ops) != 1 || sent.manifest.Ops[0].Key != "blog.example.com" {
+			t.Fatalf("prepared %v: manifest mode %s ops %+v", prep != nil, sent.manifest.Mode, sent.manifest.Ops)
+		}
+		if prep != nil && len(prep.decisions) != 0 {
+			t.Fatalf("the preparation kept %d decisions for a pod that does not hold its applied plan", len(prep.decisions))
+		}
 	}
-	c := startScriptedAgent(t, agent)
-	if _, err := Deploy(context.Background(), c, v2, DeployOptions{LeaderEpoch: 1, Applied: other}); err != nil {
-		t.Fatal(err)
+}
+
+// TestPreparedDeployDiffsEachBaselineOnce: pods whose baselines differ only
+// in what Diff ignores share one decision; a pod that loaded other maps,
+// or holds another plan, gets the decision of its own baseline; and the
+// kept decisions are bounded.
+func TestPreparedDeployDiffsEachBaselineOnce(t *testing.T) {
+	v0, v1, v2 := examplePlan("old.example.com web-servers\n"), examplePlan(hostMapV1), examplePlan(hostMapV2)
+	pod := func(applied *Plan, edit func(s *State)) *State {
+		s := podState(t, applied, Token{LeaderEpoch: 1, RenderSeq: 1})
+		if applied == v1 {
+			s.AppliedPlan = nil // read with plan=0: the caller's plan stands for it
+		}
+		if edit != nil {
+			edit(&s)
+		}
+		return &s
 	}
-	reads := agent.requests("GET /v1/state")
-	if len(reads) != 2 || reads[0].RequestURI != "/v1/state?plan=0" || reads[1].RequestURI != "/v1/state" {
-		t.Fatalf("state reads %+v", reads)
+	prep := PrepareDeploy(v1, v2)
+	first := prep.Decision(pod(v1, nil))
+	if first.Verdict != VerdictRuntime || len(first.Ops) != 1 || first.Ops[0].Kind != OpMapAdd {
+		t.Fatalf("decision %+v, want one map_add", first)
 	}
-	// The second read's blob is the baseline: the change stays runtime.
-	sent := decodeApply(t, agent.requests("POST /v1/apply")[0])
-	if sent.manifest.Mode != ModeAuto || len(sent.manifest.Ops) != 1 {
-		t.Fatalf("manifest mode %s ops %+v", sent.manifest.Mode, sent.manifest.Ops)
+	// Another pod, another inventory generation: the same decision, shared.
+	again := prep.Decision(pod(v1, func(s *State) { s.Inventory.Generation = 7 }))
+	if len(prep.decisions) != 1 || &again.Ops[0] != &first.Ops[0] {
+		t.Fatalf("%d decisions kept, shared %v; want the first pod's decision again", len(prep.decisions), &again.Ops[0] == &first.Ops[0])
+	}
+	// A pod whose worker has not loaded the map cannot take map ops.
+	unloaded := pod(v1, func(s *State) { s.Inventory.Maps = nil })
+	base := deployBaseline(unloaded, v1)
+	if got, want := prep.Decision(unloaded), Diff(v2, base); got.Verdict != want.Verdict || got.Verdict == first.Verdict {
+		t.Fatalf("unloaded map: verdict %s, want %s (Diff's own)", got.Verdict, want.Verdict)
+	}
+	// A pod holding another plan is diffed against its blob, and kept apart.
+	kept := len(prep.decisions)
+	if got := prep.Decision(pod(v0, nil)); got.Verdict != VerdictRuntime || !slices.ContainsFunc(got.Ops, func(op Op) bool { return op.Key == "old.example.com" }) {
+		t.Fatalf("a pod holding v0: %+v, want the delta from v0", got)
+	}
+	if len(prep.decisions) != kept {
+		t.Fatalf("%d decisions kept after a pod holding another plan, want %d", len(prep.decisions), kept)
+	}
+	// Pods past the bound are diffed on their own, and still correctly.
+	for i := range maxPreparedBaselines + 3 {
+		d := prep.Decision(pod(v1, func(s *State) { s.Inventory.Certs = []string{fmt.Sprintf("certs/%d.pem", i)} }))
+		if d.Verdict != VerdictRuntime || len(d.Ops) != 1 {
+			t.Fatalf("pod %d: %+v", i, d)
+		}
+	}
+	if len(prep.decisions) != maxPreparedBaselines {
+		t.Fatalf("%d decisions kept, want the bound %d", len(prep.decisions), maxPreparedBaselines)
+	}
+}
+
+// TestDeployWithAPreparation: two pods that hold the caller's plan take the
+// change through one preparation, which then holds one decision; a
+// preparation for another render is not used, and the pod takes the
+// render it is given.
+func TestDeployWithAPreparation(t *testing.T) {
+	v1, v2, v3 := examplePlan(hostMapV1), examplePlan(hostMapV2), examplePlan(hostMapV3)
+	prep := PrepareDeploy(v1, v2)
+	var fakes []*FakeHAProxy
+	var clients []*Client
+	for range 2 {
+		fake := startTestFake(t, "")
+		seedHostMap(fake, hostMapV1)
+		c := deployClient(t, agentBaseURL(startTestAgent(t, fake, nil)))
+		if res, err := Deploy(context.Background(), c, v1, DeployOptions{LeaderEpoch: 1}); err != nil || !res.OK {
+			t.Fatalf("first deploy = %+v, %v", res, err)
+		}
+		fakes, clients = append(fakes, fake), append(clients, c)
+	}
+	for i, c := range clients {
+		res, err := Deploy(context.Background(), c, v2, DeployOptions{LeaderEpoch: 1, Applied: v1, Prepared: prep})
+		if err != nil || res.Mode != ResultRuntime || res.AppliedPlanID != v2.ID {
+			t.Fatalf("pod %d: Deploy = %+v, %v", i, res, err)
+		}
+		if !slices.Contains(fakes[i].MapEntries(exampleHostMap), MapEntry{Key: "blog.example.com", Value: "web-servers"}) {
+			t.Fatalf("pod %d lacks blog.example.com", i)
+		}
+	}
+	if len(prep.decisions) != 1 {
+		t.Fatalf("%d decisions kept for two pods of one baseline, want 1", len(prep.decisions))
+	}
+	res, err := Deploy(context.Background(), clients[0], v3, DeployOptions{LeaderEpoch: 1, Applied: v2, Prepared: prep})
+	if err != nil || res.Mode != ResultRuntime || res.AppliedPlanID != v3.ID {
+		t.Fatalf("Deploy of v3 with v2's preparation = %+v, %v", res, err)
+	}
+	if !slices.Contains(fakes[0].MapEntries(exampleHostMap), MapEntry{Key: "wiki.example.com", Value: "web-servers"}) {
+		t.Fatal("the pod lacks wiki.example.com")
 	}
 }
 

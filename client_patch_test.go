@@ -216,7 +216,7 @@ func TestDeployPatchesOnlyWhatTheAgentCanSplice(t *testing.T) {
 			if tt.state != nil {
 				tt.state(state)
 			}
-			patches := deployPatches(state, ManifestFiles(tt.next), tt.next, tt.prev)
+			patches := deployPatches(state, ManifestFiles(tt.next), PrepareDeploy(tt.prev, tt.next))
 			p, ok := patches[f1.Path]
 			if ok != tt.want || len(patches) > 1 {
 				t.Fatalf("patches %v, want a patch: %v", patches, tt.want)

@@ -1150,13 +1150,27 @@ func runtimeMapPath(name string, m *Map) string {
 // would briefly fall through to the default. Where order between keys does
 // not matter, a new key may be added anywhere.
 func mapDelta(mapPath string, ordered bool, prev, next []MapEntry) (upserts, deletes []Op) {
-	if ordered {
-		return orderedMapDelta(mapPath, prev, next)
+	prefix, suffix, ok := trimCommonEntries(prev, next)
+	if !ok {
+		prefix, suffix = 0, 0
 	}
-	if prevWindow, nextWindow, ok := trimCommonEntries(prev, next); ok {
-		prev, next = prevWindow, nextWindow
+	prevWindow, nextWindow := prev[prefix:len(prev)-suffix], next[prefix:len(next)-suffix]
+	if !ordered {
+		return keyedMapDelta(mapPath, groupEntries(prevWindow), groupEntries(nextWindow), 0)
 	}
-	return keyedMapDelta(mapPath, groupEntries(prev), groupEntries(next), 0)
+	// A key that first occurs in the trimmed suffix is kept after the
+	// window, so nothing may be appended from the window.
+	keptAfter := func() bool {
+		if suffix == 0 {
+			return false
+		}
+		before := make(map[string]bool, prefix)
+		for _, e := range prev[:prefix] {
+			before[e.Key] = true
+		}
+		return slices.ContainsFunc(prev[len(prev)-suffix:], func(e MapEntry) bool { return !before[e.Key] })
+	}
+	return orderedMapDelta(mapPath, prevWindow, nextWindow, keptAfter)
 }
 
 // wholeMap is the one op of a map replaced atomically from its file.
@@ -1229,25 +1243,25 @@ func keyedMapDelta(mapPath string, p, n keyedEntries, appendFrom int) (upserts, 
 	return upserts, deletes
 }
 
-// trimCommonEntries cuts the common prefix and suffix of two entry lists
-// and returns the windows that remain, so that a one-line change to a large
-// map costs one scan instead of two groupings. It refuses (ok false) when a
+// trimCommonEntries measures the common prefix and suffix of two entry
+// lists, so that a one-line change to a large map costs one scan instead of
+// two groupings of the windows between them. It refuses (ok false) when a
 // key of either window also occurs in the trimmed part: that key's value
 // list spans both, and only the full compare sees it. When it succeeds, the
-// unordered delta of the windows equals the delta of the whole lists.
-func trimCommonEntries(prev, next []MapEntry) (prevWindow, nextWindow []MapEntry, ok bool) {
-	prefix := 0
+// unordered delta of the windows equals the delta of the whole lists, and
+// so does the ordered delta once it knows whether a key of the suffix is
+// kept after the window.
+func trimCommonEntries(prev, next []MapEntry) (prefix, suffix int, ok bool) {
 	for prefix < len(prev) && prefix < len(next) && prev[prefix] == next[prefix] {
 		prefix++
 	}
-	suffix := 0
 	for suffix < len(prev)-prefix && suffix < len(next)-prefix &&
 		prev[len(prev)-1-suffix] == next[len(next)-1-suffix] {
 		suffix++
 	}
-	prevWindow, nextWindow = prev[prefix:len(prev)-suffix], next[prefix:len(next)-suffix]
+	prevWindow, nextWindow := prev[prefix:len(prev)-suffix], next[prefix:len(next)-suffix]
 	if prefix == 0 && suffix == 0 {
-		return prevWindow, nextWindow, true
+		return 0, 0, true
 	}
 	windowKeys := make(map[string]bool, len(prevWindow)+len(nextWindow))
 	for _, window := range [][]MapEntry{prevWindow, nextWindow} {
@@ -1258,17 +1272,18 @@ func trimCommonEntries(prev, next []MapEntry) (prevWindow, nextWindow []MapEntry
 	// The trimmed part is the same in both lists, so prev's is enough.
 	for _, trimmed := range [][]MapEntry{prev[:prefix], prev[len(prev)-suffix:]} {
 		if slices.ContainsFunc(trimmed, func(e MapEntry) bool { return windowKeys[e.Key] }) {
-			return nil, nil, false
+			return 0, 0, false
 		}
 	}
-	return prevWindow, nextWindow, true
+	return prefix, suffix, true
 }
 
 // orderedMapDelta compares two entry lists of a first-match-wins map. add
 // map appends, so a new key is added only after every key next keeps from
 // prev; a reordering, a middle insertion or a new first entry replaces the
-// map.
-func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []Op) {
+// map. keptAfter reports whether the lists are windows of longer ones that
+// keep a key after them; it is asked only when a key would be appended.
+func orderedMapDelta(mapPath string, prev, next []MapEntry, keptAfter func() bool) (upserts, deletes []Op) {
 	p, n := groupEntries(prev), groupEntries(next)
 	lastKept := -1
 	shared := 0 // position in p.keys of the next shared key expected
@@ -1288,7 +1303,11 @@ func orderedMapDelta(mapPath string, prev, next []MapEntry) (upserts, deletes []
 		shared++
 		lastKept = i
 	}
-	return keyedMapDelta(mapPath, p, n, lastKept+1)
+	appendFrom := lastKept + 1
+	if appendFrom < len(n.keys) && keptAfter() {
+		appendFrom = len(n.keys)
+	}
+	return keyedMapDelta(mapPath, p, n, appendFrom)
 }
 
 // ---------------------------------------------------------------------------

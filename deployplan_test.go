@@ -1376,16 +1376,26 @@ func TestMapValueReplacementNeverRemovesAuthenticationBetweenCommands(t *testing
 	wantExactOps(t, d.Ops, mapReplaceOp(authMap))
 }
 
-func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
+// TestMapOpsWindowMatchesTheFullCompare: for both kinds of map, the delta
+// of the windows between the common prefix and suffix is the delta of the
+// whole lists; for an ordered map also when a key is appended (allowed only
+// when no key of the suffix is kept after the window).
+func TestMapOpsWindowMatchesTheFullCompare(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
 	values := []string{"v0", "v1", "v2", "v 3", ""}
 	randomEntry := func() MapEntry {
 		return MapEntry{Key: keys[rng.IntN(len(keys))], Value: values[rng.IntN(len(values))]}
 	}
-	trimmed := 0
-	for i := range 2000 {
-		prev := make([]MapEntry, rng.IntN(9))
+	full := func(ordered bool, prev, next []MapEntry) ([]Op, []Op) {
+		if ordered {
+			return orderedMapDelta(routeMap, prev, next, func() bool { return false })
+		}
+		return keyedMapDelta(routeMap, groupEntries(prev), groupEntries(next), 0)
+	}
+	trimmed, appended, appendRefused := 0, 0, 0
+	for i := range 6000 {
+		prev := make([]MapEntry, rng.IntN(10))
 		for j := range prev {
 			prev[j] = randomEntry()
 		}
@@ -1397,23 +1407,32 @@ func TestUnorderedMapOpsWindowMatchesTheFullCompare(t *testing.T) {
 				next = slices.Delete(next, j, j+1)
 			case op == 1 && len(next) > 0:
 				next[rng.IntN(len(next))].Value = values[rng.IntN(len(values))]
-			case len(next) < 8:
+			case len(next) < 10:
 				j := rng.IntN(len(next) + 1)
 				next = slices.Insert(next, j, randomEntry())
 			}
 		}
-		fullUp, fullDel := keyedMapDelta(routeMap, groupEntries(prev), groupEntries(next), 0)
-		gotUp, gotDel := mapDelta(routeMap, false, prev, next)
+		ordered := i%2 == 1
+		fullUp, fullDel := full(ordered, prev, next)
+		gotUp, gotDel := mapDelta(routeMap, ordered, prev, next)
 		if !reflect.DeepEqual(fullUp, gotUp) || !reflect.DeepEqual(fullDel, gotDel) {
-			t.Fatalf("case %d: %v -> %v\nwindowed %s %s\nfull     %s %s", i, prev, next,
+			t.Fatalf("case %d (ordered %v): %v -> %v\nwindowed %s %s\nfull     %s %s", i, ordered, prev, next,
 				opsJSON(gotUp), opsJSON(gotDel), opsJSON(fullUp), opsJSON(fullDel))
 		}
-		if pw, _, ok := trimCommonEntries(prev, next); ok && len(pw) < len(prev) {
+		prefix, suffix, ok := trimCommonEntries(prev, next)
+		switch {
+		case !ok || prefix+suffix == 0:
+		case !ordered:
 			trimmed++
+		case suffix > 0 && slices.ContainsFunc(fullUp, func(op Op) bool { return op.Kind == OpMapAdd }):
+			appended++ // before a suffix of keys the prefix already has
+		case suffix > 0 && len(fullUp) == 1 && fullUp[0].Kind == OpMapReplace:
+			appendRefused++
 		}
 	}
-	if trimmed == 0 {
-		t.Fatal("no case was trimmed: the test does not exercise the window")
+	if trimmed == 0 || appended == 0 || appendRefused == 0 {
+		t.Fatalf("%d unordered cases trimmed, %d ordered appends and %d replaces with a trimmed suffix: the test does not exercise the window",
+			trimmed, appended, appendRefused)
 	}
 }
 
@@ -1421,9 +1440,9 @@ func TestTrimCommonEntriesRefusesAKeySharedWithTheTrimmedPart(t *testing.T) {
 	if _, _, ok := trimCommonEntries(mapEntries("k", "1", "k", "2", "z", "1"), mapEntries("k", "1", "z", "1")); ok {
 		t.Fatal("[k1,k2,z1] vs [k1,z1] was trimmed although k occurs in the trimmed prefix")
 	}
-	pw, nw, ok := trimCommonEntries(mapEntries("a", "1", "b", "1", "z", "1"), mapEntries("a", "1", "b", "2", "z", "1"))
-	if !ok || !reflect.DeepEqual(pw, mapEntries("b", "1")) || !reflect.DeepEqual(nw, mapEntries("b", "2")) {
-		t.Fatalf("[a1,b1,z1] vs [a1,b2,z1] gives %v, %v, %v; want [b1], [b2]", pw, nw, ok)
+	prefix, suffix, ok := trimCommonEntries(mapEntries("a", "1", "b", "1", "z", "1"), mapEntries("a", "1", "b", "2", "z", "1"))
+	if !ok || prefix != 1 || suffix != 1 {
+		t.Fatalf("[a1,b1,z1] vs [a1,b2,z1] gives prefix %d, suffix %d, %v; want 1, 1", prefix, suffix, ok)
 	}
 }
 

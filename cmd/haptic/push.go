@@ -88,7 +88,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		"; an agent with another outcome fails the push")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
 	epoch := fs.Uint64("leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
-	previousDir := fs.String("previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render")
+	previousDir := fs.String("previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
 	positional, err := parseArgs(fs, args)
 	if err != nil {
 		return usageStatus(err)
@@ -120,6 +120,19 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 			return usageError(fs, "--agent %s is given twice", u)
 		}
 	}
+	// The previous render holds the bytes a patch is cut from: the plan an
+	// agent stores carries no file contents. It is read while the next one
+	// is read and encoded: for a large map each is a parse and a hash of
+	// every entry.
+	var previous *haptic.Plan
+	var previousErr error
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		if *previousDir != "" {
+			previous, previousErr = haptic.PlanFromDir(*previousDir)
+		}
+	}()
 	// A directory, not a plan file: an agent that lacks a file asks for its
 	// bytes, and only a directory has them.
 	next, err := haptic.PlanFromDir(positional[0])
@@ -127,18 +140,20 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	if err == nil {
 		blob, err = haptic.EncodePlanBlob(next)
 	}
+	<-read
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %s\n", errText(err))
 		return exitFailure
 	}
-	// The previous render holds the bytes a patch is cut from: the plan an
-	// agent stores carries no file contents.
-	var previous *haptic.Plan
-	if *previousDir != "" {
-		if previous, err = haptic.PlanFromDir(*previousDir); err != nil {
-			fmt.Fprintf(s.err, "haptic push: --previous: %s\n", errText(err))
-			return exitFailure
-		}
+	if previousErr != nil {
+		fmt.Fprintf(s.err, "haptic push: --previous: %s\n", errText(previousErr))
+		return exitFailure
+	}
+	// The change from the previous render is prepared once, for every
+	// agent that holds it.
+	var prepared *haptic.PreparedDeploy
+	if previous != nil {
+		prepared = haptic.PrepareDeploy(previous, next)
 	}
 	tlsConfig, err := agents.tlsConfig()
 	if err != nil {
@@ -150,7 +165,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	r := pushAll(ctx, s.out, agents.urls, o, func(ctx context.Context, url string) pushResult {
 		cfg := agents.clientConfig(url, tlsConfig, creds)
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
-		return pushOne(ctx, cfg, next, previous, blob, *epoch)
+		return pushOne(ctx, cfg, next, previous, prepared, blob, *epoch)
 	}, creds)
 	r.printSummary(next.ID)
 	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
@@ -168,41 +183,53 @@ type pushResult struct {
 	err      error
 }
 
-// pushOne deploys next to one agent. It reads the pod's state with its
-// stored plan first, to know the pod's epoch and what Diff will decide for
-// it (the reasons a reload prints), and hands the decoded plan to Deploy,
-// which then reads the state without the blob.
+// pushOne deploys next to one agent. It reads the pod's state first, to
+// know the pod's epoch and what Deploy will decide for it (the reasons a
+// reload prints), and hands Deploy the pod's baseline, so that the state
+// Deploy reads again is without the blob.
 //
 // Without an explicit epoch it takes the pod's own (at least 1), as the
 // example does: an operator's push then continues the pod's token rather
 // than being fenced as stale, and a pod a newer controller leads still
 // refuses it (stale_epoch) if the controller moves on meanwhile.
 //
-// A previous render the pod holds exactly (its plan id is the pod's
-// applied plan id, and plan ids follow contents) becomes Deploy's applied
-// plan: its bytes let a changed file travel as a patch. Any other previous
-// render is ignored for that pod.
-func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *haptic.Plan, blob []byte, epoch uint64) pushResult {
+// A pod whose applied plan is the previous render (plan ids follow
+// contents, so it holds exactly those bytes) shares the push's preparation
+// and is read without its stored blob: its baseline costs it nothing, and
+// a changed file travels as a patch. Any other pod's stored blob is read,
+// decoded once, and prepared for that pod alone.
+//
+// prepared is PrepareDeploy(previous, next), nil without a previous render.
+func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *haptic.Plan, prepared *haptic.PreparedDeploy, blob []byte, epoch uint64) pushResult {
 	client, err := haptic.NewClient(cfg)
 	if err != nil {
 		return pushResult{err: err}
 	}
 	defer client.Close()
-	state, err := client.State(ctx, haptic.StateRead{Plan: true})
+	state, err := client.State(ctx, haptic.StateRead{Plan: prepared == nil})
 	if err != nil {
 		return pushResult{err: err}
 	}
-	if epoch == 0 {
-		epoch = max(1, state.AppliedToken.LeaderEpoch)
-	}
-	decision, _ := liveDecision(state, next)
-	opts := haptic.DeployOptions{LeaderEpoch: epoch, PlanBlob: blob}
-	if base, err := haptic.BaselineFromState(state); err == nil && base.Applied != nil {
-		opts.Applied = base.Applied
-	}
-	if previous != nil && previous.ID == state.AppliedPlanID {
+	opts := haptic.DeployOptions{LeaderEpoch: epoch, PlanBlob: blob, Prepared: prepared}
+	if previous != nil && state.AppliedPlanID == previous.ID {
 		opts.Applied = previous
+	} else {
+		if prepared != nil && state.HoldsAppliedPlan() {
+			if state, err = client.State(ctx, haptic.StateRead{Plan: true}); err != nil {
+				return pushResult{err: err}
+			}
+		}
+		if base, err := haptic.BaselineFromState(state); err == nil {
+			opts.Applied = base.Applied
+		}
+		// The decoded plan stands for the blob from here on.
+		state.AppliedPlan = nil
+		opts.Prepared = haptic.PrepareDeploy(opts.Applied, next)
 	}
+	if opts.LeaderEpoch == 0 {
+		opts.LeaderEpoch = max(1, state.AppliedToken.LeaderEpoch)
+	}
+	decision := opts.Prepared.Decision(state)
 	result, err := haptic.Deploy(ctx, client, next, opts)
 	return pushResult{result: result, decision: &decision, err: err}
 }

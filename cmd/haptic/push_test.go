@@ -49,7 +49,7 @@ func agentLines(out string, urls ...string) []string {
 
 // copyDir copies a testdata directory into a temp directory, with extra
 // text appended to its haproxy.cfg.
-func copyDir(t *testing.T, name, appendConfig string) string {
+func copyDir(t testing.TB, name, appendConfig string) string {
 	t.Helper()
 	dst := t.TempDir()
 	src := testDir(name)
@@ -423,6 +423,9 @@ func TestPushCommandUsage(t *testing.T) {
 		{"zero deadline", []string{"--agent", "http://a:1", "--deadline", "0s", testDir("shop-v1")}, exitUsage, "--deadline must be positive"},
 		{"same agent twice", []string{"--agent", "http://a:1", "--agent", "http://a:1", testDir("shop-v1")}, exitUsage, "--agent http://a:1 is given twice"},
 		{"not a directory", []string{"--agent", "http://a:1", testDir("absent")}, exitFailure, "haptic push: plan from "},
+		{"previous not a directory", []string{"--agent", "http://a:1", "--previous", testDir("absent"), testDir("shop-v1")}, exitFailure, "haptic push: --previous: plan from "},
+		// The next render's error is the one reported when both fail.
+		{"neither a directory", []string{"--agent", "http://a:1", "--previous", testDir("absent"), testDir("gone")}, exitFailure, "haptic push: plan from "},
 		{"key without certificate", []string{"--agent", "https://a:1", "--tls-key", "k.pem", testDir("shop-v1")}, exitFailure, "a client certificate and its key go together"},
 		{"TLS over http", []string{"--agent", "http://127.0.0.1:1", "--tls-server-name", "agent", testDir("shop-v1")}, exitFailure, "must be https when TLS is set"},
 	} {
@@ -492,4 +495,110 @@ func TestPushSendsPatchesCutFromThePreviousRender(t *testing.T) {
 	if sent := applyBytes.Load(); sent < size {
 		t.Errorf("without --previous the apply sent %d bytes, want the whole %d-byte map", sent, size)
 	}
+}
+
+// stateReads fronts a real agent and records the query of every state read.
+func stateReads(t *testing.T, agent *testAgent) (string, func() []string) {
+	t.Helper()
+	target, _ := url.Parse(agent.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	var reads []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == haptic.PathState {
+			mu.Lock()
+			reads = append(reads, "?"+r.URL.RawQuery)
+			mu.Unlock()
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(reads)
+	}
+}
+
+// TestPushWithPreviousReadsNoBlobFromPodsThatHoldIt: a pod that holds the
+// previous render is never asked for its stored blob; a pod that holds
+// another render is asked once, and its blob is the baseline the line's
+// reasons come from.
+func TestPushWithPreviousReadsNoBlobFromPodsThatHoldIt(t *testing.T) {
+	a, b := startCLIAgent(t, nil), startCLIAgent(t, nil)
+	for agent, dir := range map[*testAgent]string{a: "shop-v1", b: "shop-v3"} {
+		if r := runBinary(t, pushEnv, "push", "--agent", agent.URL(), testDir(dir)); r.code != exitOK {
+			t.Fatalf("push %s: %d %q %q", dir, r.code, r.out, r.err)
+		}
+	}
+	aURL, aReads := stateReads(t, a)
+	bURL, bReads := stateReads(t, b)
+	r := runBinary(t, pushEnv, "push", "--agent", aURL, "--agent", bURL, "--previous", testDir("shop-v1"), testDir("shop-v2"))
+	if r.code != exitOK {
+		t.Fatalf("push: %d %q %q", r.code, r.out, r.err)
+	}
+	if got := agentLines(r.out, aURL); len(got) != 1 || got[0] != aURL+": runtime: map_add" {
+		t.Errorf("the pod holding the previous render: %q", got)
+	}
+	if got := agentLines(r.out, bURL); len(got) != 1 || !strings.HasPrefix(got[0], bURL+": reload: ") || strings.Contains(got[0], "no baseline") {
+		t.Errorf("the pod holding another render: %q, want a reload with the reasons from its own baseline", got)
+	}
+	// The push's read and Deploy's, both without the blob; for the other
+	// pod the push reads the blob once, and Deploy then needs none.
+	if got := aReads(); !slices.Equal(got, []string{"?plan=0", "?plan=0"}) {
+		t.Errorf("state reads of the pod holding the previous render: %q", got)
+	}
+	if got := bReads(); !slices.Equal(got, []string{"?plan=0", "?", "?plan=0"}) {
+		t.Errorf("state reads of the pod holding another render: %q", got)
+	}
+	for _, agent := range []*testAgent{a, b} {
+		if st := agentState(t, agent); st.AppliedPlanID != planOfDir(t, testDir("shop-v2")) {
+			t.Errorf("applied %s, want shop-v2's plan", st.AppliedPlanID)
+		}
+	}
+}
+
+// bigMapDir writes shop-v1 with a host map of 236,000 tenants (the
+// platform of the big-map benchmarks at the repository root), the tenant
+// in the middle pointing at backend.
+func bigMapDir(b testing.TB, backend string) string {
+	dir := copyDir(b, "shop-v1", "")
+	var m strings.Builder
+	for i := range 236_000 {
+		value := fmt.Sprintf("backend_%d", i%32)
+		if i == 118_000 {
+			value = backend
+		}
+		fmt.Fprintf(&m, "tenant-%06d.example.com %s\n", i, value)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "maps/host.map"), []byte(m.String()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return dir
+}
+
+// BenchmarkPushOneEntryBigMap times `haptic push --previous` of a one-entry
+// change of that map to one agent on the fake HAProxy, back and forth, end
+// to end: the command runs as its own process (reading both directories,
+// encoding the blob, the deploy and the blob's upload). It reports the
+// median push in milliseconds. Run it with
+//
+//	go test -run '^$' -bench BenchmarkPushOneEntryBigMap -benchtime 5x ./cmd/haptic/
+func BenchmarkPushOneEntryBigMap(b *testing.B) {
+	agent := startCLIAgent(b, nil)
+	dirs := [2]string{bigMapDir(b, "backend_0"), bigMapDir(b, "backend_moved")}
+	if r := runBinary(b, pushEnv, "push", "--agent", agent.URL(), dirs[0]); r.code != exitOK {
+		b.Fatalf("push: %d %q %q", r.code, r.out, r.err)
+	}
+	var took []time.Duration
+	for i := 0; b.Loop(); i++ {
+		start := time.Now()
+		r := runBinary(b, pushEnv, "push", "--agent", agent.URL(), "--previous", dirs[i%2], dirs[(i+1)%2])
+		took = append(took, time.Since(start))
+		if r.code != exitOK || !strings.Contains(r.out, ": runtime: map_set") {
+			b.Fatalf("push: %d %q %q", r.code, r.out, r.err)
+		}
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "push-ms")
 }

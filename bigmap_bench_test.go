@@ -1,0 +1,136 @@
+// This file owns the benchmarks of a one-entry change to a fleet-sized host
+// map (236,000 entries): what one pod's Deploy costs on the wire and in
+// time on the fake HAProxy, and what the agent's apply of that change costs
+// against the raw `add map` on a real HAProxy. Nothing here asserts a time.
+
+package haptic
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// bigMapEntries is the entry count of the host map of a multi-tenant
+// platform the benchmarks stand for.
+const bigMapEntries = 236_000
+
+// bigMapHost is the host of entry i.
+func bigMapHost(i int) string { return fmt.Sprintf("tenant-%06d.example.com", i) }
+
+// bigMap is the host map of bigMapEntries tenants, each on one of 32
+// backends, with entry changed (when in range) pointing at backend instead.
+// It is the same for the same arguments, so runs compare.
+func bigMap(changed int, backend string) string {
+	var b strings.Builder
+	b.Grow(bigMapEntries * 37)
+	for i := range bigMapEntries {
+		value := fmt.Sprintf("backend_%d", i%32)
+		if i == changed {
+			value = backend
+		}
+		b.WriteString(bigMapHost(i))
+		b.WriteByte(' ')
+		b.WriteString(value)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// BenchmarkDeployOneEntryBigMap deploys one changed entry of the big map
+// to the real agent on the fake HAProxy, back and forth between two
+// renders, with the caller's previous plan, its blob and the preparation
+// of the pair done once outside the timer (they are per fleet, not per
+// pod). It reports every byte the client writes per deploy (headers, the
+// patch and the plan blob's upload included) and, apart, the blob's share.
+func BenchmarkDeployOneEntryBigMap(b *testing.B) {
+	fake := startTestFake(b, "")
+	var plans [2]*Plan
+	var blobs [2][]byte
+	for i, backend := range []string{"backend_0", "backend_moved"} {
+		plans[i] = examplePlan(bigMap(bigMapEntries/2, backend))
+		blob, err := EncodePlanBlob(plans[i])
+		if err != nil {
+			b.Fatal(err)
+		}
+		blobs[i] = blob
+	}
+	seedHostMap(fake, plans[0].Files[1].Content)
+	agent := startTestAgent(b, fake, nil)
+	c := deployClient(b, agentBaseURL(agent))
+	wire := countWire(c)
+	ctx := context.Background()
+	if res, err := Deploy(ctx, c, plans[0], DeployOptions{LeaderEpoch: 1, PlanBlob: blobs[0]}); err != nil || !res.OK {
+		b.Fatalf("first deploy = %+v, %v", res, err)
+	}
+	wire.take()
+
+	preps := [2]*PreparedDeploy{PrepareDeploy(plans[1], plans[0]), PrepareDeploy(plans[0], plans[1])}
+	var sent, blob int64
+	b.ResetTimer()
+	for i := range b.N {
+		next, prev := (i+1)%2, i%2
+		res, err := Deploy(ctx, c, plans[next], DeployOptions{LeaderEpoch: 1, Applied: plans[prev], PlanBlob: blobs[next], Prepared: preps[next]})
+		if err != nil || res.Mode != ResultRuntime {
+			b.Fatalf("Deploy = %+v, %v", res, err)
+		}
+		byRoute, total := wire.take()
+		sent += total
+		blob += byRoute["PUT "+PathPlan]
+	}
+	b.ReportMetric(float64(sent)/float64(b.N), "bytes-per-deploy")
+	b.ReportMetric(float64(blob)/float64(b.N), "blob-bytes-per-deploy")
+}
+
+// BenchmarkRealBigMapEntryApply: the agent's apply adding one entry to the
+// big map, the map travelling as the patch a Deploy with the caller's plan
+// sends (POST /v1/apply alone: the state read before it and the read-back
+// after it are not timed), against the raw round trip of the same `add
+// map` line on the worker socket, interleaved in one run on one HAProxy.
+// Each iteration also removes the entry again on both sides, untimed.
+func BenchmarkRealBigMapEntryApply(b *testing.B) {
+	e, r := benchEnv(b)
+	big := r.with(func(r *e2eRender) { r.hostMap = bigMap(-1, "") })
+	without := e.plan(big)
+	if res := e.deploy(b, without); !res.OK {
+		b.Fatalf("deploying the big map: %+v", res.Error)
+	}
+	with := e.plan(big.with(func(r *e2eRender) { r.hostMap += "bench.test be-b\n" }))
+	addOp := Op{Kind: OpMapAdd, Path: e2eHostMap, Key: "bench.test", Value: "be-b"}
+	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
+	log := openDatasyncProbe(b, e)
+	var s benchSamples
+	for b.Loop() {
+		s.add(e.applyPatchTimed(b, without, with, addOp))
+		e.applyPatchTimed(b, with, without, delOp)
+		s.addRawMapEntry(b, e, log)
+	}
+	s.report(b)
+}
+
+// applyPatchTimed sends the runtime apply of op that takes the agent from
+// prev to next, every file it does not hold travelling as a patch cut from
+// prev, and returns how long the answer took and the agent's timing of it.
+func (e *e2eEnv) applyPatchTimed(b *testing.B, prev, next *Plan, op Op) (time.Duration, ApplyTiming) {
+	st := e.state(b)
+	m, whole := benchApply(st, next, []Op{op}, ModeAuto)
+	prep, patches := PrepareDeploy(prev, next), map[string]*filePatch{}
+	for path := range whole {
+		pp, ok := prep.patches[path]
+		if !ok || pp.cut() == nil {
+			b.Fatalf("%s would travel whole", path)
+		}
+		patches[path] = pp.cut()
+	}
+	sent, parts := patchedManifest(m, patches, nil)
+	start := time.Now()
+	res, err := e.c.Apply(context.Background(), sent, parts, nil)
+	took := time.Since(start)
+	if err != nil || !res.OK || res.Mode != ResultRuntime {
+		b.Fatalf("apply %s: %+v %v", next.ID, res, err)
+	}
+	e.awaitReadBacks() // outside the timed part: the answer does not wait for it
+	return took, res.Timing
+}
