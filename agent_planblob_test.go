@@ -146,3 +146,42 @@ func TestPutPlanStoresOnlyThePlanOfItsID(t *testing.T) {
 		t.Errorf("stored %v, %d bytes", st.AppliedPlanStored, len(st.AppliedPlan))
 	}
 }
+
+// TestAnApplysPlanPartIsCheckedBeforeAnythingIsWritten: the plan part of an
+// apply is held to the rules of PUT /v1/plan (it decodes within the limits
+// and is the plan of the manifest's id); one that is not refuses the whole
+// apply with a 400 (stage parts, like every part) before a file, a record
+// or a blob is written.
+func TestAnApplysPlanPartIsCheckedBeforeAnythingIsWritten(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	p := planOfFiles(t, fs)
+	e.land(t, p.ID, fs)
+	next := fs.clone()
+	next["maps/host.map"] = "example.com be-b\n"
+	np := planOfFiles(t, next)
+	other := np.Clone()
+	other.Sections = other.Sections[:1]
+	other.ComputeID()
+	before := e.c.state("")
+	for _, tc := range []struct {
+		name string
+		blob []byte
+	}{
+		{"garbage", []byte("garbage")},
+		{"a zstd bomb", zeroBomb(t, 128<<20)},
+		{"another plan carrying the manifest's id", forged(t, other, np.ID)},
+	} {
+		m := e.c.manifest(np.ID, next)
+		code, body := e.c.post(applyRequest{manifest: m, files: next, plan: tc.blob})
+		ae := applyErr(t, body)
+		if code != http.StatusBadRequest || ae.Stage != StageParts || ae.Message != fmt.Sprint(checkPlanBlob(tc.blob, np.ID)) {
+			t.Errorf("%s: %d %s", tc.name, code, body)
+		}
+		st := e.c.state("")
+		if st.Generation != before.Generation || st.AppliedPlanID != p.ID || st.AppliedPlanStored || !sameSet(e.disk(t), fs) {
+			t.Fatalf("%s: the refused apply changed the agent: generation %d, applied %s, stored %v",
+				tc.name, st.Generation, st.AppliedPlanID, st.AppliedPlanStored)
+		}
+	}
+}

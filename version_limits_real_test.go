@@ -56,4 +56,8 @@ func TestRealHAProxyTakesACertificateWithABlankLine(t *testing.T) {
 	if !strings.Contains(logs.String(), "the only terminator before HAProxy 3.0") {
 		t.Fatalf("the agent's log does not name the version's limit:\n%s", logs.String())
 	}
+	// A limit of the version is a reason to reload, not a broken invariant.
+	if st := e.state(t); st.InvariantViolation != "" || strings.Contains(logs.String(), "invariant violated") {
+		t.Fatalf("a version limit was reported as an invariant violation %q:\n%s", st.InvariantViolation, logs.String())
+	}
 }
