@@ -57,10 +57,10 @@ func (s *benchSamples) report(b *testing.B) {
 	}
 	if len(s.datasync) > 0 {
 		// The budget of a durable one-entry change: the raw round trip,
-		// two durable records (the intent before the first rename, the
-		// commit before the answer), and half a millisecond for the rest.
+		// the one durable record before the first rename, and half a
+		// millisecond for the rest.
 		d := median(s.datasync)
-		budget := r + 2*d + 500*time.Microsecond
+		budget := r + d + 500*time.Microsecond
 		b.ReportMetric(float64(d.Microseconds())/1000, "fdatasync-ms")
 		b.ReportMetric(float64(budget.Microseconds())/1000, "budget-ms")
 		b.ReportMetric(float64(a)/float64(budget), "of-budget")
