@@ -446,6 +446,13 @@ func TestRuntimeApplyRunsOpsWithoutReloading(t *testing.T) {
 	if st.RunningPlanID != "plan-1" || st.AppliedPlanID != "plan-2" || st.Generation != 2 {
 		t.Errorf("state: %+v", st)
 	}
+	// last_apply is the answer itself, with the inventory the apply left:
+	// a controller that lost the answer takes its baseline from there.
+	if la := st.LastApply; la == nil || la.Inventory == nil || !slices.Contains(la.Inventory.Maps, "maps/host.map") {
+		t.Errorf("last_apply's inventory: %+v", la)
+	} else if la.Inventory = nil; !reflect.DeepEqual(*la, res) {
+		t.Errorf("last_apply %+v\nwant the answer %+v", la, res)
+	}
 	if metricValue(e.a, "apply_total", ResultRuntime) != 1 {
 		t.Errorf("apply_total{runtime} = %d", metricValue(e.a, "apply_total", ResultRuntime))
 	}

@@ -652,4 +652,10 @@ func TestSystemdUnitAgreesWithTheAgent(t *testing.T) {
 	if sock, opts, _ := strings.Cut(master, ","); sock != cfg.MasterSocket || !strings.Contains(opts, "level,admin") {
 		t.Errorf("the drop-in's master CLI %q, want %s at level admin", master, cfg.MasterSocket)
 	}
+	// HAProxy 2.6 opens a map named in a sample expression relative to its
+	// working directory, not to default-path origin: it must start in the
+	// base directory.
+	if wd := dropIn["Service"]["WorkingDirectory"]; !slices.Equal(wd, []string{cfg.BaseDir}) {
+		t.Errorf("the drop-in's WorkingDirectory %q, want %s", wd, cfg.BaseDir)
+	}
 }
