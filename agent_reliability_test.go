@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -744,5 +745,59 @@ func TestSameMapKeys(t *testing.T) {
 		if got := sameMapKeys(tc.running, tc.desired); got != tc.want {
 			t.Errorf("%s: sameMapKeys = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestAFullDiskAtCompactionKeepsEveryACK: the disk fills just as the log
+// is due for compaction. The apply that finds the log full is answered and
+// kept; the compaction after it cannot write its snapshot (ENOSPC) and
+// changes nothing: the tree, the pairs and the log keep every ACKed change,
+// a kill -9 and a start replay them all, and a later compaction succeeds.
+func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	set, _ = ackEntries(t, e.c, set, "ack", 3)
+	e.a.deps.led.mu.Lock()
+	e.a.deps.led.log.count = maxLogRecords
+	e.a.deps.led.mu.Unlock()
+	var refused atomic.Int32
+	d.setHook(func(op diskOp) error {
+		if strings.Contains(op.Path, ".haptic-agent-state-") {
+			refused.Add(1)
+			return &fs.PathError{Op: op.Op, Path: op.Path, Err: syscall.ENOSPC}
+		}
+		return nil
+	})
+	next, op := mapEntryChange(set, "full.example", "be-a")
+	res := e.c.apply(e.c.manifest("plan-full", next, op), next)
+	if !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("the apply that finds the log full: %+v", res)
+	}
+	waitFor(t, "the compaction's attempt", func() bool { return refused.Load() > 0 })
+	e.a.deps.applyMu.Lock() // the compaction holds it until it gave up
+	e.a.deps.applyMu.Unlock()
+	d.setHook(nil)
+	if !sameSet(e.disk(t), next) {
+		t.Errorf("the tree after the failed compaction is not the ACKed set; map:\n%s", e.disk(t)["maps/host.map"])
+	}
+	workerHoldsMapOf(t, e.fake, next)
+	st := e.c.state("?plan=0")
+	if st.AppliedPlanID != res.AppliedPlanID || st.AppliedPlanProof != res.AppliedPlanProof {
+		t.Fatalf("after the failed compaction the agent holds %s/%s, want the ACKed %s/%s",
+			st.AppliedPlanID, st.AppliedPlanProof, res.AppliedPlanID, res.AppliedPlanProof)
+	}
+
+	e.killAndRestart(t)
+	if st := e.c.state("?plan=0"); st.AppliedPlanID != res.AppliedPlanID || st.AppliedPlanProof != res.AppliedPlanProof {
+		t.Errorf("after a restart the agent holds %s/%s, want the ACKed %s/%s", st.AppliedPlanID, st.AppliedPlanProof,
+			res.AppliedPlanID, res.AppliedPlanProof)
+	}
+	if !sameSet(e.disk(t), next) {
+		t.Error("the restart took an ACKed change back")
+	}
+	if again, op2 := mapEntryChange(next, "after.example", "be-a"); e.c.apply(e.c.manifest("plan-after", again, op2), again).Mode != ResultRuntime {
+		t.Error("the next one-entry change after the restart is not a runtime apply")
 	}
 }
