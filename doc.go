@@ -172,7 +172,8 @@
 //	agent_deferred_deletes.go the queue that deletes servers and backends off the apply path
 //	agent_pacing.go           scheduled reloads and the read-back that repairs a divergence
 //	agent_readiness.go        whether HAProxy is reachable now (/readyz)
-//	agent_auth.go             HTTP Basic and mutual TLS; agent_authfail.go, failed attempts
+//	agent_auth.go             HTTP Basic and mutual TLS
+//	agent_authfail.go         the budget of failed authentications per address
 //	agent_listeners.go        per-listener timeouts and connection caps
 //	agent_metrics.go          the Prometheus text exposition
 //	agent_drain.go            the preStop drain

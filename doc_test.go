@@ -10,6 +10,8 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -66,4 +68,36 @@ func checkFieldComments(t *testing.T, fset *token.FileSet, spec *ast.TypeSpec) i
 		return true
 	})
 	return checked
+}
+
+// TestTheFileTableNamesEveryFile: the package documentation's table of
+// files is the one map of the code, so it names every non-test Go file of
+// the package (a glob such as agent_disk*.go counts for the files it
+// matches) and nothing that is gone.
+func TestTheFileTableNamesEveryFile(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for line := range strings.Lines(string(doc)) {
+		if f := strings.Fields(strings.TrimPrefix(line, "//\t")); strings.HasPrefix(line, "//\t") && len(f) > 1 &&
+			strings.HasSuffix(strings.TrimSuffix(f[0], ","), ".go") {
+			names = append(names, f[0])
+		}
+	}
+	for _, n := range names {
+		if m, _ := filepath.Glob(n); len(m) == 0 {
+			t.Errorf("doc.go's file table names %s, which does not exist", n)
+		}
+	}
+	files, _ := filepath.Glob("*.go")
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") || f == "doc.go" {
+			continue
+		}
+		if !slices.ContainsFunc(names, func(n string) bool { ok, _ := filepath.Match(n, f); return ok }) {
+			t.Errorf("doc.go's file table does not name %s", f)
+		}
+	}
 }
