@@ -617,20 +617,31 @@ func DecodePlanBlob(blob []byte) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The schema version first, alone: a newer schema must be reported as
-	// such even when it carries fields this version does not know.
+	// A plan of this schema decodes in one pass. Only one that does not is
+	// read a second time, for its schema version alone: a newer schema must
+	// be reported as such even when it carries fields this version does not
+	// know. (One pass matters: a big map's plan is megabytes of JSON.)
+	p, err := decodePlanJSON(js)
+	if err == nil && p.SchemaVersion == PlanSchemaVersion {
+		return p, nil
+	}
 	var head *struct {
 		SchemaVersion int `json:"schemaVersion"`
 	}
-	if err := json.Unmarshal(js, &head); err != nil {
-		return nil, fmt.Errorf("haptic: plan blob: decode: %w", err)
-	}
-	if head == nil { // JSON null, which json.Unmarshal takes; a plan is an object
+	switch herr := json.Unmarshal(js, &head); {
+	case herr != nil:
+		return nil, fmt.Errorf("haptic: plan blob: decode: %w", herr)
+	case head == nil: // JSON null, which json.Unmarshal takes; a plan is an object
 		return nil, errors.New("haptic: plan blob: decode: the plan JSON is not an object")
-	}
-	if head.SchemaVersion != PlanSchemaVersion {
+	case head.SchemaVersion != PlanSchemaVersion:
 		return nil, fmt.Errorf("haptic: plan blob: schema version %d is not supported (want %d)", head.SchemaVersion, PlanSchemaVersion)
 	}
+	return nil, err
+}
+
+// decodePlanJSON decodes exactly one plan object, refusing unknown fields
+// and anything after it.
+func decodePlanJSON(js []byte) (*Plan, error) {
 	d := json.NewDecoder(bytes.NewReader(js))
 	d.DisallowUnknownFields()
 	var p Plan
