@@ -165,7 +165,12 @@ func liveDecision(state *haptic.State, next *haptic.Plan) (haptic.Decision, []st
 		// Not a refusal: Diff reloads where it would need one of them.
 		notes = append(notes, fmt.Sprintf("the agent cannot run %s: a change that needs them reloads", strings.Join(missingOps, ", ")))
 	}
-	decision := haptic.Diff(next, base)
+	return asDeployed(state, next, haptic.Diff(next, base), notes)
+}
+
+// asDeployed is what Deploy does with Diff's decision for a pod in this
+// state, with a note for each change it makes.
+func asDeployed(state *haptic.State, next *haptic.Plan, decision haptic.Decision, notes []string) (haptic.Decision, []string) {
 	if !slices.Contains(state.Features, haptic.FeatureRuntimeBatches) && len(decision.Chunk()) > 1 {
 		notes = append(notes, fmt.Sprintf("the change needs %d applies and the agent takes one batch per apply: reload", len(decision.Chunk())))
 		decision = haptic.Diff(next, nil)

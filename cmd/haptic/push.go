@@ -229,7 +229,7 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 	if opts.LeaderEpoch == 0 {
 		opts.LeaderEpoch = max(1, state.AppliedToken.LeaderEpoch)
 	}
-	decision := opts.Prepared.Decision(state)
+	decision, _ := asDeployed(state, next, opts.Prepared.Decision(state), nil)
 	result, err := haptic.Deploy(ctx, client, next, opts)
 	return pushResult{result: result, decision: &decision, err: err}
 }
