@@ -200,11 +200,7 @@ func applyOnAFullDisk(t *testing.T, d *hookDisk, c *agentClient, base string, se
 // in the worker, no op ran and nothing reloaded; once the disk has room,
 // the same change lands at runtime.
 func TestAFullDiskAtTheRecordWriteChangesNothing(t *testing.T) {
-	d := &hookDisk{}
-	e := newTestEnvWithDisk(t, d, nil)
-	set := seedFiles()
-	e.land(t, "plan-1", set)
-	set, _ = ackEntries(t, e.c, set, "ack", 3)
+	d, e, set := ackedOnHookDisk(t)
 	before := e.c.state("?plan=0")
 	reloads, worker := fakeReloads(e.fake), e.fake.Worker()
 	next, op := applyOnAFullDisk(t, d, e.c, e.cfg.BaseDir, set)
@@ -221,6 +217,18 @@ func TestAFullDiskAtTheRecordWriteChangesNothing(t *testing.T) {
 		t.Error("the tree is not the landed set")
 	}
 	workerHoldsMapOf(t, e.fake, next)
+}
+
+// ackedOnHookDisk lands the seed set on an agent whose disk the test can
+// fail, then makes three runtime ACKs on top of it.
+func ackedOnHookDisk(t *testing.T) (*hookDisk, *testEnv, fileSet) {
+	t.Helper()
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	set, _ = ackEntries(t, e.c, set, "ack", 3)
+	return d, e, set
 }
 
 // ---------------------------------------------------------------------------
@@ -752,13 +760,9 @@ func TestSameMapKeys(t *testing.T) {
 // is due for compaction. The apply that finds the log full is answered and
 // kept; the compaction after it cannot write its snapshot (ENOSPC) and
 // changes nothing: the tree, the pairs and the log keep every ACKed change,
-// a kill -9 and a start replay them all, and a later compaction succeeds.
+// and the start after a kill -9 replays them all.
 func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
-	d := &hookDisk{}
-	e := newTestEnvWithDisk(t, d, nil)
-	set := seedFiles()
-	e.land(t, "plan-1", set)
-	set, _ = ackEntries(t, e.c, set, "ack", 3)
+	d, e, set := ackedOnHookDisk(t)
 	e.a.deps.led.mu.Lock()
 	e.a.deps.led.log.count = maxLogRecords
 	e.a.deps.led.mu.Unlock()
