@@ -127,10 +127,12 @@ type Agent struct {
 
 // agentOptions are what internal tests may replace before an agent is
 // built: the disk (to count syncs, stop the process between two file
-// operations, or record what a power loss would keep). Production uses
-// the zero value.
+// operations, or record what a power loss would keep) and the mount table
+// (to describe mounts without making them). Production uses the zero
+// value.
 type agentOptions struct {
-	disk disk
+	disk      disk
+	mountInfo string
 }
 
 func (a *Agent) now() time.Time {
@@ -184,7 +186,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	}
 	a.paths = paths
 	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
-		Logger: cfg.Logger, Disk: opts.disk,
+		Logger: cfg.Logger, Disk: opts.disk, MountInfo: opts.mountInfo,
 		// The admin and drain socket names `haptic agent` binds by default
 		// are reserved too, even on an agent that binds other paths or
 		// none: a file there would refuse its socket to the next agent
@@ -203,7 +205,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
 		ReloadTimeout: cfg.ReloadTimeout})
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
-	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
+	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, files.mountID, cfg.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -692,7 +694,7 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	reload := false
 	switch {
 	case loaded.damage != "":
-		logger.Error("the agent's state is damaged; it is set aside, the tree is kept as it stands and the baseline is forgotten, so the next push reloads",
+		logger.Error("the agent's history cannot be acted on; it is set aside, the tree is kept as it stands and the baseline is forgotten, so the next push reloads",
 			"damaged", loaded.damage)
 		st = damagedAtStart(st)
 	case len(loaded.touched) > 0:

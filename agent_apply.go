@@ -37,6 +37,7 @@ const (
 	invJournalOnlyWhileDiverged = "journal_only_while_diverged"
 	invOpsExecutable            = "ops_executable"
 	invRecoveryReload           = "recovery_reload"
+	invMountProbe               = "mount_probe_found_every_mount"
 )
 
 const (

@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 )
 
@@ -125,16 +126,16 @@ func cmpString(a, b string) int {
 
 // describe lists what the apply changes, links each existing path aside
 // (its undo, and the journal's backup on its first change since the
-// last-known-good plan), and syncs the temp directory when a large part
-// sits there, so that recovery can still rename it into place. A revert's
-// changes are the journal's entries.
+// last-known-good plan), and syncs each temp directory a large part sits
+// in, so that recovery can still rename it into place. A revert's changes
+// are the journal's entries.
 func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState, tree map[string]FileAt) error {
 	byPath := make(map[string]ManifestFile, len(run.m.Files))
 	for _, f := range run.m.Files {
 		byPath[f.Path] = f
 	}
 	var changes, same []fileChange
-	large := false
+	var largeDirs []string
 	for _, f := range staged {
 		mf := byPath[f.Rel]
 		c := fileChange{Path: f.Rel, New: &FileAt{Digest: f.Digest, Proof: mf.Proof, Size: f.Size}}
@@ -147,7 +148,8 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 		case f.repl != nil:
 			c.Data, c.Patch = f.repl, f.patch
 		default:
-			c.Temp, large = f.tmp, true
+			c.Temp = f.tmp
+			largeDirs = appendUnique(largeDirs, filepath.Dir(f.tmp))
 		}
 		changes = append(changes, c)
 	}
@@ -165,13 +167,20 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 	if err := run.files.linkUndo(changes, tree); err != nil {
 		return err
 	}
+	for _, list := range [][]fileChange{changes, same} {
+		for i := range list {
+			list[i].Mount = run.files.mountID(list[i].Path)
+		}
+	}
 	run.id.changed = len(changes) > 0
 	for _, c := range changes {
 		run.id.undo = append(run.id.undo, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
 	}
 	run.changes, run.same = changes, same
-	if large {
-		return run.files.disk.SyncDir(filepath.Join(run.files.base, storeTempDir))
+	for _, dir := range largeDirs {
+		if err := run.files.disk.SyncDir(dir); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -490,6 +499,7 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	r.Error = &ApplyError{Stage: stage, Message: cause.Error()}
 	r.Rollback = &RollbackInfo{Performed: o.undone}
 	run.logger.Warn("apply failed; putting back what it changed", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
+	run.invariant(!errors.Is(cause, syscall.EXDEV), invMountProbe)
 	touched := o.opsRan || o.reloaded
 	if o.installed {
 		err := run.led.endApply(run.seq, false, true, nil, nil, false, nil, func(s *agentState) {

@@ -131,12 +131,18 @@ func (f *hookFile) Truncate(size int64) error {
 // newTestEnvWithDisk is newTestEnv on an agent built over d.
 func newTestEnvWithDisk(t testing.TB, d disk, mutate func(*AgentConfig)) *testEnv {
 	t.Helper()
+	return newTestEnvWith(t, agentOptions{disk: d}, mutate)
+}
+
+// newTestEnvWith is newTestEnv on an agent built with opts.
+func newTestEnvWith(t testing.TB, opts agentOptions, mutate func(*AgentConfig)) *testEnv {
+	t.Helper()
 	fake := startTestFake(t, "")
 	cfg := testAgentConfig(t, fake)
 	if mutate != nil {
 		mutate(&cfg)
 	}
 	loadOnReload(fake, cfg.BaseDir)
-	a, stop := launchAgentWith(t, cfg, agentOptions{disk: d}, nil, true)
+	a, stop := launchAgentWith(t, cfg, opts, nil, true)
 	return &testEnv{fake: fake, a: a, c: newAgentClient(t, a), cfg: cfg, stop: stop}
 }

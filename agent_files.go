@@ -7,14 +7,14 @@
 // It never decides anything about HAProxy or the agent's state, and never
 // touches a path outside the base directory: every disk path it builds is
 // the base joined with a validated manifest path, or one of its own
-// dot-prefixed directories, which no manifest path can name. The base
-// directory must be one filesystem (checked once, at start), so that every
-// rename and link stays within it.
+// dot-prefixed directories, which no manifest path can name. A directory of
+// the tree may be a volume of its own (agent_mounts.go): every temp file and
+// link is made in the store directories of the mount that holds its path,
+// so that no rename or link ever crosses a mount.
 
 package haptic
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"errors"
@@ -43,13 +43,11 @@ var (
 // Names and modes the store keeps for itself. Every name starts with a dot,
 // so the path rules keep manifests away from them.
 const (
-	storeTempDir      = ".haptic-tmp" // staged parts and restore copies
-	storeLinkDir      = ".haptic-lkg" // links to bytes an undo or the journal needs
-	storePartPattern  = "part-*"
-	defaultFileMode   = 0o640 // private keys and userlist passwords must not be world-readable
-	privateFileMode   = 0o600 // the agent's own state
-	defaultMountInfo  = "/proc/self/mountinfo"
-	maxMountInfoLines = 65536 // a pod has a few dozen mounts, a busy node a few thousand
+	storeTempDir     = ".haptic-tmp" // staged parts and restore copies
+	storeLinkDir     = ".haptic-lkg" // links to bytes an undo or the journal needs
+	storePartPattern = "part-*"
+	defaultFileMode  = 0o640 // private keys and userlist passwords must not be world-readable
+	privateFileMode  = 0o600 // the agent's own state
 )
 
 // maxInlineBytes is the size up to which a file's new bytes ride inside
@@ -86,6 +84,7 @@ type fileStoreConfig struct {
 // fileStore is the agent's view of its base directory.
 type fileStore struct {
 	base     string // resolved, absolute
+	mounts   mounts // the base and the mounts below it, each with its own store directories
 	reserved map[string]bool
 	config   string
 	fileMode fs.FileMode
@@ -110,9 +109,8 @@ type fileStore struct {
 // changed at every apply is compacted every fiftieth.
 const maxLinkedBytes = 256 << 20
 
-// newFileStore resolves the base directory, refuses one that holds a mount
-// point (a rename or a link across it would fail half-way through an
-// apply), and creates the store's directories.
+// newFileStore resolves the base directory, finds the mounts below it, and
+// creates the store's directories in each.
 func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	base, err := filepath.EvalSymlinks(cfg.Base)
 	if err == nil {
@@ -125,11 +123,6 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 		return nil, err
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("%s is not a directory", base)
-	}
-	if mount, err := mountBelow(cmp.Or(cfg.MountInfo, defaultMountInfo), base); err != nil {
-		return nil, err
-	} else if mount != "" {
-		return nil, fmt.Errorf("%s is a mount point inside %s: the agent's tree must be one filesystem, so that every install and backup is a rename or link within it", mount, base)
 	}
 	s := &fileStore{base: base, reserved: map[string]bool{}, config: cfg.Config,
 		fileMode: cmp.Or(cfg.FileMode, defaultFileMode), logger: cfg.Logger, disk: cfg.Disk,
@@ -146,55 +139,18 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 			s.reserved[canonicalPath(r)] = true
 		}
 	}
-	for _, name := range []string{storeTempDir, storeLinkDir} {
-		if err := ensureStoreDir(s.disk, filepath.Join(base, name)); err != nil {
-			return nil, err
+	if s.mounts, err = probeMounts(cmp.Or(cfg.MountInfo, defaultMountInfo), base, s.disk); err != nil {
+		return nil, err
+	}
+	for _, m := range s.mounts {
+		for _, name := range []string{storeTempDir, storeLinkDir} {
+			if err := ensureStoreDir(s.disk, filepath.Join(m.root, name)); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return s, nil
 }
-
-// mountBelow returns the first mount point strictly below root that the
-// mount table lists (field 5 of mountinfo, octal escapes decoded), or "".
-// A system without the table has no mounts to find.
-func mountBelow(mountInfo, root string) (string, error) {
-	f, err := os.Open(mountInfo)
-	if err != nil {
-		return "", nil
-	}
-	defer f.Close()
-	prefix := strings.TrimSuffix(root, "/") + "/"
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
-	for n := 0; n < maxMountInfoLines && sc.Scan(); n++ {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		p := unescapeMountField(fields[4])
-		if strings.HasPrefix(p, prefix) && len(p) > len(prefix) {
-			return filepath.Clean(p), nil
-		}
-	}
-	return "", sc.Err()
-}
-
-// unescapeMountField decodes the kernel's octal escapes (\040 space, \011
-// tab, \012 newline, \134 backslash); anything else stays as written.
-func unescapeMountField(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // ensureStoreDir creates one of the store's own directories, or checks the
 // one already there. The agent deletes and links entries in them, so a link
@@ -297,6 +253,11 @@ func (s *fileStore) abs(rel string) (string, error) {
 	return abs, nil
 }
 
+// mountID names the mount that holds rel now: "" for the base's own.
+func (s *fileStore) mountID(rel string) string {
+	return s.mounts.of(filepath.Join(s.base, filepath.FromSlash(rel))).id
+}
+
 func notRegular(rel string) error {
 	return fmt.Errorf("%w: %q is not a regular file", errInvalidPath, rel)
 }
@@ -385,7 +346,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, 
 			return sf, nil
 		}
 		*budget -= int(size)
-		sf.tmp, err = s.writeTemp(rel, func(w io.Writer) error { _, err := w.Write(sf.inline); return err }, false)
+		sf.tmp, err = s.writeTemp(rel, abs, func(w io.Writer) error { _, err := w.Write(sf.inline); return err }, false)
 		return sf, err
 	}
 	if repl != nil && len(repl) <= *budget {
@@ -393,7 +354,7 @@ func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, 
 		sf.repl = repl
 	}
 	h := newDigestHasher()
-	tmp, err := s.writeTemp(rel, func(w io.Writer) error {
+	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
 		n, err := fill(io.MultiWriter(w, h))
 		if err != nil {
 			return err
@@ -415,12 +376,13 @@ func verifyPart(rel string, n, size int64, got, digest string) error {
 	return nil
 }
 
-// writeTemp creates a temp file in .haptic-tmp, fills it, sets the tree's
-// file mode, syncs it when asked and closes it. On any error the file is
-// gone. The errors of the agent's own disk are staging faults of rel; fill's
-// own (the client's body) are returned as they are.
-func (s *fileStore) writeTemp(rel string, fill func(io.Writer) error, sync bool) (_ string, err error) {
-	f, err := s.disk.CreateTemp(filepath.Join(s.base, storeTempDir), storePartPattern)
+// writeTemp creates a temp file in the .haptic-tmp of the mount that holds
+// abs (rel's path), fills it, sets the tree's file mode, syncs it when asked
+// and closes it. On any error the file is gone. The errors of the agent's
+// own disk are staging faults of rel; fill's own (the client's body) are
+// returned as they are.
+func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
+	f, err := s.disk.CreateTemp(filepath.Join(s.mounts.of(abs).root, storeTempDir), storePartPattern)
 	if err != nil {
 		return "", diskFault(rel, err)
 	}
@@ -640,7 +602,7 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) err
 		}
 		c.Old = &FileAt{Digest: old.Digest, Size: old.Size}
 		if c.Undo, err = s.linkAside(abs); err != nil {
-			return err
+			return crossedMount(c.Path, err)
 		}
 		s.mu.Lock()
 		s.linked += old.Size
@@ -649,13 +611,14 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) err
 	return nil
 }
 
-// linkAside hard-links abs into the link directory under a fresh name.
+// linkAside hard-links abs into the link directory of its mount under a
+// fresh name.
 func (s *fileStore) linkAside(abs string) (string, error) {
 	s.mu.Lock()
 	s.linkSeq++
 	name := fmt.Sprintf("%d-%s", s.linkSeq, DigestString(abs))
 	s.mu.Unlock()
-	link := filepath.Join(s.base, storeLinkDir, name)
+	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, name)
 	if err := s.disk.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
@@ -723,10 +686,7 @@ func (s *fileStore) put(rel string, at *FileAt, from string) error {
 			s.noteDirty("", filepath.Dir(d))
 		}
 		if err == nil {
-			err = s.replace(from, abs)
-		}
-		if errors.Is(err, syscall.EXDEV) {
-			err = fmt.Errorf("%q: %w: the base directory must be one filesystem", rel, err)
+			err = crossedMount(rel, s.replace(from, abs))
 		}
 	}
 	if err != nil {
@@ -824,7 +784,7 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 	if !ok {
 		return false, fmt.Errorf("restore %q: no copy of its bytes (%s) is left", w.Path, w.At.Digest)
 	}
-	tmp, err := s.writeTemp(w.Path, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
+	tmp, err := s.writeTemp(w.Path, abs, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
 	if err == nil {
 		if err = s.put(w.Path, w.At, tmp); err != nil {
 			s.disk.Remove(tmp)
@@ -971,28 +931,31 @@ func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 	return tree, nil
 }
 
-// sweep empties .haptic-tmp and removes the links no record needs any more
-// (every one but keep), at most MaxFiles entries of each per call. It runs
-// at start, after recovery, and after each compaction, so that nothing it
-// removes can be needed to redo or undo an apply.
+// sweep empties every mount's .haptic-tmp and removes the links no record
+// needs any more (every one but keep), at most MaxFiles entries of each
+// directory per call. It runs at start, after recovery, and after each
+// compaction, so that nothing it removes can be needed to redo or undo an
+// apply.
 func (s *fileStore) sweep(keep map[string]bool) error {
 	s.mu.Lock()
 	s.linked = 0
 	s.mu.Unlock()
 	var errs []error
-	for _, dir := range []string{storeTempDir, storeLinkDir} {
-		dir = filepath.Join(s.base, dir)
-		if err := checkOwnedPath(s.disk, dir, true); err != nil {
-			return err
-		}
-		entries, err := s.disk.ReadDir(dir, MaxFiles)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			if p := filepath.Join(dir, e.Name()); !keep[p] {
-				if err := s.disk.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					errs = append(errs, err)
+	for _, m := range s.mounts {
+		for _, dir := range []string{storeTempDir, storeLinkDir} {
+			dir = filepath.Join(m.root, dir)
+			if err := checkOwnedPath(s.disk, dir, true); err != nil {
+				return err
+			}
+			entries, err := s.disk.ReadDir(dir, MaxFiles)
+			if err != nil {
+				return err
+			}
+			for _, e := range entries {
+				if p := filepath.Join(dir, e.Name()); !keep[p] {
+					if err := s.disk.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+						errs = append(errs, err)
+					}
 				}
 			}
 		}

@@ -1,7 +1,7 @@
-// Tests of the agent's file store (agent_files.go): path rules, the
-// one-filesystem check, staging with size and digest checks, patches, the
-// undo links, the install order, putting bytes back from their sources,
-// and the sweep.
+// Tests of the agent's file store (agent_files.go): path rules, staging
+// with size and digest checks, patches, the undo links, the install order,
+// putting bytes back from their sources, and the sweep. The mounts are
+// agent_mounts_test.go's.
 
 package haptic
 
@@ -210,41 +210,6 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 		if _, err := ts.abs(rel); err != nil {
 			t.Errorf("abs(%q) = %v", rel, err)
 		}
-	}
-}
-
-// TestABaseDirectoryHoldingAMountIsRefused: the tree must be one
-// filesystem, so that every install and link stays within it; a mount
-// point below the base (the mount table's fifth field, escapes decoded) is
-// refused at start, one beside it is not.
-func TestABaseDirectoryHoldingAMountIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	base, _ := filepath.EvalSymlinks(dir)
-	mounts := func(points ...string) string {
-		var b strings.Builder
-		b.WriteString("22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\nshort line\n")
-		for i, p := range points {
-			fmt.Fprintf(&b, "%d 22 0:%d / %s rw - tmpfs tmpfs rw\n", 30+i, 5+i, p)
-		}
-		mi := filepath.Join(t.TempDir(), "mountinfo")
-		os.WriteFile(mi, []byte(b.String()), 0o644)
-		return mi
-	}
-	escaped := strings.NewReplacer(" ", `\040`, "\t", `\011`).Replace(base + "/with space\tand tab")
-	for _, tc := range []struct {
-		name, info, want string
-	}{
-		{"a mount below", mounts(base + "/certs"), base + "/certs is a mount point inside " + base},
-		{"an escaped mount below", mounts(escaped), base + "/with space\tand tab is a mount point inside " + base},
-		{"the base itself and a sibling", mounts(base, base+"2"), ""},
-	} {
-		_, err := newFileStore(fileStoreConfig{Base: dir, Config: "haproxy.cfg", MountInfo: tc.info, Logger: testLogger()})
-		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)) {
-			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
-		}
-	}
-	if got := unescapeMountField(`a\040b\x\12`); got != `a b\x\12` {
-		t.Errorf("unescapeMountField kept malformed escapes as %q", got)
 	}
 }
 

@@ -221,10 +221,25 @@ func fakeReloads(f *FakeHAProxy) int {
 // apply through the file layer. A one-entry runtime apply makes one log
 // sync (its record, before its first rename) and nothing else on its path
 // syncs, the first time its map is journalled since the last reload too; a
-// reload apply makes two.
+// reload apply makes two, and syncs no directory twice. The counts are the
+// same on a tree whose maps/ and general/ are mounts of their own.
 func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
+	t.Run("one filesystem", func(t *testing.T) { testApplySyncs(t, nil) })
+	t.Run("maps and notes on mounts of their own", func(t *testing.T) { testApplySyncs(t, []string{"maps", "notes"}) })
+}
+
+func testApplySyncs(t *testing.T, mounted []string) {
 	d := &hookDisk{}
-	e := newTestEnvWithDisk(t, d, nil)
+	base, _ := filepath.EvalSymlinks(t.TempDir())
+	var points []string
+	for _, m := range mounted {
+		os.MkdirAll(filepath.Join(base, m), 0o750)
+		points = append(points, filepath.Join(base, m))
+	}
+	e := newTestEnvWith(t, agentOptions{disk: d, mountInfo: mountInfoFile(t, points...)}, func(c *AgentConfig) { c.BaseDir = base })
+	if n := len(e.a.files.mounts); n != len(mounted)+1 {
+		t.Fatalf("the agent found %d mounts, want %d", n, len(mounted)+1)
+	}
 	var c syncCounter
 	d.setHook(c.hook(filepath.Join(e.cfg.BaseDir, logFileName)))
 	fs := seedFiles()
@@ -288,12 +303,25 @@ func TestAnApplySyncsOnlyAtItsDurablePoints(t *testing.T) {
 	next = next.clone()
 	next["haproxy.cfg"] += "# reload\n"
 	e.c.apply(reloadManifest(e, "plan-rl", next), next)
+	c.mu.Lock()
+	synced := map[string]int{}
+	for _, op := range c.ops {
+		if op.Op == "syncdir" {
+			synced[op.Path]++
+		}
+	}
+	c.mu.Unlock()
 	log, dirs, others = c.reset()
 	// A reload makes its plan the last-known-good: its files are synced
 	// then, so that the next apply may link them into the journal at once.
 	t.Logf("reload: %d log syncs, %d directory syncs, %d file syncs", log, dirs, others)
 	if log != 2 {
 		t.Errorf("reload: %d log syncs, want 2", log)
+	}
+	for dir, n := range synced {
+		if n > 1 {
+			t.Errorf("reload: %s synced %d times", dir, n)
+		}
 	}
 }
 

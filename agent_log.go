@@ -98,6 +98,10 @@ type fileChange struct {
 	Patch *FilePatch `json:"patch,omitempty"`
 	Old   *FileAt    `json:"old,omitempty"`
 	Undo  string     `json:"undo,omitempty"` // a link to the old bytes
+	// Mount is the id of the volume that holds the path, its temp file and
+	// its undo, when that is a mount below the base: a start that finds
+	// another volume there cannot reach them, and must not act on them.
+	Mount string `json:"mount,omitempty"`
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -201,6 +205,8 @@ type loadedLog struct {
 	// damage names the damaged file and offset; the rest of loadedLog is
 	// then only what could be read, for the ledger to keep what is safe.
 	damage string
+	// mounts are the mount ids the records name for each path.
+	mounts map[string][]string
 }
 
 // source is one place that may hold the bytes of a digest: inline bytes
@@ -217,7 +223,7 @@ type source struct {
 // error (guessing could delete files the agent does not own); a damaged one
 // is reported in damage, with what could still be read.
 func loadLog(d disk, statePath string) (*loadedLog, error) {
-	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}}
+	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}, mounts: map[string][]string{}}
 	var records, tail []logRecord
 	b, err := readAllLimited(d, statePath, maxRecordBytes+frameHeaderBytes)
 	switch {
@@ -330,6 +336,9 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 			seen[f.Path] = true
 			l.touched = append(l.touched, f.Path)
 		}
+		if !slices.Contains(l.mounts[f.Path], f.Mount) {
+			l.mounts[f.Path] = append(l.mounts[f.Path], f.Mount)
+		}
 		add(f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
 		add(f.Old, source{path: f.Undo})
 	}
@@ -338,6 +347,21 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 			add(e.At, source{path: e.Backup})
 		}
 	}
+}
+
+// movedMount returns a path a record names on a mount other than the one
+// mountOf finds there now (a volume gone, or another one mounted in its
+// place), or "": the record's undo and temp files are out of reach, and
+// its bytes would land on a volume they were never meant for.
+func (l *loadedLog) movedMount(mountOf func(rel string) string) string {
+	for _, p := range l.touched {
+		for _, id := range l.mounts[p] {
+			if id != mountOf(p) {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 // raiseNumbers raises the numbers st has handed out to those of s, so that

@@ -320,6 +320,8 @@ type crashKind struct {
 	// travels as a patch of its bytes before, which the record carries
 	// instead of the file.
 	patched bool
+	// mounts are the directories of the tree that are mounts of their own.
+	mounts []string
 }
 
 // patchBase is the set a patched kind's patches apply to.
@@ -387,6 +389,18 @@ func crashKinds() []crashKind {
 	}
 }
 
+// mountedCrashKinds are crashKinds on a tree whose maps/ and errors/ are
+// mounts of their own, as upstream's pods keep maps and general files:
+// every apply then stages, links and renames on two or three mounts.
+func mountedCrashKinds() []crashKind {
+	var out []crashKind
+	for _, k := range crashKinds() {
+		k.name, k.mounts = k.name+"_on_mounts", []string{"errors", "maps"}
+		out = append(out, k)
+	}
+	return out
+}
+
 // TestCrashBetweenAnyTwoFileOperations kills the agent at every file
 // operation of a runtime, a file_only and a reload apply, and after the
 // answer, and checks what the restarted agent holds.
@@ -395,15 +409,33 @@ func TestCrashBetweenAnyTwoFileOperations(t *testing.T) {
 		t.Skip("starts three agent processes per file operation of three applies")
 	}
 	for _, k := range crashKinds() {
-		t.Run(k.name, func(t *testing.T) {
-			n := countApplyOps(t, k)
-			if n < 4 {
-				t.Fatalf("the %s apply made %d file operations; the stop hook sees nothing", k.name, n)
-			}
-			for at := 1; at <= n+1; at++ {
-				t.Run(fmt.Sprintf("op%02d", at), func(t *testing.T) { runCrashAt(t, k, at) })
-			}
-		})
+		t.Run(k.name, func(t *testing.T) { crashAtEveryOp(t, k) })
+	}
+}
+
+// TestCrashBetweenAnyTwoFileOperationsOnMounts is the kill -9 test on a
+// tree that spans bind mounts, in a private mount namespace that the agent
+// processes it starts share.
+func TestCrashBetweenAnyTwoFileOperationsOnMounts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three agent processes per file operation of every apply")
+	}
+	if os.Getenv(mountNamespaceEnv) == "" {
+		runInMountNamespace(t, "TestCrashBetweenAnyTwoFileOperationsOnMounts")
+		return
+	}
+	for _, k := range mountedCrashKinds() {
+		t.Run(k.name, func(t *testing.T) { crashAtEveryOp(t, k) })
+	}
+}
+
+func crashAtEveryOp(t *testing.T, k crashKind) {
+	n := countApplyOps(t, k)
+	if n < 4 {
+		t.Fatalf("the %s apply made %d file operations; the stop hook sees nothing", k.name, n)
+	}
+	for at := 1; at <= n+1; at++ {
+		t.Run(fmt.Sprintf("op%02d", at), func(t *testing.T) { runCrashAt(t, k, at) })
 	}
 }
 
@@ -418,6 +450,9 @@ type crashEnv struct {
 func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 	fake := startTestFake(t, "")
 	base := t.TempDir()
+	if k.mounts != nil {
+		base = bindMountTree(t, k.mounts...)
+	}
 	loadOnReload(fake, base)
 	dir := t.TempDir()
 	cfg := agentChildConfig{BaseDir: base, MasterSocket: fake.MasterSocket(), WorkerSocket: fake.WorkerSocket(),

@@ -165,6 +165,7 @@
 //	agent_ledger.go           the agent's state: one type, every change a named transition
 //	agent_log.go              how the state reaches the disk: the snapshot and the log
 //	agent_files.go            the file store: staging, links aside (undo, journal), install, restore
+//	agent_mounts.go           the volumes the tree spans, each with its own staging and links
 //	agent_disk*.go            the one interface every file operation goes through
 //	agent_worker.go           the worker the agent expects: check, adopt, reload
 //	agent_runtime_compile.go  an Op compiled into HAProxy commands, packed into lines

@@ -445,6 +445,8 @@ func TestMemDiskErrors(t *testing.T) {
 	memOK(t, md.writeFile("/d/a", []byte("A")))
 	memOK(t, md.writeFile("/d/sub/f", []byte("F")))
 	memOK(t, md.mkdirAll("/d/empty"))
+	memOK(t, md.writeFile("/d/vol/v", []byte("V")))
+	md.mounts = []string{"/d/vol"}
 	ro, err := md.Open("/d/a")
 	memOK(t, err)
 	closed, err := md.Open("/d/a")
@@ -487,6 +489,9 @@ func TestMemDiskErrors(t *testing.T) {
 		{"rename a directory over a file", func() error { return md.Rename("/d/empty", "/d/a") }, syscall.ENOTDIR, nil, "link"},
 		{"rename a directory over a non-empty one", func() error { return md.Rename("/d/empty", "/d/sub") }, syscall.ENOTEMPTY, nil, "link"},
 		{"rename a directory into itself", func() error { return md.Rename("/d/sub", "/d/sub/x") }, syscall.EINVAL, nil, "link"},
+		{"link across a mount", func() error { return md.Link("/d/a", "/d/vol/a") }, syscall.EXDEV, nil, "link"},
+		{"rename across a mount", func() error { return md.Rename("/d/vol/v", "/d/v") }, syscall.EXDEV, nil, "link"},
+		{"exchange across a mount", func() error { return md.Exchange("/d/a", "/d/vol/v") }, syscall.EXDEV, nil, "link"},
 		{"chmod missing", func() error { return md.Chmod("/d/nope", 0o644) }, syscall.ENOENT, fs.ErrNotExist, "path"},
 		{"lstat missing", func() error { _, err := md.Lstat("/d/nope"); return err }, syscall.ENOENT, fs.ErrNotExist, "path"},
 		{"readdir missing", func() error { _, err := md.ReadDir("/d/nope", 0); return err }, syscall.ENOENT, fs.ErrNotExist, "path"},

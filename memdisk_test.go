@@ -46,6 +46,12 @@
 //     block is written whole or not at all. Hard links share one inode, so
 //     every name of a file shows the same surviving bytes.
 //
+//   - Mounts. A directory listed in mounts is the root of a mount of its
+//     own: a link, rename or exchange from one mount to another fails with
+//     EXDEV, as between two bind mounts of one filesystem. They share the
+//     one metadata log, as such bind mounts share their filesystem's
+//     journal.
+//
 // crashImages enumerates those outcomes, as fresh independent disks on
 // which everything is durable. The helpers writeFile, mkdirAll and
 // checkpoint set up durable state for a test at once; dump, readFile and
@@ -190,9 +196,24 @@ type memDisk struct {
 	nextIno uint64
 	tempSeq uint64
 	gcAt    int
+	mounts  []string // mount points below the root, set before use
 }
 
 var _ disk = (*memDisk)(nil)
+
+// crossesMount reports whether a and b lie on different mounts.
+func (d *memDisk) crossesMount(a, b string) bool {
+	of := func(p string) string {
+		best := "/"
+		for _, m := range d.mounts {
+			if (p == m || strings.HasPrefix(p, m+"/")) && len(m) > len(best) {
+				best = m
+			}
+		}
+		return best
+	}
+	return of(a) != of(b)
+}
 
 // newMemDisk returns an empty disk: a durable root directory, mode 0755.
 func newMemDisk() *memDisk {
@@ -360,6 +381,9 @@ func (d *memDisk) renameLocked(oldpath, newpath string) error {
 	if err != nil {
 		return err
 	}
+	if d.crossesMount(oldpath, newpath) {
+		return syscall.EXDEV
+	}
 	np, nb, nino, err := d.lookup(newpath)
 	if err != nil {
 		return err
@@ -417,6 +441,8 @@ func (d *memDisk) Exchange(oldpath, newpath string) error {
 		np, nb, nino, err = d.existing(newpath)
 		switch {
 		case err != nil:
+		case d.crossesMount(oldpath, newpath):
+			err = syscall.EXDEV
 		case ino == memRootIno || nino == memRootIno:
 			err = syscall.EBUSY
 		case d.inodes[ino].dir || d.inodes[nino].dir:
@@ -454,6 +480,9 @@ func (d *memDisk) linkLocked(oldname, newname string) error {
 	}
 	if d.inodes[ino].dir {
 		return syscall.EPERM
+	}
+	if d.crossesMount(oldname, newname) {
+		return syscall.EXDEV
 	}
 	np, nb, nino, err := d.lookup(newname)
 	if err != nil {
@@ -1236,7 +1265,7 @@ func (d *memDisk) dirtyFiles(ns *memNS) []*memInode {
 // file with the bytes choose picks for it, current and durable alike.
 func (d *memDisk) image(ns *memNS, choose memChoice) *memDisk {
 	img := &memDisk{inodes: map[uint64]*memInode{}, cur: newMemNS(),
-		nextIno: d.nextIno, tempSeq: d.tempSeq, gcAt: memGCMinInodes}
+		nextIno: d.nextIno, tempSeq: d.tempSeq, gcAt: memGCMinInodes, mounts: d.mounts}
 	img.inodes[memRootIno] = &memInode{ino: memRootIno, dir: true}
 	img.cur.dirs[memRootIno] = cloneEntries(ns.dirs[memRootIno])
 	img.cur.modes[memRootIno] = ns.modes[memRootIno]

@@ -155,17 +155,27 @@ func TestPowerLossAtEveryFileOperation(t *testing.T) {
 	if os.Getenv("HAPTIC_POWERLOSS") != "" {
 		perOp = maxCrashImages
 	}
-	for _, k := range crashKinds() {
+	for _, k := range append(crashKinds(), mountedCrashKinds()...) {
 		t.Run(k.name, func(t *testing.T) { runPowerLoss(t, k, perOp) })
 	}
 }
 
 func runPowerLoss(t *testing.T, k crashKind, perOp int) {
-	base := t.TempDir() // exists on the real disk too: the store resolves it there
+	base, _ := filepath.EvalSymlinks(t.TempDir()) // exists on the real disk too: the store resolves it there
 	md := newMemDisk()
 	if err := md.mkdirAll(base); err != nil {
 		t.Fatal(err)
 	}
+	// The mounts are the recording disk's, and the mount table says so.
+	var points []string
+	for _, m := range k.mounts {
+		points = append(points, filepath.Join(base, m))
+		if err := md.mkdirAll(points[len(points)-1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md.mounts = points
+	mountInfo := mountInfoFile(t, points...)
 	fd := &forkingDisk{memDisk: md, other: make(chan struct{}, 1)}
 	fake := startTestFake(t, "")
 	// A reload "loads" the maps of the recording disk, as a worker would.
@@ -179,7 +189,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	})
 	cfg := testAgentConfig(t, fake)
 	cfg.BaseDir = base
-	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd}, nil, true)
+	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd, mountInfo: mountInfo}, nil, true)
 	c := newAgentClient(t, a)
 	if k.warmup == nil {
 		if res := c.apply(c.manifest("plan-1", k.before), k.before); !res.OK {
@@ -219,7 +229,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 			}
 			seen[key] = true
 			images++
-			if msg := checkRecovery(img, cfg, k, before.gen, before.proof, acked.Load()); msg != "" && len(failures) < 10 {
+			if msg := checkRecovery(img, cfg, mountInfo, k, before.gen, before.proof, acked.Load()); msg != "" && len(failures) < 10 {
 				failures = append(failures, fmt.Sprintf("before %s %s (op %d): %s", op.Op, op.Path, ops, msg))
 			}
 		}
@@ -272,18 +282,18 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 // checkRecovery recovers a fresh ledger and file store on img, as a
 // restarting agent does before it probes HAProxy, and checks the four
 // requirements. It returns what failed, or "".
-func checkRecovery(img *memDisk, cfg AgentConfig, k crashKind, genBefore, proofBefore uint64, acked bool) string {
+func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind, genBefore, proofBefore uint64, acked bool) string {
 	logger := testLogger()
 	paths, err := resolveAgentPaths(&cfg)
 	if err != nil {
 		return err.Error()
 	}
-	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, Logger: logger, Disk: img,
+	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, Logger: logger, Disk: img, MountInfo: mountInfo,
 		Reserved: []string{paths.state, paths.log, paths.planBlob}})
 	if err != nil {
 		return "file store: " + err.Error()
 	}
-	led, loaded, err := newLedger(img, paths.state, paths.planBlob, logger)
+	led, loaded, err := newLedger(img, paths.state, paths.planBlob, files.mountID, logger)
 	if err != nil {
 		return "ledger: " + err.Error()
 	}

@@ -354,6 +354,31 @@ func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 	if got := mountOf(haproxy, base); got != cfg.BaseDir {
 		t.Errorf("HAProxy mounts the base directory at %q, the agent at %q", got, cfg.BaseDir)
 	}
+	// general/ on an emptyDir of its own inside the base directory, as
+	// upstream's pods keep it. Every volume inside the base is a directory
+	// (no subPath: the agent refuses a single file mounted on its own) and
+	// HAProxy mounts it where the agent does.
+	if v := volumeAt(t, agent, path.Join(cfg.BaseDir, "general")); yamlAt(volumes[v], "emptyDir") == nil {
+		t.Errorf("general/ is on volume %q, not an emptyDir", v)
+	}
+	inside := 0
+	for _, vm := range yamlAt(agent, "volumeMounts").([]any) {
+		at := yamlString(t, vm, "mountPath")
+		if !strings.HasPrefix(at, cfg.BaseDir+"/") {
+			continue
+		}
+		inside++
+		name := yamlString(t, vm, "name")
+		if sub, _ := yamlAt(vm, "subPath").(string); sub != "" {
+			t.Errorf("volume %q is mounted inside the base directory with subPath %q: the agent refuses a file mounted on its own", name, sub)
+		}
+		if got := mountOf(haproxy, name); got != at {
+			t.Errorf("HAProxy mounts volume %q at %q, the agent at %q", name, got, at)
+		}
+	}
+	if inside == 0 {
+		t.Errorf("no volume inside the base directory: upstream's layout keeps general/ on one")
+	}
 
 	// HAProxy: master-worker, its master CLI and configuration where the
 	// agent looks for them.

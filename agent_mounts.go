@@ -1,0 +1,133 @@
+// This file owns the mounts of the agent's tree: which directories below
+// the base directory are volumes of their own, read from the kernel's mount
+// table once at start, and which of them holds a path. Upstream HAPTIC's
+// pods keep general/, maps/ and ssl/ on volumes of their own inside the
+// base directory, and a link or a rename cannot cross a mount: two bind
+// mounts of one filesystem share a device number, yet link(2) and rename(2)
+// between them fail with EXDEV. So mount points count, not devices, and
+// every mount gets its own staging and link directories: a file is staged,
+// linked aside and renamed within the mount that holds it.
+//
+// It never reads the mount table again after start: a mount that appears
+// later is found by the EXDEV it causes, which fails that apply cleanly
+// (crossedMount), and the next start sees it.
+
+package haptic
+
+import (
+	"bufio"
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Where the mount table is, and how much of it is read: a pod has a few
+// dozen mounts, a busy node a few thousand.
+const (
+	defaultMountInfo  = "/proc/self/mountinfo"
+	maxMountInfoLines = 65536
+)
+
+// mount is one filesystem mount the tree spans.
+type mount struct {
+	root string // absolute and resolved: the base directory, or a mount point below it
+	// id names the volume mounted at root (its device and its root within
+	// that device, hashed), so that a record made on one volume is never
+	// acted on over another mounted in its place. The base's own is "".
+	id string
+}
+
+// mounts are the tree's mounts, the deepest root first and the base last,
+// so that the first whose root holds a path is the mount it lives on.
+type mounts []mount
+
+// probeMounts reads the mount table (field 5 of mountinfo is the mount
+// point, octal escapes decoded) and returns the mounts at or below base. A
+// system without the table has the base alone. A mount point below the base
+// that is not a directory (a single file bind-mounted, as a Kubernetes
+// subPath mounts one) is refused: a file mounted on its own cannot be
+// replaced by a rename, so the agent could never install it atomically.
+func probeMounts(mountInfo, base string, d disk) (mounts, error) {
+	out := mounts{{root: base}}
+	f, err := os.Open(mountInfo)
+	if err != nil {
+		return out, nil
+	}
+	defer f.Close()
+	prefix := strings.TrimSuffix(base, "/") + "/"
+	ids := map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for n := 0; n < maxMountInfoLines && sc.Scan(); n++ {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		// A later line for the same point is a mount on top of the earlier
+		// one: the one the agent sees.
+		if p := unescapeMountField(fields[4]); strings.HasPrefix(p, prefix) && len(p) > len(prefix) {
+			ids[strings.TrimSuffix(p, "/")] = DigestString(fields[2] + " " + unescapeMountField(fields[3]))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", mountInfo, err)
+	}
+	for root, id := range ids {
+		fi, err := d.Lstat(root)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // hidden by a mount on top of a parent: nothing can reach it
+		case err != nil:
+			return nil, err
+		case !fi.IsDir():
+			return nil, fmt.Errorf("%s is a single file mounted inside %s: a file mounted on its own cannot be replaced atomically (a rename onto it fails), so the agent cannot own it; mount the directory that holds it instead", root, base)
+		}
+		out = append(out, mount{root: root, id: id})
+	}
+	slices.SortFunc(out, func(a, b mount) int { return cmp.Compare(len(b.root), len(a.root)) })
+	return out, nil
+}
+
+// unescapeMountField decodes the kernel's octal escapes (\040 space, \011
+// tab, \012 newline, \134 backslash); anything else stays as written.
+func unescapeMountField(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+
+// of returns the mount that holds abs: the deepest whose root is abs or a
+// parent of it.
+func (ms mounts) of(abs string) mount {
+	for _, m := range ms {
+		if abs == m.root || strings.HasPrefix(abs, m.root+"/") {
+			return m
+		}
+	}
+	return ms[len(ms)-1]
+}
+
+// crossedMount explains an EXDEV: rel lives on a mount the start did not
+// see, so a link or rename between it and its mount's store directories
+// crosses into another filesystem. The apply fails with everything it
+// changed undone; a restart probes the mounts again.
+func crossedMount(rel string, err error) error {
+	if !errors.Is(err, syscall.EXDEV) {
+		return err
+	}
+	return fmt.Errorf("%q is on a mount the agent did not see at its start (%w): restart the agent so that it finds the mount", rel, err)
+}
