@@ -924,9 +924,13 @@ func checkPlanBlob(blob []byte, planID string) error {
 	return nil
 }
 
-// handlePutPlan stores the plan blob of the applied plan. It never takes
-// the apply lock: a controller uploads the blob in the background after the
-// apply that landed the plan.
+// handlePutPlan stores the plan blob of the applied plan. The blob is
+// checked outside the apply lock (decoding a big plan takes a while), and
+// stored under it: a blob recorded while an apply runs would record the
+// state from before that apply after its record, and a crash before its
+// end would replay that older state over the apply's files. So an upload
+// waits for the apply in flight, and then finds the plan moved (409) when
+// that apply landed another.
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -952,7 +956,9 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}
+	a.deps.applyMu.Lock()
 	moved, err := a.led.storeBlob(ref, blob)
+	a.deps.applyMu.Unlock()
 	switch {
 	case errors.Is(err, errPlanMoved):
 		writeJSON(w, http.StatusConflict, moved)

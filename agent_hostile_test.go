@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -272,4 +273,115 @@ func TestARefusalOverAnIntactTreeRollsBack(t *testing.T) {
 	if !sameSet(e.disk(t), set) {
 		t.Errorf("tree %v", e.disk(t).paths())
 	}
+}
+
+// holdAt makes d stop the agent at its first op on path until release is
+// called; entered is closed when it stops there.
+func holdAt(d *hookDisk, op, path string) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	d.setHook(func(o diskOp) error {
+		if o.Op == op && o.Path == path {
+			once.Do(func() {
+				close(in)
+				<-out
+			})
+		}
+		return nil
+	})
+	return in, func() { close(out) }
+}
+
+// killImage is what kill -9 leaves of the agent's state at one instant:
+// the page cache outlives the process, so it is the files as they are.
+func killImage(t *testing.T, base string, names ...string) map[string][]byte {
+	t.Helper()
+	img := map[string][]byte{}
+	for _, name := range append([]string{".haptic-agent.json", logFileName}, names...) {
+		b, err := os.ReadFile(filepath.Join(base, name))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		img[name] = b
+	}
+	return img
+}
+
+// restoreImage puts a killImage back on a stopped agent's directory.
+func restoreImage(t *testing.T, base string, img map[string][]byte) {
+	t.Helper()
+	for name, b := range img {
+		p := filepath.Join(base, name)
+		os.Remove(p)
+		if b != nil {
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestAPlanUploadDuringAnApplyNeverRewindsTheState: a PUT /v1/plan of the
+// applied plan's blob while a runtime apply of the next plan is held at its
+// install waits for that apply (and then finds the plan moved), so that no
+// record of the state from before the apply follows the apply's record. A
+// kill -9 at that instant and a start leave the pairs naming the plan
+// whose files are on disk, and the next push diffs against it.
+func TestAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	set := seedFiles()
+	p1 := planOfFiles(t, set)
+	e.land(t, p1.ID, set)
+	st := e.c.state("?plan=0")
+	p1Query := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
+	p1Blob := blobOf(t, p1.Clone())
+	if code, _, body := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), ""); code != http.StatusOK {
+		t.Fatalf("storing plan 1's blob: %d %s", code, body)
+	}
+	next, op := mapEntryChange(set, "held.example", "be-a")
+	p2 := planOfFiles(t, next)
+	entered, release := holdAt(d, "exchange", filepath.Join(e.a.files.base, "maps/host.map"))
+	answered := make(chan ApplyResult, 1)
+	go func() { answered <- e.c.apply(e.c.manifest(p2.ID, next, op), next) }()
+	<-entered
+	uploaded := make(chan int, 1)
+	go func() {
+		code, _, _ := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), "")
+		uploaded <- code
+	}()
+	early := 0
+	select {
+	case early = <-uploaded:
+		t.Errorf("the upload was answered %d while the apply was held at its install", early)
+	case <-time.After(200 * time.Millisecond):
+	}
+	img := killImage(t, e.cfg.BaseDir, "maps/host.map")
+	release()
+	if res := <-answered; !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("the held apply: %s", jsonOf(res))
+	}
+	if early == 0 {
+		if code := <-uploaded; code != http.StatusConflict {
+			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
+		}
+	}
+	e.a.reads.wg.Wait()
+	e.stop()
+	restoreImage(t, e.cfg.BaseDir, img)
+	e.restartStopped(t)
+	after := e.c.state("?plan=0")
+	if after.AppliedPlanID != p2.ID || after.WorkerOpsPlanID != p2.ID {
+		t.Errorf("after the kill and a start: applied %q, worker ops %q; the files on disk are plan 2's (%q)",
+			after.AppliedPlanID, after.WorkerOpsPlanID, p2.ID)
+	}
+	if got := e.disk(t); !sameSet(got, next) {
+		t.Errorf("the tree after the start:\n%s", describeSetDiff(got, next))
+	}
+	// The next push diffs against plan 2: one more entry is one map_add.
+	third, op3 := mapEntryChange(next, "third.example", "be-a")
+	if res := e.c.apply(e.c.manifestFrom(after, "plan-3", third, op3), third); !res.OK || res.Mode != ResultRuntime {
+		t.Errorf("the next push: %s", jsonOf(res))
+	}
+	workerHoldsMapOf(t, e.fake, third)
 }

@@ -325,6 +325,35 @@ func testApplySyncs(t *testing.T, mounted []string) {
 	}
 }
 
+// TestReplayNeverLetsAnOlderStateOverrideAnApply: a state record older than
+// the state replay holds (written beside an apply still in flight, so
+// describing the tree from before it) gives replay its numbers only: the
+// apply's state, tree and blob stand. A later one of the same generation
+// (a change after the apply) is the state.
+func TestReplayNeverLetsAnOlderStateOverrideAnApply(t *testing.T) {
+	p1, p2 := planRef{"plan-1", "a:1"}, planRef{"plan-2", "a:2"}
+	landed := agentState{Generation: 2, ProofGeneration: 2, Applied: p2, Running: p1, WorkerOps: p2, Blob: p1}
+	older := agentState{Generation: 1, ProofGeneration: 5, Applied: p1, Running: p1, WorkerOps: p1, Blob: p1}
+	later := landed
+	later.Running = planRef{}
+	newMap := &FileAt{Digest: "d2", Size: 3}
+	l := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}, mounts: map[string][]string{}}
+	l.replay([]logRecord{
+		{Seq: 1, Kind: recordApply, State: &landed, Files: []fileChange{{Path: "maps/host.map", New: newMap, Data: []byte("new")}}},
+		{Seq: 2, Kind: recordState, State: &older, Blob: []byte("plan 1's blob")},
+	})
+	if l.st.Applied != p2 || l.st.WorkerOps != p2 || l.st.Generation != 2 || l.blob != nil || l.tree["maps/host.map"] != *newMap {
+		t.Errorf("an older state overrode the apply: %+v, blob %q, tree %v", l.st, l.blob, l.tree)
+	}
+	if l.st.ProofGeneration != 5 {
+		t.Errorf("the older record's proof counter was not kept: %d", l.st.ProofGeneration)
+	}
+	l.replay([]logRecord{{Seq: 3, Kind: recordState, State: &later}})
+	if l.st.Running != (planRef{}) {
+		t.Errorf("a later state of the same generation was not taken: %+v", l.st)
+	}
+}
+
 // TestLogFramesTellATornTailFromDamage: a log cut anywhere decodes to a
 // prefix of its records and no damage. A flipped byte in a record that a
 // later record says was synced is damage, reported at its offset with the

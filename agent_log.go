@@ -305,6 +305,14 @@ func (l *loadedLog) replay(records []logRecord) {
 				applyTreeDelta(l.tree, map[string]*FileAt{f.Path: f.New})
 			}
 		}
+		if r.Kind == recordState && r.State != nil && r.State.Generation < l.st.Generation {
+			// Older than the state replay holds: written beside an apply
+			// still in flight, it describes the tree from before that
+			// apply, and must neither replace the state the apply landed
+			// nor bind its blob to the apply's files.
+			l.st.raiseNumbers(*r.State)
+			continue
+		}
 		if r.Blob != nil {
 			l.blob = r.Blob
 		}
