@@ -20,6 +20,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -722,6 +723,12 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		logger.Warn("an apply was interrupted; HAProxy reloads the tree")
 		reload = true
 	}
+	if loaded.torn > 0 && loaded.damage == "" {
+		logger.Warn(msgLogEndedTorn, "last_record", loaded.seq, "bytes_cut", loaded.torn)
+	}
+	if !loaded.fresh {
+		st.ProofGeneration += min(proofsALostTailMayHold, math.MaxUint64-st.ProofGeneration)
+	}
 	hashed, err := files.hashTree(ownedPaths(recorded, loaded.touched))
 	if err != nil {
 		return st, nil, false, err
@@ -729,6 +736,11 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	st, _ = treeAtStart(st, recorded, hashed)
 	return st, hashed, reload, nil
 }
+
+// msgLogEndedTorn is the start's warning about a log whose last record was
+// cut off: normal after a crash in the middle of a write, and the only trace
+// of a disk that lost a synced one.
+const msgLogEndedTorn = "the agent's log ended torn: the bytes after its last whole record are cut off; a change written there was never answered, or, on a disk that lost a synced write, was answered and is lost"
 
 // sweepStateTemps removes the temp files a crash in the middle of writing
 // the state snapshot or the plan blob left beside them.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"mime/multipart"
 	"net"
@@ -384,4 +385,67 @@ func TestAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 		t.Errorf("the next push: %s", jsonOf(res))
 	}
 	workerHoldsMapOf(t, e.fake, third)
+}
+
+// TestALostSyncedTailNeverHandsOutAProofAgain: a disk that loses the last
+// record of the log (whole, as one that lies about a sync does, or torn, as
+// a lost page leaves it) takes that apply back, which no agent can prevent;
+// but the proof that apply was answered with is never handed out again for
+// other content, and a torn end is logged.
+func TestALostSyncedTailNeverHandsOutAProofAgain(t *testing.T) {
+	for _, cut := range []struct {
+		name   string
+		keep   func(frame []byte) int // how much of the lost record stays
+		logged bool
+	}{
+		{"the record lost whole", func([]byte) int { return 0 }, false},
+		{"the record torn", func(frame []byte) int { return len(frame) / 2 }, true},
+	} {
+		t.Run(cut.name, func(t *testing.T) {
+			logs := newLogCounter(testLogger().Handler())
+			e := newTestEnv(t, func(c *AgentConfig) { c.Logger = slog.New(logs) }, nil)
+			set := seedFiles()
+			e.land(t, "plan-1", set)
+			next, op := mapEntryChange(set, "lost.example", "be-a")
+			lost := e.c.apply(e.c.manifest("plan-2", next, op), next)
+			if !lost.OK {
+				t.Fatalf("the apply whose record is lost: %s", jsonOf(lost))
+			}
+			e.a.reads.wg.Wait()
+			img := killImage(t, e.cfg.BaseDir)
+			e.stop()
+			// Cut the log at its last apply record.
+			raw := img[logFileName]
+			start := -1
+			for pos := 0; ; {
+				r, end, ok := frameAt(raw, pos)
+				if !ok {
+					break
+				}
+				if r.Kind == recordApply {
+					start = pos
+				}
+				pos = end
+			}
+			if start < 0 {
+				t.Fatalf("no apply record in the log")
+			}
+			img[logFileName] = raw[:start+cut.keep(raw[start:])]
+			restoreImage(t, e.cfg.BaseDir, img)
+			e.restartStopped(t)
+			if n := logs.count(msgLogEndedTorn); (n > 0) != cut.logged {
+				t.Errorf("the torn end was logged %d times", n)
+			}
+			st := e.c.state("?plan=0")
+			res := e.c.apply(reloadManifest(e, "plan-3", next), next)
+			if !res.OK {
+				t.Fatalf("the next apply: %s", jsonOf(res))
+			}
+			for _, p := range []string{st.AppliedPlanProof, st.LKGPlanProof, res.AppliedPlanProof} {
+				if p == lost.AppliedPlanProof {
+					t.Errorf("proof %s, answered for the lost apply, is handed out again", p)
+				}
+			}
+		})
+	}
 }

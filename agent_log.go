@@ -39,8 +39,20 @@ const (
 	maxLogBytes      = 8 << 20
 	maxLogRecords    = 4096
 	maxLogReadBytes  = maxLogBytes + 4*maxRecordBytes // a full log and the records written past the threshold
-	stateTempPattern = ".haptic-agent-state-*"
-	damagedSuffix    = ".damaged"
+	// proofsALostTailMayHold bounds the proofs that records after the last
+	// one a start reads may have reserved: a log holds at most
+	// maxLogRecords records past its snapshot, and an apply reserves at
+	// most two. A disk that loses a synced record (one that lies about a
+	// sync, or loses a page) takes its apply back, which no agent can
+	// prevent; but a start that resumed the counter from the records it can
+	// read would hand the lost apply's proofs out again for other content,
+	// and a controller holding one would pass the fence against bytes it
+	// never saw. So every start with a history resumes this far past the
+	// highest counter it reads, whether or not it can tell that anything
+	// was lost.
+	proofsALostTailMayHold = 2 * maxLogRecords
+	stateTempPattern       = ".haptic-agent-state-*"
+	damagedSuffix          = ".damaged"
 )
 
 // Record kinds.
@@ -205,6 +217,12 @@ type loadedLog struct {
 	// damage names the damaged file and offset; the rest of loadedLog is
 	// then only what could be read, for the ledger to keep what is safe.
 	damage string
+	// torn is how many bytes after the good prefix a crash left: a record
+	// cut in the middle of its write, or lost.
+	torn int64
+	// fresh: there was neither a snapshot nor a log, so nothing was ever
+	// handed out.
+	fresh bool
 	// mounts are the mount ids the records name for each path.
 	mounts map[string][]string
 }
@@ -226,8 +244,9 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}, mounts: map[string][]string{}}
 	var records, tail []logRecord
 	b, err := readAllLimited(d, statePath, maxRecordBytes+frameHeaderBytes)
+	noSnapshot := errors.Is(err, fs.ErrNotExist)
 	switch {
-	case errors.Is(err, fs.ErrNotExist):
+	case noSnapshot:
 	case err != nil:
 		return nil, fmt.Errorf("read %s: %w", statePath, err)
 	default:
@@ -246,12 +265,13 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	raw, err := readAllLimited(d, logPath, maxLogReadBytes)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		out.fresh = noSnapshot
 	case err != nil:
 		return nil, fmt.Errorf("read %s: %w", logPath, err)
 	default:
 		var good, damaged int
 		records, tail, good, damaged = decodeFrames(raw, out.seq)
-		out.good = int64(good)
+		out.good, out.torn = int64(good), int64(len(raw)-good)
 		if damaged >= 0 && out.damage == "" {
 			out.damage = fmt.Sprintf("%s at offset %d", logPath, damaged)
 		}
