@@ -22,6 +22,7 @@ import (
 	"testing"
 
 	"github.com/haptic-agent/haptic"
+	"github.com/haptic-agent/haptic/internal/yamlsubset"
 )
 
 const deployDir = "../../deploy"
@@ -103,7 +104,7 @@ func k8sObjects(t *testing.T) map[string]map[string]any {
 		if err != nil {
 			t.Fatal(err)
 		}
-		docs, err := parseYAMLDocuments(string(src))
+		docs, err := yamlsubset.ParseDocuments(string(src))
 		if err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}

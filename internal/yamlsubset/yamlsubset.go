@@ -1,39 +1,43 @@
-// A reader for the subset of YAML that deploy/kubernetes is written in, so
-// that the deployment test can check the manifests without a YAML
-// dependency: documents split by "---", block mappings and sequences by
-// indentation, plain and quoted scalars, flow sequences of scalars, "{}",
-// literal blocks ("|"), and comments. Anything else (anchors, tags, flow
-// mappings with content, folded blocks, tabs) is an error, so a manifest
-// that leaves the subset fails the test instead of being misread.
-
-package main
+// Package yamlsubset reads the subset of YAML that the repository's own
+// YAML files are written in (deploy/, api/openapi.yaml), so that tests can
+// hold them to the code without a YAML dependency: documents split by
+// "---", block mappings and sequences by indentation, plain and quoted
+// scalars and keys, flow sequences of scalars, "{}", literal blocks ("|"),
+// and comments. Anything else (anchors, tags, flow mappings with content,
+// folded blocks, tabs, a plain scalar that YAML would read otherwise) is an
+// error, so that a file that leaves the subset fails its test instead of
+// being misread.
+//
+// Every scalar is read as a string: the reader does not guess types, and
+// its callers know which keys hold numbers. It is used by tests only; it
+// lives here, and not in a _test.go file, because tests of two packages
+// read YAML and a test file cannot be imported.
+package yamlsubset
 
 import (
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
-	"testing"
 )
 
-type yamlLine struct {
+type line struct {
 	num    int // 1-based, for errors
 	indent int
 	text   string // without the indentation
 }
 
-type yamlReader struct {
-	lines []yamlLine
+type reader struct {
+	lines []line
 	pos   int
 }
 
-// parseYAMLDocuments reads every document of src. A node is a string, a
-// []any or a map[string]any.
-func parseYAMLDocuments(src string) ([]any, error) {
+// ParseDocuments reads every document of src. A node is a string, a []any
+// or a map[string]any.
+func ParseDocuments(src string) ([]any, error) {
 	var docs []any
-	var cur []yamlLine
+	var cur []line
 	flush := func() error {
-		r := &yamlReader{lines: cur}
+		r := &reader{lines: cur}
 		r.skip()
 		if r.pos == len(r.lines) {
 			cur = nil
@@ -62,7 +66,7 @@ func parseYAMLDocuments(src string) ([]any, error) {
 			return nil, fmt.Errorf("line %d: a tab", i+1)
 		}
 		text := strings.TrimLeft(raw, " ")
-		cur = append(cur, yamlLine{num: i + 1, indent: len(raw) - len(text), text: strings.TrimRight(text, " ")})
+		cur = append(cur, line{num: i + 1, indent: len(raw) - len(text), text: strings.TrimRight(text, " ")})
 	}
 	if err := flush(); err != nil {
 		return nil, err
@@ -70,11 +74,23 @@ func parseYAMLDocuments(src string) ([]any, error) {
 	return docs, nil
 }
 
-func isYAMLBlank(l yamlLine) bool { return l.text == "" || strings.HasPrefix(l.text, "#") }
+// Parse reads src, which must hold exactly one document.
+func Parse(src string) (any, error) {
+	docs, err := ParseDocuments(src)
+	if err != nil {
+		return nil, err
+	}
+	if len(docs) != 1 {
+		return nil, fmt.Errorf("%d documents, want one", len(docs))
+	}
+	return docs[0], nil
+}
+
+func isBlank(l line) bool { return l.text == "" || strings.HasPrefix(l.text, "#") }
 
 // skip moves past blank and comment lines.
-func (r *yamlReader) skip() {
-	for r.pos < len(r.lines) && isYAMLBlank(r.lines[r.pos]) {
+func (r *reader) skip() {
+	for r.pos < len(r.lines) && isBlank(r.lines[r.pos]) {
 		r.pos++
 	}
 }
@@ -82,7 +98,7 @@ func (r *yamlReader) skip() {
 func isSeqItem(text string) bool { return text == "-" || strings.HasPrefix(text, "- ") }
 
 // node reads the block node whose lines start at indent.
-func (r *yamlReader) node(indent int) (any, error) {
+func (r *reader) node(indent int) (any, error) {
 	r.skip()
 	if r.pos == len(r.lines) {
 		return nil, nil
@@ -93,7 +109,7 @@ func (r *yamlReader) node(indent int) (any, error) {
 	return r.mapping(indent)
 }
 
-func (r *yamlReader) sequence(indent int) ([]any, error) {
+func (r *reader) sequence(indent int) ([]any, error) {
 	out := []any{}
 	for r.skip(); r.pos < len(r.lines); r.skip() {
 		l := r.lines[r.pos]
@@ -104,7 +120,9 @@ func (r *yamlReader) sequence(indent int) ([]any, error) {
 			break
 		}
 		rest := strings.TrimSpace(strings.TrimPrefix(l.text, "-"))
-		switch {
+		switch _, _, isKey, err := keyOf(rest, l.num); {
+		case err != nil:
+			return nil, err
 		case rest == "":
 			r.pos++
 			r.skip()
@@ -116,16 +134,16 @@ func (r *yamlReader) sequence(indent int) ([]any, error) {
 				return nil, err
 			}
 			out = append(out, item)
-		case yamlKeyOf(rest) != "":
+		case isKey:
 			// "- key: value": a mapping whose keys sit where rest starts.
-			r.lines[r.pos] = yamlLine{num: l.num, indent: l.indent + (len(l.text) - len(rest)), text: rest}
+			r.lines[r.pos] = line{num: l.num, indent: l.indent + (len(l.text) - len(rest)), text: rest}
 			item, err := r.mapping(r.lines[r.pos].indent)
 			if err != nil {
 				return nil, err
 			}
 			out = append(out, item)
 		default:
-			v, err := yamlScalar(rest, l.num)
+			v, err := scalar(rest, l.num)
 			if err != nil {
 				return nil, err
 			}
@@ -136,22 +154,36 @@ func (r *yamlReader) sequence(indent int) ([]any, error) {
 	return out, nil
 }
 
-// yamlKeyOf returns the key of a "key: value" or "key:" line, "" when text
-// is not one. Keys are plain: no quotes, no ": " inside.
-func yamlKeyOf(text string) string {
-	if strings.HasPrefix(text, `"`) || strings.HasPrefix(text, "'") || strings.HasPrefix(text, "[") || strings.HasPrefix(text, "{") {
-		return ""
+// keyOf splits a "key: value" or "key:" line into its key and what follows
+// the colon. A key is plain (no ": " inside) or quoted, as the keys of
+// status codes must be ("200":); ok is false when text is no key.
+func keyOf(text string, num int) (key, rest string, ok bool, err error) {
+	if strings.HasPrefix(text, `"`) || strings.HasPrefix(text, "'") {
+		end := closingQuote(text)
+		if end < 0 {
+			// A quoted scalar that runs on: not a key, and scalar reports it.
+			return "", "", false, nil
+		}
+		after := text[end+1:]
+		if after != ":" && !strings.HasPrefix(after, ": ") {
+			return "", "", false, nil
+		}
+		key, err := unquote(text[:end+1], num)
+		return key, strings.TrimPrefix(after, ":"), err == nil, err
+	}
+	if strings.HasPrefix(text, "[") || strings.HasPrefix(text, "{") {
+		return "", "", false, nil
 	}
 	if i := strings.Index(text, ": "); i > 0 {
-		return text[:i]
+		return text[:i], text[i+1:], true, nil
 	}
 	if strings.HasSuffix(text, ":") && !strings.Contains(text, " ") {
-		return strings.TrimSuffix(text, ":")
+		return strings.TrimSuffix(text, ":"), "", true, nil
 	}
-	return ""
+	return "", "", false, nil
 }
 
-func (r *yamlReader) mapping(indent int) (map[string]any, error) {
+func (r *reader) mapping(indent int) (map[string]any, error) {
 	out := map[string]any{}
 	for r.skip(); r.pos < len(r.lines); r.skip() {
 		l := r.lines[r.pos]
@@ -161,14 +193,17 @@ func (r *yamlReader) mapping(indent int) (map[string]any, error) {
 		if l.indent > indent {
 			return nil, fmt.Errorf("line %d: unexpected indentation", l.num)
 		}
-		key := yamlKeyOf(l.text)
-		if key == "" {
+		key, rest, ok, err := keyOf(l.text, l.num)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
 			return nil, fmt.Errorf("line %d: %q is not a key", l.num, l.text)
 		}
 		if _, dup := out[key]; dup {
 			return nil, fmt.Errorf("line %d: key %q repeated", l.num, key)
 		}
-		value := strings.TrimSpace(strings.TrimPrefix(l.text, key+":"))
+		value := strings.TrimSpace(rest)
 		r.pos++
 		switch {
 		case value == "" || strings.HasPrefix(value, "#"):
@@ -192,7 +227,7 @@ func (r *yamlReader) mapping(indent int) (map[string]any, error) {
 		case value == "|":
 			out[key] = r.literal(indent)
 		default:
-			v, err := yamlScalar(value, l.num)
+			v, err := scalar(value, l.num)
 			if err != nil {
 				return nil, err
 			}
@@ -204,7 +239,7 @@ func (r *yamlReader) mapping(indent int) (map[string]any, error) {
 
 // literal reads a "|" block: the lines indented deeper than the key, with
 // the first line's indentation removed and one final newline.
-func (r *yamlReader) literal(indent int) string {
+func (r *reader) literal(indent int) string {
 	var lines []string
 	block := -1
 	for ; r.pos < len(r.lines); r.pos++ {
@@ -227,8 +262,8 @@ func (r *yamlReader) literal(indent int) string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
-// yamlScalar reads a scalar, a flow sequence of scalars or "{}".
-func yamlScalar(text string, num int) (any, error) {
+// scalar reads a scalar, a flow sequence of scalars or "{}".
+func scalar(text string, num int) (any, error) {
 	switch {
 	case strings.HasPrefix(text, "["):
 		end := strings.LastIndex(text, "]")
@@ -241,7 +276,7 @@ func yamlScalar(text string, num int) (any, error) {
 		}
 		out := []any{}
 		for _, item := range items {
-			v, err := yamlPlainOrQuoted(item, num)
+			v, err := plainOrQuoted(item, num)
 			if err != nil {
 				return nil, err
 			}
@@ -254,40 +289,61 @@ func yamlScalar(text string, num int) (any, error) {
 		strings.HasPrefix(text, "!"), strings.HasPrefix(text, ">"), strings.HasPrefix(text, "|"):
 		return nil, fmt.Errorf("line %d: %q is outside the YAML subset", num, text)
 	}
-	return yamlPlainOrQuoted(text, num)
+	return plainOrQuoted(text, num)
 }
 
-// yamlPlainOrQuoted reads one plain or quoted scalar, dropping a trailing comment.
-func yamlPlainOrQuoted(text string, num int) (string, error) {
+// plainOrQuoted reads one plain or quoted scalar, dropping a trailing
+// comment. A plain scalar holding ": " or starting with a reserved
+// character is refused: YAML would read the first as a mapping and refuse
+// the second, so a file this reader accepted would not mean the same to
+// the tools that read it for real.
+func plainOrQuoted(text string, num int) (string, error) {
 	text = strings.TrimSpace(text)
-	switch {
-	case strings.HasPrefix(text, `"`):
+	if strings.HasPrefix(text, `"`) || strings.HasPrefix(text, "'") {
 		end := closingQuote(text)
 		if end < 0 {
 			return "", fmt.Errorf("line %d: an unterminated string", num)
 		}
-		return strconv.Unquote(text[:end+1])
-	case strings.HasPrefix(text, "'"):
-		end := strings.Index(text[1:], "'")
-		if end < 0 {
-			return "", fmt.Errorf("line %d: an unterminated string", num)
+		if rest := strings.TrimSpace(text[end+1:]); rest != "" && !strings.HasPrefix(rest, "#") {
+			return "", fmt.Errorf("line %d: %q follows a quoted string", num, rest)
 		}
-		return text[1 : end+1], nil
+		return unquote(text[:end+1], num)
 	}
 	if i := strings.Index(text, " #"); i >= 0 {
 		text = strings.TrimSpace(text[:i])
 	}
+	if strings.Contains(text, ": ") || strings.HasSuffix(text, ":") || strings.HasPrefix(text, "@") || strings.HasPrefix(text, "`") {
+		return "", fmt.Errorf("line %d: the plain scalar %q must be quoted", num, text)
+	}
 	return text, nil
 }
 
-// closingQuote is the index of the quote that ends the double-quoted string
-// at the start of s, -1 when there is none.
+// unquote reads a whole quoted scalar: a double-quoted one with Go's
+// escapes (YAML's common ones), a single-quoted one with a doubled quote
+// for a quote.
+func unquote(quoted string, num int) (string, error) {
+	if quoted[0] == '\'' {
+		return strings.ReplaceAll(quoted[1:len(quoted)-1], "''", "'"), nil
+	}
+	s, err := strconv.Unquote(quoted)
+	if err != nil {
+		return "", fmt.Errorf("line %d: %s: %v", num, quoted, err)
+	}
+	return s, nil
+}
+
+// closingQuote is the index of the quote that ends the quoted string at the
+// start of s, -1 when there is none. In a single-quoted string a doubled
+// quote is a quote, not its end; in a double-quoted one a backslash escapes.
 func closingQuote(s string) int {
+	q := s[0]
 	for i := 1; i < len(s); i++ {
-		switch s[i] {
-		case '\\':
+		switch {
+		case q == '"' && s[i] == '\\':
 			i++
-		case '"':
+		case s[i] == q && q == '\'' && i+1 < len(s) && s[i+1] == '\'':
+			i++
+		case s[i] == q:
 			return i
 		}
 	}
@@ -319,61 +375,4 @@ func splitFlow(s string, num int) ([]string, error) {
 		out = append(out, s[start:])
 	}
 	return out, nil
-}
-
-func TestYAMLSubsetReader(t *testing.T) {
-	src := `# a comment
-kind: Thing   # trailing
-meta:
-  name: x
-  labels:
-    a: "quoted: yes"
-list:
-- one
-- 'two'
-items:
-  - name: first
-    cmd: ["sh", "-c", "a, b"]
-    empty: {}
-  - name: second
-    nested:
-      - deep
-text: |
-  line 1
-    indented
-
-  line 4
-after: done
----
-kind: Second
-`
-	docs, err := parseYAMLDocuments(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []any{
-		map[string]any{
-			"kind": "Thing",
-			"meta": map[string]any{"name": "x", "labels": map[string]any{"a": "quoted: yes"}},
-			"list": []any{"one", "two"},
-			"items": []any{
-				map[string]any{"name": "first", "cmd": []any{"sh", "-c", "a, b"}, "empty": map[string]any{}},
-				map[string]any{"name": "second", "nested": []any{"deep"}},
-			},
-			"text":  "line 1\n  indented\n\nline 4\n",
-			"after": "done",
-		},
-		map[string]any{"kind": "Second"},
-	}
-	if !reflect.DeepEqual(docs, want) {
-		t.Errorf("read\n%v\nwant\n%v", docs, want)
-	}
-	for _, bad := range []string{
-		"a: &anchor x\n", "a: *alias\n", "a: {b: c}\n", "a: >\n  folded\n", "a:\n\tb: c\n",
-		"a: b\n  c: d\n", "a: 1\na: 2\n", "just text\n", `a: "open` + "\n",
-	} {
-		if _, err := parseYAMLDocuments(bad); err == nil {
-			t.Errorf("%q read without an error", bad)
-		}
-	}
 }
