@@ -183,7 +183,10 @@
 //	cmd/haptic/               the command: agent (state, health, drain), install, plan, diff, push, demo
 //	cmd/basic-apply/          the example program that drives an agent end to end
 //	internal/example/         what cmd/basic-apply and haptic demo share
-//	deploy/, Dockerfile       Kubernetes and systemd files, the image
+//	internal/yamlsubset/      the YAML subset the tests read deploy/ and api/ with
+//	api/openapi.yaml          the wire contract as OpenAPI 3.1, held to this package by its tests
+//	clients/typescript/       a controller written from api/openapi.yaml alone
+//	deploy/, Dockerfile       Kubernetes and systemd files, the image, a Grafana dashboard, alerting rules
 //	testdata/                 wire fixtures, real-HAProxy configurations, plan directories
 //
 // Pure decisions (Diff, the fence, settling a reload's verdict, compiling an
