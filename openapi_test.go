@@ -147,7 +147,7 @@ func constGroup(t *testing.T, prefix string) []string {
 }
 
 // The keyword values of a constraint, as the YAML reader gives them.
-func text(n int) string { return strconv.Itoa(n) }
+func decimal(n int) string { return strconv.Itoa(n) }
 
 func textList(values []string) []any {
 	out := make([]any, len(values))
@@ -175,16 +175,16 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 	enum := func(prefix string) []any { return textList(constGroup(t, prefix)) }
 	token := map[string]any{"pattern": safeWordPattern}
 	dateTime := map[string]any{"format": "date-time"}
-	inventory := map[string]any{"maxItems": text(MaxInventoryEntries)}
+	inventory := map[string]any{"maxItems": decimal(MaxInventoryEntries)}
 	c := map[string]map[string]any{
 		"Manifest.plan_id":        {"minLength": "1"}, // errPlanIDEmpty
-		"Manifest.files":          {"maxItems": text(MaxFiles)},
-		"Manifest.ops":            {"maxItems": text(MaxOpsPerApply)},
-		"Manifest.op_batches":     {"maxItems": text(MaxOpBatches - 1)}, // ops is the first batch
-		"Manifest.op_batches[]":   {"minItems": "1", "maxItems": text(MaxOpsPerApply)},
-		"Manifest.in_place_ops":   {"maxItems": text(MaxOpsPerApply)},
+		"Manifest.files":          {"maxItems": decimal(MaxFiles)},
+		"Manifest.ops":            {"maxItems": decimal(MaxOpsPerApply)},
+		"Manifest.op_batches":     {"maxItems": decimal(MaxOpBatches - 1)}, // ops is the first batch
+		"Manifest.op_batches[]":   {"minItems": "1", "maxItems": decimal(MaxOpsPerApply)},
+		"Manifest.in_place_ops":   {"maxItems": decimal(MaxOpsPerApply)},
 		"Manifest.mode":           {"enum": enum("Mode")},
-		"ManifestFile.path":       {"maxLength": text(MaxPathBytes)},
+		"ManifestFile.path":       {"maxLength": decimal(MaxPathBytes)},
 		"ManifestFile.digest":     {"minLength": "1"}, // validateManifest: "has no digest"
 		"ManifestFile.kind":       {"enum": enum("FileKind")},
 		"FilePatch.base_size":     {"minimum": "0"}, // a patch must fit
@@ -200,7 +200,7 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 		"Op.port":                 {"maximum": "65535"}, // compileOp's checkRange
 		"Op.weight":               {"minimum": "0", "maximum": "256"},
 		"Op.state":                {"enum": enum("ServerState")},
-		"Op.timeout_ms":           {"minimum": "1", "maximum": text(MaxWaitBudgetMs)},
+		"Op.timeout_ms":           {"minimum": "1", "maximum": decimal(MaxWaitBudgetMs)},
 		"Op.path":                 token,
 		"Op.key":                  token,
 		"Op.cert":                 token,
@@ -219,15 +219,15 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 		"Inventory.ca_files":        inventory,
 		"Inventory.crl_files":       inventory,
 		"Inventory.crt_lists":       inventory,
-		"PendingDeletes.servers":    {"maxItems": text(MaxPendingServerDeletes)},
-		"PendingDeletes.backends":   {"maxItems": text(MaxPendingBackendDeletes)},
+		"PendingDeletes.servers":    {"maxItems": decimal(MaxPendingServerDeletes)},
+		"PendingDeletes.backends":   {"maxItems": decimal(MaxPendingBackendDeletes)},
 		"ApplyResult.mode":          {"enum": enum("Result")},
 		"ApplyResult.at":            dateTime,
 		"ReloadInfo.scheduled_at":   dateTime,
 		"ApplyError.stage":          {"enum": enum("Stage")},
 		"Conflict.reason":           {"enum": enum("Reason")},
-		"Missing.missing":           {"maxItems": text(MaxFiles)},
-		"Missing.missing[]":         {"maxLength": text(MaxPathBytes)},
+		"Missing.missing":           {"maxItems": decimal(MaxFiles)},
+		"Missing.missing[]":         {"maxLength": decimal(MaxPathBytes)},
 		"DrainResult.reason":        {"enum": enum("DrainReason")},
 	}
 	if !slices.Equal(constGroup(t, "Op"), opKinds[:]) {
@@ -451,7 +451,7 @@ func TestOpenAPIDocumentNamesTheAgentsRoutes(t *testing.T) {
 	}
 
 	apply := mapNode(paths, PathApply, "post", "requestBody")
-	if got := node(apply, "x-haptic-max-bytes"); got != text(MaxApplyBodyBytes) {
+	if got := node(apply, "x-haptic-max-bytes"); got != decimal(MaxApplyBodyBytes) {
 		t.Errorf("the apply body's limit is %v, MaxApplyBodyBytes %d", got, MaxApplyBodyBytes)
 	}
 	form := mapNode(apply, "content", "multipart/form-data", "schema")
@@ -459,7 +459,7 @@ func TestOpenAPIDocumentNamesTheAgentsRoutes(t *testing.T) {
 		t.Errorf("the apply's named parts are %v, want %s and %s", got, PartManifest, PartPlan)
 	}
 	for _, part := range []string{PartManifest, PartPlan} {
-		if got := node(form, "properties", part, "maxLength"); got != text(MaxPlanBlobBytes) {
+		if got := node(form, "properties", part, "maxLength"); got != decimal(MaxPlanBlobBytes) {
 			t.Errorf("part %s is limited to %v bytes, MaxPlanBlobBytes %d", part, got, MaxPlanBlobBytes)
 		}
 	}
@@ -467,7 +467,7 @@ func TestOpenAPIDocumentNamesTheAgentsRoutes(t *testing.T) {
 		t.Errorf("the manifest part holds %v", got)
 	}
 	blob := mapNode(paths, PathPlan, "put", "requestBody", "content", "application/octet-stream", "schema")
-	if blob["minLength"] != "1" || blob["maxLength"] != text(MaxPlanBlobBytes) {
+	if blob["minLength"] != "1" || blob["maxLength"] != decimal(MaxPlanBlobBytes) {
 		t.Errorf("the PUT %s body is limited to %v..%v bytes, want 1..%d", PathPlan, blob["minLength"], blob["maxLength"], MaxPlanBlobBytes)
 	}
 
