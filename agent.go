@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -217,7 +218,8 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin, blobPath: paths.planBlob}
 	a.pacer = newPacer(a.deps, a.Ready)
-	a.reads = &readBacks{deps: a.deps, pacer: a.pacer, base: func() context.Context { return a.baseCtx }}
+	a.deps.ctx = func() context.Context { return a.baseCtx }
+	a.reads = &readBacks{deps: a.deps, pacer: a.pacer, base: a.deps.ctx}
 	a.deps.readBack = a.reads.start
 	a.deps.pokePacer = a.pacer.poke
 	a.metrics.generation.set(led.state().Generation)
@@ -645,7 +647,7 @@ func removeSocketFile(path string) {
 // until it answers and keep what the worker still proves, reload when the
 // worker may hold what no record explains, and start a fresh snapshot.
 func (a *Agent) initialise(ctx context.Context) error {
-	st, hashed, reload, err := recoverDisk(a.files, a.led, a.loaded, a.logger, a.now())
+	st, hashed, reload, owed, err := recoverDisk(a.files, a.led, a.loaded, a.logger, a.now())
 	a.loaded = nil
 	if err != nil {
 		return err
@@ -657,23 +659,16 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.led.restart(workerAtStart(st, info), hashed, inv)
 	a.queue.setWorker(info)
-	if reload {
-		a.deps.applyMu.Lock()
-		_, err := a.worker.reload(ctx)
-		a.deps.applyMu.Unlock()
-		if err != nil {
-			a.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
-			a.deps.invariant(false, invRecoveryReload)
-		}
-		// A recovery reload that failed vouches for nothing.
-		a.led.forget(func(s *agentState) {
-			s.Running, s.WorkerOps = planRef{}, planRef{}
-			if err == nil && s.Applied.complete() {
-				s.Running, s.WorkerOps = s.Applied, s.Applied
-			}
-			clearPending(s)
-		})
+	a.deps.applyMu.Lock()
+	switch {
+	case owed != nil:
+		// HAProxy loads the tree once recovery could put all of it back.
+		owed.reload = reload
+		a.deps.owe(owed)
+	case reload:
+		a.deps.reloadRecovered(ctx)
 	}
+	a.deps.applyMu.Unlock()
 	if err := a.deps.compact(); err != nil {
 		a.logger.Warn("could not compact the agent's state at startup", "err", err)
 	}
@@ -689,10 +684,11 @@ func (a *Agent) initialise(ctx context.Context) error {
 // forgets the baseline instead. Then it hashes the tree and keeps what
 // it still proves. reload: the worker may hold an unclosed apply's ops or
 // files, or (HAProxy may boot before the agent after a power loss) the tree
-// it loaded is not the one recovery left.
-func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.Logger, now time.Time) (agentState, map[string]FileAt, bool, error) {
+// it loaded is not the one recovery left. owed: what recovery could not put
+// back (a full disk, say): the recorded tree stands, answered applies
+// included, and the agent retries it.
+func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.Logger, now time.Time) (st agentState, tree map[string]FileAt, reload bool, owed *owedTree, err error) {
 	st, recorded := led.view()
-	reload := false
 	switch {
 	case loaded.damage != "":
 		logger.Error("the agent's history cannot be acted on; it is set aside, the tree is kept as it stands and the baseline is forgotten, so the next push reloads",
@@ -712,6 +708,12 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		changed, err := files.restore(wants, loaded.sources)
 		if err != nil {
 			logger.Error("recovery could not put every file back", "err", err)
+			// Where every copy is still there, the disk only failed to
+			// write it (full, failing): the recorded tree stands, answered
+			// applies included, and the agent tries again.
+			if files.restorable(wants, loaded.sources) {
+				owed = &owedTree{wants: wants, sources: loaded.sources, err: err}
+			}
 		}
 		if changed {
 			logger.Warn("files a crash left behind were put back as the log says; HAProxy reloads them")
@@ -729,12 +731,15 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	if !loaded.fresh {
 		st.ProofGeneration += min(proofsALostTailMayHold, math.MaxUint64-st.ProofGeneration)
 	}
+	if owed != nil {
+		return st, recorded, reload, owed, nil
+	}
 	hashed, err := files.hashTree(ownedPaths(recorded, loaded.touched))
 	if err != nil {
-		return st, nil, false, err
+		return st, nil, false, nil, err
 	}
 	st, _ = treeAtStart(st, recorded, hashed)
-	return st, hashed, reload, nil
+	return st, hashed, reload, nil, nil
 }
 
 // msgLogEndedTorn is the start's warning about a log whose last record was
@@ -815,16 +820,21 @@ func writeText(w http.ResponseWriter, code int, s string) {
 	io.WriteString(w, s+"\n")
 }
 
-// writeJSON answers a JSON body with one trailing newline.
+// writeJSON answers a JSON body with one trailing newline. Its length is
+// announced, so that a client has the whole answer as soon as it is
+// flushed, even while the handler goes on (an apply installs its files
+// after it answered).
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		writeText(w, http.StatusInternalServerError, "the agent could not encode its answer")
 		return
 	}
+	b = append(b, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(code)
-	w.Write(append(b, '\n'))
+	w.Write(b)
 }
 
 func writeError(w http.ResponseWriter, code int, stage, message string) {
@@ -894,25 +904,19 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 // worker that does not answer within it is not vouched for.
 const stateIdentityTimeout = time.Second
 
-// maxTreeRefreshRetries bounds how often a verified read re-hashes because
-// an apply changed the tree while it was hashing.
-const maxTreeRefreshRetries = 3
-
 // refreshTree re-hashes the ownership set and adopts the observation,
-// keeping the proof of every entry whose digest and size did not change.
-// An observation an apply overtook is never adopted.
+// keeping the proof of every entry whose digest and size did not change. It
+// holds the apply lock: an apply installs its files after its answer, and
+// an observation taken before they are in place would forget them.
 func (a *Agent) refreshTree() error {
-	for range maxTreeRefreshRetries + 1 {
-		paths, version := a.led.observed()
-		fresh, err := a.files.hashTree(paths)
-		if err != nil {
-			return err
-		}
-		if a.led.refreshed(fresh, version) {
-			return nil
-		}
+	a.deps.applyMu.Lock()
+	defer a.deps.applyMu.Unlock()
+	paths, version := a.led.observed()
+	fresh, err := a.files.hashTree(paths)
+	if err != nil {
+		return err
 	}
-	a.logger.Info("verified state read: applies kept changing the tree; answering with the current tree")
+	a.led.refreshed(fresh, version)
 	return nil
 }
 

@@ -64,10 +64,15 @@ type applyDeps struct {
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
+	// owed is what the disk owes the recorded tree, until a retry puts it
+	// in place. Guarded by applyMu.
+	owed *owedTree
 	// readBack starts the background check of a runtime apply; pokePacer
-	// wakes the pacer once a reload is scheduled.
+	// wakes the pacer once a reload is scheduled; ctx is the agent's
+	// context, which ends when it stops.
 	readBack  func(c *compiledOps, ref planRef)
 	pokePacer func()
+	ctx       func() context.Context
 }
 
 func (d *applyDeps) msSince(t time.Time) int64 { return d.now().Sub(t).Milliseconds() }
@@ -85,8 +90,10 @@ func (d *applyDeps) invariant(ok bool, name string) {
 // The handler, and reading and checking the manifest.
 
 // handleApply is POST /v1/apply: the manifest is read and checked, the
-// clock starts, and everything that reads or changes the state runs under
-// the apply lock.
+// clock starts, the parts are read and staged, and everything that reads
+// or changes the state runs under the apply lock. The answer is written
+// once: at the apply's durable point for an apply answered before its
+// files are installed, at its end otherwise.
 func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -96,8 +103,9 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return // the client gave up while applies ahead of it ran
 	}
 	defer a.leaveApply()
+	read := a.limits[listenerAPI].read
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
-		rc: http.NewResponseController(w), stall: a.stallTimeout}
+		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
 	mr, err := r.MultipartReader()
 	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
 		// MultipartReader also takes multipart/mixed; the apply body is a
@@ -118,33 +126,50 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoDowngrade(m)
-	run := &applyRun{applyDeps: a.deps, ctx: a.baseCtx, m: m, start: a.now(), staged: map[string]*stagedFile{}, unpatched: map[string]bool{}}
+	answered := false
+	respond := func(code int, body any) {
+		if !answered {
+			answered = true
+			writeJSON(w, code, body)
+			http.NewResponseController(w).Flush()
+		}
+	}
+	run := &applyRun{applyDeps: a.deps, ctx: a.baseCtx, m: m, start: a.now(), staged: map[string]*stagedFile{},
+		unpatched: map[string]bool{}, respond: respond}
 	defer run.discardStaged()
-	code, body := run.admit(mr)
-	writeJSON(w, code, body)
-	http.NewResponseController(w).Flush()
+	respond(run.admit(mr))
 	a.deps.applyMu.Lock()
 	defer a.deps.applyMu.Unlock()
 	a.deps.compactIfDue()
 }
 
-// stallGuard ends an upload that makes no progress: every read must bring
-// bytes within stall. Parts are read under the apply lock, so a client that
-// stops sending would otherwise hold every other apply up for the server's
-// whole read timeout.
+// stallGuard ends an upload that makes no progress, and one that takes
+// longer than the whole request may: every read must bring bytes within
+// stall, and the request ends at until whatever its pace. (A deadline set
+// per read replaces the server's own for the whole request, so the guard
+// keeps that one too: a client trickling a byte every few seconds would
+// otherwise hold its upload open for as long as it liked.)
 type stallGuard struct {
 	io.ReadCloser
 	rc    *http.ResponseController
 	stall time.Duration
+	whole time.Duration
+	until time.Time
 }
 
 func (g *stallGuard) Read(p []byte) (int, error) {
-	if g.stall > 0 {
-		g.rc.SetReadDeadline(time.Now().Add(g.stall))
+	deadline := g.until
+	if g.stall > 0 && time.Now().Add(g.stall).Before(deadline) {
+		deadline = time.Now().Add(g.stall)
 	}
+	g.rc.SetReadDeadline(deadline)
 	n, err := g.ReadCloser.Read(p)
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		err = fmt.Errorf("the upload stalled: no bytes for %s", g.stall)
+		if time.Now().Before(g.until) {
+			err = fmt.Errorf("the upload stalled: no bytes for %s", g.stall)
+		} else {
+			err = fmt.Errorf("the upload took longer than the %s a request may", g.whole)
+		}
 	}
 	return n, err
 }
@@ -322,6 +347,9 @@ type applyRun struct {
 
 	id             applyIdentity
 	before         agentState
+	tree           map[string]FileAt // the tree the run began with
+	stagedList     []*stagedFile     // the staged files, by path
+	dels           []string          // the paths it deletes
 	invalidations0 uint64
 	result         ApplyResult
 	readBack       *compiledOps
@@ -332,6 +360,8 @@ type applyRun struct {
 	// refused: HAProxy itself refused this apply's files, a verdict on
 	// them worth remembering for a minute.
 	refused bool
+	// respond writes the answer once; later calls do nothing.
+	respond func(code int, body any)
 }
 
 func (run *applyRun) discardStaged() {
@@ -341,20 +371,15 @@ func (run *applyRun) discardStaged() {
 }
 
 // admit fences, stages, checks the parts and the known-bad cache, promotes
-// the LKG, reserves the proofs and runs the apply, all under the apply
-// lock: the fence holds only while nothing else can change the state it
-// checked. A stalled upload cannot hold the lock for long: staging ends
-// when the client sends nothing for the stall timeout.
+// the LKG, reserves the proofs and runs the apply. The parts are read and
+// staged before the apply lock is taken, so that a slow upload holds up no
+// other apply; everything after runs under it, and the fence is checked
+// again there: it holds only while nothing else can change the state it
+// checked. A fenced apply is refused before its parts are read.
 func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	m := run.m
-	run.applyMu.Lock()
-	defer run.applyMu.Unlock()
-	st := run.led.state()
-	window := run.now().Before(run.led.pacingDue(run.reloadIntervalMin))
-	if reason := fenceReason(m, &st, inPlaceWillRun(m, st.reloadPending(), window)); reason != "" {
-		run.metrics.applyRejected.inc(rejectedStageFencing)
-		run.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
-		return http.StatusConflict, conflictOf(&st, reason)
+	if code, body := run.fence(); code != 0 {
+		return code, body
 	}
 	run.budget = maxInlinePerApply
 	if err := run.stageParts(mr); err != nil {
@@ -368,7 +393,18 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 		return code, ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	run.timing.StageMs = run.msSince(run.start)
+	run.applyMu.Lock()
+	defer run.applyMu.Unlock()
 	admitStart := run.now()
+	if err := run.payOwed(run.ctx); err != nil {
+		return http.StatusServiceUnavailable, ApplyError{Stage: StageWrite, Message: msgDiskBehind + ": " + err.Error()}
+	}
+	if code, body := run.fence(); code != 0 {
+		return code, body
+	}
+	if err := run.recheckStaged(); err != nil {
+		return stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
+	}
 	if m.Mode != ModeRevertLKG {
 		if missing := run.missing(); len(missing) > 0 {
 			return http.StatusConflict, Missing{Missing: missing}
@@ -401,6 +437,56 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	return http.StatusOK, result
 }
 
+// msgDiskBehind prefixes the refusal of an apply, and readiness, while the
+// tree does not hold the files of an apply the agent answered.
+const msgDiskBehind = "the agent's disk does not hold the files it answered for yet"
+
+// fence applies the fencing rules to the state as it stands: 0, or the 409
+// of a fenced apply.
+func (run *applyRun) fence() (int, any) {
+	m := run.m
+	st := run.led.state()
+	window := run.now().Before(run.led.pacingDue(run.reloadIntervalMin))
+	if reason := fenceReason(m, &st, inPlaceWillRun(m, st.reloadPending(), window)); reason != "" {
+		run.metrics.applyRejected.inc(rejectedStageFencing)
+		run.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
+		return http.StatusConflict, conflictOf(&st, reason)
+	}
+	return 0, nil
+}
+
+// recheckStaged settles, under the apply lock, what staging decided
+// against a tree an apply may have changed since: a part found unchanged
+// is checked again, and a patch whose base moved is asked for whole.
+func (run *applyRun) recheckStaged() error {
+	_, tree := run.led.view()
+	for rel, f := range run.staged {
+		if tree[rel] == f.held {
+			continue
+		}
+		switch {
+		case f.patch != nil:
+			f.discard(run.files.disk)
+			delete(run.staged, rel)
+			run.unpatched[rel] = true
+		case f.unchanged && !run.files.holds(f.abs, f.Digest, f.Size):
+			f.unchanged = false
+			if int(f.Size) > run.budget {
+				// The record has no room left: its bytes wait, synced, in a
+				// temp file like a large part's.
+				tmp, err := run.files.writeTemp(rel, f.abs, func(w io.Writer) error { _, err := w.Write(f.inline); return err }, true)
+				if err != nil {
+					return err
+				}
+				f.tmp, f.inline = tmp, nil
+				continue
+			}
+			run.budget -= int(f.Size)
+		}
+	}
+	return nil
+}
+
 // stageParts reads every part after the manifest: at most MaxFiles file
 // parts and one plan part, so the loop ends with the body, or with an error
 // at the latest on part MaxFiles+2.
@@ -409,6 +495,7 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 	for i := range run.m.Files {
 		byPath[run.m.Files[i].Path] = &run.m.Files[i]
 	}
+	_, tree := run.led.view()
 	fileParts := 0
 	for range MaxFiles + 2 {
 		part, err := mr.NextRawPart()
@@ -418,7 +505,7 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 		if err != nil {
 			return err
 		}
-		err = run.stagePart(part, byPath, &fileParts)
+		err = run.stagePart(part, byPath, tree, &fileParts)
 		part.Close()
 		if err != nil {
 			return err
@@ -427,7 +514,7 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 	return fmt.Errorf("more than %d parts", MaxFiles)
 }
 
-func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, fileParts *int) error {
+func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, tree map[string]FileAt, fileParts *int) error {
 	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 	if err != nil {
 		return fmt.Errorf("part has no usable Content-Disposition: %w", err)
@@ -469,7 +556,6 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 	}
 	var f *stagedFile
 	if mf.Patch != nil {
-		_, tree := run.led.view()
 		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size, tree[rel], &run.budget)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
@@ -482,6 +568,7 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 		f.discard(run.files.disk)
 		return err
 	}
+	f.held = tree[rel]
 	run.staged[rel] = f
 	return nil
 }

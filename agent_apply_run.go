@@ -11,10 +11,13 @@
 package haptic
 
 import (
+	"bytes"
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -27,7 +30,7 @@ func (run *applyRun) runApply() ApplyResult {
 	m := run.m
 	run.result = ApplyResult{PlanID: m.PlanID, OK: true, At: run.now().UTC().Format(time.RFC3339)}
 	st, tree := run.led.view()
-	run.before = st
+	run.before, run.tree = st, tree
 	run.invalidations0 = run.led.invalidationCount()
 	run.id.token, run.id.schema, run.id.blob = m.Token, m.PlanSchemaVersion, run.blob != nil
 	if m.Mode == ModeRevertLKG {
@@ -37,6 +40,14 @@ func (run *applyRun) runApply() ApplyResult {
 	s := decideSteps(&st, m, window)
 	o := run.transact(s, st, tree)
 	run.finish(s, o)
+	if o.ok && !o.installed && run.id.changed {
+		// Answered at its durable point: the answer goes out, then the
+		// files follow it, before anything else takes the apply lock.
+		if run.respond != nil {
+			run.respond(http.StatusOK, cloneResult(run.result))
+		}
+		run.installAfterAnswer()
+	}
 	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
 		run.applyDeps.readBack(run.readBack, run.id.ref)
 	}
@@ -56,20 +67,28 @@ func (run *applyRun) logApply() {
 	run.logger.Info("apply", attrs...)
 }
 
-// transact writes the apply's record, installs its files and activates
-// them.
+// transact writes the apply's record and activates its files. An apply
+// that needs nothing from HAProxy but its ops (or nothing at all) counts
+// from its record and is answered once the record is synced and the ops
+// are acknowledged, before its files are installed (finish); it never
+// needs an undo, unless its ops are refused and it falls back to a reload.
+// Any other apply installs its files first, with its undo, and then
+// reloads, schedules or joins a reload.
 func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) outcome {
-	var staged []*stagedFile
 	for _, f := range run.staged {
-		staged = append(staged, f)
+		run.stagedList = append(run.stagedList, f)
 	}
-	slices.SortFunc(staged, func(a, b *stagedFile) int { return cmpString(a.Rel, b.Rel) })
-	var dels []string
+	slices.SortFunc(run.stagedList, func(a, b *stagedFile) int { return cmp.Compare(a.Rel, b.Rel) })
 	if !run.id.revert {
-		dels = deletions(tree, run.m.Files)
+		run.dels = deletions(tree, run.m.Files)
 	}
-	if err := run.describe(staged, dels, st, tree); err != nil {
-		return run.abort(StageBackup, err, outcome{undone: true})
+	early := s.act == activateOps || s.act == activateNothing
+	if err := run.describe(st, tree, !early); err != nil {
+		stage := StageBackup
+		if errors.Is(err, errInvalidPath) {
+			stage = StageWrite // something in the tree is in the way of a file
+		}
+		return run.abort(stage, err, outcome{undone: true})
 	}
 	writeStart := run.now()
 	rec := &logRecord{Files: append(slices.Clip(run.changes), run.same...), Open: s.open, Blob: run.blob, Journal: journalAdditions(st.Journal, run.id.undo)}
@@ -90,70 +109,179 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 		// Nothing was renamed: only the worker may hold this apply.
 		return run.abort(StageBackup, err, outcome{undone: true, opsRan: opsRan})
 	}
-	o := outcome{installed: run.id.changed, opsRan: opsRan}
-	if run.id.revert {
-		err = run.restore(wantsOf(run.changes, false), journalSources(st.Journal), StageRevert)
-	} else {
-		err = run.files.install(staged, dels)
-	}
 	run.timing.WriteMs = (run.now().Sub(writeStart) - ops.duration()).Milliseconds()
-	if err != nil {
-		return run.abort(cmp.Or(stageOf(err), StageWrite), err, o)
-	}
+	o := outcome{opsRan: opsRan}
 	opsStart := run.now()
 	defer func() { run.timing.OpsMs = (run.now().Sub(opsStart) + ops.duration()).Milliseconds() }()
 	switch s.act {
 	case activateOps:
 		return run.afterOps(ops, o)
-	case activateReload, activateSchedule:
-		return run.reload(s.reason, o)
-	case activateJoin:
+	case activateNothing:
+		return run.settled(o)
+	}
+	if o, err = run.installNow(o); err != nil {
+		return run.abort(cmp.Or(stageOf(err), StageWrite), err, o)
+	}
+	if s.act == activateJoin {
 		o.due = st.PendingAt
 		return run.schedule(o, true)
 	}
-	return run.settled(o)
+	return run.reload(s.reason, o)
 }
 
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// installNow installs the apply's files before it activates them: every
+// path it changes is linked aside first (its undo), since HAProxy may
+// refuse them. A revert puts the journal's set back instead.
+func (run *applyRun) installNow(o outcome) (outcome, error) {
+	if err := run.files.linkUndo(run.changes, run.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
+		return o, &stagedError{stage: StageBackup, err: err}
 	}
-	return 0
+	run.noteUndo()
+	o.installed = run.id.changed
+	writeStart := run.now()
+	defer func() { run.timing.WriteMs += run.msSince(writeStart) }()
+	if run.id.revert {
+		return o, run.restore(wantsOf(run.changes, false), journalSources(run.before.Journal), StageRevert)
+	}
+	return o, run.files.install(run.stagedList, run.dels)
 }
 
-// describe lists what the apply changes, links each existing path aside
-// (its undo, and the journal's backup on its first change since the
-// last-known-good plan), and syncs each temp directory a large part sits
-// in, so that recovery can still rename it into place. A revert's changes
-// are the journal's entries.
-func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState, tree map[string]FileAt) error {
+// installAfterAnswer installs the files of an apply answered at its
+// durable point. The answer is given, and a failure (a full disk, an I/O
+// error) never takes it back: the disk owes the answered files, which the
+// record's sources (its inline bytes, its synced temp files, a patch's
+// base) can still rebuild, until a retry puts them in place.
+func (run *applyRun) installAfterAnswer() {
+	err := run.files.install(run.stagedList, run.dels)
+	if err == nil {
+		return
+	}
+	run.staged = nil // its temp files are sources of what is owed
+	run.logger.Error("the files of an answered apply could not be installed; the agent retries, and is not ready until they are in place",
+		"plan_id", run.m.PlanID, "err", err)
+	run.owe(&owedTree{wants: wantsOf(run.changes, false), sources: sourcesOf(run.changes), err: err})
+}
+
+// owedTree is what the disk owes the tree the ledger records: the files of
+// an answered apply whose install failed, or what recovery could not put
+// back at start. While it is owed the agent is not ready, every apply tries
+// it again first and so does a loop every owedRetryInterval, and nothing
+// that could drop the records or links it needs (a compaction, a sweep)
+// runs.
+type owedTree struct {
+	wants   []want
+	sources map[FileAt][]source
+	// reload: HAProxy must load the tree once it is in place (recovery
+	// changed files a worker may have loaded before the agent started).
+	reload bool
+	err    error // why it is owed
+}
+
+// owedRetryInterval is how often an owed tree is tried again.
+const owedRetryInterval = time.Second
+
+// owe records what the disk owes, and starts the retries. The caller holds
+// the apply lock.
+func (d *applyDeps) owe(t *owedTree) {
+	d.owed = t
+	d.led.fallBehind(t.err)
+	d.metrics.diskBehind.set(1)
+	go d.retryOwed(d.ctx())
+}
+
+// payOwed tries the owed tree again, under the apply lock: every apply
+// does before it reads the tree, and so does the retry loop. It returns the
+// error that still stands.
+func (d *applyDeps) payOwed(ctx context.Context) error {
+	if d.owed == nil {
+		return nil
+	}
+	if _, err := d.files.restore(d.owed.wants, d.owed.sources); err != nil {
+		d.owed.err = err
+		d.led.fallBehind(err)
+		return err
+	}
+	reload := d.owed.reload
+	d.owed = nil
+	d.led.fallBehind(nil)
+	d.metrics.diskBehind.set(0)
+	d.logger.Info("the tree holds every file the agent answered for again; the agent is ready")
+	if reload {
+		d.reloadRecovered(ctx)
+	}
+	return nil
+}
+
+// reloadRecovered reloads the tree recovery put back, and records what
+// the worker then runs: a recovery reload that failed vouches for nothing.
+func (d *applyDeps) reloadRecovered(ctx context.Context) {
+	_, err := d.worker.reload(ctx)
+	if err != nil {
+		d.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
+		d.invariant(false, invRecoveryReload)
+	}
+	d.led.forget(func(s *agentState) {
+		s.Running, s.WorkerOps = planRef{}, planRef{}
+		if err == nil && s.Applied.complete() {
+			s.Running, s.WorkerOps = s.Applied, s.Applied
+		}
+		clearPending(s)
+	})
+}
+
+// retryOwed tries the owed tree every owedRetryInterval until it is paid
+// or the agent stops.
+func (d *applyDeps) retryOwed(ctx context.Context) {
+	t := time.NewTicker(owedRetryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.applyMu.Lock()
+		err := d.payOwed(ctx)
+		d.applyMu.Unlock()
+		if err == nil {
+			return
+		}
+	}
+}
+
+// describe lists what the apply changes and links paths aside: with undo,
+// every path it changes (the apply may be refused after its install);
+// otherwise only what must stay reachable whatever happens: a path's bytes
+// on its first change since the last-known-good plan (the journal's
+// backup), and the base of a patch the record carries as a replacement
+// alone. It syncs each temp directory a large part sits in, so that
+// recovery can still rename it into place. A revert's changes are the
+// journal's entries.
+func (run *applyRun) describe(st agentState, tree map[string]FileAt, undo bool) error {
 	byPath := make(map[string]ManifestFile, len(run.m.Files))
 	for _, f := range run.m.Files {
 		byPath[f.Path] = f
 	}
 	var changes, same []fileChange
 	var largeDirs []string
-	for _, f := range staged {
+	for _, f := range run.stagedList {
 		mf := byPath[f.Rel]
 		c := fileChange{Path: f.Rel, New: &FileAt{Digest: f.Digest, Proof: mf.Proof, Size: f.Size}}
 		switch {
 		case f.unchanged:
 			same = append(same, c) // its proof changes, nothing else
 			continue
-		case f.inline != nil:
-			c.Data = f.inline
-		case f.repl != nil:
-			c.Data, c.Patch = f.repl, f.patch
-		default:
+		case f.tmp != "":
 			c.Temp = f.tmp
 			largeDirs = appendUnique(largeDirs, filepath.Dir(f.tmp))
+		case f.patch != nil:
+			c.Data, c.Patch = f.repl, f.patch
+		default:
+			c.Data = f.inline
 		}
 		changes = append(changes, c)
 	}
-	for _, p := range dels {
+	for _, p := range run.dels {
 		changes = append(changes, fileChange{Path: p})
 	}
 	if run.id.revert {
@@ -164,8 +292,20 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 	if len(changes) > MaxFiles {
 		return fmt.Errorf("%d changes exceed the %d-file limit", len(changes), MaxFiles)
 	}
-	if err := run.files.linkUndo(changes, tree); err != nil {
+	journalled := map[string]bool{}
+	for _, e := range st.Journal {
+		journalled[e.Path] = true
+	}
+	link := func(c *fileChange) bool { return undo || !journalled[c.Path] || c.Patch != nil }
+	if err := run.files.linkUndo(changes, tree, link); err != nil {
 		return err
+	}
+	for _, c := range changes {
+		if c.New != nil {
+			if err := run.files.onItsMount(c.Path); err != nil {
+				return err
+			}
+		}
 	}
 	for _, list := range [][]fileChange{changes, same} {
 		for i := range list {
@@ -173,10 +313,8 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 		}
 	}
 	run.id.changed = len(changes) > 0
-	for _, c := range changes {
-		run.id.undo = append(run.id.undo, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
-	}
 	run.changes, run.same = changes, same
+	run.noteUndo()
 	for _, dir := range largeDirs {
 		if err := run.files.disk.SyncDir(dir); err != nil {
 			return err
@@ -185,15 +323,27 @@ func (run *applyRun) describe(staged []*stagedFile, dels []string, st agentState
 	return nil
 }
 
+// noteUndo records how each changed path looked before the apply, and
+// where its bytes are kept: the journal's additions, the pending reload's
+// undo and the undo of a refusal are made of it.
+func (run *applyRun) noteUndo() {
+	run.id.undo = nil
+	for _, c := range run.changes {
+		run.id.undo = append(run.id.undo, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
+	}
+}
+
 // stagedContent is what the apply puts at rel, before its renames: the
 // staged part, else the held file. A path the apply deletes has no
 // content, as it has none once the apply is installed.
 func (run *applyRun) stagedContent(rel string) ([]byte, error) {
 	if f := run.staged[rel]; f != nil && !f.unchanged {
-		if f.inline != nil {
-			return f.inline, nil
+		if f.tmp != "" {
+			return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
 		}
-		return readAllLimited(run.files.disk, f.tmp, MaxApplyBodyBytes)
+		var b bytes.Buffer
+		err := run.files.writeStaged(f, &b)
+		return b.Bytes(), err
 	}
 	if slices.ContainsFunc(run.changes, func(c fileChange) bool { return c.Path == rel && c.New == nil }) {
 		return nil, fmt.Errorf("%q: %w (the apply deletes it)", rel, fs.ErrNotExist)
@@ -258,7 +408,7 @@ func (run *applyRun) afterOps(ops *opsOutcome, o outcome) outcome {
 		// arrives anyway is that version's limit, not a broken invariant.
 		run.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		run.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", run.m.PlanID, "err", ops.compileErr)
-		return run.reload(reasonUnknownOp, o)
+		return run.fallback(reasonUnknownOp, o)
 	case ops.c.empty():
 		return run.settled(o)
 	}
@@ -266,20 +416,31 @@ func (run *applyRun) afterOps(ops *opsOutcome, o outcome) outcome {
 	switch {
 	case errors.Is(ops.err, errWorkerMoved):
 		run.logger.Warn("the ops reached another worker", "err", ops.err)
-		return run.reload(reasonWorkerChanged, o)
+		return run.fallback(reasonWorkerChanged, o)
 	case ops.err != nil:
 		run.metrics.opErrors.inc(firstFailedKind(ops.results))
 		run.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", run.m.PlanID, "err", ops.err)
-		return run.reload(reasonOpRejected, o)
+		return run.fallback(reasonOpRejected, o)
 	}
 	if err := run.enqueueDeletes(ops.worker, ops.c); err != nil {
 		run.logger.Warn("deferred deletes could not be queued", "err", err)
-		return run.reload(reasonDeferredDeleteCommit, o)
+		return run.fallback(reasonDeferredDeleteCommit, o)
 	}
 	run.led.foldCreated(ops.c.certs, ops.c.caFiles)
 	run.readBack = ops.c
 	o.ok, o.mode = true, ResultRuntime
 	return o
+}
+
+// fallback reloads the desired set of a runtime apply whose ops did not
+// land: its files are installed first, with their undo, since HAProxy may
+// refuse them.
+func (run *applyRun) fallback(reason string, o outcome) outcome {
+	o, err := run.installNow(o)
+	if err != nil {
+		return run.abort(cmp.Or(stageOf(err), StageWrite), err, o)
+	}
+	return run.reload(reason, o)
 }
 
 // compiledOps is a batch ready to run, with the notes the read-back and
@@ -510,7 +671,7 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 		if err != nil {
 			run.logger.Error("the failed apply could not be recorded; putting its files back anyway", "err", err)
 		}
-		o.undone = run.restore(wantsOf(run.changes, true), undoSources(run.changes), "") == nil
+		o.undone = run.restore(wantsOf(run.changes, true), sourcesOf(run.changes), "") == nil
 		r.Rollback.Performed = o.undone
 	}
 	if touched {
@@ -606,14 +767,10 @@ func wantsOf(changes []fileChange, old bool) []want {
 	return out
 }
 
-func undoSources(changes []fileChange) map[FileAt][]source {
+// sourcesOf is every place the changes name bytes in.
+func sourcesOf(changes []fileChange) map[FileAt][]source {
 	out := map[FileAt][]source{}
-	for _, c := range changes {
-		if c.Old != nil {
-			key := FileAt{Digest: c.Old.Digest, Size: c.Old.Size}
-			out[key] = append(out[key], source{path: c.Undo})
-		}
-	}
+	addChangeSources(out, changes)
 	return out
 }
 

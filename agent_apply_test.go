@@ -10,6 +10,7 @@ package haptic
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1377,18 +1378,20 @@ func newWorker(fake *FakeHAProxy, samePID bool) {
 	})
 }
 
-// TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan: a verified read
-// adopts a new worker while the apply's ops run, which invalidates the
-// baseline; the apply falls back to a reload, whose new worker loads the
-// whole set, so the apply lands its plan.
+// TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan: a worker check
+// (as a verified read makes once it has re-hashed the tree) adopts a new
+// worker while the apply's ops run, which invalidates the baseline; the
+// apply falls back to a reload, whose new worker loads the whole set, so
+// the apply lands its plan.
 func TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	holdOn(e.fake, "add map", func() {
 		newWorker(e.fake, false)
-		// The test's own verified read adopts the new worker.
-		c := newAgentClient(t, e.a)
-		if st := c.state("?verify=1"); st.HAProxy.WorkerPID != e.fake.Worker().WorkerPID || st.AppliedPlanID != "" {
-			t.Errorf("the verified read did not adopt the new worker: %+v", st)
+		if info, err := e.a.worker.check(context.Background()); err == nil || info.WorkerPID != e.fake.Worker().WorkerPID {
+			t.Errorf("the worker check did not adopt the new worker: %+v %v", info, err)
+		}
+		if st := newAgentClient(t, e.a).state(""); st.AppliedPlanID != "" {
+			t.Errorf("the adoption did not invalidate the baseline: %+v", st)
 		}
 	})
 	fs2 := fs.clone()

@@ -37,6 +37,10 @@ type disk interface {
 	Lstat(name string) (fs.FileInfo, error)
 	ReadDir(name string, n int) ([]fs.DirEntry, error)
 	SyncDir(name string) error
+	// MountID is the id of the mount name is reached through (statx's
+	// STATX_MNT_ID, not following a final symbolic link); a system
+	// without it answers ENOSYS.
+	MountID(name string) (uint64, error)
 }
 
 // diskFile is an open file of a disk.
@@ -82,6 +86,7 @@ func (osDisk) Rename(oldpath, newpath string) error   { return os.Rename(oldpath
 func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
 func (osDisk) Link(oldname, newname string) error     { return os.Link(oldname, newname) }
 
+func (osDisk) MountID(name string) (uint64, error)       { return mountID(name) }
 func (osDisk) Remove(name string) error                  { return os.Remove(name) }
 func (osDisk) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }
 func (osDisk) Chmod(name string, mode fs.FileMode) error { return os.Chmod(name, mode) }

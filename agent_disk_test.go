@@ -6,6 +6,7 @@ package haptic
 
 import (
 	"io/fs"
+	"os"
 	"sync"
 	"testing"
 )
@@ -42,6 +43,11 @@ func (d *hookDisk) setHook(h func(diskOp) error) {
 }
 
 func (d *hookDisk) OpenFile(name string, flag int, perm fs.FileMode) (diskFile, error) {
+	if flag&os.O_CREATE != 0 {
+		if err := d.before("create", name); err != nil {
+			return nil, err
+		}
+	}
 	f, err := d.osDisk.OpenFile(name, flag, perm)
 	if err != nil {
 		return nil, err

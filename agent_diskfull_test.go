@@ -106,6 +106,7 @@ type diskFullSweep struct {
 	dir    string
 	filler string
 
+	behind     int               // acknowledged applies whose files waited for room after the restart
 	lastGen    uint64            // the highest generation reported so far
 	lastAckGen uint64            // the generation of the last acknowledged apply
 	proofs     map[string]string // every proof reported, and the plan it was reported for
@@ -174,6 +175,7 @@ func TestDiskFullSweep(t *testing.T) {
 	} else {
 		t.Logf("%d starts could not compact the agent's state for lack of space, and became ready", n)
 	}
+	t.Logf("%d acknowledged applies found no room for their files until space was freed after the restart", s.behind)
 	t.Logf("the sweep took %s", time.Since(start).Round(time.Millisecond))
 }
 
@@ -230,7 +232,17 @@ func (s *diskFullSweep) sweepCase(k diskFullKind, pad int, n uint64, base fileSe
 				label, res.AppliedPlanProof, s.lastAckGen, after.AppliedPlanID, after.AppliedPlanProof, after.Generation)
 		}
 		if !sameSet(onDisk, next) {
-			t.Errorf("%s: acknowledged, but after the restart the tree is not its set:\n%s", label, describeSetDiff(onDisk, next))
+			// Its files were installed after the answer, on a disk too full
+			// for them: the agent owes them, says so, and installs them as
+			// soon as there is room.
+			code, _, body := s.e.c.do("GET", PathReadyz, nil, "")
+			if code != http.StatusServiceUnavailable || !strings.HasPrefix(string(body), msgDiskBehind) {
+				t.Errorf("%s: acknowledged, but after the restart the tree is not its set, and the agent is ready (%d %s):\n%s",
+					label, code, body, describeSetDiff(onDisk, next))
+			}
+			s.unfill()
+			waitFor(t, label+": the owed files", func() bool { return sameSet(diskSet(t, s.dir), next) })
+			s.behind++
 		}
 	} else {
 		// The applied plan is the one from before the refused apply, or

@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,11 +44,11 @@ var (
 // Names and modes the store keeps for itself. Every name starts with a dot,
 // so the path rules keep manifests away from them.
 const (
-	storeTempDir     = ".haptic-tmp" // staged parts and restore copies
-	storeLinkDir     = ".haptic-lkg" // links to bytes an undo or the journal needs
-	storePartPattern = "part-*"
-	defaultFileMode  = 0o640 // private keys and userlist passwords must not be world-readable
-	privateFileMode  = 0o600 // the agent's own state
+	storeTempDir    = ".haptic-tmp" // staged parts and restore copies
+	storeLinkDir    = ".haptic-lkg" // links to bytes an undo or the journal needs
+	storePartPrefix = "part-"
+	defaultFileMode = 0o640 // private keys and userlist passwords must not be world-readable
+	privateFileMode = 0o600 // the agent's own state
 )
 
 // maxInlineBytes is the size up to which a file's new bytes ride inside
@@ -60,6 +61,10 @@ const (
 	maxInlineBytes    = 64 << 10
 	maxInlinePerApply = 4 << 20
 )
+
+// maxTempNameTries bounds the search for a free temp file name, as
+// os.CreateTemp bounds its own.
+const maxTempNameTries = 10000
 
 // dirMode is the directory mode that goes with a file mode: whoever may
 // read the files may enter the directories.
@@ -89,8 +94,11 @@ type fileStore struct {
 	config   string
 	fileMode fs.FileMode
 	dirMode  fs.FileMode
-	logger   *slog.Logger
-	disk     disk
+	// umaskNarrows: the process's umask takes bits off fileMode, so a file
+	// created with that mode must be given it again.
+	umaskNarrows bool
+	logger       *slog.Logger
+	disk         disk
 
 	// dirty are the files installed or restored without a sync, and the
 	// directories whose entries changed without one: flush makes them
@@ -99,6 +107,7 @@ type fileStore struct {
 	dirty     map[string]bool
 	dirtyDirs map[string]bool
 	linkSeq   uint64
+	tempSeq   uint64
 	// linked is the size of the files linked aside since the last sweep:
 	// a link keeps an old version's blocks allocated until it goes.
 	linked int64
@@ -128,6 +137,7 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 		fileMode: cmp.Or(cfg.FileMode, defaultFileMode), logger: cfg.Logger, disk: cfg.Disk,
 		dirty: map[string]bool{}, dirtyDirs: map[string]bool{}}
 	s.dirMode = dirMode(s.fileMode)
+	s.umaskNarrows = s.fileMode&^processUmask() != s.fileMode
 	if s.disk == nil {
 		s.disk = osDisk{}
 	}
@@ -265,20 +275,26 @@ func notRegular(rel string) error {
 // ---------------------------------------------------------------------------
 // Staging.
 
-// stagedFile is one verified part waiting in .haptic-tmp.
+// stagedFile is one verified part. A small one is held in memory: its bytes
+// ride in the apply's record and reach the tree only at install. A large
+// one waits, synced, in a temp file of its path's mount. A patch whose
+// replacement rides in the record is rebuilt on its base at install.
 type stagedFile struct {
 	Rel    string
 	abs    string
-	tmp    string // "" for an unchanged part
 	Digest string
 	Size   int64
-	// inline holds the bytes of a file no larger than maxInlineBytes; its
-	// temp file is not synced, since its bytes ride in the apply's record.
+	// held is the agent's record of the path when the part was read: the
+	// part was read outside the apply lock, and an apply that landed
+	// meanwhile may have moved what it was checked against.
+	held FileAt
+	// inline holds the bytes of a file no larger than maxInlineBytes.
 	inline []byte
-	// repl is a patch's replacement bytes when they rebuild the file from
-	// its base, which the undo keeps: its temp file then needs no sync.
+	// repl and patch: the file is its base (the live file) with repl
+	// spliced in as patch says.
 	repl  []byte
 	patch *FilePatch
+	tmp   string // a large part's synced temp file
 	// unchanged: the live file already holds exactly these bytes, so the
 	// part is neither installed nor journalled.
 	unchanged bool
@@ -292,16 +308,52 @@ func (f *stagedFile) discard(d disk) {
 	}
 }
 
-// stage copies a whole part and verifies it against the manifest's size
-// and digest.
-func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64, inlineBudget *int) (*stagedFile, error) {
+// stage reads a whole part and verifies it against the manifest's size and
+// digest. A part that fits the apply's inline budget stays in memory (and
+// a live file that already holds it needs nothing); a larger one is
+// streamed into a synced temp file, since recovery may have to rename it
+// into place. On any error no temp file is left.
+func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
-	return s.stageWith(rel, abs, digest, size, inlineBudget, nil, func(w io.Writer) (int64, error) {
-		return copyAtMostOneMore(w, r, size)
-	})
+	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size}
+	fill := func(w io.Writer) (int64, error) { return copyAtMostOneMore(w, r, size) }
+	if size >= 0 && size <= maxInlineBytes && int(size) <= *budget {
+		if sf.inline, err = verifiedBytes(rel, size, digest, fill); err != nil {
+			return nil, err
+		}
+		if sf.unchanged = s.holds(abs, digest, size); !sf.unchanged {
+			*budget -= int(size)
+		}
+		return sf, nil
+	}
+	sf.tmp, err = s.writeVerified(rel, abs, size, digest, fill)
+	return sf, err
+}
+
+// verifiedBytes builds a part in memory with fill and verifies it.
+func verifiedBytes(rel string, size int64, digest string, fill func(io.Writer) (int64, error)) ([]byte, error) {
+	var buf bytes.Buffer
+	n, err := fill(&buf)
+	if err == nil {
+		err = verifyPart(rel, n, size, DigestString(buf.String()), digest)
+	}
+	return buf.Bytes(), err
+}
+
+// writeVerified streams a part into a synced temp file with fill and
+// verifies it on the way.
+func (s *fileStore) writeVerified(rel, abs string, size int64, digest string, fill func(io.Writer) (int64, error)) (string, error) {
+	h := newDigestHasher()
+	return s.writeTemp(rel, abs, func(w io.Writer) error {
+		n, err := fill(io.MultiWriter(w, h))
+		if err != nil {
+			return err
+		}
+		return verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
+	}, true)
 }
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
@@ -320,51 +372,6 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// stageWith fills a part with fill, verifies size and digest, and leaves it
-// in a temp file. A part small enough to ride in the record (within the
-// apply's inline budget) is built in memory first: a live file that already
-// holds it needs no temp file at all, and its temp file is not synced.
-// Another part is streamed into a temp file, synced since recovery may have
-// to rename it into place again, unless the record can rebuild it (repl:
-// the replacement bytes of a patch, whose base the undo keeps). On any
-// error no temp file is left.
-func (s *fileStore) stageWith(rel, abs, digest string, size int64, budget *int, repl []byte, fill func(io.Writer) (int64, error)) (*stagedFile, error) {
-	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size}
-	if size >= 0 && size <= maxInlineBytes && int(size) <= *budget {
-		var buf bytes.Buffer
-		h := newDigestHasher()
-		n, err := fill(io.MultiWriter(&buf, h))
-		if err == nil {
-			err = verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
-		}
-		if err != nil {
-			return nil, err
-		}
-		sf.inline = buf.Bytes()
-		if s.holds(abs, digest, size) {
-			sf.unchanged = true
-			return sf, nil
-		}
-		*budget -= int(size)
-		sf.tmp, err = s.writeTemp(rel, abs, func(w io.Writer) error { _, err := w.Write(sf.inline); return err }, false)
-		return sf, err
-	}
-	if repl != nil && len(repl) <= *budget {
-		*budget -= len(repl)
-		sf.repl = repl
-	}
-	h := newDigestHasher()
-	tmp, err := s.writeTemp(rel, abs, func(w io.Writer) error {
-		n, err := fill(io.MultiWriter(w, h))
-		if err != nil {
-			return err
-		}
-		return verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
-	}, sf.repl == nil)
-	sf.tmp = tmp
-	return sf, err
-}
-
 // verifyPart checks a part's byte count and digest against the manifest's.
 func verifyPart(rel string, n, size int64, got, digest string) error {
 	if n != size {
@@ -377,12 +384,12 @@ func verifyPart(rel string, n, size int64, got, digest string) error {
 }
 
 // writeTemp creates a temp file in the .haptic-tmp of the mount that holds
-// abs (rel's path), fills it, sets the tree's file mode, syncs it when asked
-// and closes it. On any error the file is gone. The errors of the agent's
-// own disk are staging faults of rel; fill's own (the client's body) are
-// returned as they are.
+// abs (rel's path), with the tree's file mode, fills it, syncs it when
+// asked and closes it. On any error the file is gone. The errors of the
+// agent's own disk are staging faults of rel; fill's own (the client's
+// body) are returned as they are.
 func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
-	f, err := s.disk.CreateTemp(filepath.Join(s.mounts.of(abs).root, storeTempDir), storePartPattern)
+	f, err := s.createTemp(abs)
 	if err != nil {
 		return "", diskFault(rel, err)
 	}
@@ -396,8 +403,10 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 	if err = fill(faultWriter{rel, f}); err != nil {
 		return "", err
 	}
-	if err = f.Chmod(s.fileMode); err != nil {
-		return "", diskFault(rel, err)
+	if s.umaskNarrows {
+		if err = f.Chmod(s.fileMode); err != nil {
+			return "", diskFault(rel, err)
+		}
 	}
 	if sync {
 		if err = f.Sync(); err != nil {
@@ -408,6 +417,28 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 		return "", diskFault(rel, err)
 	}
 	return tmp, nil
+}
+
+// createTemp creates a new file in the temp directory of abs's mount, with
+// the tree's file mode: the install renames it into the tree as it is, so
+// no chmod follows unless the process's umask narrows the mode.
+func (s *fileStore) createTemp(abs string) (diskFile, error) {
+	var err error
+	for range maxTempNameTries {
+		var f diskFile
+		if f, err = s.disk.OpenFile(s.tempName(abs), os.O_RDWR|os.O_CREATE|os.O_EXCL, s.fileMode); !errors.Is(err, fs.ErrExist) {
+			return f, err
+		}
+	}
+	return nil, err
+}
+
+// tempName is a fresh name in the temp directory of abs's mount.
+func (s *fileStore) tempName(abs string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tempSeq++
+	return filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("%s%d-%d", storePartPrefix, s.tempSeq, rand.Uint32()))
 }
 
 // holds reports whether the live file at abs is a regular file with exactly
@@ -468,13 +499,17 @@ func (w faultWriter) Write(p []byte) (int, error) {
 	return n, diskFault(w.rel, err)
 }
 
-// stagePatch builds the new file from the held base and the replacement
-// bytes in r. A base the agent does not hold (held, the agent's record of
-// the file, is another, or the file is not that size) is
-// errPatchBaseMissing: the path goes into the 409 Missing answer. The base
-// is not hashed up front: the result's digest checks it too, and only a
-// result that does not match is told apart as a base that changed behind
-// the agent's back (Missing) or a wrong replacement.
+// stagePatch verifies a patch: the held base with the replacement bytes in
+// r spliced in must hash to the manifest's digest. A base the agent does
+// not hold (held, the agent's record of the file, is another, or the file
+// is not that size) is errPatchBaseMissing: the path goes into the 409
+// Missing answer. A replacement that fits the inline budget rides in the
+// record and the file is rebuilt on its base at install, so that a change
+// of a few bytes to a large map writes nothing before the answer; a larger
+// one, or a small result, is staged whole like a part. The base is not
+// hashed up front: the result's digest checks it too, and only a result
+// that does not match is told apart as a base that changed behind the
+// agent's back (Missing) or a wrong replacement.
 func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
@@ -498,49 +533,69 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
 	}
+	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
 	n := size - (p.BaseSize - p.Length)
-	var repl []byte
-	if n <= maxInlineBytes {
-		// A small replacement is kept: the record carries it, so the large
-		// file it patches needs no sync.
-		var buf bytes.Buffer
-		if _, err := copyAtMostOneMore(&buf, r, n); err != nil {
+	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
+		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
+	}
+	switch {
+	case size <= maxInlineBytes && int(size) <= *budget:
+		if sf.inline, err = verifiedBytes(rel, size, digest, splice(r)); err == nil {
+			if sf.unchanged = s.holds(abs, digest, size); !sf.unchanged {
+				*budget -= int(size)
+			}
+		}
+	case n <= maxInlineBytes && int(n) <= *budget:
+		var repl bytes.Buffer
+		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		repl, r = buf.Bytes(), bytes.NewReader(buf.Bytes())
+		h := newDigestHasher()
+		var total int64
+		if total, err = splice(bytes.NewReader(repl.Bytes()))(h); err == nil {
+			err = verifyPart(rel, total, size, FormatDigest(h.Sum64()), digest)
+		}
+		sf.repl, sf.patch = repl.Bytes(), p
+		*budget -= int(n)
+	default:
+		sf.tmp, err = s.writeVerified(rel, abs, size, digest, splice(r))
 	}
-	f, err := s.stageWith(rel, abs, digest, size, budget, repl, func(w io.Writer) (int64, error) {
-		// Only the replacement comes from the client; every other error
-		// here is the held base's, on the agent's own disk.
-		if _, err := base.Seek(0, io.SeekStart); err != nil {
-			return 0, diskFault(rel, err)
-		}
-		head, err := copyAtMost(w, base, p.Offset)
-		if err != nil {
-			return 0, diskFault(rel, err)
-		}
-		mid, err := copyAtMostOneMore(w, r, n)
-		if err != nil {
-			return 0, err
-		}
-		if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
-			return 0, diskFault(rel, err)
-		}
-		tail, err := copyBytes(w, base)
-		if err != nil {
-			return 0, diskFault(rel, err)
-		}
-		return head + mid + tail, nil
-	})
 	if errors.Is(err, errDigestMismatch) {
 		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
 			return nil, errPatchBaseMissing
 		}
 	}
-	if f != nil && f.repl != nil {
-		f.patch = p
+	if err != nil {
+		sf.discard(s.disk)
+		return nil, err
 	}
-	return f, err
+	return sf, nil
+}
+
+// spliceOnto writes base[:offset], then at most n+1 bytes of repl, then
+// base[offset+length:] into w, and returns the count. Only repl comes from
+// the client; every other error here is the base's, on the agent's own
+// disk.
+func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n int64, rel string) (int64, error) {
+	if _, err := base.Seek(0, io.SeekStart); err != nil {
+		return 0, diskFault(rel, err)
+	}
+	head, err := copyAtMost(w, base, p.Offset)
+	if err != nil {
+		return 0, diskFault(rel, err)
+	}
+	mid, err := copyAtMostOneMore(w, repl, n)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
+		return 0, diskFault(rel, err)
+	}
+	tail, err := copyBytes(w, base)
+	if err != nil {
+		return 0, diskFault(rel, err)
+	}
+	return head + mid + tail, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -571,15 +626,16 @@ type journalEntry struct {
 	Backup string  `json:"backup,omitempty"`
 }
 
-// linkUndo links every regular file the changes touch aside, and
-// records how it looked: the link is the apply's undo, and the journal's
-// backup on the path's first change since the last-known-good plan. A
-// link needs no sync: metadata reaches the disk in the order it was made (a
-// journalling filesystem commits its journal in order), so a rename that
-// survives a power loss brings the link made before it, and a link costs a
-// few microseconds where a sync costs milliseconds. before says what the
-// agent knows each path held; a path it does not own is hashed.
-func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) error {
+// linkUndo records how each path the changes touch looks now (Old), and
+// links aside the regular files among them that link picks and that have
+// no link yet: the link is the apply's undo, and the journal's backup on
+// the path's first change since the last-known-good plan. A link needs no
+// sync: metadata reaches the disk in the order it was made (a journalling
+// filesystem commits its journal in order), so a rename that survives a
+// power loss brings the link made before it, and a link costs a few
+// microseconds where a sync costs milliseconds. before says what the agent
+// knows each path held; a path it does not own is hashed.
+func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt, link func(*fileChange) bool) error {
 	for i := range changes {
 		c := &changes[i]
 		abs, err := s.abs(c.Path)
@@ -588,8 +644,13 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) err
 		}
 		fi, err := s.disk.Lstat(abs)
 		switch {
-		case errors.Is(err, fs.ErrNotExist), err == nil && !fi.Mode().IsRegular():
-			continue // nothing to keep: the install refuses a path that is not a regular file
+		case errors.Is(err, fs.ErrNotExist):
+			continue
+		case err == nil && !fi.Mode().IsRegular(), errors.Is(err, syscall.ENOTDIR):
+			// Something in the way (a directory, a link, a file where a
+			// directory must be) would fail the install: refused now,
+			// before anything is written.
+			return notRegular(c.Path)
 		case err != nil:
 			return err
 		}
@@ -601,6 +662,9 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt) err
 			old.Size = fi.Size()
 		}
 		c.Old = &FileAt{Digest: old.Digest, Size: old.Size}
+		if c.Undo != "" || !link(c) {
+			continue
+		}
 		if c.Undo, err = s.linkAside(abs); err != nil {
 			return crossedMount(c.Path, err)
 		}
@@ -626,15 +690,20 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 	return link, s.disk.Link(abs, link)
 }
 
-// install renames every staged file onto its path, the config last (HAProxy
+// install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
 // then unlinks the deleted paths. Directories are created as needed and
-// never removed.
+// never removed. A file the record carries is written only now: a small
+// part from its bytes, a patch rebuilt on its base (the live file, which
+// describe linked aside so that it stays reachable until the new file is
+// durable); a large part's synced temp file is renamed into place. Nothing
+// is synced: recovery redoes it from the record. A file a failed install
+// already put in place is skipped when it is tried again.
 func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 	var config *stagedFile
 	for _, f := range staged {
 		switch {
-		case f.unchanged:
+		case f.unchanged || f.installed:
 		case f.Rel == s.config:
 			config = f
 		default:
@@ -656,11 +725,37 @@ func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 }
 
 func (s *fileStore) installOne(f *stagedFile) error {
-	if err := s.put(f.Rel, &FileAt{Digest: f.Digest, Size: f.Size}, f.tmp); err != nil {
+	from := f.tmp
+	if from == "" {
+		var err error
+		if from, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
+			return err
+		}
+	}
+	if err := s.put(f.Rel, &FileAt{Digest: f.Digest, Size: f.Size}, from); err != nil {
+		if from != f.tmp {
+			s.disk.Remove(from)
+		}
 		return err
 	}
 	f.installed = true
 	return nil
+}
+
+// writeStaged writes the bytes of a staged file the record carries into w:
+// its own, or its base (the live file) with the replacement spliced in.
+func (s *fileStore) writeStaged(f *stagedFile, w io.Writer) error {
+	if f.patch == nil {
+		_, err := w.Write(f.inline)
+		return err
+	}
+	base, err := s.disk.Open(f.abs)
+	if err != nil {
+		return err
+	}
+	defer base.Close()
+	_, err = spliceOnto(w, base, f.patch, bytes.NewReader(f.repl), int64(len(f.repl)), f.Rel)
+	return err
 }
 
 // put makes rel hold the file at from (renamed there), or removes it when
@@ -780,11 +875,14 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 	case w.At == nil:
 		return true, s.put(w.Path, nil, "")
 	}
-	b, ok := s.contentOf(abs, *w.At, sources, maxPatchChain)
-	if !ok {
-		return false, fmt.Errorf("restore %q: no copy of its bytes (%s) is left", w.Path, w.At.Digest)
+	tmp, err := s.linkedCopy(abs, *w.At, sources)
+	if tmp == "" && err == nil {
+		b, ok := s.contentOf(abs, *w.At, sources, maxPatchChain)
+		if !ok {
+			return false, fmt.Errorf("restore %q: no copy of its bytes (%s) is left", w.Path, w.At.Digest)
+		}
+		tmp, err = s.writeTemp(w.Path, abs, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
 	}
-	tmp, err := s.writeTemp(w.Path, abs, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
 	if err == nil {
 		if err = s.put(w.Path, w.At, tmp); err != nil {
 			s.disk.Remove(tmp)
@@ -794,6 +892,55 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 		return true, fmt.Errorf("restore %q: %w", w.Path, err)
 	}
 	return true, nil
+}
+
+// linkedCopy links a copy of at's bytes kept as a file (an undo or journal
+// link, a synced temp file), verified by its digest, to a fresh temp name
+// in abs's mount, ready to be renamed into place: no byte moves, so an
+// undo needs no room on a full disk. It returns "" when no such copy is
+// kept.
+func (s *fileStore) linkedCopy(abs string, at FileAt, sources map[FileAt][]source) (string, error) {
+	key := FileAt{Digest: at.Digest, Size: at.Size}
+	for _, src := range sources[key] {
+		if src.path == "" || src.patch != nil {
+			continue
+		}
+		if got, err := s.digestAbs(src.path); err != nil || got != key {
+			continue
+		}
+		var err error
+		for range maxTempNameTries {
+			tmp := s.tempName(abs)
+			if err = s.disk.Link(src.path, tmp); !errors.Is(err, fs.ErrExist) {
+				if err != nil {
+					return "", err
+				}
+				return tmp, nil
+			}
+		}
+		return "", err
+	}
+	return "", nil
+}
+
+// restorable reports whether every path of wants that does not hold its
+// bytes could still be given them: some source (or the live file) holds
+// them, or the path must go. What restore could not do then was the disk's
+// failure to write, worth trying again.
+func (s *fileStore) restorable(wants []want, sources map[FileAt][]source) bool {
+	for _, w := range wants {
+		abs, err := s.abs(w.Path)
+		if err != nil {
+			return false
+		}
+		if w.At == nil || s.holds(abs, w.At.Digest, w.At.Size) {
+			continue
+		}
+		if _, ok := s.contentOf(abs, *w.At, sources, maxPatchChain); !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // maxPatchChain bounds how many patches deep contentOf looks for a base:

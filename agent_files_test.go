@@ -261,7 +261,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		t.Errorf("temp files left: %q", left)
 	}
 	f := ts.stageContent(t, "maps/host.map", content)
-	if b, _ := os.ReadFile(f.tmp); string(b) != content {
+	if b := ts.stagedBytes(t, f); b != content {
 		t.Errorf("staged %q", b)
 	}
 	f.discard(ts.disk)
@@ -281,7 +281,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(f.tmp); string(b) != want {
+	if b := ts.stagedBytes(t, f); b != want {
 		t.Errorf("spliced %q", b)
 	}
 	f.discard(ts.disk)
@@ -415,7 +415,7 @@ func TestLinkUndoKeepsHowEveryPathLooked(t *testing.T) {
 	ts.write(t, "foreign.txt", "not ours\n")
 	changes := []fileChange{{Path: "haproxy.cfg"}, {Path: "new.map"}, {Path: "old.map"}, {Path: "foreign.txt"}}
 	before := map[string]FileAt{"haproxy.cfg": {Digest: DigestString("v1\n"), Size: 3, Proof: "c:1"}, "old.map": {Digest: DigestString("old\n"), Size: 4}}
-	if err := ts.linkUndo(changes, before); err != nil {
+	if err := ts.linkUndo(changes, before, linkAll); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range changes {
@@ -430,11 +430,14 @@ func TestLinkUndoKeepsHowEveryPathLooked(t *testing.T) {
 			t.Errorf("%s: undo %q holds %q, old %+v (%v)", c.Path, c.Undo, b, c.Old, err)
 		}
 	}
-	// A directory has nothing to keep: the install refuses it.
+	// Something in the way of a file (a directory, a file where a
+	// directory must be) is refused before anything is written.
 	os.MkdirAll(filepath.Join(ts.dir, "adir"), 0o755)
-	dir := []fileChange{{Path: "adir"}}
-	if err := ts.linkUndo(dir, nil); err != nil || dir[0].Old != nil || dir[0].Undo != "" {
-		t.Errorf("a directory: %+v %v", dir[0], err)
+	for _, p := range []string{"adir", "haproxy.cfg/below"} {
+		c := []fileChange{{Path: p}}
+		if err := ts.linkUndo(c, nil, linkAll); !errors.Is(err, errInvalidPath) || c[0].Old != nil || c[0].Undo != "" {
+			t.Errorf("%s: %+v %v", p, c[0], err)
+		}
 	}
 }
 
@@ -573,4 +576,24 @@ func TestSweepEmptiesTheTempDirAndKeepsOnlyTheNamedLinks(t *testing.T) {
 	if len(entries) != 1 || entries[0].Name() != "1-stale" {
 		t.Errorf("links kept %v, want only %s", entries, keep)
 	}
+}
+
+// linkAll links every change aside.
+func linkAll(*fileChange) bool { return true }
+
+// stagedBytes is what a staged part puts at its path.
+func (ts *testStore) stagedBytes(t *testing.T, f *stagedFile) string {
+	t.Helper()
+	if f.tmp != "" {
+		b, err := os.ReadFile(f.tmp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	var b strings.Builder
+	if err := ts.writeStaged(f, &b); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }

@@ -9,6 +9,7 @@ package haptic
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -447,5 +448,85 @@ func TestALostSyncedTailNeverHandsOutAProofAgain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestATricklingUploadHoldsUpNoOtherApply: a client that sends its parts a
+// byte at a time, never slow enough to stall, is cut at the whole-request
+// limit with a clear error and nothing written; and since parts are read
+// before the apply lock is taken, an apply sent meanwhile is answered at
+// once.
+func TestATricklingUploadHoldsUpNoOtherApply(t *testing.T) {
+	const whole = 3 * time.Second
+	e := newTestEnv(t, nil, func(a *Agent, _ *FakeHAProxy) {
+		l := a.limits[listenerAPI]
+		l.read = whole
+		a.limits[listenerAPI] = l
+		a.stallTimeout = 2 * time.Second
+	})
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	before := e.snapshot(t)
+	slow := fs.clone()
+	slow["notes/slow.txt"] = strings.Repeat("s", 64)
+
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	req, _ := http.NewRequest("POST", "http://"+e.a.Addr()+PathApply, pr)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	req.SetBasicAuth("haptic", "s3cret")
+	cut := make(chan string, 1)
+	start := time.Now()
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			cut <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cut <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	go func() {
+		w, _ := mw.CreateFormField(PartManifest)
+		json.NewEncoder(w).Encode(e.c.manifest("plan-slow", slow))
+		part, _ := mw.CreateFormFile("notes/slow.txt", "notes/slow.txt")
+		for i := 0; i < len(slow["notes/slow.txt"]); i++ {
+			if _, err := part.Write([]byte{'s'}); err != nil {
+				return // the agent cut the upload
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	defer pw.Close()
+
+	time.Sleep(700 * time.Millisecond) // the slow upload is on its way
+	next, op := mapEntryChange(fs, "quick.example", "be-a")
+	sent := time.Now()
+	if res := e.c.apply(e.c.manifest("plan-quick", next, op), next); !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("the apply sent meanwhile: %s", jsonOf(res))
+	}
+	if took := time.Since(sent); took > time.Second {
+		t.Errorf("the apply sent meanwhile took %s: the slow upload held it up", took)
+	}
+	select {
+	case got := <-cut:
+		took := time.Since(start)
+		if !strings.HasPrefix(got, "400 ") || !strings.Contains(got, `"stage":"parts"`) ||
+			!strings.Contains(got, "the upload took longer than the 3s a request may") {
+			t.Errorf("the trickling client was told %s", got)
+		}
+		if took < whole || took > whole+2*time.Second {
+			t.Errorf("the trickling upload was cut after %s, want the %s a request may take", took, whole)
+		}
+	case <-time.After(whole + 10*time.Second):
+		t.Fatal("the trickling upload was never cut")
+	}
+	// Only the quick apply landed.
+	if got := e.disk(t); !sameSet(got, next) {
+		t.Errorf("the tree:\n%s", describeSetDiff(got, next))
+	}
+	if st := e.c.state("?plan=0"); st.Generation != before.st.Generation+1 || st.AppliedPlanID != "plan-quick" {
+		t.Errorf("after the cut upload: generation %d, applied %q", st.Generation, st.AppliedPlanID)
 	}
 }

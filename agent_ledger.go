@@ -108,7 +108,12 @@ type ledger struct {
 	// applying: an apply is between its record and its end. Other changes
 	// wait in memory for the end record, which carries them, so that no
 	// record written in between can undo the apply's on replay.
-	applying    bool
+	applying bool
+	// behind: the tree does not hold files an answered apply landed (their
+	// install failed and is retried). The tree the ledger holds is the one
+	// answered for, the records are what can redo it: no observation of the
+	// disk replaces it, and no compaction drops them, until it is paid.
+	behind      error
 	treeVersion uint64
 
 	// In memory only: gone after a restart by design.
@@ -317,6 +322,9 @@ func (l *ledger) endApply(seq uint64, ok, sync bool, landed map[string]*FileAt, 
 func (l *ledger) compact() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.behind != nil {
+		return fmt.Errorf("the tree does not hold what the log can redo yet: %w", l.behind)
+	}
 	if l.st.Blob.complete() && !l.blobSaved {
 		err := replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(l.blob))
 		if err == nil {
@@ -345,7 +353,23 @@ func (l *ledger) compact() error {
 func (l *ledger) compactDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.applying && (l.log.full() || l.broken != nil)
+	return !l.applying && l.behind == nil && (l.log.full() || l.broken != nil)
+}
+
+// fallBehind records that the tree does not hold what an answered apply
+// landed (err), or, with nil, that it does again.
+func (l *ledger) fallBehind(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.behind = err
+}
+
+// diskBehind is why the tree does not hold what the agent answered for, or
+// nil.
+func (l *ledger) diskBehind() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.behind
 }
 
 func (l *ledger) close() {
@@ -580,7 +604,7 @@ func (l *ledger) observed() ([]string, uint64) {
 func (l *ledger) refreshed(fresh map[string]FileAt, version uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.treeVersion != version || l.applying {
+	if l.treeVersion != version || l.applying || l.behind != nil {
 		return false
 	}
 	keepProofs(l.tree, fresh)

@@ -353,12 +353,6 @@ func (l *loadedLog) replay(records []logRecord) {
 
 // index notes the paths an apply touched and every place it names bytes in.
 func (l *loadedLog) index(r logRecord, seen map[string]bool) {
-	add := func(at *FileAt, s source) {
-		if at != nil && (s.data != nil || s.path != "" || s.patch != nil) {
-			key := FileAt{Digest: at.Digest, Size: at.Size}
-			l.sources[key] = append(l.sources[key], s)
-		}
-	}
 	for _, f := range r.Files {
 		if !seen[f.Path] {
 			seen[f.Path] = true
@@ -367,13 +361,30 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 		if !slices.Contains(l.mounts[f.Path], f.Mount) {
 			l.mounts[f.Path] = append(l.mounts[f.Path], f.Mount)
 		}
-		add(f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
-		add(f.Old, source{path: f.Undo})
 	}
+	addChangeSources(l.sources, r.Files)
 	for _, list := range [][]journalEntry{r.Journal, stateOf(r).PendingUndo} {
 		for _, e := range list {
-			add(e.At, source{path: e.Backup})
+			addSource(l.sources, e.At, source{path: e.Backup})
 		}
+	}
+}
+
+// addChangeSources notes every place the changes name bytes in: each
+// file's new bytes (inline, a temp file, or a patch of its old ones) and
+// its old ones (its undo link).
+func addChangeSources(sources map[FileAt][]source, changes []fileChange) {
+	for _, f := range changes {
+		addSource(sources, f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
+		addSource(sources, f.Old, source{path: f.Undo})
+	}
+}
+
+// addSource notes that s may hold the bytes of at.
+func addSource(sources map[FileAt][]source, at *FileAt, s source) {
+	if at != nil && (s.data != nil || s.path != "" || s.patch != nil) {
+		key := FileAt{Digest: at.Digest, Size: at.Size}
+		sources[key] = append(sources[key], s)
 	}
 }
 

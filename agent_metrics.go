@@ -1,4 +1,4 @@
-// This file owns the agent's metrics: the counters and the gauge every part of
+// This file owns the agent's metrics: the counters and gauges every part of
 // the agent updates, and their Prometheus text exposition (format 0.0.4),
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
@@ -42,7 +42,8 @@ type agentMetrics struct {
 	deferredDeletes     *metricFamily // labels kind, outcome
 	opErrors            *metricFamily // label kind
 	mapDivergence       *metricFamily // no label
-	generation          *metricFamily // the one gauge
+	generation          *metricFamily // a gauge
+	diskBehind          *metricFamily // a gauge
 	authFailures        *metricFamily // label scheme
 	connsRefused        *metricFamily // label listener
 
@@ -94,6 +95,8 @@ func newAgentMetrics() *agentMetrics {
 			nil),
 		generation: newGauge("haptic_agent_generation",
 			"The apply generation of the state the agent serves."),
+		diskBehind: newGauge("haptic_agent_disk_behind",
+			"1 while the tree does not hold files the agent answered for: installing them after the answer failed, and is retried."),
 		authFailures: newCounterVec("haptic_agent_auth_failures_total",
 			"Requests to the API that failed authentication, by scheme.",
 			[]string{"scheme"},
@@ -107,7 +110,7 @@ func newAgentMetrics() *agentMetrics {
 	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures, m.connsRefused,
+		m.authFailures, m.connsRefused, m.diskBehind,
 	}
 	return m
 }
@@ -124,7 +127,7 @@ func (m *agentMetrics) writeText(w io.Writer) error {
 	return err
 }
 
-// metricFamily is a counter family with a fixed list of label names, or the
+// metricFamily is a counter family with a fixed list of label names, or a
 // gauge, which has no label. A family without labels holds exactly one
 // series.
 type metricFamily struct {

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -40,6 +41,9 @@ type mount struct {
 	// that device, hashed), so that a record made on one volume is never
 	// acted on over another mounted in its place. The base's own is "".
 	id string
+	// mntID is the kernel's id of the mount root is reached through, 0
+	// where the system cannot tell.
+	mntID uint64
 }
 
 // mounts are the tree's mounts, the deepest root first and the base last,
@@ -90,6 +94,9 @@ func probeMounts(mountInfo, base string, d disk) (mounts, error) {
 		out = append(out, mount{root: root, id: id})
 	}
 	slices.SortFunc(out, func(a, b mount) int { return cmp.Compare(len(b.root), len(a.root)) })
+	for i := range out {
+		out[i].mntID, _ = d.MountID(out[i].root)
+	}
 	return out, nil
 }
 
@@ -119,6 +126,27 @@ func (ms mounts) of(abs string) mount {
 		}
 	}
 	return ms[len(ms)-1]
+}
+
+// onItsMount refuses a path a mount the start did not see now holds: the
+// file would be renamed there from its mount's temp directory, across that
+// mount. The kernel's mount id tells (the nearest existing parent of a new
+// path is where it would be created); where the system cannot tell, the
+// rename's own EXDEV does.
+func (s *fileStore) onItsMount(rel string) error {
+	abs := filepath.Join(s.base, filepath.FromSlash(rel))
+	m := s.mounts.of(abs)
+	for p, n := abs, 0; m.mntID != 0 && n <= maxPathDepth; p, n = parentDir(p), n+1 {
+		id, err := s.disk.MountID(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && p != m.root:
+			continue
+		case err == nil && id != m.mntID:
+			return crossedMount(rel, syscall.EXDEV)
+		}
+		break
+	}
+	return nil
 }
 
 // crossedMount explains an EXDEV: rel lives on a mount the start did not

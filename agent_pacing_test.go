@@ -406,7 +406,12 @@ func (h *heldBody) release() {
 	h.pw.Close()
 }
 
-func TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod(t *testing.T) {
+// TestAnInvalidationDuringTheUploadFencesTheApply: a verified read adopts
+// a new worker while an apply's parts are on their way. The fence, checked
+// again under the apply lock once the parts are in, refuses the apply
+// (unknown_baseline): its in-place op never reaches the worker, and nothing
+// reloads.
+func TestAnInvalidationDuringTheUploadFencesTheApply(t *testing.T) {
 	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
@@ -421,29 +426,23 @@ func TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod(t *testing.T) {
 	m := e.c.manifest("plan-3", fs3)
 	m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"}}, "plan-3w"
 	h := holdApply(t, e.c, m, fs3)
-	time.Sleep(300 * time.Millisecond) // the fence has passed; the agent waits for the parts
+	time.Sleep(300 * time.Millisecond) // the first fence has passed; the agent waits for the parts
 	newWorker(e.fake, false)
 	if st := newAgentClient(t, e.a).state("?verify=1"); st.WorkerOpsPlanID != "" {
 		t.Fatalf("the verified read did not invalidate: %+v", st)
 	}
 	h.release()
-	var res ApplyResult
 	select {
 	case raw := <-h.rawResp:
-		if !strings.HasPrefix(raw, "200 ") {
+		if !strings.HasPrefix(raw, "409 ") || !strings.Contains(raw, `"reason":"`+ReasonUnknownBaseline+`"`) {
 			t.Fatalf("answer %s", raw)
 		}
-		res = <-h.answer
 	case <-time.After(20 * time.Second):
 		t.Fatal("no answer")
 	}
-	if !res.OK || res.Mode != ResultScheduled || res.Error == nil || res.Error.Stage != StageInPlace ||
-		res.Error.Message != "in-place ops were composed against a different worker baseline" || res.AppliedPlanID != "" {
-		t.Errorf("%+v %+v", res, res.Error)
-	}
 	e.fake.With(func(m *FakeModel) {
 		if m.Reloads != reloads {
-			t.Errorf("a second reload: %d → %d", reloads, m.Reloads)
+			t.Errorf("a reload: %d → %d", reloads, m.Reloads)
 		}
 	})
 	for _, cmd := range e.fake.Sent() {
@@ -487,7 +486,7 @@ func TestTheScheduledReloadFiresWhenTheWindowPasses(t *testing.T) {
 		t.Errorf("state %+v", st)
 	}
 	if la := st.LastApply; la == nil || la.PlanID != "plan-2" || !la.OK || la.Mode != ResultReload || la.Reload == nil ||
-		!la.Reload.Performed || la.At == res2.At && la.Timing == res2.Timing {
+		!la.Reload.Performed || res2.Reload == nil || res2.Reload.Performed {
 		t.Errorf("last_apply %+v", la)
 	}
 	if metricValue(e.a, "apply_total", ResultReload) != 2 {
@@ -934,7 +933,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	want := []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total", "haptic_agent_invariant_violations_total",
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
-		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total"}
+		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_disk_behind"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {

@@ -124,14 +124,19 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 
 // handleReadyz answers 200 "ready" once initialised while HAProxy answers,
 // 503 "initialising" before, and 503 with the reason when HAProxy went away
-// after startup: a pod whose HAProxy is gone must leave the load balancer
-// and be seen, whatever its agent last applied.
+// after startup, or while the tree does not hold files the agent answered
+// for: a pod whose HAProxy is gone, or whose disk lags its answers, must
+// leave the load balancer and be seen, whatever its agent last applied.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	switch _, lost := a.haproxy.get(); {
+	_, lost := a.haproxy.get()
+	behind := a.led.diskBehind()
+	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
 	case lost != "":
 		writeText(w, http.StatusServiceUnavailable, "haproxy unreachable: "+lost)
+	case behind != nil:
+		writeText(w, http.StatusServiceUnavailable, msgDiskBehind+": "+behind.Error())
 	default:
 		writeText(w, http.StatusOK, "ready")
 	}

@@ -51,7 +51,8 @@ func TestStagingStatusTellsTheAgentsFaultFromTheClients(t *testing.T) {
 
 // TestAStagingFaultIsAServerErrorEndToEnd breaks the agent's staging
 // directory (a regular file where .haptic-tmp should be), which works on
-// any machine and as any user: the apply is answered 500 with a message
+// any machine and as any user: the apply of a part too large to ride in
+// the record (so staged in a temp file) is answered 500 with a message
 // naming the cause, the client sees a server fault, and nothing moves.
 func TestAStagingFaultIsAServerErrorEndToEnd(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
@@ -66,7 +67,7 @@ func TestAStagingFaultIsAServerErrorEndToEnd(t *testing.T) {
 	writeFile(t, tmp, "not a directory")
 
 	fs2 := fs.clone()
-	fs2["maps/host.map"] += "b.example be-b\n"
+	fs2["maps/host.map"] += strings.Repeat("b.example be-b\n", maxInlineBytes/15+1)
 	he := clientApply(t, e, "plan-2", fs2)
 	if he.Status != http.StatusInternalServerError || !he.ServerFault() {
 		t.Fatalf("got %+v, want a 500 server fault", he)
@@ -137,7 +138,8 @@ func TestStagingFaultsOnARealFilesystem(t *testing.T) {
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
-	fs2["maps/host.map"] += "b.example be-b\n"
+	// Too large to ride in the record: it is staged in a temp file.
+	fs2["maps/host.map"] += strings.Repeat("b.example be-b\n", maxInlineBytes/15+1)
 
 	t.Run("disk full", func(t *testing.T) {
 		filler := filepath.Join(dir, ".filler")

@@ -458,11 +458,16 @@ func (r applyRequest) body(t testing.TB) (*bytes.Buffer, string) {
 	return &buf, w.FormDataContentType()
 }
 
-// post sends the request and returns the status and body.
+// post sends the request and returns the status and body, once the agent
+// has done what follows the answer under its apply lock (installing the
+// files of an apply answered at its durable point), so that a test reads
+// the tree the answer promised.
 func (c *agentClient) post(r applyRequest) (int, []byte) {
 	c.t.Helper()
 	body, ct := r.body(c.t)
 	code, _, b := c.do("POST", PathApply, body, ct)
+	c.a.deps.applyMu.Lock()
+	c.a.deps.applyMu.Unlock()
 	return code, b
 }
 

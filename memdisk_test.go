@@ -90,9 +90,6 @@ const (
 	// many random draws, since most repeat an image already found once the
 	// systematic ones are in, and the fill gives up rather than spin.
 	crashRandomTries = 4
-	// maxTempNameTries bounds CreateTemp's search for a free name, as
-	// os.CreateTemp does.
-	maxTempNameTries = 10000
 	// maxMemFileBytes bounds a file: a Seek far past the end followed by a
 	// Write must fail like a full disk, not allocate gigabytes.
 	maxMemFileBytes = 1 << 30
@@ -201,18 +198,30 @@ type memDisk struct {
 
 var _ disk = (*memDisk)(nil)
 
-// crossesMount reports whether a and b lie on different mounts.
-func (d *memDisk) crossesMount(a, b string) bool {
-	of := func(p string) string {
-		best := "/"
-		for _, m := range d.mounts {
-			if (p == m || strings.HasPrefix(p, m+"/")) && len(m) > len(best) {
-				best = m
-			}
+// mountOf is the mount point of the mount that holds p: "/" or one of
+// mounts.
+func (d *memDisk) mountOf(p string) string {
+	best := "/"
+	for _, m := range d.mounts {
+		if (p == m || strings.HasPrefix(p, m+"/")) && len(m) > len(best) {
+			best = m
 		}
-		return best
 	}
-	return of(a) != of(b)
+	return best
+}
+
+// crossesMount reports whether a and b lie on different mounts.
+func (d *memDisk) crossesMount(a, b string) bool { return d.mountOf(a) != d.mountOf(b) }
+
+// MountID names the mount an existing name is on: 1 for the root's, and
+// one more than its index in mounts for any other.
+func (d *memDisk) MountID(name string) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, _, _, err := d.existing(name); err != nil {
+		return 0, &fs.PathError{Op: "statx", Path: name, Err: err}
+	}
+	return uint64(slices.Index(d.mounts, d.mountOf(name)) + 2), nil
 }
 
 // newMemDisk returns an empty disk: a durable root directory, mode 0755.

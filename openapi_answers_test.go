@@ -323,8 +323,11 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	step("a reload HAProxy refuses", 200, `"mode":"rejected"`, code, body)
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 
-	// The agent's own disk fails while staging (507 when it is full, 500
-	// otherwise), and while recording a last-known-good promotion.
+	// The agent's own disk fails while staging a part too large to ride in
+	// the record (507 when it is full, 500 otherwise), and while recording a
+	// last-known-good promotion.
+	large := set3.clone()
+	large["notes/large.txt"] = strings.Repeat("x", maxInlineBytes+1)
 	for errno, wantCode := range map[syscall.Errno]int{syscall.ENOSPC: 507, syscall.EIO: 500} {
 		d.setHook(func(o diskOp) error {
 			if strings.Contains(o.Path, storeTempDir) && o.Op == "create" {
@@ -332,7 +335,7 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 			}
 			return nil
 		})
-		code, body = post(applyRequest{manifest: e.c.manifest("plan-3", set3, op3), files: set3})
+		code, body = post(applyRequest{manifest: e.c.manifest("plan-3", large, op3), files: large})
 		step("staging on a failing disk: "+errno.Error(), wantCode, `"stage":"parts"`, code, body)
 		d.setHook(nil)
 	}

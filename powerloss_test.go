@@ -299,9 +299,14 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 	}
 	defer led.log.close()
 	beforeRecovery := treeOf(img, cfg.BaseDir)
-	st, _, reload, err := recoverDisk(files, led, loaded, logger, time.Now())
+	st, _, reload, owed, err := recoverDisk(files, led, loaded, logger, time.Now())
 	if err != nil {
 		return "recovery: " + err.Error()
+	}
+	if owed != nil {
+		// Nothing fails a write here: a power loss must leave what
+		// recovery needs, not a tree it can only retry.
+		return "recovery could not put the tree back: " + owed.err.Error()
 	}
 	if !reload && !sameSet(beforeRecovery, treeOf(img, cfg.BaseDir)) {
 		// HAProxy may have booted before the agent and loaded the tree the
