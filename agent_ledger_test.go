@@ -1,8 +1,9 @@
 // Tests of the ledger: what an apply syncs, the log's framing and replay,
 // the decisions (settle, the worker found at a start) as tables, what
 // survives a restart, and the recovery at startup (a corrupt state file, an
-// apply interrupted after or before its writes, a reload left scheduled).
-// The power-loss simulation is in powerloss_test.go.
+// apply interrupted after or before its writes, an open apply killed after
+// its install, a reload left scheduled). The power-loss simulation is in
+// powerloss_test.go.
 
 package haptic
 
@@ -11,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -767,6 +769,123 @@ func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
 	}
 	if st.LKGPlanID != "plan-1" || st.InvariantViolation != "" {
 		t.Errorf("LKG %q invariant %q", st.LKGPlanID, st.InvariantViolation)
+	}
+}
+
+// killOpenApplyAfterInstall runs the crash test's reload apply in an agent
+// child and kills it right after the install: at the first sync of a tree
+// file, which the reload makes while HAProxy loads the set. The apply's
+// record is then the log's last, open and never closed. The child is gone
+// when it returns.
+func killOpenApplyAfterInstall(t *testing.T) *crashEnv {
+	t.Helper()
+	i := slices.IndexFunc(crashKinds(), func(k crashKind) bool { return k.name == "reload" })
+	k := crashKinds()[i]
+	ops := applyOps(t, k)
+	at := 1 + slices.IndexFunc(ops, func(line string) bool {
+		f := strings.Fields(line)
+		return f[1] == "sync" && filepath.Base(f[2]) != logFileName
+	})
+	if at == 0 {
+		t.Fatalf("the reload apply syncs no tree file:\n%s", strings.Join(ops, "\n"))
+	}
+	e := newCrashEnv(t, k)
+	cfg := e.cfg
+	cfg.StopAtOp = at
+	b := startAgentChild(t, cfg)
+	go b.postApply(b.state(t), "plan-2", k.after, k.mode)
+	waitFor(t, "the agent to stop after the install", func() bool {
+		_, err := os.Stat(cfg.StopMarker)
+		return err == nil
+	})
+	b.kill()
+	return e
+}
+
+// TestReplayKeepsTheProofAnUnclosedApplyReserved: an open apply's record
+// counts only once an end record closes it, but the proof it reserved may
+// have been seen (its record reached the disk). After a kill before the
+// end record, the start rolls the apply back and the next apply's proof is
+// above the lost one's.
+func TestReplayKeepsTheProofAnUnclosedApplyReserved(t *testing.T) {
+	e := killOpenApplyAfterInstall(t)
+	raw, err := os.ReadFile(filepath.Join(e.base, logFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	records, _, _, _ := decodeFrames(raw, 0)
+	var lost *logRecord
+	for i := range records {
+		switch r := &records[i]; {
+		case r.Kind == recordApply && r.Open:
+			lost = r
+		case r.Kind == recordEnd && lost != nil && r.End == lost.Seq:
+			t.Fatal("the interrupted apply was closed")
+		}
+	}
+	if lost == nil || lost.State == nil || lost.State.Applied.ID != "plan-2" {
+		t.Fatalf("no open record of plan-2 in the log: %+v", lost)
+	}
+	reserved := lost.State.Applied.Proof
+
+	c := startAgentChild(t, e.cfg)
+	st := c.state(t)
+	if st.AppliedPlanID == "plan-2" {
+		t.Fatalf("the unclosed apply counts after the start: %+v", st)
+	}
+	code, body, err := c.postApply(st, "plan-3", seedFiles(), ModeReload)
+	var res ApplyResult
+	if err != nil || code != http.StatusOK || json.Unmarshal(body, &res) != nil || !res.OK {
+		t.Fatalf("the next apply: %d %v %s", code, err, body)
+	}
+	if proofNumber(res.AppliedPlanProof) <= proofNumber(reserved) {
+		t.Errorf("proof %s issued after the lost apply reserved %s", res.AppliedPlanProof, reserved)
+	}
+}
+
+// TestAnInterruptedOpenApplyReloadsWhenItsUndoCannotBeRead: killed after
+// its install, an open apply leaves its files in the tree; with every
+// place its undo could be read from gone, the start cannot put them back.
+// It still reloads HAProxy onto what is on disk (a worker may hold the
+// killed apply's set, or boot on it), forgets the baseline, says which
+// file it could not restore, and the next push lands.
+func TestAnInterruptedOpenApplyReloadsWhenItsUndoCannotBeRead(t *testing.T) {
+	e := killOpenApplyAfterInstall(t)
+	for _, dir := range []string{storeLinkDir, storeTempDir} {
+		entries, _ := os.ReadDir(filepath.Join(e.base, dir))
+		for _, entry := range entries {
+			if err := os.Remove(filepath.Join(e.base, dir, entry.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reloads := fakeReloads(e.fake)
+
+	c := startAgentChild(t, e.cfg)
+	st := c.state(t)
+	if fakeReloads(e.fake) <= reloads {
+		t.Error("the start did not reload HAProxy")
+	}
+	onDisk := diskSet(t, e.base)
+	if got, want := e.fake.MapEntries("maps/host.map"), ParseMapEntries(onDisk["maps/host.map"]); !slices.Equal(got, want) {
+		t.Errorf("the worker holds %v, the disk %v", got, want)
+	}
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("the start vouches for a tree it could not restore: %+v", st)
+	}
+	said := ""
+	for line := range strings.Lines(c.output.String()) {
+		if strings.Contains(line, "recovery could not put every file back") {
+			said = line
+		}
+	}
+	if !strings.Contains(said, `restore \"haproxy.cfg\": no copy of its bytes`) {
+		t.Errorf("the start did not say what it could not restore:\n%s", c.output.String())
+	}
+	next := seedFiles()
+	if code, body, err := c.postApply(st, "plan-3", next, ModeReload); err != nil || code != http.StatusOK ||
+		!bytes.Contains(body, []byte(`"ok":true`)) || !sameSet(diskSet(t, e.base), next) {
+		t.Errorf("the next push: %d %v %s", code, err, body)
 	}
 }
 

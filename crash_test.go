@@ -396,7 +396,7 @@ func TestCrashBetweenAnyTwoFileOperations(t *testing.T) {
 	}
 	for _, k := range crashKinds() {
 		t.Run(k.name, func(t *testing.T) {
-			n := countApplyOps(t, k)
+			n := len(applyOps(t, k))
 			if n < 4 {
 				t.Fatalf("the %s apply made %d file operations; the stop hook sees nothing", k.name, n)
 			}
@@ -449,9 +449,9 @@ func (k crashKind) landBefore(t testing.TB, state func(testing.TB) *State, post 
 	}
 }
 
-// countApplyOps runs the apply once, to its end, and counts its file
-// operations.
-func countApplyOps(t *testing.T, k crashKind) int {
+// applyOps runs the apply once, to its end, and lists its file
+// operations, one "number op path" line each.
+func applyOps(t *testing.T, k crashKind) []string {
 	e := newCrashEnv(t, k)
 	cfg := e.cfg
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
@@ -470,7 +470,7 @@ func countApplyOps(t *testing.T, k crashKind) int {
 	raw, _ := os.ReadFile(cfg.OpsLog)
 	ops := strings.Split(strings.TrimSpace(string(raw)), "\n")
 	t.Logf("%s apply: %d file operations\n%s", k.name, len(ops), raw)
-	return len(ops)
+	return ops
 }
 
 // runCrashAt interrupts the apply at its at-th file operation (or, past
