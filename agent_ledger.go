@@ -172,13 +172,28 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	r.Seq, r.Durable = l.seq, l.log.synced
 	if err := l.log.append(r, sync); err != nil {
 		l.seq--
-		if sync {
-			l.broken = err
-		}
 		l.logger.Error("could not write the agent's state", "kind", r.Kind, "err", err)
+		if sync {
+			l.breakLog(err)
+		}
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}
 	return nil
+}
+
+// breakLog stops the log after a failed sync: the kernel may have dropped
+// what the unsynced records before it held, so none written after it could
+// be trusted on replay. The caller holds mu.
+func (l *ledger) breakLog(err error) {
+	l.broken = err
+	l.logger.Error("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written", "err", err)
+}
+
+// brokenBy is the failed write that broke the log, nil while it records.
+func (l *ledger) brokenBy() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.broken
 }
 
 // commit writes r with the state change makes of the current one, and
@@ -274,9 +289,9 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 		// so that no start redoes an apply that was refused. The kernel may
 		// have dropped unsynced records before it too, so the log is not
 		// trusted until a compaction rewrites the state.
-		l.broken = err
 		l.log.cutBack(start)
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
+		l.breakLog(err)
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}, nil
 }
@@ -330,6 +345,9 @@ func (l *ledger) compact() error {
 	if err := l.log.compact(snap); err != nil {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err
+	}
+	if l.broken != nil {
+		l.logger.Info("the agent's state log records again: a new snapshot holds the whole state")
 	}
 	l.broken = nil
 	return nil

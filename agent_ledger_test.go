@@ -12,12 +12,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -156,6 +158,80 @@ func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 	// The log works again: the next one-entry change is a runtime apply.
 	if res := e.land(t, "plan-4", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}); res.Mode != ResultRuntime {
 		t.Fatalf("the apply after the failure: %+v", res)
+	}
+}
+
+// TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten: the undo record of
+// a refused reload fails its sync once. The kernel may have dropped what the
+// log held unsynced, so the log is broken: the agent says so (an error in
+// its log, /readyz 503 with the reason, the state_log_broken gauge at 1) and
+// refuses the next apply at its record, while the compaction that follows
+// each answer cannot write its snapshot. Once a snapshot is written, the
+// agent is ready again and the apply lands.
+func TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten(t *testing.T) {
+	d := &hookDisk{}
+	logs := newLogCounter(testLogger().Handler())
+	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.MetricsListen, c.Logger = "127.0.0.1:0", slog.New(logs) })
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+
+	var logSyncs, snapshotsRefused atomic.Int32
+	var refuseSnapshots atomic.Bool
+	refuseSnapshots.Store(true)
+	d.setHook(func(op diskOp) error {
+		switch name := filepath.Base(op.Path); {
+		case op.Op != "sync":
+		case op.Path == logPath && logSyncs.Add(1) == 2: // the apply's record, then its undo's
+			return errors.New("injected: the undo record's sync failed")
+		case refuseSnapshots.Load() && strings.HasPrefix(name, strings.TrimSuffix(stateTempPattern, "*")):
+			snapshotsRefused.Add(1)
+			return errors.New("injected: the snapshot's sync failed")
+		}
+		return nil
+	})
+	refused := fs.clone()
+	refused["haproxy.cfg"] += "bogus\n"
+	e.fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	if res := e.c.apply(reloadManifest(e, "plan-2", refused), refused); res.OK || res.Error == nil || res.Error.Stage != StageReload {
+		t.Fatalf("the refused reload: %+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	code, body := getText(t, e.a, PathReadyz)
+	if code != http.StatusServiceUnavailable || body != "the agent's state log is broken: injected: the undo record's sync failed\n" {
+		t.Fatalf("readyz with a broken log: %d %q", code, body)
+	}
+	waitFor(t, "the compaction after the answer", func() bool { return snapshotsRefused.Load() > 0 })
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_state_log_broken 1\n") {
+		t.Error("the gauge does not say the log is broken")
+	}
+	if logs.count("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written") != 1 {
+		t.Error("the agent did not log that its state log is broken")
+	}
+	next := fs.clone()
+	next["maps/host.map"] += "n.example be-n\n"
+	res := e.c.apply(e.c.manifest("plan-3", next), next)
+	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.HasPrefix(res.Error.Message, errLedgerBroken.Error()+": ") {
+		t.Fatalf("an apply while the log is broken: %+v %+v", res, res.Error)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Fatal("an apply refused at its record changed the tree")
+	}
+
+	// The compaction after the next answer writes its snapshot.
+	refuseSnapshots.Store(false)
+	if res := e.c.apply(e.c.manifest("plan-3", next), next); res.OK {
+		t.Fatalf("the log mended before a snapshot was written: %+v", res)
+	}
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_state_log_broken 0\n") {
+		t.Error("the gauge still says the log is broken")
+	}
+	if res := e.c.apply(e.c.manifest("plan-3", next), next); !res.OK {
+		t.Fatalf("the apply after the snapshot: %+v", res)
+	}
+	if logs.count("the agent's state log records again: a new snapshot holds the whole state") != 1 {
+		t.Error("the agent did not log that its state log records again")
 	}
 }
 

@@ -1,5 +1,5 @@
-// This file owns the agent's metrics: the counters and the gauge every part of
-// the agent updates, and their Prometheus text exposition (format 0.0.4),
+// This file owns the agent's metrics: the counters and the gauges every part
+// of the agent updates, and their Prometheus text exposition (format 0.0.4),
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
 //
@@ -42,9 +42,10 @@ type agentMetrics struct {
 	deferredDeletes     *metricFamily // labels kind, outcome
 	opErrors            *metricFamily // label kind
 	mapDivergence       *metricFamily // no label
-	generation          *metricFamily // the one gauge
+	generation          *metricFamily // a gauge
 	authFailures        *metricFamily // label scheme
 	connsRefused        *metricFamily // label listener
+	stateLogBroken      *metricFamily // a gauge, 0 or 1
 
 	// families is the exposition order, fixed so that two scrapes of one
 	// agent, or of two agents, diff line by line.
@@ -102,12 +103,14 @@ func newAgentMetrics() *agentMetrics {
 			"Connections closed at once because their listener held its cap of connections, by listener.",
 			[]string{"listener"},
 			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
+		stateLogBroken: newGauge("haptic_agent_state_log_broken",
+			"1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise."),
 	}
 	// The agent's own additions follow the contract's families.
 	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures, m.connsRefused,
+		m.authFailures, m.connsRefused, m.stateLogBroken,
 	}
 	return m
 }
@@ -124,7 +127,7 @@ func (m *agentMetrics) writeText(w io.Writer) error {
 	return err
 }
 
-// metricFamily is a counter family with a fixed list of label names, or the
+// metricFamily is a counter family with a fixed list of label names, or a
 // gauge, which has no label. A family without labels holds exactly one
 // series.
 type metricFamily struct {

@@ -103,6 +103,9 @@ haptic_agent_connections_refused_total{listener="admin"} 0
 haptic_agent_connections_refused_total{listener="api"} 0
 haptic_agent_connections_refused_total{listener="drain"} 0
 haptic_agent_connections_refused_total{listener="metrics"} 1
+# HELP haptic_agent_state_log_broken 1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise.
+# TYPE haptic_agent_state_log_broken gauge
+haptic_agent_state_log_broken 0
 `
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -150,6 +153,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 	m.authFailures.inc(authSchemeTLS)
 	m.connsRefused.inc(listenerAPI)
 	m.connsRefused.inc(listenerAPI)
+	m.stateLogBroken.set(1)
 
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -166,7 +170,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total",
 		"haptic_agent_generation", "haptic_agent_auth_failures_total",
-		"haptic_agent_connections_refused_total",
+		"haptic_agent_connections_refused_total", "haptic_agent_state_log_broken",
 	}
 	var order []string
 	for _, f := range families {
@@ -206,6 +210,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_auth_failures_total":  {"counter", map[string]uint64{`scheme=basic`: 0, `scheme=tls`: 1}},
 		"haptic_agent_connections_refused_total": {"counter", map[string]uint64{
 			`listener=admin`: 0, `listener=api`: 2, `listener=drain`: 0, `listener=metrics`: 0}},
+		"haptic_agent_state_log_broken": {"gauge", map[string]uint64{``: 1}},
 	}
 	for _, f := range families {
 		w := want[f.name]

@@ -934,7 +934,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	want := []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total", "haptic_agent_invariant_violations_total",
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
-		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total"}
+		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_state_log_broken"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {
@@ -962,6 +962,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 		"haptic_agent_generation":                                      2,
 		"haptic_agent_deferred_deletes_total,kind=server,outcome=done": 0,
 		"haptic_agent_invariant_violations_total,name=recovery_reload": 0,
+		"haptic_agent_state_log_broken":                                0,
 	} {
 		if got, ok := values[key]; !ok || got != v {
 			t.Errorf("%s = %d (present %v), want %d", key, got, ok, v)

@@ -1,8 +1,9 @@
 // This file owns whether the agent can reach HAProxy right now, as opposed
 // to whether it has finished starting (Ready): what it is waiting for
 // while HAProxy is not there yet, the monitor that watches both sockets
-// once it is, and the answers that depend on it (GET /readyz, a state read
-// before initialisation, a verified state read).
+// once it is, and the answers that depend on it (GET /readyz, which also
+// reports a broken state log, a state read before initialisation, a
+// verified state read).
 
 package haptic
 
@@ -125,13 +126,19 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // handleReadyz answers 200 "ready" once initialised while HAProxy answers,
 // 503 "initialising" before, and 503 with the reason when HAProxy went away
 // after startup: a pod whose HAProxy is gone must leave the load balancer
-// and be seen, whatever its agent last applied.
+// and be seen, whatever its agent last applied. So must one whose state log
+// is broken: its agent refuses every apply until a new snapshot is written
+// (the compaction that follows an apply's answer).
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	switch _, lost := a.haproxy.get(); {
+	_, lost := a.haproxy.get()
+	broken := a.led.brokenBy()
+	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
 	case lost != "":
 		writeText(w, http.StatusServiceUnavailable, "haproxy unreachable: "+lost)
+	case broken != nil:
+		writeText(w, http.StatusServiceUnavailable, "the agent's state log is broken: "+broken.Error())
 	default:
 		writeText(w, http.StatusOK, "ready")
 	}
