@@ -846,6 +846,7 @@ func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	a.metrics.stateLogBroken.set(uint64(boolInt(a.led.brokenBy() != nil)))
 	w.Header().Set("Content-Type", metricsContentType)
 	if err := a.metrics.writeText(w); err != nil {
 		a.logger.Warn("writing metrics failed", "err", err)

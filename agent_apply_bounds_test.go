@@ -1,8 +1,9 @@
 // Tests of what bounds one apply request's cost (agent_apply_bounds.go):
 // a manifest's lists are counted before it is decoded, so one whose lists
 // exceed what validation accepts is refused cheaply and with the refusal
-// validation itself would give first, and concurrent applies waiting for
-// the apply lock hold a bounded amount of memory.
+// validation itself would give first, concurrent applies waiting for the
+// apply lock hold a bounded amount of memory, and an apply exactly at the
+// limits lands.
 
 package haptic
 
@@ -247,5 +248,42 @@ func TestConcurrentAppliesHoldABoundedAmountOfMemory(t *testing.T) {
 		if code != http.StatusOK && code != http.StatusConflict {
 			t.Errorf("an apply was answered %d", code)
 		}
+	}
+}
+
+// TestAnApplyOfExactlyMaxFilesPartsAndItsPlanIsAccepted: the limits are
+// inclusive. An apply whose manifest lists MaxFiles files, every one sent
+// as a part, with the plan part besides, lands: the tree holds the whole
+// set and the plan is stored. The agent runs on the recording disk, where
+// creating four thousand files costs nothing.
+func TestAnApplyOfExactlyMaxFilesPartsAndItsPlanIsAccepted(t *testing.T) {
+	md := newMemDisk()
+	e := newTestEnvWithDisk(t, md, func(c *AgentConfig) {
+		if err := md.mkdirAll(c.BaseDir); err != nil {
+			t.Fatal(err)
+		}
+	})
+	fs := seedFiles()
+	p := planOfFiles(t, fs)
+	for i := len(fs); i < MaxFiles; i++ {
+		path, content := fmt.Sprintf("notes/%04d.txt", i), fmt.Sprintf("note %d\n", i)
+		fs[path] = content
+		p.addDirFile(path, content) // in path order: every note sorts after the seed's files
+	}
+	p.ComputeID()
+	m := e.c.manifest(p.ID, fs)
+	if len(m.Files) != MaxFiles {
+		t.Fatalf("the manifest lists %d files", len(m.Files))
+	}
+	code, body := e.c.post(applyRequest{manifest: m, files: fs, plan: blobOf(t, p)})
+	var res ApplyResult
+	if code != http.StatusOK || json.Unmarshal(body, &res) != nil || !res.OK {
+		t.Fatalf("the apply of %d parts and the plan: %d %.300s", MaxFiles, code, body)
+	}
+	if got := treeOf(md, e.cfg.BaseDir); !sameSet(got, fs) {
+		t.Errorf("the tree holds %d files, want the %d sent", len(got), len(fs))
+	}
+	if st := e.c.state("?plan=0"); st.AppliedPlanID != p.ID || !st.AppliedPlanStored {
+		t.Errorf("applied %q, plan stored %v", st.AppliedPlanID, st.AppliedPlanStored)
 	}
 }

@@ -663,7 +663,7 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	run.invariant(!errors.Is(cause, syscall.EXDEV), invMountProbe)
 	touched := o.opsRan || o.reloaded
 	if o.installed {
-		err := run.led.endApply(run.seq, false, true, nil, nil, false, nil, func(s *agentState) {
+		err := run.led.endApply(ending{seq: run.seq, sync: true, undo: undoOf(run.changes)}, func(s *agentState) {
 			*s = settle(*s, run.before, run.id, o, run.now())
 			s.ReloadOwed = touched
 		})
@@ -767,6 +767,18 @@ func wantsOf(changes []fileChange, old bool) []want {
 	return out
 }
 
+// undoOf is how each changed path looked before the apply and where those
+// bytes are kept, without the new bytes.
+func undoOf(changes []fileChange) []fileChange {
+	var out []fileChange
+	for _, c := range changes {
+		if c.Undo != "" {
+			out = append(out, fileChange{Path: c.Path, Old: c.Old, Undo: c.Undo, Mount: c.Mount})
+		}
+	}
+	return out
+}
+
 // sourcesOf is every place the changes name bytes in.
 func sourcesOf(changes []fileChange) map[FileAt][]source {
 	out := map[FileAt][]source{}
@@ -825,9 +837,10 @@ func (run *applyRun) finish(s steps, o outcome) {
 		if !reset {
 			journal = journalAdditions(run.before.Journal, run.id.undo)
 		}
-		err = run.led.endApply(run.seq, true, o.reloaded || s.open, delta, journal, reset, run.blob, change)
+		err = run.led.endApply(ending{seq: run.seq, ok: true, sync: o.reloaded || s.open, landed: delta, journal: journal,
+			resetJournal: reset, blob: run.blob}, change)
 	case run.seq != 0:
-		err = run.led.endApply(run.seq, false, true, nil, nil, false, nil, change)
+		err = run.led.endApply(ending{seq: run.seq, sync: true}, change)
 	default:
 		run.led.forget(change)
 	}

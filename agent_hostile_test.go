@@ -1,8 +1,9 @@
 // Tests of hostile and unlucky conditions: a refusal that must not wedge
 // the agent, a reload slower than its timeout, restore staging and state
-// temp files left behind, a stalled upload, a stopped master, an unreadable
-// tree file, and a rollback over an intact tree where the directory refuses
-// new entries. The disk-full sweep is in agent_diskfull_test.go.
+// temp files left behind, a stalled upload, a baseline lost while an upload
+// is held, a stopped master, an unreadable tree file, and a rollback over
+// an intact tree where the directory refuses new entries. The disk-full
+// sweep is in agent_diskfull_test.go.
 
 package haptic
 
@@ -130,6 +131,49 @@ func TestStartupSweepsStateTempFiles(t *testing.T) {
 	}
 }
 
+// heldUpload is an apply whose body the test writes as it goes: the
+// manifest and the first n bytes of the part at path are sent, and the
+// rest waits for finish (or never comes).
+type heldUpload struct {
+	mw     *multipart.Writer
+	pw     *io.PipeWriter
+	part   io.Writer
+	rest   string
+	answer chan string // the answer's body, or the client's error
+}
+
+func holdUpload(t *testing.T, e *testEnv, m *Manifest, path, content string, n int) *heldUpload {
+	t.Helper()
+	pr, pw := io.Pipe()
+	u := &heldUpload{mw: multipart.NewWriter(pw), pw: pw, rest: content[n:], answer: make(chan string, 1)}
+	t.Cleanup(func() { pw.Close() })
+	req, _ := http.NewRequest("POST", "http://"+e.a.Addr()+PathApply, pr)
+	req.Header.Set("Content-Type", u.mw.FormDataContentType())
+	req.SetBasicAuth("haptic", "s3cret")
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			u.answer <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		u.answer <- string(b)
+	}()
+	w, _ := u.mw.CreateFormField(PartManifest)
+	json.NewEncoder(w).Encode(m)
+	u.part, _ = u.mw.CreateFormFile(path, path)
+	io.WriteString(u.part, content[:n])
+	return u
+}
+
+// finish sends the rest of the part and ends the body.
+func (u *heldUpload) finish() {
+	io.WriteString(u.part, u.rest)
+	u.mw.Close()
+	u.pw.Close()
+}
+
 // TestAStalledUploadReleasesTheApplyLock: a client that stops sending in
 // the middle of its parts holds the apply lock only for the stall timeout;
 // it is told why, and an apply waiting behind it lands.
@@ -139,34 +183,12 @@ func TestAStalledUploadReleasesTheApplyLock(t *testing.T) {
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "s.example be-s\n"
-	m := e.c.manifest("plan-2", fs2)
 
 	// The stalled client: the manifest and half a part, then nothing.
-	pr, pw := io.Pipe()
-	mw := multipart.NewWriter(pw)
-	req, _ := http.NewRequest("POST", "http://"+e.a.Addr()+PathApply, pr)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	req.SetBasicAuth("haptic", "s3cret")
-	stalled := make(chan string, 1)
-	go func() {
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			stalled <- err.Error()
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		stalled <- string(b)
-	}()
-	w, _ := mw.CreateFormField(PartManifest)
-	json.NewEncoder(w).Encode(m)
-	part, _ := mw.CreateFormFile("maps/host.map", "maps/host.map")
-	io.WriteString(part, fs2["maps/host.map"][:5])
-	defer pw.Close()
-
+	u := holdUpload(t, e, e.c.manifest("plan-2", fs2), "maps/host.map", fs2["maps/host.map"], 5)
 	start := time.Now()
 	select {
-	case body := <-stalled:
+	case body := <-u.answer:
 		if !strings.Contains(body, "the upload stalled") {
 			t.Errorf("the stalled client was told %s", body)
 		}
@@ -178,6 +200,43 @@ func TestAStalledUploadReleasesTheApplyLock(t *testing.T) {
 	}
 	if res := e.c.apply(e.c.manifest("plan-2", fs2), fs2); !res.OK {
 		t.Errorf("the next apply: %+v", res)
+	}
+}
+
+// TestNoOpReachesTheWorkerOfAnUnknownBaseline: an auto apply passes the
+// fence and its upload waits; meanwhile a verified state read adopts a
+// worker the agent did not start, which makes the baseline unknown. When
+// the upload goes on, the fence, checked again under the apply lock,
+// refuses the apply (unknown_baseline): no op reaches the adopted worker,
+// and nothing reloads.
+func TestNoOpReachesTheWorkerOfAnUnknownBaseline(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	fs2 := fs.clone()
+	fs2["maps/host.map"] += "u.example be-u\n"
+	m := e.c.manifest("plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "u.example", Value: "be-u"})
+	// The manifest lists the config first: the held part is the map's.
+	u := holdUpload(t, e, m, "maps/host.map", fs2["maps/host.map"], 5)
+	time.Sleep(300 * time.Millisecond) // the first fence has passed; the agent reads the parts
+
+	restartFake(e.fake)
+	if st := e.c.state("?verify=1"); st.AppliedPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Fatalf("the foreign worker left the baseline %q / %q", st.AppliedPlanID, st.WorkerOpsPlanID)
+	}
+	sent, reloads := len(e.fake.Sent()), fakeReloads(e.fake)
+	u.finish()
+	var c Conflict
+	if body := <-u.answer; json.Unmarshal([]byte(body), &c) != nil || c.Reason != ReasonUnknownBaseline {
+		t.Fatalf("the apply: %s", body)
+	}
+	for _, cmd := range e.fake.Sent()[sent:] {
+		if strings.Contains(cmd, "u.example") {
+			t.Errorf("an op reached the worker of an unknown baseline: %q", cmd)
+		}
+	}
+	if n := fakeReloads(e.fake); n != reloads {
+		t.Errorf("a reload: %d → %d", reloads, n)
 	}
 }
 

@@ -182,13 +182,28 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	r.Seq, r.Durable = l.seq, l.log.synced
 	if err := l.log.append(r, sync); err != nil {
 		l.seq--
-		if sync {
-			l.broken = err
-		}
 		l.logger.Error("could not write the agent's state", "kind", r.Kind, "err", err)
+		if sync {
+			l.breakLog(err)
+		}
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}
 	return nil
+}
+
+// breakLog stops the log after a failed sync: the kernel may have dropped
+// what the unsynced records before it held, so none written after it could
+// be trusted on replay. The caller holds mu.
+func (l *ledger) breakLog(err error) {
+	l.broken = err
+	l.logger.Error("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written", "err", err)
+}
+
+// brokenBy is the failed write that broke the log, nil while it records.
+func (l *ledger) brokenBy() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.broken
 }
 
 // commit writes r with the state change makes of the current one, and
@@ -284,33 +299,49 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 		// so that no start redoes an apply that was refused. The kernel may
 		// have dropped unsynced records before it too, so the log is not
 		// trusted until a compaction rewrites the state.
-		l.broken = err
 		l.log.cutBack(start)
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
+		l.breakLog(err)
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}, nil
 }
 
-// endApply closes the apply seq with the state change makes of the current
-// one (which holds whatever else changed meanwhile). An apply that landed
-// brings its tree entries and journal additions (its own record carries
-// them for replay) and its blob. A failed write still adopts the state: the
-// apply is over either way, and its record, counted or not on replay,
-// tells the rest.
-func (l *ledger) endApply(seq uint64, ok, sync bool, landed map[string]*FileAt, journal []journalEntry, resetJournal bool, blob []byte, change func(*agentState)) error {
+// ending is how an apply ends, as its end record says it.
+type ending struct {
+	seq  uint64 // the apply's record
+	ok   bool   // it landed
+	sync bool
+	// An apply that landed: its tree entries and journal additions (its own
+	// record carries them for replay), whether the journal starts afresh,
+	// and its plan blob.
+	landed       map[string]*FileAt
+	journal      []journalEntry
+	resetJournal bool
+	blob         []byte
+	// undo: an undone apply's links made after its record (a runtime
+	// apply's when it fell back to a reload), which the record cannot name:
+	// the end record does, so that recovery finds the bytes it puts back.
+	undo []fileChange
+}
+
+// endApply closes an apply with the state change makes of the current one
+// (which holds whatever else changed meanwhile). A failed write still
+// adopts the state: the apply is over either way, and its record, counted
+// or not on replay, tells the rest.
+func (l *ledger) endApply(e ending, change func(*agentState)) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.applying = false
 	next := l.st.clone()
 	l.changeState(&next, change)
-	r := &logRecord{Kind: recordEnd, End: seq, OK: ok, State: &next, ResetJournal: resetJournal}
-	err := l.write(r, sync)
-	if ok {
-		next.Journal = append(next.Journal, journal...)
-		applyTreeDelta(l.tree, landed)
+	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
+	err := l.write(r, e.sync)
+	if e.ok {
+		next.Journal = append(next.Journal, e.journal...)
+		applyTreeDelta(l.tree, e.landed)
 		l.treeVersion++
-		if blob != nil {
-			l.blob, l.blobSaved = blob, false
+		if e.blob != nil {
+			l.blob, l.blobSaved = e.blob, false
 		}
 	}
 	l.adopt(next, r)
@@ -343,6 +374,9 @@ func (l *ledger) compact() error {
 	if err := l.log.compact(snap); err != nil {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err
+	}
+	if l.broken != nil {
+		l.logger.Info("the agent's state log records again: a new snapshot holds the whole state")
 	}
 	l.broken = nil
 	return nil

@@ -1,8 +1,9 @@
 // Tests of the ledger: what an apply syncs, the log's framing and replay,
 // the decisions (settle, the worker found at a start) as tables, what
 // survives a restart, and the recovery at startup (a corrupt state file, an
-// apply interrupted after or before its writes, a reload left scheduled).
-// The power-loss simulation is in powerloss_test.go.
+// apply interrupted after or before its writes, an open apply killed after
+// its install, a reload left scheduled). The power-loss simulation is in
+// powerloss_test.go.
 
 package haptic
 
@@ -11,11 +12,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -154,6 +158,80 @@ func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 	// The log works again: the next one-entry change is a runtime apply.
 	if res := e.land(t, "plan-4", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}); res.Mode != ResultRuntime {
 		t.Fatalf("the apply after the failure: %+v", res)
+	}
+}
+
+// TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten: the undo record of
+// a refused reload fails its sync once. The kernel may have dropped what the
+// log held unsynced, so the log is broken: the agent says so (an error in
+// its log, /readyz 503 with the reason, the state_log_broken gauge at 1) and
+// refuses the next apply at its record, while the compaction that follows
+// each answer cannot write its snapshot. Once a snapshot is written, the
+// agent is ready again and the apply lands.
+func TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten(t *testing.T) {
+	d := &hookDisk{}
+	logs := newLogCounter(testLogger().Handler())
+	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.MetricsListen, c.Logger = "127.0.0.1:0", slog.New(logs) })
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+
+	var logSyncs, snapshotsRefused atomic.Int32
+	var refuseSnapshots atomic.Bool
+	refuseSnapshots.Store(true)
+	d.setHook(func(op diskOp) error {
+		switch name := filepath.Base(op.Path); {
+		case op.Op != "sync":
+		case op.Path == logPath && logSyncs.Add(1) == 2: // the apply's record, then its undo's
+			return errors.New("injected: the undo record's sync failed")
+		case refuseSnapshots.Load() && strings.HasPrefix(name, strings.TrimSuffix(stateTempPattern, "*")):
+			snapshotsRefused.Add(1)
+			return errors.New("injected: the snapshot's sync failed")
+		}
+		return nil
+	})
+	refused := fs.clone()
+	refused["haproxy.cfg"] += "bogus\n"
+	e.fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = true, failedReloadLog })
+	if res := e.c.apply(reloadManifest(e, "plan-2", refused), refused); res.OK || res.Error == nil || res.Error.Stage != StageReload {
+		t.Fatalf("the refused reload: %+v", res)
+	}
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	code, body := getText(t, e.a, PathReadyz)
+	if code != http.StatusServiceUnavailable || body != "the agent's state log is broken: injected: the undo record's sync failed\n" {
+		t.Fatalf("readyz with a broken log: %d %q", code, body)
+	}
+	waitFor(t, "the compaction after the answer", func() bool { return snapshotsRefused.Load() > 0 })
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_state_log_broken 1\n") {
+		t.Error("the gauge does not say the log is broken")
+	}
+	if logs.count("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written") != 1 {
+		t.Error("the agent did not log that its state log is broken")
+	}
+	next := fs.clone()
+	next["maps/host.map"] += "n.example be-n\n"
+	res := e.c.apply(e.c.manifest("plan-3", next), next)
+	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.HasPrefix(res.Error.Message, errLedgerBroken.Error()+": ") {
+		t.Fatalf("an apply while the log is broken: %+v %+v", res, res.Error)
+	}
+	if !sameSet(e.disk(t), fs) {
+		t.Fatal("an apply refused at its record changed the tree")
+	}
+
+	// The compaction after the next answer writes its snapshot.
+	refuseSnapshots.Store(false)
+	if res := e.c.apply(e.c.manifest("plan-3", next), next); res.OK {
+		t.Fatalf("the log mended before a snapshot was written: %+v", res)
+	}
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_state_log_broken 0\n") {
+		t.Error("the gauge still says the log is broken")
+	}
+	if res := e.c.apply(e.c.manifest("plan-3", next), next); !res.OK {
+		t.Fatalf("the apply after the snapshot: %+v", res)
+	}
+	if logs.count("the agent's state log records again: a new snapshot holds the whole state") != 1 {
+		t.Error("the agent did not log that its state log records again")
 	}
 }
 
@@ -824,6 +902,123 @@ func TestAnInterruptedApplyReloadsWhatIsOnDisk(t *testing.T) {
 	}
 	if st.LKGPlanID != "plan-1" || st.InvariantViolation != "" {
 		t.Errorf("LKG %q invariant %q", st.LKGPlanID, st.InvariantViolation)
+	}
+}
+
+// killOpenApplyAfterInstall runs the crash test's reload apply in an agent
+// child and kills it right after the install: at the first sync of a tree
+// file, which the reload makes while HAProxy loads the set. The apply's
+// record is then the log's last, open and never closed. The child is gone
+// when it returns.
+func killOpenApplyAfterInstall(t *testing.T) *crashEnv {
+	t.Helper()
+	i := slices.IndexFunc(crashKinds(), func(k crashKind) bool { return k.name == "reload" })
+	k := crashKinds()[i]
+	ops := applyOps(t, k)
+	at := 1 + slices.IndexFunc(ops, func(line string) bool {
+		f := strings.Fields(line)
+		return f[1] == "sync" && filepath.Base(f[2]) != logFileName
+	})
+	if at == 0 {
+		t.Fatalf("the reload apply syncs no tree file:\n%s", strings.Join(ops, "\n"))
+	}
+	e := newCrashEnv(t, k)
+	cfg := e.cfg
+	cfg.StopAtOp = at
+	b := startAgentChild(t, cfg)
+	go b.postApply(b.state(t), "plan-2", k.after, k.mode)
+	waitFor(t, "the agent to stop after the install", func() bool {
+		_, err := os.Stat(cfg.StopMarker)
+		return err == nil
+	})
+	b.kill()
+	return e
+}
+
+// TestReplayKeepsTheProofAnUnclosedApplyReserved: an open apply's record
+// counts only once an end record closes it, but the proof it reserved may
+// have been seen (its record reached the disk). After a kill before the
+// end record, the start rolls the apply back and the next apply's proof is
+// above the lost one's.
+func TestReplayKeepsTheProofAnUnclosedApplyReserved(t *testing.T) {
+	e := killOpenApplyAfterInstall(t)
+	raw, err := os.ReadFile(filepath.Join(e.base, logFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	records, _, _, _ := decodeFrames(raw, 0)
+	var lost *logRecord
+	for i := range records {
+		switch r := &records[i]; {
+		case r.Kind == recordApply && r.Open:
+			lost = r
+		case r.Kind == recordEnd && lost != nil && r.End == lost.Seq:
+			t.Fatal("the interrupted apply was closed")
+		}
+	}
+	if lost == nil || lost.State == nil || lost.State.Applied.ID != "plan-2" {
+		t.Fatalf("no open record of plan-2 in the log: %+v", lost)
+	}
+	reserved := lost.State.Applied.Proof
+
+	c := startAgentChild(t, e.cfg)
+	st := c.state(t)
+	if st.AppliedPlanID == "plan-2" {
+		t.Fatalf("the unclosed apply counts after the start: %+v", st)
+	}
+	code, body, err := c.postApply(st, "plan-3", seedFiles(), ModeReload)
+	var res ApplyResult
+	if err != nil || code != http.StatusOK || json.Unmarshal(body, &res) != nil || !res.OK {
+		t.Fatalf("the next apply: %d %v %s", code, err, body)
+	}
+	if proofNumber(res.AppliedPlanProof) <= proofNumber(reserved) {
+		t.Errorf("proof %s issued after the lost apply reserved %s", res.AppliedPlanProof, reserved)
+	}
+}
+
+// TestAnInterruptedOpenApplyReloadsWhenItsUndoCannotBeRead: killed after
+// its install, an open apply leaves its files in the tree; with every
+// place its undo could be read from gone, the start cannot put them back.
+// It still reloads HAProxy onto what is on disk (a worker may hold the
+// killed apply's set, or boot on it), forgets the baseline, says which
+// file it could not restore, and the next push lands.
+func TestAnInterruptedOpenApplyReloadsWhenItsUndoCannotBeRead(t *testing.T) {
+	e := killOpenApplyAfterInstall(t)
+	for _, dir := range []string{storeLinkDir, storeTempDir} {
+		entries, _ := os.ReadDir(filepath.Join(e.base, dir))
+		for _, entry := range entries {
+			if err := os.Remove(filepath.Join(e.base, dir, entry.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reloads := fakeReloads(e.fake)
+
+	c := startAgentChild(t, e.cfg)
+	st := c.state(t)
+	if fakeReloads(e.fake) <= reloads {
+		t.Error("the start did not reload HAProxy")
+	}
+	onDisk := diskSet(t, e.base)
+	if got, want := e.fake.MapEntries("maps/host.map"), ParseMapEntries(onDisk["maps/host.map"]); !slices.Equal(got, want) {
+		t.Errorf("the worker holds %v, the disk %v", got, want)
+	}
+	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.WorkerOpsPlanID != "" {
+		t.Errorf("the start vouches for a tree it could not restore: %+v", st)
+	}
+	said := ""
+	for line := range strings.Lines(c.output.String()) {
+		if strings.Contains(line, "recovery could not put every file back") {
+			said = line
+		}
+	}
+	if !strings.Contains(said, `restore \"haproxy.cfg\": no copy of its bytes`) {
+		t.Errorf("the start did not say what it could not restore:\n%s", c.output.String())
+	}
+	next := seedFiles()
+	if code, body, err := c.postApply(st, "plan-3", next, ModeReload); err != nil || code != http.StatusOK ||
+		!bytes.Contains(body, []byte(`"ok":true`)) || !sameSet(diskSet(t, e.base), next) {
+		t.Errorf("the next push: %d %v %s", code, err, body)
 	}
 }
 

@@ -77,6 +77,8 @@ type logRecord struct {
 	// An apply's files, how they looked before it, and the journal entries
 	// it added. An open apply counts only once an end record with ok
 	// closes it; any other counts unless an end record without ok does.
+	// The end record of an undone apply names the links it made after its
+	// record.
 	Files   []fileChange   `json:"files,omitempty"`
 	Journal []journalEntry `json:"journal,omitempty"` // a snapshot's whole journal
 	Open    bool           `json:"open,omitempty"`
@@ -314,8 +316,10 @@ func (l *loadedLog) replay(records []logRecord) {
 			l.st.raiseNumbers(stateOf(r))
 			continue
 		}
-		if r.Kind == recordApply {
+		if r.Kind == recordApply || r.Kind == recordEnd {
 			l.index(r, seen)
+		}
+		if r.Kind == recordApply {
 			l.reload = l.reload || !closed[r.Seq] && r.Open
 			if !counts[r.Seq] {
 				l.st.ProofGeneration = max(l.st.ProofGeneration, r.State.ProofGeneration)

@@ -1,5 +1,5 @@
-// This file owns the agent's metrics: the counters and gauges every part of
-// the agent updates, and their Prometheus text exposition (format 0.0.4),
+// This file owns the agent's metrics: the counters and the gauges every part
+// of the agent updates, and their Prometheus text exposition (format 0.0.4),
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
 //
@@ -43,9 +43,10 @@ type agentMetrics struct {
 	opErrors            *metricFamily // label kind
 	mapDivergence       *metricFamily // no label
 	generation          *metricFamily // a gauge
-	diskBehind          *metricFamily // a gauge
 	authFailures        *metricFamily // label scheme
 	connsRefused        *metricFamily // label listener
+	stateLogBroken      *metricFamily // a gauge, 0 or 1
+	diskBehind          *metricFamily // a gauge, 0 or 1
 
 	// families is the exposition order, fixed so that two scrapes of one
 	// agent, or of two agents, diff line by line.
@@ -95,8 +96,6 @@ func newAgentMetrics() *agentMetrics {
 			nil),
 		generation: newGauge("haptic_agent_generation",
 			"The apply generation of the state the agent serves."),
-		diskBehind: newGauge("haptic_agent_disk_behind",
-			"1 while the tree does not hold files the agent answered for: installing them after the answer failed, and is retried."),
 		authFailures: newCounterVec("haptic_agent_auth_failures_total",
 			"Requests to the API that failed authentication, by scheme.",
 			[]string{"scheme"},
@@ -105,12 +104,16 @@ func newAgentMetrics() *agentMetrics {
 			"Connections closed at once because their listener held its cap of connections, by listener.",
 			[]string{"listener"},
 			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
+		stateLogBroken: newGauge("haptic_agent_state_log_broken",
+			"1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise."),
+		diskBehind: newGauge("haptic_agent_disk_behind",
+			"1 while the tree does not hold files the agent answered for: installing them after the answer failed, and is retried."),
 	}
 	// The agent's own additions follow the contract's families.
 	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures, m.connsRefused, m.diskBehind,
+		m.authFailures, m.connsRefused, m.stateLogBroken, m.diskBehind,
 	}
 	return m
 }

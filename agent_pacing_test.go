@@ -13,7 +13,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"mime/multipart"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -355,96 +354,41 @@ func TestAScheduledReloadCoalescesAndRunsInPlaceOps(t *testing.T) {
 	}
 }
 
-// heldBody streams a multipart request: the manifest and the header of the
-// first file part go out at once, so the agent reads the manifest and
-// fences; the file contents go out only when release is called.
-type heldBody struct {
-	pw      *io.PipeWriter
-	mw      *multipart.Writer
-	first   io.Writer
-	fs      fileSet
-	answer  chan ApplyResult
-	rawResp chan string
-}
-
-func holdApply(t testing.TB, c *agentClient, m *Manifest, fs fileSet) *heldBody {
-	t.Helper()
-	pr, pw := io.Pipe()
-	h := &heldBody{pw: pw, mw: multipart.NewWriter(pw), fs: fs, answer: make(chan ApplyResult, 1), rawResp: make(chan string, 1)}
-	req, _ := http.NewRequest("POST", c.base+PathApply, pr)
-	req.Header.Set("Content-Type", h.mw.FormDataContentType())
-	req.SetBasicAuth(c.user, c.pass)
-	go func() {
-		resp, err := c.hc.Do(req)
-		if err != nil {
-			h.rawResp <- err.Error()
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		var res ApplyResult
-		json.Unmarshal(b, &res)
-		h.answer <- res
-		h.rawResp <- fmt.Sprintf("%d %s", resp.StatusCode, b)
-	}()
-	b, _ := json.Marshal(m)
-	w, _ := h.mw.CreateFormField(PartManifest)
-	w.Write(b)
-	first := fs.paths()[0]
-	h.first, _ = h.mw.CreateFormFile(first, first)
-	return h
-}
-
-func (h *heldBody) release() {
-	paths := h.fs.paths()
-	io.WriteString(h.first, h.fs[paths[0]])
-	for _, p := range paths[1:] {
-		w, _ := h.mw.CreateFormFile(p, p)
-		io.WriteString(w, h.fs[p])
-	}
-	h.mw.Close()
-	h.pw.Close()
-}
-
-// TestAnInvalidationDuringTheUploadFencesTheApply: a verified read adopts
-// a new worker while an apply's parts are on their way. The fence, checked
-// again under the apply lock once the parts are in, refuses the apply
-// (unknown_baseline): its in-place op never reaches the worker, and nothing
-// reloads.
-func TestAnInvalidationDuringTheUploadFencesTheApply(t *testing.T) {
-	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, nil)
+// TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod: a worker check
+// (a verified read's, which does not wait for the apply lock) invalidates
+// the baseline after the fence passed, while the apply installs its files.
+// The in-place op is then not run: the apply stays scheduled, reports the
+// stale baseline at stage in_place, lands no plan, and causes no second
+// reload.
+func TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute })
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
 	fs2["haproxy.cfg"] += "# 2\n"
 	e.c.apply(reloadManifest(e, "plan-2", fs2), fs2)
-	var reloads int
-	e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
+	reloads := fakeReloads(e.fake)
 
 	fs3 := fs2.clone()
 	fs3["maps/host.map"] += "s.example be-s\n"
 	m := e.c.manifest("plan-3", fs3)
 	m.InPlaceOps, m.WorkerOpsPlanID = []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "s.example", Value: "be-s"}}, "plan-3w"
-	h := holdApply(t, e.c, m, fs3)
-	time.Sleep(300 * time.Millisecond) // the first fence has passed; the agent waits for the parts
-	newWorker(e.fake, false)
-	if st := newAgentClient(t, e.a).state("?verify=1"); st.WorkerOpsPlanID != "" {
-		t.Fatalf("the verified read did not invalidate: %+v", st)
-	}
-	h.release()
-	select {
-	case raw := <-h.rawResp:
-		if !strings.HasPrefix(raw, "409 ") || !strings.Contains(raw, `"reason":"`+ReasonUnknownBaseline+`"`) {
-			t.Fatalf("answer %s", raw)
+	var once sync.Once
+	d.setHook(func(op diskOp) error {
+		if op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
+			once.Do(func() { e.a.led.invalidate(false) })
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no answer")
-	}
-	e.fake.With(func(m *FakeModel) {
-		if m.Reloads != reloads {
-			t.Errorf("a reload: %d → %d", reloads, m.Reloads)
-		}
+		return nil
 	})
+	res := e.c.apply(m, fs3)
+	if !res.OK || res.Mode != ResultScheduled || res.Error == nil || res.Error.Stage != StageInPlace ||
+		res.Error.Message != msgInPlaceStale || res.AppliedPlanID != "" {
+		t.Errorf("%+v %+v", res, res.Error)
+	}
+	if n := fakeReloads(e.fake); n != reloads {
+		t.Errorf("a second reload: %d → %d", reloads, n)
+	}
 	for _, cmd := range e.fake.Sent() {
 		if strings.HasPrefix(cmd, "add map") {
 			t.Errorf("the in-place op was sent: %q", cmd)
@@ -933,7 +877,8 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	want := []string{"haptic_agent_apply_total", "haptic_agent_apply_rejected_total", "haptic_agent_invariant_violations_total",
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
-		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_disk_behind"}
+		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_state_log_broken",
+		"haptic_agent_disk_behind"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {
@@ -961,6 +906,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 		"haptic_agent_generation":                                      2,
 		"haptic_agent_deferred_deletes_total,kind=server,outcome=done": 0,
 		"haptic_agent_invariant_violations_total,name=recovery_reload": 0,
+		"haptic_agent_state_log_broken":                                0,
 	} {
 		if got, ok := values[key]; !ok || got != v {
 			t.Errorf("%s = %d (present %v), want %d", key, got, ok, v)

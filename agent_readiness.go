@@ -1,8 +1,9 @@
 // This file owns whether the agent can reach HAProxy right now, as opposed
 // to whether it has finished starting (Ready): what it is waiting for
 // while HAProxy is not there yet, the monitor that watches both sockets
-// once it is, and the answers that depend on it (GET /readyz, a state read
-// before initialisation, a verified state read).
+// once it is, and the answers that depend on it (GET /readyz, which also
+// reports a broken state log, a state read before initialisation, a
+// verified state read).
 
 package haptic
 
@@ -124,17 +125,21 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 
 // handleReadyz answers 200 "ready" once initialised while HAProxy answers,
 // 503 "initialising" before, and 503 with the reason when HAProxy went away
-// after startup, or while the tree does not hold files the agent answered
-// for: a pod whose HAProxy is gone, or whose disk lags its answers, must
-// leave the load balancer and be seen, whatever its agent last applied.
+// after startup: a pod whose HAProxy is gone must leave the load balancer
+// and be seen, whatever its agent last applied. So must one whose state log
+// is broken (its agent refuses every apply until a new snapshot is written:
+// the compaction that follows an apply's answer), and one whose tree does
+// not hold files its agent answered for.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	_, lost := a.haproxy.get()
-	behind := a.led.diskBehind()
+	broken, behind := a.led.brokenBy(), a.led.diskBehind()
 	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
 	case lost != "":
 		writeText(w, http.StatusServiceUnavailable, "haproxy unreachable: "+lost)
+	case broken != nil:
+		writeText(w, http.StatusServiceUnavailable, "the agent's state log is broken: "+broken.Error())
 	case behind != nil:
 		writeText(w, http.StatusServiceUnavailable, msgDiskBehind+": "+behind.Error())
 	default:

@@ -390,15 +390,15 @@ func judgeLine(raw []byte, cmds []command) lineVerdict {
 	var unknown error
 	first := len(cmds)
 	switch {
-	case n > k:
+	case n > k, n == k && partial:
+		// A tail past the last command's response, whole or cut off, is
+		// no command's: the reply cannot be matched to the line.
 		unknown, first = fmt.Errorf("%w: more responses than commands", errUnreadableResponse), 0
 	case n < k || partial:
 		unknown, first = fmt.Errorf("%w: incomplete reply", errUnreadableResponse), max(n-2, 0)
 	}
 	for i := first; i < len(cmds); i++ {
-		if v.Errs[i] == nil {
-			v.Errs[i] = unknown
-		}
+		v.Errs[i] = unknown // whatever a segment past the last whole response said
 	}
 	return v
 }

@@ -289,32 +289,37 @@ func TestCountResponses(t *testing.T) {
 	}
 }
 
+// TestJudgeLineTreatsAnIncompleteReplyAsUnknown: a reply is judged by its
+// responses only when it holds exactly one whole response per command.
+// Commands past the last whole response are outcome unknown, and a reply
+// with more than that (a whole extra response, or every response whole and
+// a cut-off tail) belongs to no command: every one of its commands is
+// unknown, whatever its segments say.
 func TestJudgeLineTreatsAnIncompleteReplyAsUnknown(t *testing.T) {
 	cmds := []command{{Text: "disable server a/s1"}, {Text: "disable server a/s2"}, {Text: "disable server a/s3"}}
-	// Cut after the prefix responses and the first command's.
-	v := judgeLine([]byte("\n\n\n"), cmds)
-	if v.Errs[0] != nil {
-		t.Errorf("answered command: %v", v.Errs[0])
-	}
-	for i := 1; i < 3; i++ {
-		if !errors.Is(v.Errs[i], errUnreadableResponse) || !strings.Contains(v.Errs[i].Error(), "incomplete reply") {
-			t.Errorf("command %d after the cut: %v", i, v.Errs[i])
-		}
-	}
-	// Cut inside the prefix: nothing is known.
-	v = judgeLine([]byte("\n"), cmds)
-	for i, err := range v.Errs {
-		if !errors.Is(err, errUnreadableResponse) {
-			t.Errorf("command %d: %v", i, err)
-		}
-	}
-	// "Too big" ends in one '\n': a partial tail, never success.
-	v = judgeLine([]byte("\n\n\n[3]: The command is too big for the buffer size.\n"), cmds)
-	if v.Errs[0] == nil && v.Errs[1] == nil {
-		t.Error("too big read as success")
-	}
-	if v.Errs[2] == nil {
-		t.Error("command after too big read as success")
+	U := errUnreadableResponse
+	for _, tc := range []struct {
+		name string
+		raw  string
+		want []error
+		says string // what the unknown verdicts say
+	}{
+		{"cut after the prefix responses and the first command's", "\n\n\n", []error{nil, U, U}, "incomplete reply"},
+		{"cut inside the prefix", "\n", []error{U, U, U}, "incomplete reply"},
+		// "Too big" ends in one '\n': a partial tail, never success.
+		{"too big", "\n\n\n[3]: The command is too big for the buffer size.\n", []error{errRejected, U, U}, ""},
+		{"a whole extra response", "\n\n\n\n\n\n", []error{U, U, U}, "more responses than commands"},
+		{"every response whole and a cut-off tail", "\n\n\n\n\n[3]: No such ser", []error{U, U, U}, "more responses than commands"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := judgeLine([]byte(tc.raw), cmds)
+			for i, want := range tc.want {
+				if err := v.Errs[i]; !errors.Is(err, want) || want == nil && err != nil ||
+					want == U && tc.says != "" && !strings.Contains(err.Error(), tc.says) {
+					t.Errorf("command %d: %v, want %v (%s)", i, err, want, tc.says)
+				}
+			}
+		})
 	}
 }
 
@@ -1058,6 +1063,32 @@ func TestExecuteTreatsACutReplyAsUnknown(t *testing.T) {
 	}
 	if _, ok := tg.fake.Server("be-a", "cut"); !ok {
 		t.Error("the command did not land in the model")
+	}
+}
+
+// TestExecuteTreatsATailPastTheLastResponseAsUnknown: the fake refuses the
+// second command of a line with a message of two paragraphs, and the
+// connection is cut inside the second: the reply holds one whole response
+// per command and a cut-off tail. Which command the refusal belongs to
+// cannot be read from it, so neither op is judged, not even the first,
+// whose silent success the refusal's first paragraph would otherwise be
+// taken for.
+func TestExecuteTreatsATailPastTheLastResponseAsUnknown(t *testing.T) {
+	tg := fakeTarget(t, "")
+	r := tg.newRuntime(t, nil)
+	const refusal = "the first paragraph\n\nthe second paragraph"
+	tg.fake.With(func(m *FakeModel) {
+		m.Reject = func(cmd string) (string, bool) { return refusal, cmd == "disable server be-a/srv2" }
+		// The prefix and the first disable answer silently: "\n" each.
+		whole := len("\n\n\n[3]: " + refusal + "\n\n")
+		m.CutReply = func(line string) (int, bool) { return whole - 4, strings.Contains(line, "be-a/srv2") }
+	})
+	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{
+		{Kind: OpServerDisable, Backend: "be-a", Server: "srv1"},
+		{Kind: OpServerDisable, Backend: "be-a", Server: "srv2"},
+	}, nil), nil)
+	if !errors.Is(err, errUnreadableResponse) || errors.Is(err, errRejected) || len(results) != 2 || results[0].OK || results[1].OK {
+		t.Fatalf("err = %v, results %+v", err, results)
 	}
 }
 

@@ -15,6 +15,7 @@
 package haptic
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -22,11 +23,13 @@ import (
 	"io"
 	"log/slog"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -316,6 +319,12 @@ type crashKind struct {
 	// must put back exactly the tree it found: the warmup's answered
 	// runtime change included, at every crash point.
 	refused bool
+	// rejectOps: HAProxy refuses the apply's runtime ops, then the reload
+	// the agent falls back to, and loads the tree the undo puts back. The
+	// apply fails after its files were installed, and its record counted
+	// from its sync: a crash before the undo began may redo it, one after
+	// must find the tree it found.
+	rejectOps bool
 	// patched: every file of more than maxInlineBytes the apply changes
 	// travels as a patch of its bytes before, which the record carries
 	// instead of the file.
@@ -374,6 +383,11 @@ func crashKinds() []crashKind {
 	bigBefore["maps/host.map"] = big.String()
 	bigAfter := bigBefore.clone()
 	bigAfter["maps/host.map"] = strings.Replace(big.String(), "host-01500.example.com be-a\n", "host-01500.example.com be-a\nbig.example.com be-b\n", 1)
+	bigWhole := bigAfter.clone()
+	bigWhole["errors/big.http"] = "HTTP/1.0 503 big\r\n\r\n" + strings.Repeat("<!-- padding -->\n", 5000)
+	refused := second.clone()
+	refused["errors/503.http"] = "HTTP/1.0 503 refused\r\n\r\n"
+	refused["errors/504.http"] = "HTTP/1.0 504 refused\r\n\r\n"
 	return []crashKind{
 		{name: "runtime", before: before, after: runtime, mode: ModeAuto,
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
@@ -386,6 +400,13 @@ func crashKinds() []crashKind {
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
 		{name: "refused_after_runtime", landed: before, before: runtime, after: reload, mode: ModeReload, wantMode: ResultRejected,
 			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, refused: true},
+		// Every part larger than what rides in the record: the changed map
+		// and a new file, staged whole in synced temp files.
+		{name: "big_whole_parts", before: bigBefore, after: bigWhole, mode: ModeAuto,
+			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
+		{name: "refused_runtime", landed: before, before: runtime, after: refused, mode: ModeAuto, wantMode: ResultRejected,
+			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
+			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, refused: true, rejectOps: true},
 	}
 }
 
@@ -401,9 +422,101 @@ func mountedCrashKinds() []crashKind {
 	return out
 }
 
+// haproxyRefuses arms (on) or disarms HAProxy's refusals of the kind's
+// apply: its reload, or its ops and the one reload they fall back to.
+func (k crashKind) haproxyRefuses(fake *FakeHAProxy, master *refusingMaster, on bool) {
+	fake.With(func(m *FakeModel) {
+		m.ReloadFails, m.Reject = on && k.refused && !k.rejectOps, nil
+		if on && k.rejectOps {
+			m.Reject = func(cmd string) (string, bool) {
+				return "Unknown map identifier. Please use #<id> or <file>.", strings.HasPrefix(cmd, "add map")
+			}
+		}
+	})
+	if k.rejectOps {
+		master.refuseNext(boolInt(on))
+	}
+}
+
+// refusingMaster stands between the agent and the fake's master socket. It
+// relays every command, except that it answers the reloads it is told to
+// refuse as HAProxy refuses a configuration it cannot load, without passing
+// them on: so a test can refuse one reload and let the next through.
+type refusingMaster struct {
+	path    string
+	refused atomic.Int32 // the reloads refused so far
+
+	mu       sync.Mutex
+	left     int    // reloads still to refuse
+	onRefuse func() // runs just before a refusal is answered
+}
+
+func newRefusingMaster(t testing.TB, fake *FakeHAProxy) *refusingMaster {
+	t.Helper()
+	m := &refusingMaster{path: filepath.Join(shortTempDir(t), "master.sock")}
+	ln, err := net.Listen("unix", m.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go m.serve(conn, fake.MasterSocket())
+		}
+	}()
+	return m
+}
+
+func (m *refusingMaster) refuseNext(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.left = n
+}
+
+func (m *refusingMaster) whenRefusing(f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.onRefuse = f
+}
+
+// serve answers one connection: one command, then the reply. A connection
+// that sends nothing (a probe) is closed.
+func (m *refusingMaster) serve(conn net.Conn, upstream string) {
+	defer conn.Close()
+	line, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		return
+	}
+	m.mu.Lock()
+	refuse, note := line == "reload;quit\n" && m.left > 0, m.onRefuse
+	if refuse {
+		m.left--
+	}
+	m.mu.Unlock()
+	if refuse {
+		if note != nil {
+			note()
+		}
+		m.refused.Add(1)
+		io.WriteString(conn, "Success=0\n--\n"+failedReloadLog+"\n\n")
+		return
+	}
+	up, err := net.Dial("unix", upstream)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	io.WriteString(up, line)
+	io.Copy(conn, up)
+}
+
 // TestCrashBetweenAnyTwoFileOperations kills the agent at every file
-// operation of a runtime, a file_only and a reload apply, and after the
-// answer, and checks what the restarted agent holds.
+// operation of each kind of apply crashKinds lists, and after the answer,
+// and checks what the restarted agent holds.
 func TestCrashBetweenAnyTwoFileOperations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three agent processes per file operation of three applies")
@@ -430,7 +543,7 @@ func TestCrashBetweenAnyTwoFileOperationsOnMounts(t *testing.T) {
 }
 
 func crashAtEveryOp(t *testing.T, k crashKind) {
-	n := countApplyOps(t, k)
+	n := len(applyOps(t, k))
 	if n < 4 {
 		t.Fatalf("the %s apply made %d file operations; the stop hook sees nothing", k.name, n)
 	}
@@ -442,9 +555,10 @@ func crashAtEveryOp(t *testing.T, k crashKind) {
 // crashEnv is one case's fake HAProxy and base directory, with the set
 // before landed by a first child that was then killed idle.
 type crashEnv struct {
-	fake *FakeHAProxy
-	cfg  agentChildConfig
-	base string
+	fake   *FakeHAProxy
+	master *refusingMaster // the kind's master socket when it rejects ops, else nil
+	cfg    agentChildConfig
+	base   string
 }
 
 func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
@@ -457,10 +571,15 @@ func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 	dir := t.TempDir()
 	cfg := agentChildConfig{BaseDir: base, MasterSocket: fake.MasterSocket(), WorkerSocket: fake.WorkerSocket(),
 		AddrFile: filepath.Join(dir, "addr"), StopMarker: filepath.Join(dir, "stopped")}
+	var master *refusingMaster
+	if k.rejectOps {
+		master = newRefusingMaster(t, fake)
+		cfg.MasterSocket = master.path
+	}
 	a := startAgentChild(t, cfg)
 	k.landBefore(t, a.state, a.postApply)
 	a.kill()
-	return &crashEnv{fake: fake, cfg: cfg, base: base}
+	return &crashEnv{fake: fake, master: master, cfg: cfg, base: base}
 }
 
 // landBefore brings an agent to the set before: a reload, and the warmup's
@@ -484,16 +603,16 @@ func (k crashKind) landBefore(t testing.TB, state func(testing.TB) *State, post 
 	}
 }
 
-// countApplyOps runs the apply once, to its end, and counts its file
-// operations.
-func countApplyOps(t *testing.T, k crashKind) int {
+// applyOps runs the apply once, to its end, and lists its file
+// operations, one "number op path" line each.
+func applyOps(t *testing.T, k crashKind) []string {
 	e := newCrashEnv(t, k)
 	cfg := e.cfg
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
 	b := startAgentChild(t, cfg)
-	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
+	k.haproxyRefuses(e.fake, e.master, true)
 	code, body, err := b.postPatched(b.state(t), "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
-	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	k.haproxyRefuses(e.fake, e.master, false)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the apply: %d %v %s", code, err, body)
 	}
@@ -502,10 +621,9 @@ func countApplyOps(t *testing.T, k crashKind) int {
 		t.Fatalf("the apply: %s", body)
 	}
 	b.awaitQuiet(t)
-	raw, _ := os.ReadFile(cfg.OpsLog)
-	ops := strings.Split(strings.TrimSpace(string(raw)), "\n")
-	t.Logf("%s apply: %d file operations\n%s", k.name, len(ops), raw)
-	return len(ops)
+	ops := opsLogged(cfg.OpsLog)
+	t.Logf("%s apply: %d file operations\n%s", k.name, len(ops), strings.Join(ops, "\n"))
+	return ops
 }
 
 // runCrashAt interrupts the apply at its at-th file operation (or, past
@@ -514,9 +632,17 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	e := newCrashEnv(t, k)
 	cfgB := e.cfg
 	cfgB.StopAtOp = at
+	cfgB.OpsLog = filepath.Join(t.TempDir(), "ops")
+	// The undo of a refused runtime apply begins with the first change of
+	// the tree after HAProxy's refusal, the ops performed then being logged.
+	var refusedAfterOps atomic.Int32
+	refusedAfterOps.Store(-1)
+	if e.master != nil {
+		e.master.whenRefusing(func() { refusedAfterOps.Store(int32(len(opsLogged(cfgB.OpsLog)))) })
+	}
 	b := startAgentChild(t, cfgB)
 	before := b.state(t)
-	e.fake.With(func(m *FakeModel) { m.ReloadFails = k.refused })
+	k.haproxyRefuses(e.fake, e.master, true)
 	answered := make(chan ApplyResult, 1)
 	go func() {
 		code, body, err := b.postPatched(before, "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
@@ -549,7 +675,11 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	}
 	stoppedAt, _ := os.ReadFile(e.cfg.StopMarker)
 	b.kill()
-	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
+	k.haproxyRefuses(e.fake, e.master, false)
+	undoing := refusedAfterOps.Load() >= 0 && slices.ContainsFunc(opsLogged(cfgB.OpsLog)[refusedAfterOps.Load():], func(op string) bool {
+		f := strings.Fields(op)
+		return changesTheTree(e.base, diskOp{Op: f[1], Path: f[2]})
+	})
 
 	c := startAgentChild(t, e.cfg)
 	got := diskSet(t, e.base)
@@ -559,8 +689,8 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	if !isBefore && !isAfter {
 		t.Fatalf("stopped at %q: the tree is a mix: %v", stoppedAt, got)
 	}
-	if k.refused && !isBefore {
-		t.Fatalf("stopped at %q: the refused apply's files stayed, or its undo took an answered change back: %v", stoppedAt, got)
+	if k.mustFindTheSetBefore(undoing) && (!isBefore || slices.Contains([]string{st.AppliedPlanID, st.RunningPlanID, st.WorkerOpsPlanID}, "plan-2")) {
+		t.Fatalf("stopped at %q: the refused apply's files or pairs stayed, or its undo took an answered change back: %v %+v", stoppedAt, got, st)
 	}
 	// Requirement 2: a named plan's files are on disk.
 	switch st.AppliedPlanID {
@@ -601,6 +731,28 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	if got := diskSet(t, e.base); !sameSet(got, next) {
 		t.Fatalf("after the next apply the tree is %v", got)
 	}
+}
+
+// mustFindTheSetBefore reports whether a crash now must find the tree and
+// the pairs from before the apply, undoing being whether its undo has
+// begun to change the tree back: a refused reload apply never counts (its
+// record is open), a runtime apply whose ops and fallback reload HAProxy
+// refused counts from its record until its undo begins.
+func (k crashKind) mustFindTheSetBefore(undoing bool) bool {
+	return k.refused && (!k.rejectOps || undoing)
+}
+
+// changesTheTree reports whether op renames, links or removes a path of
+// the tree, not of the agent's own dot-prefixed files.
+func changesTheTree(base string, op diskOp) bool {
+	rel, err := filepath.Rel(base, op.Path)
+	return err == nil && !strings.HasPrefix(rel, ".") && slices.Contains([]string{"rename", "exchange", "link", "remove"}, op.Op)
+}
+
+// opsLogged reads the child's ops log: one "number op path" line each.
+func opsLogged(path string) []string {
+	raw, _ := os.ReadFile(path)
+	return strings.Split(strings.TrimSpace(string(raw)), "\n")
 }
 
 // proofNumber reads n from an agent proof "a:<n>".

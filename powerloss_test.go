@@ -1,10 +1,11 @@
 // The machine-crash simulation: an agent runs its applies on the recording
-// disk of memdisk_test.go, and before every file operation of a runtime, a
-// file_only, a reload and a refused apply, and of the compaction that
-// follows it (and after the last), the disk images a power loss could leave
-// there are forked. On each image a ledger and a file
-// store start afresh and recover, exactly as a restarting agent does, and
-// the four requirements of the agent's durability are checked:
+// disk of memdisk_test.go, and before every file operation of each kind of
+// apply the crash test interrupts (runtime, file_only, reload, large parts
+// whole or patched, refused), and of the compaction that follows it (and
+// after the last), the disk images a power loss could leave there are
+// forked. On each image a ledger and a file store start afresh and recover,
+// exactly as a restarting agent does, and the four requirements of the
+// agent's durability are checked:
 //
 //  1. the tree is the set before the apply or the apply's set, never a mix;
 //  2. a plan the state names has its files on disk;
@@ -13,9 +14,10 @@
 //  4. the generation and the proof counter never fall below what the agent
 //     may have reported;
 //
-// and, for the worker, that a recovery which changed the tree asks HAProxy
-// to reload it: after a power loss HAProxy may boot before the agent and
-// load what the recovery then changes.
+// and that a refused apply, once its undo began, left the tree and the
+// pairs it found; and, for the worker, that a recovery which changed the
+// tree asks HAProxy to reload it: after a power loss HAProxy may boot
+// before the agent and load what the recovery then changes.
 //
 // HAPTIC_POWERLOSS=1 forks up to maxCrashImages images per operation
 // instead of the quick run's few.
@@ -189,6 +191,11 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	})
 	cfg := testAgentConfig(t, fake)
 	cfg.BaseDir = base
+	var master *refusingMaster
+	if k.rejectOps {
+		master = newRefusingMaster(t, fake)
+		cfg.MasterSocket = master.path
+	}
 	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd, mountInfo: mountInfo}, nil, true)
 	c := newAgentClient(t, a)
 	if k.warmup == nil {
@@ -211,17 +218,21 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 
 	// Fork images before every operation of the apply, and check each on
 	// the spot. Once the commit record is synced, the apply counts as
-	// answered.
+	// answered, unless HAProxy refuses it; a refused runtime apply's undo
+	// begins with the first change of the tree after the refusal.
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(1, uint64(len(k.name))))
 	seen := map[string]bool{}
-	var committed, acked atomic.Bool
+	var committed, acked, undoing atomic.Bool
 	var ops, images int
 	var failures []string
 	check := func(op diskOp) {
 		mu.Lock()
 		defer mu.Unlock()
 		ops++
+		if master != nil && master.refused.Load() > 0 && changesTheTree(base, op) {
+			undoing.Store(true)
+		}
 		for _, img := range md.crashImages(perOp, rng) {
 			key := img.canonical()
 			if seen[key] {
@@ -229,14 +240,14 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 			}
 			seen[key] = true
 			images++
-			if msg := checkRecovery(img, cfg, mountInfo, k, before.gen, before.proof, acked.Load()); msg != "" && len(failures) < 10 {
+			if msg := checkRecovery(img, cfg, mountInfo, k, before.gen, before.proof, acked.Load(), k.mustFindTheSetBefore(undoing.Load())); msg != "" && len(failures) < 10 {
 				failures = append(failures, fmt.Sprintf("before %s %s (op %d): %s", op.Op, op.Path, ops, msg))
 			}
 		}
 		switch {
 		case op.Op == "write-commit":
 			committed.Store(true)
-		case op.Op == "sync" && committed.Load():
+		case op.Op == "sync" && committed.Load() && !k.refused:
 			acked.Store(true)
 		}
 	}
@@ -249,13 +260,13 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	fd.before = check
 	m := c.manifestFrom(c.state(""), "plan-2", k.after, k.ops...)
 	m.Mode = k.mode
-	fake.With(func(fm *FakeModel) { fm.ReloadFails = k.refused })
+	k.haproxyRefuses(fake, master, true)
 	code, body := c.post(applyRequest{manifest: m, files: k.after, override: patchesFor(m, k.patchBase(), k.after)})
 	var res ApplyResult
 	if code != 200 || json.Unmarshal(body, &res) != nil {
 		t.Fatalf("the apply: %d %s", code, body)
 	}
-	fake.With(func(fm *FakeModel) { fm.ReloadFails = false })
+	k.haproxyRefuses(fake, master, false)
 	a.reads.wg.Wait()
 	// A compaction right after the answer: its snapshot must be durable
 	// before the log it replaces is emptied, and the links it sweeps must
@@ -281,8 +292,9 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 
 // checkRecovery recovers a fresh ledger and file store on img, as a
 // restarting agent does before it probes HAProxy, and checks the four
-// requirements. It returns what failed, or "".
-func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind, genBefore, proofBefore uint64, acked bool) string {
+// requirements, and with refused that the refused apply left the tree and
+// the pairs it found. It returns what failed, or "".
+func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind, genBefore, proofBefore uint64, acked, refused bool) string {
 	logger := testLogger()
 	paths, err := resolveAgentPaths(&cfg)
 	if err != nil {
@@ -327,8 +339,10 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.Applied.ID)
 	case acked && !isAfter:
 		return "an ACK taken back: the answered apply's files are not on disk"
-	case k.refused && !isBefore:
+	case refused && !isBefore:
 		return "the refused apply's files stayed, or its undo took an answered change back"
+	case refused && slices.Contains([]string{st.Applied.ID, st.Running.ID, st.WorkerOps.ID, st.LKG.ID}, "plan-2"):
+		return fmt.Sprintf("the refused apply's pairs stayed: applied %q, running %q, worker ops %q, lkg %q", st.Applied.ID, st.Running.ID, st.WorkerOps.ID, st.LKG.ID)
 	case st.Generation < genBefore || (acked && st.Generation < genBefore+1):
 		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
 	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):
