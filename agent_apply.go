@@ -65,8 +65,9 @@ type applyDeps struct {
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
 	// owed is what the disk owes the recorded tree, until a retry puts it
-	// in place. Guarded by applyMu.
-	owed *owedTree
+	// in place; retrying: the retry loop runs. Guarded by applyMu.
+	owed     *owedTree
+	retrying bool
 	// readBack starts the background check of a runtime apply; pokePacer
 	// wakes the pacer once a reload is scheduled; ctx is the agent's
 	// context, which ends when it stops.
@@ -138,9 +139,6 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		unpatched: map[string]bool{}, respond: respond}
 	defer run.discardStaged()
 	respond(run.admit(mr))
-	a.deps.applyMu.Lock()
-	defer a.deps.applyMu.Unlock()
-	a.deps.compactIfDue()
 }
 
 // stallGuard ends an upload that makes no progress, and one that takes
@@ -362,6 +360,12 @@ type applyRun struct {
 	refused bool
 	// respond writes the answer once; later calls do nothing.
 	respond func(code int, body any)
+	// open: its record counts only once a second record closes it ok.
+	open bool
+	// unknown: the disk refused the record of its undo, and its own record
+	// may count at the next start: its outcome is not known until the
+	// agent can write again.
+	unknown error
 }
 
 func (run *applyRun) discardStaged() {
@@ -397,7 +401,7 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	defer run.applyMu.Unlock()
 	admitStart := run.now()
 	if err := run.payOwed(run.ctx); err != nil {
-		return http.StatusServiceUnavailable, ApplyError{Stage: StageWrite, Message: msgDiskBehind + ": " + err.Error()}
+		return http.StatusServiceUnavailable, ApplyError{Stage: StageWrite, Message: err.Error()}
 	}
 	if code, body := run.fence(); code != 0 {
 		return code, body
@@ -434,12 +438,29 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 		run.nack = knownBad{key: key, work: work, until: run.now().Add(nackTTL), result: cloneResult(result)}
 		run.nack.result.Inventory = nil // an inventory delta rides one answer only
 	}
+	// The answer goes out before a compaction the apply made due: it must
+	// not wait for a snapshot.
+	if run.unknown != nil {
+		run.respond(http.StatusServiceUnavailable, ApplyError{Stage: result.Error.Stage,
+			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, result.Error.Message, run.unknown)})
+	}
+	run.respond(http.StatusOK, result)
+	run.compactIfDue()
 	return http.StatusOK, result
 }
 
 // msgDiskBehind prefixes the refusal of an apply, and readiness, while the
-// tree does not hold the files of an apply the agent answered.
-const msgDiskBehind = "the agent's disk does not hold the files it answered for yet"
+// tree is not what the agent's state says (an install after the answer, an
+// undo or a recovery could not write it) and the agent retries.
+const msgDiskBehind = "the agent's tree is not yet what its state says"
+
+// msgLogBroken prefixes the refusal of an apply, and readiness, while the
+// state log is broken.
+const msgLogBroken = "the agent's state log is broken"
+
+// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
+// disk would not record.
+const msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"
 
 // fence applies the fencing rules to the state as it stands: 0, or the 409
 // of a fenced apply.

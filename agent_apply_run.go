@@ -82,6 +82,7 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 	if !run.id.revert {
 		run.dels = deletions(tree, run.m.Files)
 	}
+	run.open = s.open
 	early := s.act == activateOps || s.act == activateNothing
 	if err := run.describe(st, tree, !early); err != nil {
 		stage := StageBackup
@@ -106,7 +107,11 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 	}
 	opsRan := ops != nil && ops.ran
 	if err := durable(); err != nil {
-		// Nothing was renamed: only the worker may hold this apply.
+		// Nothing was renamed: only the worker may hold this apply, and
+		// its record is gone, unless the disk kept it.
+		if !errors.Is(err, errRecordKept) {
+			run.seq = 0
+		}
 		return run.abort(StageBackup, err, outcome{undone: true, opsRan: opsRan})
 	}
 	run.timing.WriteMs = (run.now().Sub(writeStart) - ops.duration()).Milliseconds()
@@ -180,36 +185,73 @@ type owedTree struct {
 // owedRetryInterval is how often an owed tree is tried again.
 const owedRetryInterval = time.Second
 
-// owe records what the disk owes, and starts the retries. The caller holds
-// the apply lock.
+// owe records what the disk owes (beside what it owed already), and
+// starts the retries. The caller holds the apply lock.
 func (d *applyDeps) owe(t *owedTree) {
-	d.owed = t
+	if d.owed != nil {
+		for key, list := range t.sources {
+			d.owed.sources[key] = append(d.owed.sources[key], list...)
+		}
+		d.owed.wants = append(d.owed.wants, t.wants...)
+		d.owed.reload = d.owed.reload || t.reload
+		d.owed.err = t.err
+	} else {
+		d.owed = t
+		if d.owed.sources == nil {
+			d.owed.sources = map[FileAt][]source{}
+		}
+	}
 	d.led.fallBehind(t.err)
 	d.metrics.diskBehind.set(1)
-	go d.retryOwed(d.ctx())
+	d.retry()
 }
 
-// payOwed tries the owed tree again, under the apply lock: every apply
-// does before it reads the tree, and so does the retry loop. It returns the
-// error that still stands.
+// payOwed does, under the apply lock, what the disk owes: the owed tree,
+// then a new snapshot, which mends a broken log and proves the disk takes
+// writes again, and only then the reload HAProxy owes, so that nothing
+// reloads onto a tree the agent cannot write. Every apply calls it before
+// it reads the tree, and so does the retry loop. It returns the error that
+// still stands.
 func (d *applyDeps) payOwed(ctx context.Context) error {
-	if d.owed == nil {
+	if d.owed == nil && d.led.brokenBy() == nil {
 		return nil
 	}
-	if _, err := d.files.restore(d.owed.wants, d.owed.sources); err != nil {
+	var err error
+	if d.owed != nil {
+		if _, err = d.files.restore(d.owed.wants, d.owed.sources); err == nil {
+			d.owed.wants = nil
+		}
+	}
+	if err == nil {
+		err = d.compact()
+	}
+	if err != nil {
+		if d.owed == nil {
+			return fmt.Errorf("%s: %w", msgLogBroken, err)
+		}
 		d.owed.err = err
 		d.led.fallBehind(err)
-		return err
+		return fmt.Errorf("%s: %w", msgDiskBehind, err)
 	}
-	reload := d.owed.reload
-	d.owed = nil
-	d.led.fallBehind(nil)
-	d.metrics.diskBehind.set(0)
-	d.logger.Info("the tree holds every file the agent answered for again; the agent is ready")
-	if reload {
-		d.reloadRecovered(ctx)
+	if d.owed != nil {
+		if d.owed.reload {
+			d.reloadRecovered(ctx)
+		}
+		d.owed = nil
+		d.led.fallBehind(nil)
+		d.metrics.diskBehind.set(0)
+		d.logger.Info("the tree is what the agent's state says again")
 	}
 	return nil
+}
+
+// retry starts the loop that pays what the disk owes, unless it runs. The
+// caller holds the apply lock.
+func (d *applyDeps) retry() {
+	if !d.retrying {
+		d.retrying = true
+		go d.retryOwed(d.ctx())
+	}
 }
 
 // reloadRecovered reloads the tree recovery put back, and records what
@@ -229,21 +271,21 @@ func (d *applyDeps) reloadRecovered(ctx context.Context) {
 	})
 }
 
-// retryOwed tries the owed tree every owedRetryInterval until it is paid
-// or the agent stops.
+// retryOwed pays what the disk owes every owedRetryInterval until it is
+// paid or the agent stops.
 func (d *applyDeps) retryOwed(ctx context.Context) {
 	t := time.NewTicker(owedRetryInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
 		case <-t.C:
 		}
 		d.applyMu.Lock()
-		err := d.payOwed(ctx)
+		stop := ctx.Err() != nil || d.payOwed(ctx) == nil
+		d.retrying = !stop
 		d.applyMu.Unlock()
-		if err == nil {
+		if stop {
 			return
 		}
 	}
@@ -652,6 +694,14 @@ func (run *applyRun) runInPlace() bool {
 // agent restore and reload the last-known-good set. The record that says
 // the apply is undone is durable before any file moves, so that a crash
 // in between finishes the undo instead of redoing the apply.
+//
+// Where the disk refuses that record, an apply whose own record counts at
+// the next start (one answered at its durable point, that then fell back)
+// may come back: it is not answered as refused but as of unknown outcome
+// (unknown). Where the disk is read-only, nothing is reloaded (HAProxy's
+// master cannot even keep its socket in a read-only directory, and exits):
+// what could not be put back or reloaded is owed, and done once the disk
+// takes writes again.
 func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	run.metrics.applyRejected.inc(stage)
 	run.metrics.rollbacks.inc()
@@ -662,7 +712,8 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	run.logger.Warn("apply failed; putting back what it changed", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
 	run.invariant(!errors.Is(cause, syscall.EXDEV), invMountProbe)
 	touched := o.opsRan || o.reloaded
-	if o.installed {
+	readOnly := errors.Is(cause, syscall.EROFS)
+	if run.seq != 0 {
 		err := run.led.endApply(ending{seq: run.seq, sync: true, undo: undoOf(run.changes)}, func(s *agentState) {
 			*s = settle(*s, run.before, run.id, o, run.now())
 			s.ReloadOwed = touched
@@ -670,13 +721,33 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 		run.seq = 0
 		if err != nil {
 			run.logger.Error("the failed apply could not be recorded; putting its files back anyway", "err", err)
+			readOnly = readOnly || errors.Is(err, syscall.EROFS)
+			if !run.open {
+				run.unknown = err
+			}
 		}
-		o.undone = run.restore(wantsOf(run.changes, true), sourcesOf(run.changes), "") == nil
-		r.Rollback.Performed = o.undone
 	}
-	if touched {
+	var owed *owedTree
+	if o.installed {
+		wants, sources := wantsOf(run.changes, true), sourcesOf(run.changes)
+		err := run.restore(wants, sources, "")
+		o.undone = err == nil
+		r.Rollback.Performed = o.undone
+		if err != nil && run.files.restorable(wants, sources) {
+			readOnly = readOnly || errors.Is(err, syscall.EROFS)
+			owed = &owedTree{wants: wants, sources: sources, err: err}
+		}
+	}
+	switch {
+	case touched && readOnly:
+		owed = cmp.Or(owed, &owedTree{err: cause})
+		owed.reload = true
+	case touched:
 		o = run.recover(o)
 		r.Rollback.Reloaded = o.recovered || o.lkgRestored
+	}
+	if owed != nil {
+		run.owe(owed)
 	}
 	return o
 }
@@ -886,11 +957,17 @@ func (d *applyDeps) compactIfDue() {
 	linked := d.files.linked
 	d.files.mu.Unlock()
 	if d.led.compactDue() || linked > maxLinkedBytes {
-		d.compact()
+		if d.compact() != nil && d.led.brokenBy() != nil {
+			d.retry() // until a snapshot mends the log
+		}
 	}
 }
 
 func (d *applyDeps) compact() error {
+	if d.owed != nil && len(d.owed.wants) > 0 {
+		// The records are what can still rebuild the owed files.
+		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
+	}
 	if err := d.files.flush(); err != nil {
 		d.logger.Warn("could not compact the agent's state: the tree is not durable", "err", err)
 		return err

@@ -109,10 +109,9 @@ type ledger struct {
 	// wait in memory for the end record, which carries them, so that no
 	// record written in between can undo the apply's on replay.
 	applying bool
-	// behind: the tree does not hold files an answered apply landed (their
-	// install failed and is retried). The tree the ledger holds is the one
-	// answered for, the records are what can redo it: no observation of the
-	// disk replaces it, and no compaction drops them, until it is paid.
+	// behind: the tree is not what the state says (writing it failed, and
+	// is retried). The tree the ledger holds is the one the state says: no
+	// observation of the disk replaces it meanwhile.
 	behind      error
 	treeVersion uint64
 
@@ -299,12 +298,19 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 		// so that no start redoes an apply that was refused. The kernel may
 		// have dropped unsynced records before it too, so the log is not
 		// trusted until a compaction rewrites the state.
-		l.log.cutBack(start)
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
 		l.breakLog(err)
+		if cutErr := l.log.cutBack(start); cutErr != nil {
+			return fmt.Errorf("%w: %w (%w: %w)", errLedgerBroken, err, errRecordKept, cutErr)
+		}
+		l.applying = false // no record of it is left to close
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}, nil
 }
+
+// errRecordKept: a record that should have been cut off could not be, and
+// may count at the next start.
+var errRecordKept = errors.New("the record could not be cut off")
 
 // ending is how an apply ends, as its end record says it.
 type ending struct {
@@ -353,9 +359,6 @@ func (l *ledger) endApply(e ending, change func(*agentState)) error {
 func (l *ledger) compact() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.behind != nil {
-		return fmt.Errorf("the tree does not hold what the log can redo yet: %w", l.behind)
-	}
 	if l.st.Blob.complete() && !l.blobSaved {
 		err := replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(l.blob))
 		if err == nil {
@@ -387,7 +390,7 @@ func (l *ledger) compact() error {
 func (l *ledger) compactDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.applying && l.behind == nil && (l.log.full() || l.broken != nil)
+	return !l.applying && (l.log.full() || l.broken != nil)
 }
 
 // fallBehind records that the tree does not hold what an answered apply

@@ -156,8 +156,8 @@ func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 		t.Errorf("the baseline after the failed apply: %+v", st)
 	}
 	// The log works again: the next one-entry change is a runtime apply.
-	if res := e.land(t, "plan-4", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}); res.Mode != ResultRuntime {
-		t.Fatalf("the apply after the failure: %+v", res)
+	if res := e.c.apply(e.c.manifest("plan-4", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "lost.example", Value: "be-b"}), next); res.Mode != ResultRuntime {
+		t.Fatalf("the apply after the failure: %s", jsonOf(res))
 	}
 }
 
@@ -165,9 +165,9 @@ func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 // a refused reload fails its sync once. The kernel may have dropped what the
 // log held unsynced, so the log is broken: the agent says so (an error in
 // its log, /readyz 503 with the reason, the state_log_broken gauge at 1) and
-// refuses the next apply at its record, while the compaction that follows
-// each answer cannot write its snapshot. Once a snapshot is written, the
-// agent is ready again and the apply lands.
+// refuses the next apply (503, before it writes anything) while no snapshot
+// can be written. Once one can (every apply tries first, and so does a loop
+// every second), the agent is ready again and the apply lands.
 func TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten(t *testing.T) {
 	d := &hookDisk{}
 	logs := newLogCounter(testLogger().Handler())
@@ -210,19 +210,17 @@ func TestAFailedSyncBreaksTheLogUntilASnapshotIsWritten(t *testing.T) {
 	}
 	next := fs.clone()
 	next["maps/host.map"] += "n.example be-n\n"
-	res := e.c.apply(e.c.manifest("plan-3", next), next)
-	if res.OK || res.Error == nil || res.Error.Stage != StageBackup || !strings.HasPrefix(res.Error.Message, errLedgerBroken.Error()+": ") {
-		t.Fatalf("an apply while the log is broken: %+v %+v", res, res.Error)
+	code, raw := e.c.post(applyRequest{manifest: e.c.manifest("plan-3", next), files: next})
+	if code != http.StatusServiceUnavailable || !strings.Contains(string(raw), `"stage":"write"`) ||
+		!strings.Contains(string(raw), msgLogBroken+": injected: the snapshot's sync failed") {
+		t.Fatalf("an apply while the log is broken: %d %s", code, raw)
 	}
 	if !sameSet(e.disk(t), fs) {
-		t.Fatal("an apply refused at its record changed the tree")
+		t.Fatal("an apply refused while the log is broken changed the tree")
 	}
 
-	// The compaction after the next answer writes its snapshot.
+	// A snapshot can be written again: the log mends.
 	refuseSnapshots.Store(false)
-	if res := e.c.apply(e.c.manifest("plan-3", next), next); res.OK {
-		t.Fatalf("the log mended before a snapshot was written: %+v", res)
-	}
 	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
 	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_state_log_broken 0\n") {
 		t.Error("the gauge still says the log is broken")

@@ -500,11 +500,14 @@ func (w *stateLog) append(r *logRecord, sync bool) error {
 	return nil
 }
 
-// cutBack cuts the log back to size bytes, where the next append goes.
-func (w *stateLog) cutBack(size int64) {
-	w.f.Truncate(size)
+// cutBack cuts the log back to size bytes, where the next append goes. It
+// fails where the disk refuses the truncation (read-only, say): what was
+// written past size then stays.
+func (w *stateLog) cutBack(size int64) error {
+	err := w.f.Truncate(size)
 	w.f.Seek(size, io.SeekStart)
 	w.bytes = size
+	return err
 }
 
 // full reports whether the log should be compacted.

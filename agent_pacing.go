@@ -68,6 +68,9 @@ func (p *pacer) fire(ctx context.Context) {
 	if ctx.Err() != nil || !st.Pending.complete() || !st.reloadPending() || d.now().Before(st.PendingAt) {
 		return
 	}
+	if d.payOwed(ctx) != nil {
+		return // HAProxy would load a tree that is not the one the state names
+	}
 	ref := st.Pending
 	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
 	start := d.now()
@@ -214,7 +217,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	running, err := listTouched(ctx, d.rt, c, tree)
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
-	if d.led.state().Applied != ref || ctx.Err() != nil {
+	if d.led.state().Applied != ref || ctx.Err() != nil || d.owed != nil {
 		return
 	}
 	if err == nil {

@@ -139,7 +139,7 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	case lost != "":
 		writeText(w, http.StatusServiceUnavailable, "haproxy unreachable: "+lost)
 	case broken != nil:
-		writeText(w, http.StatusServiceUnavailable, "the agent's state log is broken: "+broken.Error())
+		writeText(w, http.StatusServiceUnavailable, msgLogBroken+": "+broken.Error())
 	case behind != nil:
 		writeText(w, http.StatusServiceUnavailable, msgDiskBehind+": "+behind.Error())
 	default:

@@ -13,11 +13,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 )
@@ -242,4 +245,160 @@ func runInMountNamespace(t *testing.T, name string) {
 		t.Skipf("the child skipped:\n%s", out)
 	}
 	t.Logf("child:\n%s", out)
+}
+
+// remountBase remounts the bind mount at base read-only, or back to
+// read-write.
+func remountBase(t *testing.T, base string, readOnly bool) {
+	t.Helper()
+	flags := uintptr(syscall.MS_REMOUNT | syscall.MS_BIND)
+	if readOnly {
+		flags |= syscall.MS_RDONLY
+	}
+	if err := syscall.Mount("", base, "", flags, ""); err != nil {
+		t.Fatalf("remount %s (read-only %v): %v", base, readOnly, err)
+	}
+}
+
+// TestTheDiskTurnsReadOnlyDuringAnApply remounts the base directory
+// read-only while an apply is held at its install, in a private mount
+// namespace. The kernel refuses to remount a mount read-only while a file
+// on it is open for writing, as the agent's log is; so the state lives
+// beside the tree, and its writes fail with EROFS from that moment on, as
+// they would on the same volume. The agent never reloads HAProxy onto a
+// tree it cannot write (a real master cannot even keep its socket there,
+// and exits): it turns not ready and says why, and answers a refusal only
+// where its undo holds at the next start. Once the disk takes writes again,
+// it puts the tree back as its state says (reloading where the worker may
+// hold what it undid), is ready again, and a restart brings nothing
+// refused back.
+func TestTheDiskTurnsReadOnlyDuringAnApply(t *testing.T) {
+	if os.Getenv(mountNamespaceEnv) == "" {
+		runInMountNamespace(t, "TestTheDiskTurnsReadOnlyDuringAnApply")
+		return
+	}
+	type outcome struct {
+		code int
+		body string
+	}
+	for _, tc := range []struct {
+		name    string
+		next    func(set fileSet) (fileSet, *Manifest, func(*testEnv))
+		want    func(t *testing.T, got outcome)
+		landed  bool // the apply stays: it was answered before its install
+		reloads int  // reloads once the disk takes writes again
+	}{
+		{"a reload apply", func(set fileSet) (fileSet, *Manifest, func(*testEnv)) {
+			next := set.clone()
+			next[ConfigFilePath] += "# 2\n"
+			return next, &Manifest{Mode: ModeReload}, nil
+		}, func(t *testing.T, got outcome) {
+			// Its record is open: a start undoes it whatever the disk kept.
+			if got.code != http.StatusOK || !strings.Contains(got.body, `"ok":false`) || !strings.Contains(got.body, `"stage":"write"`) {
+				t.Errorf("the answer: %d %s", got.code, got.body)
+			}
+		}, false, 0},
+		{"a runtime apply that falls back to a reload", func(set fileSet) (fileSet, *Manifest, func(*testEnv)) {
+			next, op := mapEntryChange(set, "refused.example", "be-b")
+			return next, &Manifest{Mode: ModeAuto, Ops: []Op{op}}, func(e *testEnv) {
+				e.fake.With(func(m *FakeModel) {
+					m.Reject = func(cmd string) (string, bool) { return "Unknown map.", strings.HasPrefix(cmd, "add map") }
+				})
+			}
+		}, func(t *testing.T, got outcome) {
+			// Its record counts: only the record of its undo, which the disk
+			// refused, would say otherwise.
+			if got.code != http.StatusServiceUnavailable || !strings.Contains(got.body, msgOutcomeUnknown) {
+				t.Errorf("the answer: %d %s", got.code, got.body)
+			}
+		}, false, 1},
+		{"a runtime apply answered before its install", func(set fileSet) (fileSet, *Manifest, func(*testEnv)) {
+			next, op := mapEntryChange(set, "answered.example", "be-b")
+			return next, &Manifest{Mode: ModeAuto, Ops: []Op{op}}, nil
+		}, func(t *testing.T, got outcome) {
+			if got.code != http.StatusOK || !strings.Contains(got.body, `"ok":true`) || !strings.Contains(got.body, `"mode":"runtime"`) {
+				t.Errorf("the answer: %d %s", got.code, got.body)
+			}
+		}, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base, stateDir := bindMountTree(t), t.TempDir()
+			d := &hookDisk{}
+			e := newTestEnvWithDisk(t, d, func(c *AgentConfig) {
+				c.BaseDir, c.StateFile = base, filepath.Join(stateDir, ".haptic-agent.json")
+			})
+			set := seedFiles()
+			e.land(t, "plan-1", set)
+			before := e.c.state("?plan=0")
+			next, shape, arm := tc.next(set)
+			m := e.c.manifest("plan-2", next, shape.Ops...)
+			m.Mode = shape.Mode
+			if arm != nil {
+				arm(e)
+			}
+			target := filepath.Join(e.a.files.base, "maps/host.map")
+			if shape.Mode == ModeReload {
+				target = filepath.Join(e.a.files.base, ConfigFilePath)
+			}
+			var readOnly atomic.Bool
+			entered, released := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			d.setHook(func(o diskOp) error {
+				if o.Op == "exchange" && o.Path == target {
+					once.Do(func() { close(entered); <-released })
+				}
+				if readOnly.Load() && strings.HasPrefix(o.Path, stateDir) {
+					return &fs.PathError{Op: o.Op, Path: o.Path, Err: syscall.EROFS}
+				}
+				return nil
+			})
+			answered := make(chan outcome, 1)
+			go func() {
+				body, ct := applyRequest{manifest: m, files: next}.body(t)
+				code, _, b := e.c.do("POST", PathApply, body, ct)
+				answered <- outcome{code, string(b)}
+			}()
+			<-entered
+			reloads := fakeReloads(e.fake)
+			remountBase(t, base, true)
+			readOnly.Store(true)
+			close(released)
+			got := <-answered
+			tc.want(t, got)
+			e.a.deps.applyMu.Lock() // what follows the answer is done
+			e.a.deps.applyMu.Unlock()
+			e.fake.With(func(m *FakeModel) { m.Reject = nil })
+			if n := fakeReloads(e.fake); n != reloads {
+				t.Errorf("HAProxy was reloaded onto a read-only tree: %d reloads, %d before", n, reloads)
+			}
+			if code, _, body := e.c.do("GET", PathReadyz, nil, ""); code != http.StatusServiceUnavailable {
+				t.Errorf("on a read-only disk the agent answers /readyz %d %s", code, body)
+			}
+
+			remountBase(t, base, false)
+			readOnly.Store(false)
+			want := set
+			if tc.landed {
+				want = next
+			}
+			waitFor(t, "the agent to be ready again", func() bool {
+				code, _, _ := e.c.do("GET", PathReadyz, nil, "")
+				return code == http.StatusOK
+			})
+			if got := e.disk(t); !sameSet(got, want) {
+				t.Errorf("once the disk takes writes again:\n%s", describeSetDiff(got, want))
+			}
+			if n := fakeReloads(e.fake); n != reloads+tc.reloads {
+				t.Errorf("%d reloads once the disk takes writes again, want %d", n-reloads, tc.reloads)
+			}
+			e.restart(t)
+			st := e.c.state("?plan=0")
+			if got := e.disk(t); !sameSet(got, want) {
+				t.Errorf("after a restart:\n%s", describeSetDiff(got, want))
+			}
+			if tc.landed && st.AppliedPlanID != "plan-2" || !tc.landed && st.AppliedPlanID != "" && st.AppliedPlanID != before.AppliedPlanID {
+				t.Errorf("after a restart the applied plan is %q (before the apply %q)", st.AppliedPlanID, before.AppliedPlanID)
+			}
+		})
+	}
 }
