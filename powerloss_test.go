@@ -157,7 +157,7 @@ func TestPowerLossAtEveryFileOperation(t *testing.T) {
 	if os.Getenv("HAPTIC_POWERLOSS") != "" {
 		perOp = maxCrashImages
 	}
-	for _, k := range append(crashKinds(), mountedCrashKinds()...) {
+	for _, k := range append(crashKinds(), mountedCrashKinds(true)...) {
 		t.Run(k.name, func(t *testing.T) { runPowerLoss(t, k, perOp) })
 	}
 }
