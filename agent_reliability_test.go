@@ -805,3 +805,62 @@ func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
 		t.Error("the next one-entry change after the restart is not a runtime apply")
 	}
 }
+
+// TestAFailedInstallAfterTheAnswerKeepsTheACK: a runtime apply is answered
+// once its record is synced and its op acknowledged, and its files are
+// installed after the answer. When that install fails (an I/O error), the
+// ACK stands: the agent is not ready and says why (/readyz, the
+// disk_behind gauge, its log), refuses applies meanwhile, retries every
+// second from what its record keeps, and is ready again with the answered
+// files in place once the disk lets it.
+func TestAFailedInstallAfterTheAnswerKeepsTheACK(t *testing.T) {
+	d := &hookDisk{}
+	logs := newLogCounter(testLogger().Handler())
+	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.MetricsListen, c.Logger = "127.0.0.1:0", slog.New(logs) })
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	var failing atomic.Bool
+	failing.Store(true)
+	d.setHook(func(op diskOp) error {
+		if failing.Load() && op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
+			return &fs.PathError{Op: "renameat2", Path: op.Path, Err: syscall.EIO}
+		}
+		return nil
+	})
+	next, op := mapEntryChange(set, "kept.example", "be-a")
+	res := e.c.apply(e.c.manifest("plan-2", next, op), next)
+	if !res.OK || res.Mode != ResultRuntime || res.AppliedPlanID != "plan-2" {
+		t.Fatalf("the apply: %s", jsonOf(res))
+	}
+	if !hasMapKey(e.fake, "maps/host.map", "kept.example") {
+		t.Error("the op did not reach the worker")
+	}
+	if code, body := getText(t, e.a, PathReadyz); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, msgDiskBehind+": ") {
+		t.Errorf("readyz while the install fails: %d %q", code, body)
+	}
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_disk_behind 1\n") {
+		t.Error("the gauge does not say the disk is behind")
+	}
+	if logs.count("the files of an answered apply could not be installed; the agent retries, and is not ready until they are in place") != 1 {
+		t.Error("the agent did not log the failed install")
+	}
+	if st := e.c.state("?plan=0"); st.AppliedPlanID != "plan-2" || st.AppliedPlanProof != res.AppliedPlanProof {
+		t.Errorf("the ACK was taken back: applied %q %s", st.AppliedPlanID, st.AppliedPlanProof)
+	}
+	third, op3 := mapEntryChange(next, "third.example", "be-a")
+	code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-3", third, op3), files: third})
+	if code != http.StatusServiceUnavailable || !strings.Contains(string(body), msgDiskBehind) {
+		t.Errorf("an apply while the disk is behind: %d %s", code, body)
+	}
+	failing.Store(false)
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
+	if got := e.disk(t); !sameSet(got, next) {
+		t.Errorf("the answered files once the disk lets them in:\n%s", describeSetDiff(got, next))
+	}
+	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_disk_behind 0\n") {
+		t.Error("the gauge still says the disk is behind")
+	}
+	if res := e.c.apply(e.c.manifest("plan-3", third, op3), third); !res.OK || res.Mode != ResultRuntime {
+		t.Errorf("the next apply: %s", jsonOf(res))
+	}
+}
