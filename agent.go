@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -704,6 +705,11 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 			if abs, err := files.abs(p); err == nil {
 				files.noteDirty(abs, filepath.Dir(abs)) // the start's snapshot drops the records that could redo it
 			}
+		}
+		// First the journal's backups, while the tree may still hold the
+		// bytes the backups lost.
+		if err := files.repairBackups(append(slices.Clone(st.Journal), st.PendingUndo...), loaded.sources); err != nil {
+			logger.Error("recovery could not make every journal backup whole; a revert to the last-known-good set would fail for those paths", "err", err)
 		}
 		changed, err := files.restore(wants, loaded.sources)
 		if err != nil {

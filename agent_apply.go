@@ -424,9 +424,7 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	}
 	// Promotion runs only after every refusal point, because clearing the
 	// journal cannot be undone.
-	if err := run.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof}); err != nil {
-		return http.StatusInternalServerError, ApplyError{Stage: StageLKG, Message: err.Error()}
-	}
+	run.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
 	if m.Mode != ModeRevertLKG {
 		if err := run.reserveProofs(); err != nil {
 			return http.StatusInternalServerError, ApplyError{Stage: StageIdentity, Message: err.Error()}
@@ -612,21 +610,16 @@ func (run *applyRun) missing() []string {
 }
 
 // promoteLKG makes the applied plan the last-known-good once the
-// controller's validation vouches for it, which empties the journal. The
-// tree is made durable first: the next apply links its files into the new
-// journal, and a link is only as durable as the bytes it leads to.
-func (run *applyRun) promoteLKG(v planRef) error {
-	if st := run.led.state(); !samePlanRef(v, st.Applied) || st.LKG == v {
-		return nil
-	}
-	if err := run.files.flush(); err != nil {
-		return err
-	}
-	err := run.led.commit(&logRecord{ResetJournal: true}, false, func(s *agentState) { s.LKG = v })
-	if err == nil {
+// controller's validation vouches for it, which empties the journal. It
+// writes nothing of its own: the apply's record carries it. The journal
+// the apply starts links the tree's files as they are, installed perhaps
+// without a sync; until a compaction syncs them, the log holds their bytes,
+// and a start makes a backup a power loss tore again from them.
+func (run *applyRun) promoteLKG(v planRef) {
+	if st := run.led.state(); samePlanRef(v, st.Applied) && st.LKG != v {
+		run.led.promote(v)
 		run.logger.Info("last-known-good promoted", "plan_id", v.ID)
 	}
-	return err
 }
 
 // reserveProofs issues the applied proof, and the worker proof for in-place

@@ -676,7 +676,8 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt, lin
 }
 
 // linkAside hard-links abs into the link directory of its mount under a
-// fresh name.
+// fresh name. A file installed without a sync stays unsynced behind its
+// link once the path holds another: the link is then what flush syncs.
 func (s *fileStore) linkAside(abs string) (string, error) {
 	s.mu.Lock()
 	s.linkSeq++
@@ -686,7 +687,14 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 	if err := s.disk.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
 	}
-	s.noteDirty("", filepath.Dir(link))
+	s.mu.Lock()
+	unsynced := s.dirty[abs]
+	s.mu.Unlock()
+	if unsynced {
+		s.noteDirty(link, filepath.Dir(link))
+	} else {
+		s.noteDirty("", filepath.Dir(link))
+	}
 	return link, s.disk.Link(abs, link)
 }
 
@@ -921,6 +929,40 @@ func (s *fileStore) linkedCopy(abs string, at FileAt, sources map[FileAt][]sourc
 		return "", err
 	}
 	return "", nil
+}
+
+// repairBackups makes every journal backup hold its bytes again. The
+// journal links a tree's files as they are when the last-known-good plan
+// changes, installed perhaps without a sync: a power loss may tear such a
+// link, and the log (which a compaction only empties once the tree is
+// synced) still holds the bytes, in a record or a file it names.
+func (s *fileStore) repairBackups(journal []journalEntry, sources map[FileAt][]source) error {
+	var errs []error
+	for _, e := range journal {
+		if e.At == nil || e.Backup == "" {
+			continue
+		}
+		if at, err := s.digestAbs(e.Backup); err == nil && at.Digest == e.At.Digest && at.Size == e.At.Size {
+			continue
+		}
+		abs, err := s.abs(e.Path)
+		if err == nil {
+			b, ok := s.contentOf(abs, *e.At, sources, maxPatchChain)
+			if !ok {
+				err = fmt.Errorf("no copy of its bytes (%s) is left", e.At.Digest)
+			} else if tmp, werr := s.writeTemp(e.Path, abs, func(w io.Writer) error { _, err := w.Write(b); return err }, false); werr != nil {
+				err = werr
+			} else if err = s.disk.Rename(tmp, e.Backup); err != nil {
+				s.disk.Remove(tmp)
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("the backup of %q: %w", e.Path, err))
+			continue
+		}
+		s.noteDirty(e.Backup, filepath.Dir(e.Backup))
+	}
+	return errors.Join(errs...)
 }
 
 // restorable reports whether every path of wants that does not hold its

@@ -101,6 +101,9 @@ type ledger struct {
 	blobSaved bool
 	log       *stateLog
 	seq       uint64
+	// resetPending: the journal was emptied (a promotion) and no record has
+	// said so yet; the next one does.
+	resetPending bool
 	// broken is the last failed write: the kernel may have dropped what an
 	// unsynced record held, so nothing is appended until a compaction has
 	// rewritten the whole state.
@@ -179,6 +182,7 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	}
 	l.seq++
 	r.Seq, r.Durable = l.seq, l.log.synced
+	r.ResetJournal = r.ResetJournal || l.resetPending
 	if err := l.log.append(r, sync); err != nil {
 		l.seq--
 		l.logger.Error("could not write the agent's state", "kind", r.Kind, "err", err)
@@ -187,6 +191,7 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 		}
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}
+	l.resetPending = false
 	return nil
 }
 
@@ -378,11 +383,20 @@ func (l *ledger) compact() error {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err
 	}
+	l.resetPending = false
 	if l.broken != nil {
 		l.logger.Info("the agent's state log records again: a new snapshot holds the whole state")
 	}
 	l.broken = nil
 	return nil
+}
+
+// promote makes v the last-known-good plan and empties the journal, in
+// memory: the next record carries both, the state and the journal's reset.
+func (l *ledger) promote(v planRef) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.st.LKG, l.st.Journal, l.resetPending = v, nil, true
 }
 
 // compactDue reports whether the log should be compacted: it is long, or a

@@ -93,7 +93,7 @@ type logRecord struct {
 	Durable uint64 `json:"durable,omitempty"`
 	OK      bool   `json:"ok,omitempty"`
 	// ResetJournal: the journal is empty from this record on (a new
-	// last-known-good plan).
+	// last-known-good plan), whether or not the record counts.
 	ResetJournal bool `json:"reset_journal,omitempty"`
 }
 
@@ -319,6 +319,10 @@ func (l *loadedLog) replay(records []logRecord) {
 		if r.Kind == recordApply || r.Kind == recordEnd {
 			l.index(r, seen)
 		}
+		if r.ResetJournal {
+			// A promotion rides the next record, whatever becomes of it.
+			l.st.Journal = nil
+		}
 		if r.Kind == recordApply {
 			l.reload = l.reload || !closed[r.Seq] && r.Open
 			if !counts[r.Seq] {
@@ -339,9 +343,6 @@ func (l *loadedLog) replay(records []logRecord) {
 		}
 		if r.Blob != nil {
 			l.blob = r.Blob
-		}
-		if r.ResetJournal {
-			l.st.Journal = nil
 		}
 		if r.State != nil {
 			journal, proofs := l.st.Journal, l.st.ProofGeneration

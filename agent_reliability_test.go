@@ -25,7 +25,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -612,115 +611,6 @@ func TestACrashAfterANACKNeitherRollsBackAgainNorReloads(t *testing.T) {
 
 // ---------------------------------------------------------------------------
 // Durability of the journal.
-
-// durableLinks is a disk that notes, at every link it makes, whether the
-// bytes linked to were durable: synced since they were last written. It
-// follows inodes, so a rename or another link of a file keeps what is
-// known of its bytes.
-type durableLinks struct {
-	*hookDisk
-	mu      sync.Mutex
-	dirty   map[uint64]bool   // inodes written since their last sync
-	durable map[string]bool   // link path → its bytes were durable when linked
-	source  map[string]string // link path → the path it was linked from
-}
-
-func newDurableLinks() *durableLinks {
-	d := &durableLinks{hookDisk: &hookDisk{}, dirty: map[uint64]bool{}, durable: map[string]bool{}, source: map[string]string{}}
-	d.setHook(func(op diskOp) error {
-		if op.Op != "write" && op.Op != "sync" {
-			return nil
-		}
-		ino, ok := inodeOf(op.Path)
-		if !ok {
-			return nil
-		}
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		d.dirty[ino] = op.Op == "write"
-		return nil
-	})
-	return d
-}
-
-func inodeOf(path string) (uint64, bool) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0, false
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, false
-	}
-	return st.Ino, true
-}
-
-// CreateTemp starts a file with nothing unsynced, whatever an earlier
-// file of the same inode number left.
-func (d *durableLinks) CreateTemp(dir, pattern string) (diskFile, error) {
-	f, err := d.hookDisk.CreateTemp(dir, pattern)
-	if err == nil {
-		if ino, ok := inodeOf(f.Name()); ok {
-			d.mu.Lock()
-			delete(d.dirty, ino)
-			d.mu.Unlock()
-		}
-	}
-	return f, err
-}
-
-func (d *durableLinks) Link(from, to string) error {
-	ino, ok := inodeOf(from)
-	if err := d.hookDisk.Link(from, to); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.durable[to], d.source[to] = ok && !d.dirty[ino], from
-	return nil
-}
-
-// wasDurable reports whether link was made to durable bytes, and from where.
-func (d *durableLinks) wasDurable(link string) (bool, string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.durable[link], d.source[link]
-}
-
-// TestAJournalBackupLinksOnlyDurableBytes: the journal's backups are how
-// each path looked when the last-known-good plan became current, and a
-// power loss must not tear them. So each backup links bytes synced since
-// they were written: after a reload made its set the last-known-good one,
-// and after a validated plan was promoted.
-func TestAJournalBackupLinksOnlyDurableBytes(t *testing.T) {
-	d := newDurableLinks()
-	e := newTestEnvWithDisk(t, d, nil)
-	set := seedFiles()
-	e.land(t, "plan-1", set)
-	check := func(when string) {
-		t.Helper()
-		journal := e.a.led.state().Journal
-		if len(journal) == 0 {
-			t.Fatalf("%s: the journal is empty", when)
-		}
-		for _, j := range journal {
-			if ok, from := d.wasDurable(j.Backup); j.Backup != "" && !ok {
-				t.Errorf("%s: the journal's backup of %s links %s, whose bytes were not durable", when, j.Path, from)
-			}
-		}
-	}
-	set, _ = ackEntries(t, e.c, set, "after-reload", 1)
-	check("after the first change since a reload")
-
-	st := e.c.state("?plan=0")
-	next, op := mapEntryChange(set, "after-promotion.example", "be-a")
-	m := e.c.manifestFrom(st, "plan-promoted", next, op)
-	m.ValidatedPlanID, m.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
-	if res := e.c.apply(m, next); !res.OK || res.Mode != ResultRuntime || res.LKGPlanID != st.AppliedPlanID {
-		t.Fatalf("the apply that promotes %s: %+v", st.AppliedPlanID, res)
-	}
-	check("after the first change since a promotion")
-}
 
 // ---------------------------------------------------------------------------
 // The read-back.

@@ -241,17 +241,21 @@ func (c *agentChild) state(t testing.TB) *State {
 // child's current state, with every part, and returns the answer. It does
 // not fail the test, so it can run in a goroutine the child never answers.
 func (c *agentChild) postApply(st *State, planID string, fs fileSet, mode string, ops ...Op) (int, []byte, error) {
-	return c.postPatched(st, planID, nil, fs, mode, ops...)
+	return c.postPatched(st, planID, nil, fs, mode, false, ops...)
 }
 
 // postPatched is postApply whose large changed files travel as patches of
-// their bytes in before.
-func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, mode string, ops ...Op) (int, []byte, error) {
+// their bytes in before, and which with validate vouches for the applied
+// plan (it becomes the last-known-good).
+func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, mode string, validate bool, ops ...Op) (int, []byte, error) {
 	m := &Manifest{IdentityVersion: ExactIdentityVersion, PlanID: planID, PlanSchemaVersion: PlanSchemaVersion,
 		Token:              Token{LeaderEpoch: 1, RenderSeq: st.AppliedToken.RenderSeq + 1},
 		ExpectedPrevPlanID: st.AppliedPlanID, ExpectedPrevPlanProof: st.AppliedPlanProof, ExpectedPrevToken: st.AppliedToken,
 		ExpectedWorkerOpsPlanID: st.WorkerOpsPlanID, ExpectedWorkerOpsPlanProof: st.WorkerOpsPlanProof,
 		Files: fs.manifestFiles(), Mode: mode, Ops: ops}
+	if validate {
+		m.ValidatedPlanID, m.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
+	}
 	patches := patchesFor(m, before, fs)
 	var body bytes.Buffer
 	w := multipart.NewWriter(&body)
@@ -331,6 +335,10 @@ type crashKind struct {
 	patched bool
 	// mounts are the directories of the tree that are mounts of their own.
 	mounts []string
+	// promote: the apply vouches for the plan before it, which becomes the
+	// last-known-good: its journal links files the warmup installed
+	// without a sync (the power-loss simulation skips its compaction).
+	promote bool
 }
 
 // patchBase is the set a patched kind's patches apply to.
@@ -392,6 +400,9 @@ func crashKinds() []crashKind {
 		{name: "runtime", before: before, after: runtime, mode: ModeAuto,
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
 		{name: "runtime_again", landed: before, before: runtime, after: second, mode: ModeAuto,
+			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
+			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
+		{name: "runtime_promoting", landed: before, before: runtime, after: second, mode: ModeAuto, promote: true,
 			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
 			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
 		{name: "file_only", before: before, after: fileOnly, mode: ModeAuto, wantMode: ResultFileOnly},
@@ -621,7 +632,7 @@ func applyOps(t *testing.T, k crashKind) []string {
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
 	b := startAgentChild(t, cfg)
 	k.haproxyRefuses(e.fake, e.master, true)
-	code, body, err := b.postPatched(b.state(t), "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
+	code, body, err := b.postPatched(b.state(t), "plan-2", k.patchBase(), k.after, k.mode, k.promote, k.ops...)
 	k.haproxyRefuses(e.fake, e.master, false)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the apply: %d %v %s", code, err, body)
@@ -655,7 +666,7 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	k.haproxyRefuses(e.fake, e.master, true)
 	answered := make(chan ApplyResult, 1)
 	go func() {
-		code, body, err := b.postPatched(before, "plan-2", k.patchBase(), k.after, k.mode, k.ops...)
+		code, body, err := b.postPatched(before, "plan-2", k.patchBase(), k.after, k.mode, k.promote, k.ops...)
 		var res ApplyResult
 		if err == nil && code == http.StatusOK && json.Unmarshal(body, &res) == nil {
 			answered <- res

@@ -324,8 +324,7 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	e.fake.With(func(m *FakeModel) { m.ReloadFails = false })
 
 	// The agent's own disk fails while staging a part too large to ride in
-	// the record (507 when it is full, 500 otherwise), and while recording a
-	// last-known-good promotion.
+	// the record: 507 when it is full, 500 otherwise.
 	large := set3.clone()
 	large["notes/large.txt"] = strings.Repeat("x", maxInlineBytes+1)
 	for errno, wantCode := range map[syscall.Errno]int{syscall.ENOSPC: 507, syscall.EIO: 500} {
@@ -346,16 +345,9 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 		}
 		return nil
 	}
-	st := e.c.state("?plan=0")
-	promote := e.c.manifestFrom(st, plan2.ID, set2)
-	promote.ValidatedPlanID, promote.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
-	d.setHook(failLog)
-	code, body = post(applyRequest{manifest: promote})
-	step("a promotion the disk refuses", 500, `"stage":"lkg"`, code, body)
-	d.setHook(nil)
 
 	// Plan blobs: stored, refused, moved on, and not written.
-	st = e.c.state("?plan=0")
+	st := e.c.state("?plan=0")
 	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob2)
 	step("the applied plan's blob", 200, `"plan_id":"`+plan2.ID, code, body)
 	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, []byte("not zstd"))

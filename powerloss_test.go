@@ -253,13 +253,20 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	}
 	// The apply under test follows a compaction: the bytes it replaces are
 	// then in the snapshot's tree alone, not in any record that could put
-	// them back, as in a pod's steady state.
-	a.deps.applyMu.Lock()
-	a.deps.compact()
-	a.deps.applyMu.Unlock()
+	// them back, as in a pod's steady state. One that promotes its plan
+	// before does not: the journal then links files installed unsynced.
+	if !k.promote {
+		a.deps.applyMu.Lock()
+		a.deps.compact()
+		a.deps.applyMu.Unlock()
+	}
 	fd.before = check
-	m := c.manifestFrom(c.state(""), "plan-2", k.after, k.ops...)
+	st = c.state("")
+	m := c.manifestFrom(st, "plan-2", k.after, k.ops...)
 	m.Mode = k.mode
+	if k.promote {
+		m.ValidatedPlanID, m.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
+	}
 	k.haproxyRefuses(fake, master, true)
 	code, body := c.post(applyRequest{manifest: m, files: k.after, override: patchesFor(m, k.patchBase(), k.after)})
 	var res ApplyResult
@@ -347,6 +354,16 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
 	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):
 		return fmt.Sprintf("requirement 4: proof counter %d, reported a:%d (answered: %v)", st.ProofGeneration, proofBefore, acked)
+	}
+	// A revert to the last-known-good set must still find every backup the
+	// journal names: links to bytes installed without a sync are made again.
+	for _, e := range append(st.Journal, st.PendingUndo...) {
+		if e.At == nil {
+			continue
+		}
+		if b, err := img.readFile(e.Backup); err != nil || DigestString(string(b)) != e.At.Digest {
+			return fmt.Sprintf("the journal's backup of %s does not hold its bytes after recovery: %v", e.Path, err)
+		}
 	}
 	return ""
 }
