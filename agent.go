@@ -21,6 +21,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -933,27 +934,91 @@ func (a *Agent) refreshTree() error {
 // controller that reads its state as the baseline of its next diff, so a
 // blob that does not decode (garbage, a zstd bomb that inflates past
 // MaxPlanJSONBytes) or holds another plan would make each of them reload
-// for want of a baseline, or diff against a plan the pod does not run.
-func checkPlanBlob(blob []byte, planID string) error {
+// for want of a baseline, or diff against a plan the pod does not run. It
+// returns the plan's canonical JSON, which the agent keeps as the base of
+// the next plan patch.
+func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 	p, err := DecodePlanBlob(blob)
 	if err != nil {
-		return errors.New("plan blob does not decode: " + strings.TrimPrefix(err.Error(), "haptic: plan blob: "))
+		return nil, errors.New("plan blob does not decode: " + strings.TrimPrefix(err.Error(), "haptic: plan blob: "))
 	}
-	carried := p.ID
-	p.ComputeID()
-	if carried != planID || p.ID != planID {
-		return fmt.Errorf("plan blob holds plan %q (its content hashes to %q), not plan %q", carried, p.ID, planID)
+	js := p.Canonical()
+	if id := Digest(js); p.ID != planID || id != planID {
+		return nil, fmt.Errorf("plan blob holds plan %q (its content hashes to %q), not plan %q", p.ID, id, planID)
 	}
-	return nil
+	return js, nil
 }
 
-// handlePutPlan stores the plan blob of the applied plan. The blob is
-// checked outside the apply lock (decoding a big plan takes a while), and
-// stored under it: a blob recorded while an apply runs would record the
-// state from before that apply after its record, and a crash before its
-// end would replay that older state over the apply's files. So an upload
-// waits for the apply in flight, and then finds the plan moved (409) when
-// that apply landed another.
+// planUpload is a plan as an apply's plan part or a PUT /v1/plan body
+// brought it, checked: its canonical JSON, and the form it came in, which
+// is what a record of it carries.
+type planUpload struct {
+	json  []byte
+	blob  []byte     // a whole blob, kept byte for byte
+	patch *PlanPatch // or the splices of the held plan it came as
+}
+
+// errPlanBaseGone: a plan patch is cut from a plan the agent does not hold
+// (any more). Nothing is wrong with the request: the controller is asked
+// for the whole blob, as for a file whose patch base is gone.
+var errPlanBaseGone = errors.New("the plan patch is cut from a plan the agent does not hold")
+
+// readPlan reads a plan part or body of at most MaxPlanBlobBytes.
+func readPlan(r io.Reader) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxPlanBlobBytes+1))
+	if err == nil && len(b) > MaxPlanBlobBytes {
+		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+	}
+	return b, err
+}
+
+// takePlan checks a plan that travels for plan planID: a PlanPatch when
+// its Content-Type is application/json, a blob otherwise. A blob is
+// decoded (checkPlanBlob); a patch is only spliced into the held plan's
+// JSON and hashed: the held JSON was checked when it arrived whole, and a
+// plan id is by definition the hash of the plan's canonical JSON.
+func (l *ledger) takePlan(b []byte, contentType, planID string) (*planUpload, error) {
+	if mt, _, _ := mime.ParseMediaType(contentType); mt != "application/json" {
+		js, err := checkPlanBlob(b, planID)
+		if err != nil {
+			return nil, err
+		}
+		return &planUpload{json: js, blob: b}, nil
+	}
+	var patch PlanPatch
+	if err := json.Unmarshal(b, &patch); err != nil {
+		return nil, fmt.Errorf("plan patch does not decode: %w", err)
+	}
+	id, base := l.heldPlan()
+	if base == nil || patch.BaseDigest != id {
+		return nil, errPlanBaseGone
+	}
+	js, err := splicePlan(base, &patch)
+	if err != nil {
+		return nil, err
+	}
+	if got := Digest(js); got != planID {
+		return nil, fmt.Errorf("plan patch makes a plan whose content hashes to %q, not plan %q", got, planID)
+	}
+	return &planUpload{json: js, patch: &patch}, nil
+}
+
+// carry puts the plan on r as it came, whole or as its patch.
+func (up *planUpload) carry(r *logRecord) {
+	if up != nil {
+		r.Blob, r.PlanPatch = up.blob, up.patch
+	}
+}
+
+// handlePutPlan stores the plan of the applied pair: its blob, or a
+// PlanPatch of the plan the agent holds. The plan is checked outside the
+// apply lock (decoding a big plan takes a while), and stored under it: a
+// plan recorded while an apply runs would record the state from before
+// that apply after its record, and a crash before its end would replay
+// that older state over the apply's files. So an upload waits for the
+// apply in flight, and then finds the plan moved (409) when that apply
+// landed another; a patch whose base is no longer held by then is asked
+// for whole (409 Missing "plan").
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -965,26 +1030,30 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
 		return
 	}
-	blob, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxPlanBlobBytes+1))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge) || len(blob) > MaxPlanBlobBytes:
-		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
-	case err == nil && len(blob) == 0:
+	b, err := readPlan(r.Body)
+	if err == nil && len(b) == 0 {
 		err = errors.New("plan blob is empty")
-	case err == nil:
-		err = checkPlanBlob(blob, ref.ID)
+	}
+	var up *planUpload
+	if err == nil {
+		up, err = a.led.takePlan(b, r.Header.Get("Content-Type"), ref.ID)
+	}
+	if errors.Is(err, errPlanBaseGone) {
+		writeJSON(w, http.StatusConflict, Missing{Missing: []string{PartPlan}})
+		return
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}
 	a.deps.applyMu.Lock()
-	moved, err := a.led.storeBlob(ref, blob)
+	moved, err := a.led.storePlan(ref, up)
 	a.deps.applyMu.Unlock()
 	switch {
 	case errors.Is(err, errPlanMoved):
 		writeJSON(w, http.StatusConflict, moved)
+	case errors.Is(err, errPlanBaseGone):
+		writeJSON(w, http.StatusConflict, Missing{Missing: []string{PartPlan}})
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, StagePlan, err.Error())
 	default:

@@ -339,7 +339,8 @@ type applyRun struct {
 	timing    ApplyTiming
 	staged    map[string]*stagedFile
 	unpatched map[string]bool
-	blob      []byte
+	plan      *planUpload // the plan part, checked
+	planGone  bool        // the plan part is a patch of a plan the agent does not hold
 	sawPlan   bool
 	budget    int // inline bytes left for the record
 
@@ -409,10 +410,8 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	if err := run.recheckStaged(); err != nil {
 		return stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
 	}
-	if m.Mode != ModeRevertLKG {
-		if missing := run.missing(); len(missing) > 0 {
-			return http.StatusConflict, Missing{Missing: missing}
-		}
+	if missing := run.missing(); len(missing) > 0 {
+		return http.StatusConflict, Missing{Missing: missing}
 	}
 	work, key, err := workIdentity(m)
 	if err != nil {
@@ -543,20 +542,15 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 			return fmt.Errorf("part %q appears twice", PartPlan)
 		}
 		run.sawPlan = true
-		b, err := io.ReadAll(io.LimitReader(part, MaxPlanBlobBytes+1))
-		if err != nil {
-			return err
+		b, err := readPlan(part)
+		if err != nil || len(b) == 0 {
+			return err // an empty plan part is no plan
 		}
-		if len(b) > MaxPlanBlobBytes {
-			return fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+		run.plan, err = run.led.takePlan(b, part.Header.Get("Content-Type"), run.m.PlanID)
+		if errors.Is(err, errPlanBaseGone) {
+			run.planGone, err = true, nil
 		}
-		if len(b) > 0 {
-			if err := checkPlanBlob(b, run.m.PlanID); err != nil {
-				return err
-			}
-			run.blob = b
-		}
-		return nil
+		return err
 	}
 	if *fileParts >= MaxFiles {
 		return fmt.Errorf("more than %d parts", MaxFiles)
@@ -592,12 +586,21 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 	return nil
 }
 
-// missing lists the manifest's files neither staged nor held with the proof
-// the manifest quotes, sorted: a file can be skipped only when the
-// controller quotes the proof the agent handed out.
+// missing lists what the apply lacks, sorted: the manifest's files
+// neither staged nor held with the proof the manifest quotes (a file can be
+// skipped only when the controller quotes the proof the agent handed out;
+// a revert lands files the agent keeps itself), and "plan" for a plan patch
+// whose base is not the stored plan, now that the apply holds the lock
+// (another upload may have replaced it since the part was staged).
 func (run *applyRun) missing() []string {
-	_, tree := run.led.view()
 	var out []string
+	if run.planGone || run.plan != nil && run.plan.patch != nil && run.plan.patch.BaseDigest != run.led.heldPlanID() {
+		out = append(out, PartPlan)
+	}
+	if run.m.Mode == ModeRevertLKG {
+		return out
+	}
+	_, tree := run.led.view()
 	for _, mf := range run.m.Files {
 		held, ok := tree[mf.Path]
 		if run.staged[mf.Path] == nil && (run.unpatched[mf.Path] || !ok || mf.Proof == "" ||

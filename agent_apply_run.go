@@ -32,7 +32,7 @@ func (run *applyRun) runApply() ApplyResult {
 	st, tree := run.led.view()
 	run.before, run.tree = st, tree
 	run.invalidations0 = run.led.invalidationCount()
-	run.id.token, run.id.schema, run.id.blob = m.Token, m.PlanSchemaVersion, run.blob != nil
+	run.id.token, run.id.schema, run.id.blob = m.Token, m.PlanSchemaVersion, run.plan != nil
 	if m.Mode == ModeRevertLKG {
 		run.id.ref, run.id.revert = st.LKG, true
 	}
@@ -92,7 +92,8 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 		return run.abort(stage, err, outcome{undone: true})
 	}
 	writeStart := run.now()
-	rec := &logRecord{Files: append(slices.Clip(run.changes), run.same...), Open: s.open, Blob: run.blob, Journal: journalAdditions(st.Journal, run.id.undo)}
+	rec := &logRecord{Files: append(slices.Clip(run.changes), run.same...), Open: s.open, Journal: journalAdditions(st.Journal, run.id.undo)}
+	run.plan.carry(rec)
 	opsMayRun := s.act == activateOps || len(run.m.InPlaceOps) > 0 && (s.act == activateJoin || s.act == activateSchedule)
 	landed := landing(st, run.id, s, opsMayRun, run.now())
 	rec.State = &landed
@@ -909,7 +910,7 @@ func (run *applyRun) finish(s steps, o outcome) {
 			journal = journalAdditions(run.before.Journal, run.id.undo)
 		}
 		err = run.led.endApply(ending{seq: run.seq, ok: true, sync: o.reloaded || s.open, landed: delta, journal: journal,
-			resetJournal: reset, blob: run.blob}, change)
+			resetJournal: reset, plan: run.plan}, change)
 	case run.seq != 0:
 		err = run.led.endApply(ending{seq: run.seq, sync: true}, change)
 	default:

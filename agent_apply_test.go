@@ -389,7 +389,7 @@ func TestFirstApplyWritesTheTreeAndReloads(t *testing.T) {
 		st.APIVersion != 1 || !slices.Contains(st.AgentOps, OpBackendAdd) || st.InvariantViolation != "" {
 		t.Errorf("state: %+v", st)
 	}
-	if !slices.Equal(st.Features, []string{"file_patch", "worker_fence", "runtime_batches"}) {
+	if !slices.Equal(st.Features, []string{"file_patch", "worker_fence", "runtime_batches", "plan_patch"}) {
 		t.Errorf("features %v", st.Features)
 	}
 	for _, f := range fs.manifestFiles() {

@@ -358,7 +358,7 @@ func holdAt(d *hookDisk, op, path string) (entered <-chan struct{}, release func
 func killImage(t *testing.T, base string, names ...string) map[string][]byte {
 	t.Helper()
 	img := map[string][]byte{}
-	for _, name := range append([]string{".haptic-agent.json", logFileName}, names...) {
+	for _, name := range append([]string{".haptic-agent.json", logFileName, planBlobFile}, names...) {
 		b, err := os.ReadFile(filepath.Join(base, name))
 		if err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)

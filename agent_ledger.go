@@ -95,9 +95,14 @@ type ledger struct {
 	mu   sync.Mutex
 	st   agentState
 	tree map[string]FileAt
+	// plan is the canonical JSON of the stored plan (st.Blob), the base of
+	// the next plan patch; blob is its plan blob, as it came or, for a plan
+	// that came as a patch, encoded the first time it is asked for (nil
+	// until then).
+	plan []byte
 	blob []byte
-	// blobSaved: the blob file holds blob; otherwise only a record does,
-	// and the next snapshot writes the file.
+	// blobSaved: the blob file holds blob; otherwise only records do (the
+	// blob, or the patches since it), and the next snapshot writes the file.
 	blobSaved bool
 	log       *stateLog
 	seq       uint64
@@ -158,18 +163,52 @@ func newLedger(d disk, statePath, blobPath string, mountOf func(rel string) stri
 		return nil, nil, fmt.Errorf("open the state log: %w", err)
 	}
 	l := &ledger{logger: logger, disk: d, blobPath: blobPath, st: loaded.st, tree: loaded.tree, log: w, seq: loaded.seq}
-	if l.blob = loaded.blob; l.st.Blob.complete() && l.blob == nil {
-		l.blobSaved = true
-		l.blob, err = readAllLimited(d, blobPath, MaxPlanBlobBytes)
-		if err == nil && len(l.blob) == 0 {
-			err = errors.New("the stored blob is empty")
+	if l.st.Blob.complete() {
+		base, saved := loaded.blob, loaded.blob == nil
+		if saved {
+			base, err = readAllLimited(d, blobPath, MaxPlanBlobBytes)
+		}
+		if err == nil {
+			l.plan, err = heldPlanOf(base, loaded.patches, l.st.Blob.ID)
+		}
+		if len(loaded.patches) == 0 {
+			l.blob, l.blobSaved = base, saved
 		}
 		if err != nil {
-			logger.Warn("could not read the stored plan blob; it is forgotten", "path", blobPath, "err", err)
-			l.st.Blob, l.blob = planRef{}, nil
+			logger.Warn("could not read the stored plan; it is forgotten", "path", blobPath, "err", err)
+			l.st.Blob, l.plan, l.blob, l.blobSaved = planRef{}, nil, nil, false
 		}
 	}
 	return l, loaded, nil
+}
+
+// heldPlanOf is the canonical JSON of plan id, rebuilt from the last blob
+// the agent stored and the patches it took since, in order. The blob may
+// be newer than the first of them: a compaction writes the blob file
+// before the snapshot that drops the records, and may be cut in between.
+// So the patches count from the first one cut from the blob's plan. Only
+// the end is hashed: a patch spliced into anything but its own base cannot
+// give the id's bytes, and a plan that is not exactly the stored one is
+// forgotten, never held.
+func heldPlanOf(blob []byte, patches []*PlanPatch, id string) ([]byte, error) {
+	p, err := DecodePlanBlob(blob)
+	if err != nil {
+		return nil, err
+	}
+	js := p.Canonical()
+	from := slices.IndexFunc(patches, func(pp *PlanPatch) bool { return pp.BaseDigest == p.ID })
+	if from < 0 {
+		from = len(patches)
+	}
+	for _, pp := range patches[from:] {
+		if js, err = splicePlan(js, pp); err != nil {
+			return nil, err
+		}
+	}
+	if got := Digest(js); got != id {
+		return nil, fmt.Errorf("the stored blob and the patches since make plan %q, not plan %q", got, id)
+	}
+	return js, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -328,7 +367,7 @@ type ending struct {
 	landed       map[string]*FileAt
 	journal      []journalEntry
 	resetJournal bool
-	blob         []byte
+	plan         *planUpload
 	// undo: an undone apply's links made after its record (a runtime
 	// apply's when it fell back to a reload), which the record cannot name:
 	// the end record does, so that recovery finds the bytes it puts back.
@@ -351,8 +390,8 @@ func (l *ledger) endApply(e ending, change func(*agentState)) error {
 		next.Journal = append(next.Journal, e.journal...)
 		applyTreeDelta(l.tree, e.landed)
 		l.treeVersion++
-		if e.blob != nil {
-			l.blob, l.blobSaved = e.blob, false
+		if e.plan != nil {
+			l.hold(e.plan)
 		}
 	}
 	l.adopt(next, r)
@@ -365,7 +404,10 @@ func (l *ledger) compact() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.st.Blob.complete() && !l.blobSaved {
-		err := replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(l.blob))
+		blob, err := l.storedBlob()
+		if err == nil {
+			err = replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(blob))
+		}
 		if err == nil {
 			err = l.disk.SyncDir(filepath.Dir(l.blobPath))
 		}
@@ -484,7 +526,7 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 	s := &l.st
 	out := State{
 		APIVersion: APIVersion, AgentVersion: agentVersion, PlanSchemaVersion: s.SchemaVersion,
-		AgentOps: slices.Clone(opKinds[:]), Features: []string{FeatureFilePatch, FeatureWorkerFence, FeatureRuntimeBatches},
+		AgentOps: slices.Clone(opKinds[:]), Features: []string{FeatureFilePatch, FeatureWorkerFence, FeatureRuntimeBatches, FeaturePlanPatch},
 		HAProxy: s.Worker, Generation: s.Generation,
 		AppliedPlanID: s.Applied.ID, AppliedPlanProof: s.Applied.Proof,
 		RunningPlanID: s.Running.ID, RunningPlanProof: s.Running.Proof,
@@ -495,7 +537,9 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 		PendingDeletes: pending, InvariantViolation: l.lastInvariant,
 	}
 	if out.AppliedPlanStored && withPlan {
-		out.AppliedPlan = l.blob
+		// A blob that does not encode is left out: the reader then sees
+		// applied_plan_stored without a plan, as for one it did not ask.
+		out.AppliedPlan, _ = l.storedBlob()
 	}
 	if s.reloadPending() {
 		out.ReloadPendingAt = s.PendingAt.UTC().Format(time.RFC3339Nano)
@@ -698,28 +742,81 @@ func keepProofs(old, fresh map[string]FileAt) {
 	}
 }
 
-// errPlanMoved reports that a blob was offered for a pair that is no longer
-// the applied pair.
+// errPlanMoved reports that a plan was offered for a pair that is no
+// longer the applied pair.
 var errPlanMoved = errors.New("the plan is no longer the applied plan")
 
-// storeBlob stores the blob of the applied pair: a synced record carries
-// it until the next snapshot writes its file.
-func (l *ledger) storeBlob(ref planRef, blob []byte) (PlanMoved, error) {
+// storePlan stores the plan of the applied pair: a synced record carries
+// it, whole or as its patch, until the next snapshot writes its blob's
+// file. A patch whose base is no longer the held plan is errPlanBaseGone.
+func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	moved := PlanMoved{AppliedPlanID: l.st.Applied.ID, AppliedPlanProof: l.st.Applied.Proof}
 	if !samePlanRef(l.st.Applied, ref) {
 		return moved, errPlanMoved
 	}
+	if up.patch != nil && up.patch.BaseDigest != l.heldPlanLocked() {
+		return moved, errPlanBaseGone
+	}
 	next := l.st.clone()
 	next.Blob = ref
-	r := &logRecord{Kind: recordState, State: &next, Blob: blob}
+	r := &logRecord{Kind: recordState, State: &next}
+	up.carry(r)
 	if err := l.write(r, true); err != nil {
 		return moved, err
 	}
-	l.blob, l.blobSaved = slices.Clone(blob), false
+	l.hold(up)
 	l.adopt(next, r)
 	return moved, nil
+}
+
+// hold makes up the stored plan. The caller holds mu.
+func (l *ledger) hold(up *planUpload) {
+	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
+}
+
+// heldPlan is the id and canonical JSON of the stored plan, nil when
+// there is none.
+func (l *ledger) heldPlan() (string, []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.heldPlanLocked() == "" {
+		return "", nil
+	}
+	return l.st.Blob.ID, l.plan
+}
+
+// heldPlanID is the id of the stored plan, "" when there is none.
+func (l *ledger) heldPlanID() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heldPlanLocked()
+}
+
+// heldPlanLocked is the id of the stored plan, "" when there is none. The
+// caller holds mu.
+func (l *ledger) heldPlanLocked() string {
+	if !l.st.Blob.complete() || l.plan == nil {
+		return ""
+	}
+	return l.st.Blob.ID
+}
+
+// storedBlob is the stored plan's blob, encoded from its JSON the first
+// time a state read or a snapshot needs it after the plan came as a patch:
+// most applies are never read back whole, and compressing megabytes of
+// JSON on each would cost more than the patch saved. The caller holds mu.
+func (l *ledger) storedBlob() ([]byte, error) {
+	if l.blob == nil {
+		blob, err := planBlobOf(l.plan, l.st.Blob.ID)
+		if err != nil {
+			l.logger.Error("could not encode the stored plan's blob", "err", err)
+			return nil, err
+		}
+		l.blob = blob
+	}
+	return l.blob, nil
 }
 
 func cloneInventory(inv Inventory) Inventory {

@@ -84,8 +84,10 @@ type logRecord struct {
 	Open    bool           `json:"open,omitempty"`
 
 	// Blob is the plan blob an apply carried or PUT /v1/plan stored, until
-	// a snapshot writes it to its own file.
-	Blob []byte `json:"blob,omitempty"`
+	// a snapshot writes it to its own file; PlanPatch, the patch of the
+	// stored plan one carried instead.
+	Blob      []byte     `json:"blob,omitempty"`
+	PlanPatch *PlanPatch `json:"plan_patch,omitempty"`
 
 	End uint64 `json:"end,omitempty"` // the apply an end record closes
 	// Durable is the last record whose sync had completed when this one was
@@ -211,7 +213,8 @@ type loadedLog struct {
 	count   int    // records since the snapshot
 	touched []string
 	sources map[FileAt][]source
-	blob    []byte // the latest blob a counted record carried
+	blob    []byte       // the latest blob a counted record carried
+	patches []*PlanPatch // the plan patches counted records carried since, in order
 	// reload: the worker may hold changes no closed record explains: an
 	// apply that may have changed it was never closed, or an undo's reload
 	// was owed.
@@ -342,7 +345,10 @@ func (l *loadedLog) replay(records []logRecord) {
 			continue
 		}
 		if r.Blob != nil {
-			l.blob = r.Blob
+			l.blob, l.patches = r.Blob, nil
+		}
+		if r.PlanPatch != nil {
+			l.patches = append(l.patches, r.PlanPatch)
 		}
 		if r.State != nil {
 			journal, proofs := l.st.Journal, l.st.ProofGeneration

@@ -88,7 +88,7 @@ func TestCheckPlanBlob(t *testing.T) {
 			fmt.Sprintf("plan blob holds plan %q (its content hashes to %q), not plan %q", notUTF8.ID, decoded.ID, notUTF8.ID)},
 	}
 	for _, tc := range tests {
-		err := checkPlanBlob(tc.blob, tc.planID)
+		_, err := checkPlanBlob(tc.blob, tc.planID)
 		if got := fmt.Sprint(err); (tc.want == "" && err != nil) || (tc.want != "" && got != tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
@@ -124,7 +124,7 @@ func TestPutPlanStoresOnlyThePlanOfItsID(t *testing.T) {
 	} {
 		code, _, body := e.c.do("PUT", PathPlan+tc.query, bytes.NewReader(tc.blob), "application/octet-stream")
 		ae := applyErr(t, body)
-		if code != http.StatusBadRequest || ae.Stage != StagePlan || ae.Message != fmt.Sprint(checkPlanBlob(tc.blob, p.ID)) {
+		if code != http.StatusBadRequest || ae.Stage != StagePlan || ae.Message != planBlobRefusal(tc.blob, p.ID) {
 			t.Errorf("%s: %d %s", tc.name, code, body)
 		}
 		if st := e.c.state(""); st.AppliedPlanStored || len(st.AppliedPlan) != 0 {
@@ -175,7 +175,7 @@ func TestAnApplysPlanPartIsCheckedBeforeAnythingIsWritten(t *testing.T) {
 		m := e.c.manifest(np.ID, next)
 		code, body := e.c.post(applyRequest{manifest: m, files: next, plan: tc.blob})
 		ae := applyErr(t, body)
-		if code != http.StatusBadRequest || ae.Stage != StageParts || ae.Message != fmt.Sprint(checkPlanBlob(tc.blob, np.ID)) {
+		if code != http.StatusBadRequest || ae.Stage != StageParts || ae.Message != planBlobRefusal(tc.blob, np.ID) {
 			t.Errorf("%s: %d %s", tc.name, code, body)
 		}
 		st := e.c.state("")
@@ -184,4 +184,10 @@ func TestAnApplysPlanPartIsCheckedBeforeAnythingIsWritten(t *testing.T) {
 				tc.name, st.Generation, st.AppliedPlanID, st.AppliedPlanStored)
 		}
 	}
+}
+
+// planBlobRefusal is the message the agent refuses blob with, for plan id.
+func planBlobRefusal(blob []byte, id string) string {
+	_, err := checkPlanBlob(blob, id)
+	return fmt.Sprint(err)
 }

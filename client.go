@@ -22,6 +22,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"slices"
 	"sort"
@@ -370,6 +371,13 @@ func (c *Client) Health(ctx context.Context) error {
 // PUT /v1/plan. A 409 (the pod moved on) is ErrPlanMoved; a 404 or 405 (an
 // agent without the endpoint) is ErrNoPlanEndpoint.
 func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte) error {
+	return c.putPlan(ctx, planID, proof, blob, blobContentType)
+}
+
+// putPlan is PutPlan of a blob or, with patchContentType, of a PlanPatch's
+// JSON. An agent that does not hold the patch's base answers a Missing
+// that lists "plan", returned as a *MissingError.
+func (c *Client) putPlan(ctx context.Context, planID, proof string, blob []byte, contentType string) error {
 	if planID == "" || proof == "" {
 		return errors.New("agent client: plan id and proof are required")
 	}
@@ -380,11 +388,14 @@ func (c *Client) PutPlan(ctx context.Context, planID, proof string, blob []byte)
 	defer cancel()
 	target := PathPlan + "?" + url.Values{"plan_id": {planID}, "proof": {proof}}.Encode()
 	_, err := c.exchange(ctx, func(ctx context.Context) (int, []byte, error) {
-		return c.send(ctx, http.MethodPut, target, bytes.NewReader(blob), int64(len(blob)), "application/octet-stream", true)
+		return c.send(ctx, http.MethodPut, target, bytes.NewReader(blob), int64(len(blob)), contentType, true)
 	}, alwaysReplayable)
+	var me *MissingError
 	var ce *ConflictError
 	var he *HTTPError
 	switch {
+	case errors.As(err, &me):
+		return err
 	case errors.As(err, &ce) || errors.As(err, &he) && he.Status == http.StatusConflict:
 		return ErrPlanMoved
 	case errors.As(err, &he) && (he.Status == http.StatusNotFound || he.Status == http.StatusMethodNotAllowed):
@@ -414,6 +425,19 @@ type applyPart struct {
 // (OK false is not an error). Apply returns only once it has stopped
 // reading parts and plan, so a reader must not block forever.
 func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Reader, plan io.Reader) (*ApplyResult, error) {
+	return c.apply(ctx, m, parts, plan, blobContentType)
+}
+
+// The Content-Types of a plan as it travels (the apply's plan part, the
+// PUT /v1/plan body): the agent takes a PlanPatch for application/json,
+// and a blob for anything else.
+const (
+	blobContentType  = "application/octet-stream"
+	patchContentType = "application/json"
+)
+
+// apply is Apply with the plan part's Content-Type.
+func (c *Client) apply(ctx context.Context, m *Manifest, parts map[string]io.Reader, plan io.Reader, planType string) (*ApplyResult, error) {
 	if m == nil {
 		return nil, errors.New("agent client: manifest is required")
 	}
@@ -433,7 +457,7 @@ func (c *Client) Apply(ctx context.Context, m *Manifest, parts map[string]io.Rea
 	// and from then on a refused or reset connection is not retried: the
 	// agent may have acted on what it read.
 	var consumed atomic.Bool
-	body := &applyBody{manifest: manifestJSON, parts: ordered, plan: plan}
+	body := &applyBody{manifest: manifestJSON, parts: ordered, plan: plan, planType: planType}
 	attempt := func(ctx context.Context) (int, []byte, error) { return c.applyAttempt(ctx, body) }
 	if body.small() {
 		// A small body is built once in memory and sent with its length, in
@@ -561,6 +585,7 @@ func expectedPartBytes(f *ManifestFile) int64 {
 type applyBody struct {
 	manifest []byte
 	plan     io.Reader
+	planType string
 	parts    []applyPart
 }
 
@@ -649,7 +674,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 		return err
 	}
 	if b.plan != nil {
-		n, err := writePart(mw, PartPlan, b.plan, MaxPlanBlobBytes, "plan blob")
+		n, err := writePart(mw, PartPlan, b.planType, b.plan, MaxPlanBlobBytes, "plan blob")
 		if err != nil {
 			return err
 		}
@@ -658,7 +683,7 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 		}
 	}
 	for _, p := range b.parts {
-		n, err := writePart(mw, p.path, p.r, p.expected, fmt.Sprintf("part %q", p.path))
+		n, err := writePart(mw, p.path, blobContentType, p.r, p.expected, fmt.Sprintf("part %q", p.path))
 		if err != nil {
 			return err
 		}
@@ -669,10 +694,14 @@ func (b *applyBody) writeTo(mw *multipart.Writer) error {
 	return mw.Close()
 }
 
-// writePart writes the part name from at most limit+1 bytes of r. A failure
-// of r is reported as the caller's reader's (what), never as the pipe's.
-func writePart(mw *multipart.Writer, name string, r io.Reader, limit int64, what string) (int64, error) {
-	w, err := mw.CreateFormFile(name, name)
+// writePart writes the part name, a form file of contentType, from at most
+// limit+1 bytes of r. A failure of r is reported as the caller's reader's
+// (what), never as the pipe's.
+func writePart(mw *multipart.Writer, name, contentType string, r io.Reader, limit int64, what string) (int64, error) {
+	w, err := mw.CreatePart(textproto.MIMEHeader{
+		"Content-Disposition": {multipart.FileContentDisposition(name, name)},
+		"Content-Type":        {contentType},
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -788,22 +817,24 @@ func Deploy(ctx context.Context, c *Client, next *Plan, opts DeployOptions) (*Ap
 	case next.ID == "":
 		return nil, errors.New("agent client: deploy: plan has no id")
 	}
-	blob := opts.PlanBlob
-	if len(blob) == 0 {
-		encoded, err := EncodePlanBlob(next)
-		if err != nil {
-			return nil, fmt.Errorf("agent client: deploy: encode plan blob: %w", err)
-		}
-		blob = encoded
-	}
-	if len(blob) > MaxPlanBlobBytes {
-		// Only a caller's blob can be this large; the agent would refuse
-		// it, so the deploy proceeds without one.
-		blob = nil
-	}
 	prep := opts.Prepared
 	if prep == nil || planID(prep.applied) != planID(opts.Applied) || planID(prep.next) != next.ID {
 		prep = PrepareDeploy(opts.Applied, next)
+	}
+	blob := func() ([]byte, error) {
+		switch {
+		case len(opts.PlanBlob) > MaxPlanBlobBytes:
+			// Only a caller's blob can be this large; the agent would
+			// refuse it, so the deploy proceeds without one.
+			return nil, nil
+		case len(opts.PlanBlob) > 0:
+			return opts.PlanBlob, nil
+		}
+		blob, err := prep.blob()
+		if err != nil {
+			return nil, fmt.Errorf("agent client: deploy: encode plan blob: %w", err)
+		}
+		return blob, nil
 	}
 
 	var err error
@@ -833,21 +864,39 @@ func needsRediff(err error) bool {
 }
 
 // deployRound is one round: read state, decide, apply (with the patched
-// files' parts, if any), resend the missing parts once, and store the blob
-// after an ACK.
-func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, prep *PreparedDeploy, blob []byte) (*ApplyResult, error) {
+// files' parts, if any), resend the missing parts once, and store the plan
+// after an ACK. blob is next's plan blob, encoded when first needed; nil
+// means the deploy sends none.
+func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions, prep *PreparedDeploy, blob func() ([]byte, error)) (*ApplyResult, error) {
 	state, err := c.deployState(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	m := NewManifest(next, prep.Decision(state), state, Token{LeaderEpoch: opts.LeaderEpoch, RenderSeq: state.AppliedToken.RenderSeq + 1})
 
-	sendBlob := blob != nil && (m.Mode == ModeReload || c.noPlanEndpoint.Load())
-	planPart := func() io.Reader {
-		if !sendBlob {
-			return nil
+	// The plan rides an apply that reloads (a cold leader must find it
+	// at once) or an agent without PUT /v1/plan; any other apply is
+	// answered sooner without it, and the plan is stored after the ACK.
+	// Either way it travels as the prepared patch where the agent holds
+	// the plan the patch is cut from.
+	patch := prep.planPatchFor(state)
+	withApply := m.Mode == ModeReload || c.noPlanEndpoint.Load()
+	var plan []byte
+	if withApply {
+		if plan = patch; plan == nil {
+			if plan, err = blob(); err != nil {
+				return nil, err
+			}
 		}
-		return bytes.NewReader(blob)
+	}
+	planPart := func() (io.Reader, string) {
+		switch {
+		case plan == nil:
+			return nil, ""
+		case patch != nil:
+			return bytes.NewReader(plan), patchContentType
+		}
+		return bytes.NewReader(plan), blobContentType
 	}
 
 	// The first apply carries the patches and no whole file: the agent
@@ -855,33 +904,64 @@ func (c *Client) deployRound(ctx context.Context, next *Plan, opts DeployOptions
 	// less than the round trip that would ask for it.
 	patches := deployPatches(state, m.Files, prep)
 	sent, parts := patchedManifest(m, patches, nil)
-	result, err := c.Apply(ctx, sent, parts, planPart())
+	r, planType := planPart()
+	result, err := c.apply(ctx, sent, parts, r, planType)
 	var me *MissingError
 	if errors.As(err, &me) {
-		whole, perr := missingParts(next, me.Missing.Missing)
+		missing := me.Missing.Missing
+		if plan != nil && patch != nil && slices.Contains(missing, PartPlan) {
+			// The agent lost the plan the patch is cut from: the plan
+			// travels whole, and "plan" names a file only if next has one.
+			if plan, err = blob(); err != nil {
+				return nil, err
+			}
+			patch = nil
+			if _, ok := planFilesByPath(next)[PartPlan]; !ok {
+				missing = slices.DeleteFunc(slices.Clone(missing), func(p string) bool { return p == PartPlan })
+			}
+		}
+		whole, perr := missingParts(next, missing)
 		if perr != nil {
 			return nil, perr
 		}
 		// A patched path the agent lists has lost its base (the file on
 		// disk is not the one its state named): it travels whole, and the
 		// other patches stand.
-		sent, parts = patchedManifest(m, patches, me.Missing.Missing)
+		sent, parts = patchedManifest(m, patches, missing)
 		maps.Copy(parts, whole)
-		result, err = c.Apply(ctx, sent, parts, planPart())
+		r, planType = planPart()
+		result, err = c.apply(ctx, sent, parts, r, planType)
 	}
 	if err != nil {
 		return nil, err
 	}
 
 	alreadyStored := state.AppliedPlanID == next.ID && state.HoldsAppliedPlan()
-	if result.OK && !sendBlob && blob != nil && result.AppliedPlanID == next.ID && result.AppliedPlanProof != "" && !alreadyStored {
-		// The apply landed; a blob that fails to store only costs a
-		// reload for a leader that has no plan of its own.
-		if err := c.PutPlan(ctx, result.AppliedPlanID, result.AppliedPlanProof, blob); errors.Is(err, ErrNoPlanEndpoint) {
+	if result.OK && !withApply && result.AppliedPlanID == next.ID && result.AppliedPlanProof != "" && !alreadyStored {
+		c.storePlan(ctx, result, patch, blob)
+	}
+	return result, nil
+}
+
+// storePlan stores next's plan for the pair an apply landed without it:
+// as the patch when there is one, whole when there is none or the agent
+// asks for it. A plan that fails to store only costs a reload for a leader
+// that has no plan of its own, so failures are not reported.
+func (c *Client) storePlan(ctx context.Context, result *ApplyResult, patch []byte, blob func() ([]byte, error)) {
+	id, proof := result.AppliedPlanID, result.AppliedPlanProof
+	if patch != nil {
+		// An agent that takes patches has the endpoint: only a Missing
+		// answer (the base is gone) calls for the whole blob.
+		var me *MissingError
+		if err := c.putPlan(ctx, id, proof, patch, patchContentType); !errors.As(err, &me) {
+			return
+		}
+	}
+	if whole, err := blob(); err == nil && whole != nil {
+		if err := c.PutPlan(ctx, id, proof, whole); errors.Is(err, ErrNoPlanEndpoint) {
 			c.noPlanEndpoint.Store(true)
 		}
 	}
-	return result, nil
 }
 
 // deployState reads the pod's state for one round. With the caller's own
@@ -935,10 +1015,12 @@ const maxPreparedBaselines = 64
 // PreparedDeploy is the work of a Deploy that depends only on the change
 // from an applied plan to the next one, not on the pod, done once for a
 // whole fleet: the patches that turn the applied plan's files into next's,
-// each cut on first use, and Diff's decision for each pod baseline built
-// on the applied plan, computed for the first pod that has it. For a
-// one-entry change of a large map those are the diff of every entry and a
-// scan of the whole file, which a pod would otherwise pay for again.
+// each cut on first use, Diff's decision for each pod baseline built on
+// the applied plan, computed for the first pod that has it, next's plan
+// blob and the plan patch from the applied plan, each made when a pod
+// first needs it. For a one-entry change of a large map those are the diff
+// of every entry, a scan of the whole file and of the plan's JSON, and the
+// compression of that JSON, which a pod would otherwise pay for again.
 //
 // Deploy uses it only when it was prepared for plans with the ids of its
 // Applied and next, and prepares its own otherwise. Within it, a pod whose
@@ -949,6 +1031,8 @@ const maxPreparedBaselines = 64
 type PreparedDeploy struct {
 	applied, next *Plan
 	patches       map[string]preparedPatch // by path; read-only once prepared
+	blob          func() ([]byte, error)   // EncodePlanBlob(next)
+	planPatch     func() []byte            // the PlanPatch JSON from applied to next; nil: send the blob
 
 	mu        sync.Mutex
 	decisions map[string]func() Decision // by baselineKey, at most maxPreparedBaselines
@@ -965,7 +1049,9 @@ type preparedPatch struct {
 // applied (nil when the caller has no plan of its own). It does no work
 // yet: each part is computed when the first pod needs it.
 func PrepareDeploy(applied, next *Plan) *PreparedDeploy {
-	p := &PreparedDeploy{applied: applied, next: next, patches: map[string]preparedPatch{}, decisions: map[string]func() Decision{}}
+	p := &PreparedDeploy{applied: applied, next: next, patches: map[string]preparedPatch{}, decisions: map[string]func() Decision{},
+		blob:      sync.OnceValues(func() ([]byte, error) { return EncodePlanBlob(next) }),
+		planPatch: sync.OnceValue(func() []byte { return planPatchJSON(applied, next) })}
 	if applied == nil || next == nil {
 		return p
 	}
@@ -986,6 +1072,39 @@ func PrepareDeploy(applied, next *Plan) *PreparedDeploy {
 		})}
 	}
 	return p
+}
+
+// planPatchFor is the prepared plan patch for the pod in state, or nil: the
+// pod must take plan patches and hold the prepared applied plan as its
+// stored plan, the one the patch is cut from.
+func (p *PreparedDeploy) planPatchFor(state *State) []byte {
+	if p.applied == nil || !slices.Contains(state.Features, FeaturePlanPatch) || !state.HoldsAppliedPlan() || state.AppliedPlanID != p.applied.ID {
+		return nil
+	}
+	return p.planPatch()
+}
+
+// planPatchJSON is the encoded PlanPatch that turns applied into next, or
+// nil: no applied plan, a plan whose canonical JSON does not hash to its
+// id (the agent would refuse what the patch makes), or a change the whole
+// blob carries better (cutPlanPatch).
+func planPatchJSON(applied, next *Plan) []byte {
+	if applied == nil || next == nil {
+		return nil
+	}
+	base, to := string(applied.Canonical()), string(next.Canonical())
+	if DigestString(base) != applied.ID || DigestString(to) != next.ID {
+		return nil
+	}
+	patch := cutPlanPatch(base, to, applied.ID)
+	if patch == nil {
+		return nil
+	}
+	js, err := json.Marshal(patch)
+	if err != nil || len(js) > MaxPlanBlobBytes {
+		return nil
+	}
+	return js
 }
 
 // Decision is what a Deploy round decides for a pod in state, read the way

@@ -7,6 +7,7 @@
 package haptic
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -436,7 +437,8 @@ func newPatchEnv(tb testing.TB, size, pad int) *patchEnv {
 
 // TestDeployPatchesAOneEntryChangeInA10MBMap deploys one changed map entry
 // in a 10 MB map to the real agent and counts what the client writes: the
-// apply carries a patch of a few bytes, not the map. (BenchmarkDeployPatch10MB
+// apply carries a patch of a few bytes, not the map, and the plan upload a
+// patch of the plan, not its blob. (BenchmarkDeployPatch10MB
 // compares with the same deploy sending the map whole.)
 func TestDeployPatchesAOneEntryChangeInA10MBMap(t *testing.T) {
 	e := newPatchEnv(t, 10<<20, 200)
@@ -449,17 +451,16 @@ func TestDeployPatchesAOneEntryChangeInA10MBMap(t *testing.T) {
 	}
 	byRoute, total := e.wire.take()
 	t.Logf("patched deploy sent %d bytes: %v", total, byRoute)
-	// The count sees whole bodies: the blob upload is all there.
-	if n := byRoute["PUT "+PathPlan]; n < int64(len(e.blobs[1])) {
-		t.Fatalf("counted %d bytes for a %d-byte plan blob upload", n, len(e.blobs[1]))
+	// The plan travels as the splices of the plan the pod holds, and the
+	// whole deploy (state read, apply, plan) costs kilobytes.
+	if n := byRoute["PUT "+PathPlan]; n == 0 || n >= 4<<10 {
+		t.Fatalf("the plan upload sent %d bytes, want a patch under 4 KiB", n)
 	}
-	if n := byRoute["POST "+PathApply]; n >= 64<<10 {
-		t.Fatalf("the applies of a one-entry change sent %d bytes, want under 64 KiB", n)
+	if total >= 8<<10 {
+		t.Fatalf("a one-entry change sent %d bytes, want under 8 KiB", total)
 	}
-	// The plan blob is the plan, all entries included: that upload is not
-	// the file and is counted apart.
-	if n := total - byRoute["PUT "+PathPlan]; n >= 64<<10 {
-		t.Fatalf("a one-entry change sent %d bytes besides the plan blob, want under 64 KiB", n)
+	if st, err := e.client.State(ctx, StateRead{Plan: true}); err != nil || !bytes.Equal(st.AppliedPlan, e.blobs[1]) {
+		t.Fatalf("the stored plan is not v2's blob byte for byte (%v)", err)
 	}
 	got, err := os.ReadFile(filepath.Join(e.agent.cfg.BaseDir, exampleHostMap))
 	if err != nil || string(got) != v2.Files[1].Content {

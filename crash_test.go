@@ -25,6 +25,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -241,13 +242,14 @@ func (c *agentChild) state(t testing.TB) *State {
 // child's current state, with every part, and returns the answer. It does
 // not fail the test, so it can run in a goroutine the child never answers.
 func (c *agentChild) postApply(st *State, planID string, fs fileSet, mode string, ops ...Op) (int, []byte, error) {
-	return c.postPatched(st, planID, nil, fs, mode, false, ops...)
+	return c.postPatched(st, planID, nil, fs, nil, mode, false, ops...)
 }
 
 // postPatched is postApply whose large changed files travel as patches of
-// their bytes in before, and which with validate vouches for the applied
-// plan (it becomes the last-known-good).
-func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, mode string, validate bool, ops ...Op) (int, []byte, error) {
+// their bytes in before, with planPatch (when not nil) as its plan part,
+// and which with validate vouches for the applied plan (it becomes the
+// last-known-good).
+func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, planPatch []byte, mode string, validate bool, ops ...Op) (int, []byte, error) {
 	m := &Manifest{IdentityVersion: ExactIdentityVersion, PlanID: planID, PlanSchemaVersion: PlanSchemaVersion,
 		Token:              Token{LeaderEpoch: 1, RenderSeq: st.AppliedToken.RenderSeq + 1},
 		ExpectedPrevPlanID: st.AppliedPlanID, ExpectedPrevPlanProof: st.AppliedPlanProof, ExpectedPrevToken: st.AppliedToken,
@@ -262,6 +264,10 @@ func (c *agentChild) postPatched(st *State, planID string, before, fs fileSet, m
 	pw, _ := w.CreateFormField(PartManifest)
 	if err := json.NewEncoder(pw).Encode(m); err != nil {
 		return 0, nil, err
+	}
+	if planPatch != nil {
+		pw, _ := w.CreatePart(textproto.MIMEHeader{"Content-Disposition": {multipart.FileContentDisposition(PartPlan, PartPlan)}, "Content-Type": {"application/json"}})
+		pw.Write(planPatch)
 	}
 	for _, p := range fs.paths() {
 		content, ok := patches[p]
@@ -339,6 +345,66 @@ type crashKind struct {
 	// last-known-good: its journal links files the warmup installed
 	// without a sync (the power-loss simulation skips its compaction).
 	promote bool
+	// plans are the real plans of the sets before and after: the plan
+	// before is stored whole once landed, and the apply carries its plan
+	// as a patch of it, which its record carries instead of a blob.
+	plans []*Plan
+}
+
+// planID is the id the test lands set n under: plan-n, or the real plan's
+// id for the sets before (1) and after (2) of a kind that has plans.
+func (k crashKind) planID(n int) string {
+	if k.plans != nil && (n == 1 || n == 2) {
+		return k.plans[n-1].ID
+	}
+	return fmt.Sprintf("plan-%d", n)
+}
+
+// planPatch is the plan part of the apply under test: the patch of the
+// plan before into the plan after, or nil.
+func (k crashKind) planPatch() []byte {
+	if k.plans == nil {
+		return nil
+	}
+	return planPatchJSON(k.plans[0], k.plans[1])
+}
+
+// heldPlanProblem checks a recovered agent's stored plan: none, or a blob
+// that is exactly one of the kind's plans, never a mix, and after an
+// answered apply the apply's. It returns what failed, or "".
+func (k crashKind) heldPlanProblem(storedID string, blob []byte, acked bool) string {
+	if k.plans == nil {
+		return ""
+	}
+	if acked && storedID != k.plans[1].ID {
+		return fmt.Sprintf("the answered apply's plan is not stored: the stored plan is %q", storedID)
+	}
+	for _, p := range k.plans {
+		if want, _ := EncodePlanBlob(p); storedID == p.ID && !bytes.Equal(blob, want) {
+			return fmt.Sprintf("the stored blob of %s is not EncodePlanBlob's (%d bytes)", p.ID, len(blob))
+		}
+	}
+	return ""
+}
+
+// planOfSet is the plan of fs, as PlanFromDir reads it from a directory.
+func planOfSet(fs fileSet) *Plan {
+	dir, err := os.MkdirTemp("", "haptic-plan-")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	for rel, content := range fs {
+		abs := filepath.Join(dir, filepath.FromSlash(rel))
+		if os.MkdirAll(filepath.Dir(abs), 0o755) != nil || os.WriteFile(abs, []byte(content), 0o644) != nil {
+			panic("writing " + abs)
+		}
+	}
+	p, err := PlanFromDir(dir)
+	if err != nil {
+		panic(err)
+	}
+	return p
 }
 
 // patchBase is the set a patched kind's patches apply to.
@@ -408,6 +474,9 @@ func crashKinds() []crashKind {
 		{name: "file_only", before: before, after: fileOnly, mode: ModeAuto, wantMode: ResultFileOnly},
 		{name: "reload", before: before, after: reload, mode: ModeReload, wantMode: ResultReload},
 		{name: "big_map_patch", before: bigBefore, after: bigAfter, mode: ModeAuto, patched: true,
+			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
+		// The plan travels too, as a patch of the stored plan before.
+		{name: "plan_patch", before: bigBefore, after: bigAfter, mode: ModeAuto, patched: true, plans: []*Plan{planOfSet(bigBefore), planOfSet(bigAfter)},
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
 		{name: "refused_after_runtime", landed: before, before: runtime, after: reload, mode: ModeReload, wantMode: ResultRejected,
 			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}}, refused: true},
@@ -599,6 +668,13 @@ func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 	}
 	a := startAgentChild(t, cfg)
 	k.landBefore(t, a.state, a.postApply)
+	if k.plans != nil {
+		st := a.state(t)
+		blob, _ := EncodePlanBlob(k.plans[0])
+		if err := a.client(t).PutPlan(context.Background(), st.AppliedPlanID, st.AppliedPlanProof, blob); err != nil {
+			t.Fatalf("storing the plan before: %v", err)
+		}
+	}
 	a.kill()
 	return &crashEnv{fake: fake, master: master, cfg: cfg, base: base}
 }
@@ -607,9 +683,9 @@ func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 // runtime apply when there is one.
 func (k crashKind) landBefore(t testing.TB, state func(testing.TB) *State, post func(*State, string, fileSet, string, ...Op) (int, []byte, error)) {
 	t.Helper()
-	first, firstID := k.before, "plan-1"
+	first, firstID := k.before, k.planID(1)
 	if k.warmup != nil {
-		first, firstID = k.landed, "plan-0"
+		first, firstID = k.landed, k.planID(0)
 	}
 	code, b, err := post(state(t), firstID, first, ModeReload)
 	if err != nil || code != http.StatusOK || !bytes.Contains(b, []byte(`"ok":true`)) {
@@ -618,7 +694,7 @@ func (k crashKind) landBefore(t testing.TB, state func(testing.TB) *State, post 
 	if k.warmup == nil {
 		return
 	}
-	code, b, err = post(state(t), "plan-1", k.before, ModeAuto, k.warmup...)
+	code, b, err = post(state(t), k.planID(1), k.before, ModeAuto, k.warmup...)
 	if err != nil || code != http.StatusOK || !bytes.Contains(b, []byte(`"mode":"runtime"`)) {
 		t.Fatalf("the warmup: %d %v %s", code, err, b)
 	}
@@ -632,7 +708,7 @@ func applyOps(t *testing.T, k crashKind) []string {
 	cfg.OpsLog = filepath.Join(t.TempDir(), "ops")
 	b := startAgentChild(t, cfg)
 	k.haproxyRefuses(e.fake, e.master, true)
-	code, body, err := b.postPatched(b.state(t), "plan-2", k.patchBase(), k.after, k.mode, k.promote, k.ops...)
+	code, body, err := b.postPatched(b.state(t), k.planID(2), k.patchBase(), k.after, k.planPatch(), k.mode, k.promote, k.ops...)
 	k.haproxyRefuses(e.fake, e.master, false)
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("the apply: %d %v %s", code, err, body)
@@ -666,7 +742,7 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 	k.haproxyRefuses(e.fake, e.master, true)
 	answered := make(chan ApplyResult, 1)
 	go func() {
-		code, body, err := b.postPatched(before, "plan-2", k.patchBase(), k.after, k.mode, k.promote, k.ops...)
+		code, body, err := b.postPatched(before, k.planID(2), k.patchBase(), k.after, k.planPatch(), k.mode, k.promote, k.ops...)
 		var res ApplyResult
 		if err == nil && code == http.StatusOK && json.Unmarshal(body, &res) == nil {
 			answered <- res
@@ -704,22 +780,25 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 
 	c := startAgentChild(t, e.cfg)
 	got := diskSet(t, e.base)
-	st := c.state(t)
+	st, err := c.client(t).State(context.Background(), StateRead{Plan: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Requirement 1: the set before or the apply's set, never a mix.
 	isBefore, isAfter := sameSet(got, k.before), sameSet(got, k.after)
 	if !isBefore && !isAfter {
 		t.Fatalf("stopped at %q: the tree is a mix: %v", stoppedAt, got)
 	}
-	if k.mustFindTheSetBefore(undoing) && (!isBefore || slices.Contains([]string{st.AppliedPlanID, st.RunningPlanID, st.WorkerOpsPlanID}, "plan-2")) {
+	if k.mustFindTheSetBefore(undoing) && (!isBefore || slices.Contains([]string{st.AppliedPlanID, st.RunningPlanID, st.WorkerOpsPlanID}, k.planID(2))) {
 		t.Fatalf("stopped at %q: the refused apply's files or pairs stayed, or its undo took an answered change back: %v %+v", stoppedAt, got, st)
 	}
 	// Requirement 2: a named plan's files are on disk.
 	switch st.AppliedPlanID {
-	case "plan-1":
+	case k.planID(1):
 		if !isBefore {
 			t.Fatalf("stopped at %q: applied plan-1 over the apply's set", stoppedAt)
 		}
-	case "plan-2":
+	case k.planID(2):
 		if !isAfter {
 			t.Fatalf("stopped at %q: applied plan-2 over the set before", stoppedAt)
 		}
@@ -728,8 +807,16 @@ func runCrashAt(t *testing.T, k crashKind, at int) {
 		t.Fatalf("applied %q", st.AppliedPlanID)
 	}
 	// Requirement 3: an answered apply is still applied.
-	if acked != nil && st.AppliedPlanID != "plan-2" {
+	if acked != nil && st.AppliedPlanID != k.planID(2) {
 		t.Fatalf("the answered apply was lost: %+v", st)
+	}
+	// The stored plan is one plan's blob, never a mix.
+	stored := ""
+	if st.AppliedPlanStored {
+		stored = st.AppliedPlanID
+	}
+	if msg := k.heldPlanProblem(stored, st.AppliedPlan, acked != nil); msg != "" {
+		t.Fatalf("stopped at %q: %s", stoppedAt, msg)
 	}
 	// Requirement 4: nothing reported goes backwards.
 	if st.Generation < before.Generation || st.Generation > before.Generation+1 || (acked != nil && st.Generation != before.Generation+1) {

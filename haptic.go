@@ -67,6 +67,7 @@ const (
 	FeatureFilePatch      = "file_patch"      // ManifestFile.Patch
 	FeatureWorkerFence    = "worker_fence"    // the worker_ops_mismatch fence
 	FeatureRuntimeBatches = "runtime_batches" // Manifest.OpBatches
+	FeaturePlanPatch      = "plan_patch"      // PlanPatch as the plan part and the PUT /v1/plan body
 )
 
 // Conflict reasons (Conflict.Reason).
@@ -163,6 +164,7 @@ const (
 	MaxFiles                 = 4096     // files per manifest; file parts per apply
 	MaxPlanBlobBytes         = 8 << 20  // the plan blob; also the manifest part
 	MaxPlanJSONBytes         = 64 << 20 // the plan JSON inside one plan blob
+	MaxPlanSplices           = 256      // splices in one PlanPatch
 	MaxPathBytes             = 255      // bytes in one file path
 	MaxOpsPerApply           = 1000     // ops per batch; the first batch is ops plus in_place_ops
 	MaxOpBatches             = 8        // batches per apply, counting the first
@@ -279,6 +281,29 @@ type FilePatch struct {
 	BaseSize   int64  `json:"base_size"`   // the held copy's size
 	Offset     int64  `json:"offset"`      // start of the replaced range in the base
 	Length     int64  `json:"length"`      // bytes of the base replaced; Offset+Length <= BaseSize
+}
+
+// PlanPatch delivers a plan as splices of the canonical JSON (Plan.Canonical,
+// the bytes its id is the digest of) of the plan the agent holds: an agent
+// that advertises FeaturePlanPatch takes it, as JSON with Content-Type
+// application/json, wherever it takes a plan blob (the apply's plan part,
+// the PUT /v1/plan body). The new canonical JSON is the base with each
+// splice's range replaced by its data, and the agent keeps it only when it
+// hashes to the plan id the apply or the upload names. A base the agent
+// does not hold (its stored plan is another, or none) is a 409 Missing that
+// lists "plan": the controller then sends the whole blob.
+type PlanPatch struct {
+	BaseDigest string       `json:"base_digest"` // the held plan's id, the digest of its canonical JSON
+	BaseSize   int64        `json:"base_size"`   // the length of that JSON
+	Splices    []PlanSplice `json:"splices"`     // in ascending order, not overlapping; at most MaxPlanSplices
+}
+
+// PlanSplice replaces Length bytes of the base at Offset with Data, in the
+// way FilePatch replaces a range of a file.
+type PlanSplice struct {
+	Offset int64  `json:"offset"` // start of the replaced range in the base
+	Length int64  `json:"length"` // bytes of the base replaced; Offset+Length <= BaseSize
+	Data   []byte `json:"data"`   // the replacement bytes (base64 in JSON)
 }
 
 // Op is one typed runtime command. Fields a kind does not use stay at their
@@ -515,7 +540,7 @@ type Conflict struct {
 
 // Missing is the 409 answer naming the file parts the agent lacks, sorted.
 type Missing struct {
-	Missing []string `json:"missing"` // the paths to resend, whole ones for a patch whose base is gone
+	Missing []string `json:"missing"` // the paths to resend, whole ones for a patch whose base is gone; "plan" (PartPlan) asks for the whole plan blob instead of a PlanPatch
 }
 
 // PlanStored is the 200 answer to PUT /v1/plan.

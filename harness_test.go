@@ -411,6 +411,7 @@ type applyRequest struct {
 	omit        map[string]bool   // paths whose part is not sent
 	override    map[string]string // part content sent instead of files[path]
 	plan        []byte
+	planPatch   bool        // the plan is a PlanPatch: Content-Type application/json
 	extra       []extraPart // parts appended after the file parts
 	noManifest  bool
 }
@@ -432,7 +433,11 @@ func (r applyRequest) body(t testing.TB) (*bytes.Buffer, string) {
 		pw.Write(b)
 	}
 	if r.plan != nil {
-		pw, _ := w.CreateFormFile(PartPlan, PartPlan)
+		h := textproto.MIMEHeader{"Content-Disposition": {multipart.FileContentDisposition(PartPlan, PartPlan)}, "Content-Type": {"application/octet-stream"}}
+		if r.planPatch {
+			h.Set("Content-Type", "application/json")
+		}
+		pw, _ := w.CreatePart(h)
 		pw.Write(r.plan)
 	}
 	if r.manifest != nil {
@@ -690,7 +695,7 @@ func writeSnapshot(t testing.TB, base string, st agentState, tree map[string]Fil
 func stopAsKilled(t testing.TB, base string, stop func()) {
 	t.Helper()
 	saved := map[string][]byte{}
-	for _, name := range []string{".haptic-agent.json", logFileName} {
+	for _, name := range []string{".haptic-agent.json", logFileName, planBlobFile} {
 		b, err := os.ReadFile(filepath.Join(base, name))
 		if err != nil && !os.IsNotExist(err) {
 			t.Fatal(err)

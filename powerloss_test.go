@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -199,17 +200,25 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd, mountInfo: mountInfo}, nil, true)
 	c := newAgentClient(t, a)
 	if k.warmup == nil {
-		if res := c.apply(c.manifest("plan-1", k.before), k.before); !res.OK {
+		if res := c.apply(c.manifest(k.planID(1), k.before), k.before); !res.OK {
 			t.Fatalf("landing the set before: %+v", res)
 		}
 	} else {
-		if res := c.apply(c.manifest("plan-0", k.landed), k.landed); !res.OK {
+		if res := c.apply(c.manifest(k.planID(0), k.landed), k.landed); !res.OK {
 			t.Fatalf("landing the first set: %+v", res)
 		}
-		if res := c.apply(c.manifest("plan-1", k.before, k.warmup...), k.before); res.Mode != ResultRuntime {
+		if res := c.apply(c.manifest(k.planID(1), k.before, k.warmup...), k.before); res.Mode != ResultRuntime {
 			t.Fatalf("the warmup: %+v", res)
 		}
 		a.reads.wg.Wait()
+	}
+	if k.plans != nil {
+		st := c.state("")
+		blob, _ := EncodePlanBlob(k.plans[0])
+		query := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
+		if code, _, body := c.do("PUT", PathPlan+query, bytes.NewReader(blob), "application/octet-stream"); code != http.StatusOK {
+			t.Fatalf("storing the plan before: %d %s", code, body)
+		}
 	}
 	st := c.state("")
 	before := struct {
@@ -262,13 +271,13 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 	}
 	fd.before = check
 	st = c.state("")
-	m := c.manifestFrom(st, "plan-2", k.after, k.ops...)
+	m := c.manifestFrom(st, k.planID(2), k.after, k.ops...)
 	m.Mode = k.mode
 	if k.promote {
 		m.ValidatedPlanID, m.ValidatedPlanProof = st.AppliedPlanID, st.AppliedPlanProof
 	}
 	k.haproxyRefuses(fake, master, true)
-	code, body := c.post(applyRequest{manifest: m, files: k.after, override: patchesFor(m, k.patchBase(), k.after)})
+	code, body := c.post(applyRequest{manifest: m, files: k.after, override: patchesFor(m, k.patchBase(), k.after), plan: k.planPatch(), planPatch: true})
 	var res ApplyResult
 	if code != 200 || json.Unmarshal(body, &res) != nil {
 		t.Fatalf("the apply: %d %s", code, body)
@@ -338,22 +347,32 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 	switch {
 	case !isBefore && !isAfter:
 		return fmt.Sprintf("requirement 1: the tree is a mix: %v", got.paths())
-	case st.Applied.ID == "plan-1" && !isBefore:
+	case st.Applied.ID == k.planID(1) && !isBefore:
 		return "requirement 2: plan-1 is applied over the apply's set"
-	case st.Applied.ID == "plan-2" && !isAfter:
+	case st.Applied.ID == k.planID(2) && !isAfter:
 		return "requirement 2: plan-2 is applied over the set before"
-	case acked && st.Applied.ID != "plan-2":
+	case acked && st.Applied.ID != k.planID(2):
 		return fmt.Sprintf("requirement 3: a durable commit was lost: applied %q", st.Applied.ID)
 	case acked && !isAfter:
 		return "an ACK taken back: the answered apply's files are not on disk"
 	case refused && !isBefore:
 		return "the refused apply's files stayed, or its undo took an answered change back"
-	case refused && slices.Contains([]string{st.Applied.ID, st.Running.ID, st.WorkerOps.ID, st.LKG.ID}, "plan-2"):
+	case refused && slices.Contains([]string{st.Applied.ID, st.Running.ID, st.WorkerOps.ID, st.LKG.ID}, k.planID(2)):
 		return fmt.Sprintf("the refused apply's pairs stayed: applied %q, running %q, worker ops %q, lkg %q", st.Applied.ID, st.Running.ID, st.WorkerOps.ID, st.LKG.ID)
 	case st.Generation < genBefore || (acked && st.Generation < genBefore+1):
 		return fmt.Sprintf("requirement 4: generation %d, reported %d (answered: %v)", st.Generation, genBefore, acked)
 	case st.ProofGeneration < proofBefore || (acked && st.ProofGeneration <= proofBefore):
 		return fmt.Sprintf("requirement 4: proof counter %d, reported a:%d (answered: %v)", st.ProofGeneration, proofBefore, acked)
+	}
+	stored, blob := "", []byte(nil)
+	if st.Blob.complete() {
+		led.mu.Lock()
+		stored = st.Blob.ID
+		blob, _ = led.storedBlob()
+		led.mu.Unlock()
+	}
+	if msg := k.heldPlanProblem(stored, blob, acked); msg != "" {
+		return msg
 	}
 	// A revert to the last-known-good set must still find every backup the
 	// journal names: links to bytes installed without a sync are made again.

@@ -581,7 +581,12 @@ func EncodePlanBlob(p *Plan) ([]byte, error) {
 	if p == nil {
 		return nil, errors.New("haptic: plan blob: nil plan")
 	}
-	js := p.marshal(p.ID)
+	return compressPlanJSON(p.marshal(p.ID))
+}
+
+// compressPlanJSON is the blob of a plan's JSON: one zstd frame at the
+// default level, both sizes within their limits.
+func compressPlanJSON(js []byte) ([]byte, error) {
 	if len(js) > MaxPlanJSONBytes {
 		return nil, fmt.Errorf("haptic: plan blob: plan JSON of %d bytes exceeds the %d-byte limit", len(js), MaxPlanJSONBytes)
 	}
