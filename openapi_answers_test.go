@@ -10,6 +10,7 @@ package haptic
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -274,7 +275,23 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 		return c.call(api, user, pass, "POST", PathApply, body.Bytes(), ct)
 	}
 	putPlan := func(planID, proof string, blob []byte) (int, []byte) {
-		return c.call(api, user, pass, "PUT", PathPlan+"?plan_id="+planID+"&proof="+proof, blob, "application/octet-stream")
+		return c.call(api, user, pass, "PUT", PathPlan+"?plan_id="+planID+"&proof="+proof, blob, blobContentType)
+	}
+	// patchJSON encodes a plan patch, which must be what the document
+	// says a PUT /v1/plan body of type application/json is.
+	patchJSON := func(p *PlanPatch) []byte {
+		t.Helper()
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range c.schema.validateJSON(node(c.doc, "paths", PathPlan, "put", "requestBody", "content", patchContentType, "schema"), b) {
+			t.Errorf("the plan patch sent: %s", e)
+		}
+		return b
+	}
+	putPatch := func(planID, proof string, p *PlanPatch) (int, []byte) {
+		return c.call(api, user, pass, "PUT", PathPlan+"?plan_id="+planID+"&proof="+proof, patchJSON(p), patchContentType)
 	}
 
 	// Every documented method of every path on every listener, and one no
@@ -354,8 +371,37 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	step("a blob that does not decode", 400, `"stage":"plan"`, code, body)
 	code, body = putPlan(plan1.ID, "a:1", blob1)
 	step("the blob of a plan the pod left", 409, `"applied_plan_id":"`+plan2.ID, code, body)
+
+	// Plan patches: plan 3 lands at runtime without its plan, which then
+	// travels as splices of plan 2's canonical JSON, the plan the agent
+	// stored; a patch of a plan it does not hold is answered with a
+	// Missing, on an apply as on an upload, and one that makes another
+	// plan is refused.
+	plan3, blob3 := planOf(t, set3)
+	code, body = post(applyRequest{manifest: e.c.manifest(plan3.ID, set3, op3), files: set3, omit: map[string]bool{"haproxy.cfg": true}})
+	step("another map entry at runtime", 200, `"mode":"runtime"`, code, body)
+	st = e.c.state("?plan=0")
+	good := cutPlanPatch(string(plan2.Canonical()), string(plan3.Canonical()), plan2.ID)
+	if good == nil || len(good.Splices) == 0 {
+		t.Fatalf("plans 2 and 3 make the patch %+v", good)
+	}
+	gone := *good
+	gone.BaseDigest = plan1.ID
+	code, body = putPatch(st.AppliedPlanID, st.AppliedPlanProof, &gone)
+	step("a plan patch of a plan the agent does not hold", 409, `{"missing":["plan"]}`, code, body)
+	patchPart := fileHeader(PartPlan, PartPlan)
+	patchPart.Set("Content-Type", patchContentType)
+	code, body = post(applyRequest{manifest: e.c.manifest(plan3.ID, set3), files: set3, extra: []extraPart{{patchPart, string(patchJSON(&gone))}}})
+	step("an apply whose plan part is a patch of a plan the agent does not hold", 409, `{"missing":["plan"]}`, code, body)
+	code, body = putPatch(st.AppliedPlanID, st.AppliedPlanProof, good)
+	step("the applied plan as a patch of the stored one", 200, `"plan_id":"`+plan3.ID, code, body)
+	code, body = putPatch(st.AppliedPlanID, st.AppliedPlanProof, cutPlanPatch(string(plan3.Canonical()), string(plan2.Canonical()), plan3.ID))
+	step("a plan patch that makes another plan", 400, `hashes to \"`+plan2.ID, code, body)
+	if got := e.c.state(""); !bytes.Equal(got.AppliedPlan, blob3) {
+		t.Errorf("the state after a plan patch carries %d bytes of plan, not the blob of plan 3", len(got.AppliedPlan))
+	}
 	d.setHook(failLog)
-	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob2)
+	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob3)
 	step("a blob the disk refuses", 500, `"stage":"plan"`, code, body)
 	d.setHook(nil)
 

@@ -75,7 +75,8 @@ func mapNode(n any, keys ...string) map[string]any {
 // wireTypes are the JSON types of haptic.go, each a schema of its name.
 var wireTypes = []reflect.Type{
 	reflect.TypeFor[Manifest](), reflect.TypeFor[Token](), reflect.TypeFor[ManifestFile](),
-	reflect.TypeFor[FilePatch](), reflect.TypeFor[Op](), reflect.TypeFor[KeywordArg](),
+	reflect.TypeFor[FilePatch](), reflect.TypeFor[PlanPatch](), reflect.TypeFor[PlanSplice](),
+	reflect.TypeFor[Op](), reflect.TypeFor[KeywordArg](),
 	reflect.TypeFor[OpResult](), reflect.TypeFor[HAProxyInfo](), reflect.TypeFor[State](),
 	reflect.TypeFor[FileAt](), reflect.TypeFor[Inventory](), reflect.TypeFor[PendingDeletes](),
 	reflect.TypeFor[ApplyResult](), reflect.TypeFor[ApplyTiming](), reflect.TypeFor[ReloadInfo](),
@@ -190,6 +191,10 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 		"FilePatch.base_size":     {"minimum": "0"}, // a patch must fit
 		"FilePatch.offset":        {"minimum": "0"},
 		"FilePatch.length":        {"minimum": "0"},
+		"PlanPatch.base_size":     {"minimum": "0"}, // splicePlan: a patch must fit
+		"PlanPatch.splices":       {"maxItems": decimal(MaxPlanSplices)},
+		"PlanSplice.offset":       {"minimum": "0"},
+		"PlanSplice.length":       {"minimum": "0"},
 		"Op.kind":                 {"enum": enum("Op")},
 		"Op.backend":              token,
 		"Op.server":               token,
@@ -226,7 +231,7 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 		"ReloadInfo.scheduled_at":   dateTime,
 		"ApplyError.stage":          {"enum": enum("Stage")},
 		"Conflict.reason":           {"enum": enum("Reason")},
-		"Missing.missing":           {"maxItems": decimal(MaxFiles)},
+		"Missing.missing":           {"maxItems": decimal(MaxFiles + 1)}, // the files, and "plan"
 		"Missing.missing[]":         {"maxLength": decimal(MaxPathBytes)},
 		"DrainResult.reason":        {"enum": enum("DrainReason")},
 	}
@@ -238,9 +243,9 @@ func wireConstraints(t *testing.T) map[string]map[string]any {
 
 // expectedSchema is the schema a value of type typ encodes as, at "at",
 // without descriptions: the JSON type Go's encoder writes, then the
-// constraints of at. nullable: a list or map that is written when empty
-// (no omitempty) travels as null when nil. used records every constraint
-// applied.
+// constraints of at. nullable: a list, map or byte string that is written
+// when empty (no omitempty) travels as null when nil. used records every
+// constraint applied.
 func expectedSchema(typ reflect.Type, at string, nullable bool, constraints map[string]map[string]any, used map[string]bool) map[string]any {
 	orNull := func(t string) any {
 		if nullable {
@@ -264,7 +269,7 @@ func expectedSchema(typ reflect.Type, at string, nullable bool, constraints map[
 		s = map[string]any{"$ref": "#/components/schemas/" + typ.Name()}
 	case reflect.Slice:
 		if typ.Elem().Kind() == reflect.Uint8 {
-			s = map[string]any{"type": "string", "contentEncoding": "base64"}
+			s = map[string]any{"type": orNull("string"), "contentEncoding": "base64"}
 			break
 		}
 		// A list inside a list is never left out, and the agent refuses a
@@ -466,9 +471,38 @@ func TestOpenAPIDocumentNamesTheAgentsRoutes(t *testing.T) {
 	if got := node(form, "properties", PartManifest, "contentSchema", "$ref"); got != "#/components/schemas/Manifest" {
 		t.Errorf("the manifest part holds %v", got)
 	}
-	blob := mapNode(paths, PathPlan, "put", "requestBody", "content", "application/octet-stream", "schema")
+	// A plan travels as a blob, or as a PlanPatch when its Content-Type is
+	// application/json (takePlan): the plan part is either, and so is the
+	// PUT body, within the same limit.
+	var planForms []string
+	for _, branch := range anyList(node(form, "properties", PartPlan, "anyOf")) {
+		form := fmt.Sprint(node(branch, "contentMediaType"))
+		if ref := node(branch, "contentSchema", "$ref"); ref != nil {
+			form += " " + fmt.Sprint(ref)
+		}
+		planForms = append(planForms, form)
+	}
+	if want := []string{"application/zstd", "application/json #/components/schemas/PlanPatch"}; !slices.Equal(planForms, want) {
+		t.Errorf("the plan part is one of %q, want %q", planForms, want)
+	}
+	for part, want := range map[string]string{PartManifest: "application/json", PartPlan: blobContentType + ", " + patchContentType} {
+		if got := node(apply, "content", "multipart/form-data", "encoding", part, "contentType"); got != want {
+			t.Errorf("the %s part's Content-Type is %v, want %s", part, got, want)
+		}
+	}
+	put := mapNode(paths, PathPlan, "put", "requestBody")
+	if got := node(put, "x-haptic-max-bytes"); got != decimal(MaxPlanBlobBytes) {
+		t.Errorf("the PUT %s body's limit is %v, MaxPlanBlobBytes %d", PathPlan, got, MaxPlanBlobBytes)
+	}
+	if got := slices.Sorted(maps.Keys(mapNode(put, "content"))); !slices.Equal(got, []string{patchContentType, blobContentType}) {
+		t.Errorf("the PUT %s body is one of %v, want %s or %s", PathPlan, got, blobContentType, patchContentType)
+	}
+	blob := mapNode(put, "content", blobContentType, "schema")
 	if blob["minLength"] != "1" || blob["maxLength"] != decimal(MaxPlanBlobBytes) {
 		t.Errorf("the PUT %s body is limited to %v..%v bytes, want 1..%d", PathPlan, blob["minLength"], blob["maxLength"], MaxPlanBlobBytes)
+	}
+	if got := node(put, "content", patchContentType, "schema", "$ref"); got != "#/components/schemas/PlanPatch" {
+		t.Errorf("the PUT %s body of type %s holds %v", PathPlan, patchContentType, got)
 	}
 
 	// Every query a client sends for a state read names documented
