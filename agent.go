@@ -989,11 +989,18 @@ func (l *ledger) takePlan(b []byte, contentType, planID string) (*planUpload, er
 	if err := json.Unmarshal(b, &patch); err != nil {
 		return nil, fmt.Errorf("plan patch does not decode: %w", err)
 	}
-	id, base := l.heldPlan()
+	l.spliceMu.Lock()
+	defer l.spliceMu.Unlock()
+	id, base, version := l.heldPlan()
 	if base == nil || patch.BaseDigest != id {
 		return nil, errPlanBaseGone
 	}
-	js, err := splicePlan(base, &patch)
+	var free []byte
+	if version != l.splicedVersion {
+		free = l.spliced // no longer held, and no other splice runs
+	}
+	l.spliced, l.splicedVersion = base, version
+	js, err := splicePlan(free, base, &patch)
 	if err != nil {
 		return nil, err
 	}

@@ -25,11 +25,12 @@ import (
 )
 
 // planPatchPlans are renders one host-map entry apart from each other, on a
-// map large enough that a blob is kilobytes.
+// map large enough that a blob is kilobytes; the entry grows by a byte from
+// one plan to the next, so that a splice moves what follows it.
 func planPatchPlans(n int) []*Plan {
 	plans := make([]*Plan, n)
 	for i := range plans {
-		plans[i] = examplePlan(bigHostMap(64<<10, fmt.Sprintf("web-%d", i), 8))
+		plans[i] = examplePlan(bigHostMap(64<<10, "web-"+strings.Repeat("x", i+1), 8))
 	}
 	return plans
 }
@@ -461,6 +462,37 @@ func TestAFleetOnTwoPreviousPlansGetsTheRightPlan(t *testing.T) {
 		}
 		if got := storedBlob(t, p.c); !bytes.Equal(got, mustBlob(t, next)) {
 			t.Errorf("pod %d: the stored blob is not the new plan's", i)
+		}
+	}
+}
+
+// TestPlanPatchesBackAndForthKeepEveryPlanWhole: a pod flips between two
+// plans, each time by a patch, with a refused patch before each: the agent
+// splices into the memory of a plan it no longer holds, never into one it
+// holds or reads, so every stored blob is exactly its plan's.
+func TestPlanPatchesBackAndForthKeepEveryPlanWhole(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	plans := planPatchPlans(3)
+	c, pp := startPodProxy(t, e.a, nil)
+	mustDeploy(t, c, plans[0], DeployOptions{})
+	for i := range 6 {
+		prev, next := plans[i%2], plans[(i+1)%2]
+		st, err := c.State(context.Background(), StateRead{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The held plan is prev's; a patch of it into another plan is spliced, then refused.
+		query := "?plan_id=" + st.AppliedPlanID + "&proof=" + url.QueryEscape(st.AppliedPlanProof)
+		if code, _, body := e.c.do("PUT", PathPlan+query, bytes.NewReader(planPatchJSON(prev, plans[2])), "application/json"); code != http.StatusBadRequest && i > 0 {
+			t.Fatalf("round %d: a patch into another plan: %d %s", i, code, body)
+		}
+		pp.planUploads()
+		mustDeploy(t, c, next, DeployOptions{Applied: prev})
+		if _, types := pp.planUploads(); !slices.Equal(types, []string{"application/json"}) {
+			t.Fatalf("round %d: the plan went as %v", i, types)
+		}
+		if got := storedBlob(t, c); !bytes.Equal(got, mustBlob(t, next)) {
+			t.Fatalf("round %d: the stored blob is not plan %s's", i, next.ID)
 		}
 	}
 }

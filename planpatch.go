@@ -92,9 +92,11 @@ func planResync(a, b string) (da, db int, ok bool) {
 // splicePlan applies p to base, the canonical JSON of the plan whose id is
 // p.BaseDigest (the caller has matched it), refusing a patch that does not
 // fit: another base size, too many splices, a splice out of order or
-// outside the base, a result over MaxPlanJSONBytes. What it returns is
-// still to be hashed against the plan id it claims to be.
-func splicePlan(base []byte, p *PlanPatch) ([]byte, error) {
+// outside the base, a result over MaxPlanJSONBytes. It writes the result
+// into dst when dst is large enough (dst must not overlap base), and into
+// a new slice otherwise. What it returns is still to be hashed against the
+// plan id it claims to be.
+func splicePlan(dst, base []byte, p *PlanPatch) ([]byte, error) {
 	switch {
 	case p.BaseSize != int64(len(base)):
 		return nil, fmt.Errorf("plan patch is cut from %d bytes, the held plan has %d", p.BaseSize, len(base))
@@ -111,7 +113,10 @@ func splicePlan(base []byte, p *PlanPatch) ([]byte, error) {
 			return nil, fmt.Errorf("plan patch makes a plan JSON of more than %d bytes", MaxPlanJSONBytes)
 		}
 	}
-	out := make([]byte, 0, size)
+	out := dst[:0]
+	if int64(cap(out)) < size {
+		out = make([]byte, 0, size)
+	}
 	at = 0
 	for _, s := range p.Splices {
 		out = append(append(out, base[at:s.Offset]...), s.Data...)

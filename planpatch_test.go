@@ -97,9 +97,14 @@ func TestCutPlanPatchRebuildsTheNextPlan(t *testing.T) {
 		if p.BaseDigest != "base-id" || p.BaseSize != int64(len(tc.base)) {
 			t.Errorf("%s: base %q of %d bytes", tc.name, p.BaseDigest, p.BaseSize)
 		}
-		got, err := splicePlan([]byte(tc.base), p)
+		got, err := splicePlan(nil, []byte(tc.base), p)
 		if err != nil || string(got) != tc.next {
 			t.Errorf("%s: spliced into %d bytes (%v), want next's %d", tc.name, len(got), err, len(tc.next))
+		}
+		// Into the memory of another plan, large enough: the same bytes.
+		dst := bytes.Repeat([]byte{'#'}, len(tc.next)+7)
+		if got, err := splicePlan(dst, []byte(tc.base), p); err != nil || string(got) != tc.next || &got[:1][0] != &dst[0] {
+			t.Errorf("%s: spliced into a buffer of %d bytes: %d bytes (%v), want next's %d in the buffer", tc.name, len(dst), len(got), err, len(tc.next))
 		}
 	}
 }
@@ -128,13 +133,13 @@ func TestSplicePlanRefusesAPatchThatDoesNotFit(t *testing.T) {
 		{"a result too large", splices(PlanSplice{Offset: 1, Data: huge}, PlanSplice{Offset: 2, Data: huge}), fmt.Sprintf("plan patch makes a plan JSON of more than %d bytes", MaxPlanJSONBytes)},
 	}
 	for _, tc := range tests {
-		got, err := splicePlan(base, tc.patch)
+		got, err := splicePlan(nil, base, tc.patch)
 		if got != nil || fmt.Sprint(err) != tc.want {
 			t.Errorf("%s: %d bytes, %v; want %q", tc.name, len(got), err, tc.want)
 		}
 	}
 	// Splices that meet end to end, at both ends of the base, fit.
-	got, err := splicePlan(base, splices(PlanSplice{Offset: 0, Length: 1, Data: []byte("[")}, PlanSplice{Offset: 1, Length: 0, Data: []byte("x")}, PlanSplice{Offset: size, Data: []byte("!")}))
+	got, err := splicePlan(nil, base, splices(PlanSplice{Offset: 0, Length: 1, Data: []byte("[")}, PlanSplice{Offset: 1, Length: 0, Data: []byte("x")}, PlanSplice{Offset: size, Data: []byte("!")}))
 	if err != nil || string(got) != "[x"+string(base[1:])+"!" {
 		t.Errorf("adjacent splices: %q, %v", got, err)
 	}
@@ -175,13 +180,13 @@ func FuzzPlanPatch(f *testing.F) {
 		if p == nil {
 			return
 		}
-		got, err := splicePlan([]byte(base), p)
+		got, err := splicePlan(nil, []byte(base), p)
 		if err != nil || string(got) != next {
 			t.Fatalf("spliced %q (%v), want %q", got, err, next)
 		}
 		if len(p.Splices) > 0 {
 			p.Splices[0].Offset += bend
-			splicePlan([]byte(base), p)
+			splicePlan(nil, []byte(base), p)
 		}
 	})
 }
