@@ -7,26 +7,40 @@
 //
 // The order an apply makes things durable, which every recovery rests on:
 //
-//  1. Parts are staged: small ones in memory (their bytes ride in the
-//     record), large ones in temp files that are synced, with their
-//     directory, before the record.
-//  2. Every path the apply changes is linked aside (its undo, and the
-//     journal's backup on its first change since the last-known-good plan),
-//     unsynced: a power loss keeps metadata in the order it was made, so a
-//     rename that survives brings the links made before it.
+//  1. Parts are staged before the apply lock: small ones in memory (their
+//     bytes ride in the record), a patch checked by hashing what it makes
+//     (its replacement rides in the record, its base stays linked), large
+//     whole ones in temp files synced, with their directory, before the
+//     record. The plan part stays in memory: the record carries the blob
+//     or its patch.
+//  2. Paths are linked aside, unsynced: a power loss keeps metadata in the
+//     order it was made, so a rename that survives brings the links made
+//     before it. An apply that reloads links every path it changes (its
+//     undo: HAProxy may refuse the files). One answered at its durable
+//     point (runtime, file_only, noop) links only what must stay reachable
+//     whatever happens: a path's bytes on its first change since the
+//     last-known-good plan (the journal's backup) and a patch's base; its
+//     undo is made only if its ops are refused and it falls back to a
+//     reload.
 //  3. One record names the apply: the state it lands, its files' new bytes
 //     and their undo. It is synced before the first rename. A runtime,
-//     file_only or noop apply counts from then on (runtime ops may be sent
-//     while the sync runs); a reload apply is open, and counts only once a
-//     second record, synced after its reload took effect, closes it.
-//  4. The files are installed, unsynced: recovery redoes them from the
-//     record. A failure from here on is undone from the links, after a
-//     synced record says so.
+//     file_only or noop apply counts from then on and is answered once the
+//     record is synced and its ops acknowledged (they may be sent while the
+//     sync runs); a reload apply is open, and counts only once a second
+//     record, synced after its reload took effect, closes it.
+//  4. The files are installed, unsynced (recovery redoes them from the
+//     record): after the answer for an apply answered at its durable
+//     point, before its reload for the others. An install that fails
+//     after the answer is owed, never taken back: the agent is not ready
+//     and retries until the files are in place, and nothing that could
+//     drop their sources runs meanwhile. A failure before the answer is
+//     undone from the links, after a synced record says so.
 //  5. Compaction syncs every file and directory changed since the last
 //     one, then writes the snapshot and makes it durable, and only then
 //     empties the log and sweeps the links.
 //
-// So a runtime apply makes one log sync, a reload apply two.
+// So a runtime apply makes one log sync, a reload apply two, and a
+// promotion to last-known-good none of its own: the next record carries it.
 
 package haptic
 

@@ -95,14 +95,15 @@
 //	controller                                  one pod
 //	render ─► Plan ─► Diff(next, Baseline)      Agent (NewAgent, Run)
 //	            verdict, ops, reasons             POST /v1/apply:
-//	                    │                         fence ─► stage parts
-//	                    ▼                         ─► known-bad cache
-//	NewManifest ─► Client.Apply ── manifest ──►   ─► record (synced; ops sent
-//	                            ◄─ ApplyResult ─     meanwhile) ─► install ─►
-//	                            ◄─ 409 Conflict   reload ─► end ─► read-back
-//	                               or Missing       │ worker    │ master
-//	Deploy: State ─► Diff ─► Apply ─► resend        ▼ socket    ▼ socket
-//	        ─► re-diff on a conflict ─► PutPlan   HAProxy worker ◄─ master
+//	                    │                         fence ─► stage parts ─►
+//	                    ▼                         lock ─► fence ─► cache ─►
+//	NewManifest ─► Client.Apply ── manifest ──►   record (synced; ops sent
+//	                            ◄─ ApplyResult ─  meanwhile) ─► answer ─►
+//	                            ◄─ 409 Conflict   install; or install ─►
+//	                               or Missing     reload ─► end ─► answer
+//	Deploy: State ─► Diff ─► Apply ─► resend        │ worker    │ master
+//	        ─► re-diff ─► PutPlan (patch)           ▼ socket    ▼ socket
+//	                                              HAProxy worker ◄─ master
 //
 // # Applies
 //
@@ -116,7 +117,12 @@
 // each apply is one record of an append-only log, synced before its first
 // rename (once for a runtime, file_only or noop apply, while its ops travel;
 // once more after a reload took effect), and nothing answered is ever taken
-// back by a rollback, a recovery or a restart. agent_apply_steps.go states
+// back by a rollback, a recovery or a restart. A runtime, file_only or noop
+// apply is answered at that durable point and installs its files after the
+// answer; one whose install then fails (a full or read-only disk) keeps its
+// ACK, and the agent is not ready until a retry has put the files in place.
+// Parts are read before the apply lock, so a slow upload holds up no other
+// apply, and the whole request has a deadline. agent_apply_steps.go states
 // the order things become durable in.
 //
 // In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
