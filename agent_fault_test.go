@@ -295,7 +295,7 @@ func (s *faultSim) runStep(fault int) {
 			t.Errorf("ACK applied %q, want %q", res.AppliedPlanID, m.applied)
 		}
 		if res.Mode == ResultRuntime {
-			e.a.reads.wg.Wait()
+			awaitReadBacks(e.a)
 		}
 	}
 }

@@ -427,7 +427,7 @@ func TestAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
 		}
 	}
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	e.stop()
 	restoreImage(t, e.cfg.BaseDir, img)
 	e.restartStopped(t)
@@ -471,7 +471,7 @@ func TestALostSyncedTailNeverHandsOutAProofAgain(t *testing.T) {
 			if !lost.OK {
 				t.Fatalf("the apply whose record is lost: %s", jsonOf(lost))
 			}
-			e.a.reads.wg.Wait()
+			awaitReadBacks(e.a)
 			img := killImage(t, e.cfg.BaseDir)
 			e.stop()
 			// Cut the log at its last apply record.

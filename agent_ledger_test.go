@@ -132,7 +132,7 @@ func TestAFailedRecordSyncAfterTheOpsReloadsTheTreeItFound(t *testing.T) {
 	if res.Mode != ResultRuntime {
 		t.Fatalf("replace: %+v", res)
 	}
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	if got := e.fake.MapEntries("maps/big.map"); len(got) != 4000 || got[0].Value != "be-b" || got[3999].Value != "be-b" {
 		t.Fatalf("worker map after the replace: %d entries, first %+v", len(got), got[:min(1, len(got))])
 	}
@@ -341,7 +341,7 @@ func testApplySyncs(t *testing.T, mounted []string) {
 	} {
 		next, op := mapEntry(i)
 		res := e.land(t, "plan-r"+string(rune('0'+i)), next, op)
-		e.a.reads.wg.Wait()
+		awaitReadBacks(e.a)
 		log, dirs, others := c.reset()
 		t.Logf("%s: %d log syncs, %d directory syncs, %d other syncs", s.name, log, dirs, others)
 		if res.Mode != s.mode || log != s.maxLog || dirs > s.maxDir || others != 0 {

@@ -267,7 +267,7 @@ func TestRuntimeBatchesDeleteAMapWithoutPartialReadBack(t *testing.T) {
 	if got := e.fake.MapEntries("maps/big.map"); len(got) != 0 {
 		t.Errorf("%d entries left", len(got))
 	}
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	if metricValue(e.a, "map_divergence_total") != 0 {
 		t.Error("a divergence was found")
 	}
@@ -697,7 +697,7 @@ func TestReadBackDoesNotHoldUpTheNextApply(t *testing.T) {
 		t.Error("the apply waited for the read-back's listing")
 	}
 	close(release)
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	if metricValue(e.a, "map_divergence_total") != 0 {
 		t.Error("a divergence was found on an overtaken listing")
 	}
@@ -868,7 +868,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 	m := e.c.manifest("plan-3", fs2)
 	m.Token.LeaderEpoch = 0
 	e.c.post(applyRequest{manifest: m, files: fs2})
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 
 	families, err := parseExposition(scrape(t, e.a))
 	if err != nil {

@@ -49,7 +49,7 @@ func TestRealHAProxyEndToEnd(t *testing.T) {
 	if !res.OK || res.Mode != ResultRuntime || !res.HAProxy.SameWorker(info) {
 		t.Fatalf("runtime apply: %+v %+v", res, res.OpResults)
 	}
-	a.reads.wg.Wait()
+	awaitReadBacks(a)
 	if n := metricValue(a, "map_divergence_total"); n != 0 {
 		t.Errorf("the read-back found %d divergences", n)
 	}

@@ -293,7 +293,7 @@ func TestRealAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
 		}
 	}
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	e.stopAgent()
 	restoreImage(t, e.cfg.BaseDir, img)
 	e.startAgent(t)

@@ -75,7 +75,7 @@ func TestSeedFlowReloadsThenAddsAMapEntryAtRuntime(t *testing.T) {
 	if st.InvariantViolation != "" || totalInvariantViolations(a) != 0 {
 		t.Fatalf("invariant: %q", st.InvariantViolation)
 	}
-	a.reads.wg.Wait()
+	awaitReadBacks(a)
 	if metricValue(a, "map_divergence_total") != 0 {
 		t.Fatal("the read-back found a divergence")
 	}

@@ -479,7 +479,7 @@ func expectMode(t testing.TB, res *ApplyResult, mode string) {
 
 // awaitReadBacks waits for the background read-backs the last runtime
 // apply started, so their verdict is in the metrics.
-func (e *e2eEnv) awaitReadBacks() { e.a.reads.wg.Wait() }
+func (e *e2eEnv) awaitReadBacks() { awaitReadBacks(e.a) }
 
 // ---------------------------------------------------------------------------
 // The tests.

@@ -222,6 +222,16 @@ func landedThenStopped(t testing.TB) (*FakeHAProxy, AgentConfig, *agentClient, A
 	return fake, cfg, c, first
 }
 
+// awaitReadBacks waits for the read-backs of every apply answered so far.
+// An apply starts its read-back after its answer, still under the apply
+// lock, so the lock is taken once first: a wait that began before that
+// start would race with it (and miss it).
+func awaitReadBacks(a *Agent) {
+	a.deps.applyMu.Lock()
+	a.deps.applyMu.Unlock()
+	a.reads.wg.Wait()
+}
+
 // restart stops the agent and starts a new one on the same directory.
 func (e *testEnv) restart(t testing.TB) {
 	t.Helper()

@@ -195,7 +195,7 @@ func TestLoadTwoLeadersAndReaders(t *testing.T) {
 		}
 	})
 	wg.Wait()
-	e.a.reads.wg.Wait()
+	awaitReadBacks(e.a)
 	heapAfter := heapAfterGC()
 
 	// Every attempt got an answer a controller racing another must be ready

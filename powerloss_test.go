@@ -210,7 +210,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 		if res := c.apply(c.manifest(k.planID(1), k.before, k.warmup...), k.before); res.Mode != ResultRuntime {
 			t.Fatalf("the warmup: %+v", res)
 		}
-		a.reads.wg.Wait()
+		awaitReadBacks(a)
 	}
 	if k.plans != nil {
 		st := c.state("")
@@ -283,7 +283,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 		t.Fatalf("the apply: %d %s", code, body)
 	}
 	k.haproxyRefuses(fake, master, false)
-	a.reads.wg.Wait()
+	awaitReadBacks(a)
 	// A compaction right after the answer: its snapshot must be durable
 	// before the log it replaces is emptied, and the links it sweeps must
 	// be ones no record can still need.
