@@ -958,6 +958,10 @@ func TestReplayKeepsTheProofAnUnclosedApplyReserved(t *testing.T) {
 		t.Fatalf("no open record of plan-2 in the log: %+v", lost)
 	}
 	reserved := lost.State.Applied.Proof
+	// Replay itself keeps the counter, whatever margin the start adds.
+	if loaded, err := loadLog(osDisk{}, filepath.Join(e.base, defaultStateFile)); err != nil || loaded.st.ProofGeneration < proofNumber(reserved) {
+		t.Fatalf("replay keeps proof counter %d, the lost apply reserved %s (%v)", loaded.st.ProofGeneration, reserved, err)
+	}
 
 	c := startAgentChild(t, e.cfg)
 	st := c.state(t)
@@ -982,6 +986,12 @@ func TestReplayKeepsTheProofAnUnclosedApplyReserved(t *testing.T) {
 // file it could not restore, and the next push lands.
 func TestAnInterruptedOpenApplyReloadsWhenItsUndoCannotBeRead(t *testing.T) {
 	e := killOpenApplyAfterInstall(t)
+	// The file the apply created goes too, so that the start has nothing it
+	// can put back: only the open record says that the worker may have
+	// seen the apply.
+	if err := os.RemoveAll(filepath.Join(e.base, "lua/new")); err != nil {
+		t.Fatal(err)
+	}
 	for _, dir := range []string{storeLinkDir, storeTempDir} {
 		entries, _ := os.ReadDir(filepath.Join(e.base, dir))
 		for _, entry := range entries {
