@@ -919,8 +919,9 @@ func (run *applyRun) finish(s steps, o outcome) {
 	if err != nil {
 		run.logger.Error("the end of the apply could not be recorded", "plan_id", run.m.PlanID, "err", err)
 	}
+	// The answer is last_apply exactly, timing included: a controller that
+	// lost the answer reads it there.
 	run.led.fillResult(&run.result)
-	run.result.Timing.TotalMs = run.msSince(run.start)
 	run.metrics.applyTotal.inc(run.result.Mode)
 	st, tree := run.led.view()
 	run.metrics.generation.set(st.Generation)
