@@ -21,7 +21,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
-	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -949,20 +948,6 @@ func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 	return js, nil
 }
 
-// planUpload is a plan as an apply's plan part or a PUT /v1/plan body
-// brought it, checked: its canonical JSON, and the form it came in, which
-// is what a record of it carries.
-type planUpload struct {
-	json  []byte
-	blob  []byte     // a whole blob, kept byte for byte
-	patch *PlanPatch // or the splices of the held plan it came as
-}
-
-// errPlanBaseGone: a plan patch is cut from a plan the agent does not hold
-// (any more). Nothing is wrong with the request: the controller is asked
-// for the whole blob, as for a file whose patch base is gone.
-var errPlanBaseGone = errors.New("the plan patch is cut from a plan the agent does not hold")
-
 // readPlan reads a plan part or body of at most MaxPlanBlobBytes.
 func readPlan(r io.Reader) ([]byte, error) {
 	b, err := io.ReadAll(io.LimitReader(r, MaxPlanBlobBytes+1))
@@ -970,51 +955,6 @@ func readPlan(r io.Reader) ([]byte, error) {
 		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
 	return b, err
-}
-
-// takePlan checks a plan that travels for plan planID: a PlanPatch when
-// its Content-Type is application/json, a blob otherwise. A blob is
-// decoded (checkPlanBlob); a patch is only spliced into the held plan's
-// JSON and hashed: the held JSON was checked when it arrived whole, and a
-// plan id is by definition the hash of the plan's canonical JSON.
-func (l *ledger) takePlan(b []byte, contentType, planID string) (*planUpload, error) {
-	if mt, _, _ := mime.ParseMediaType(contentType); mt != "application/json" {
-		js, err := checkPlanBlob(b, planID)
-		if err != nil {
-			return nil, err
-		}
-		return &planUpload{json: js, blob: b}, nil
-	}
-	var patch PlanPatch
-	if err := json.Unmarshal(b, &patch); err != nil {
-		return nil, fmt.Errorf("plan patch does not decode: %w", err)
-	}
-	l.spliceMu.Lock()
-	defer l.spliceMu.Unlock()
-	id, base, version := l.heldPlan()
-	if base == nil || patch.BaseDigest != id {
-		return nil, errPlanBaseGone
-	}
-	var free []byte
-	if version != l.splicedVersion {
-		free = l.spliced // no longer held, and no other splice runs
-	}
-	l.spliced, l.splicedVersion = base, version
-	js, err := splicePlan(free, base, &patch)
-	if err != nil {
-		return nil, err
-	}
-	if got := Digest(js); got != planID {
-		return nil, fmt.Errorf("plan patch makes a plan whose content hashes to %q, not plan %q", got, planID)
-	}
-	return &planUpload{json: js, patch: &patch}, nil
-}
-
-// carry puts the plan on r as it came, whole or as its patch.
-func (up *planUpload) carry(r *logRecord) {
-	if up != nil {
-		r.Blob, r.PlanPatch = up.blob, up.patch
-	}
 }
 
 // handlePutPlan stores the plan of the applied pair: its blob, or a

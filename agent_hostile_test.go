@@ -392,42 +392,7 @@ func TestAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWithDisk(t, d, nil)
 	set := seedFiles()
-	p1 := planOfFiles(t, set)
-	e.land(t, p1.ID, set)
-	st := e.c.state("?plan=0")
-	p1Query := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
-	p1Blob := blobOf(t, p1.Clone())
-	if code, _, body := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), ""); code != http.StatusOK {
-		t.Fatalf("storing plan 1's blob: %d %s", code, body)
-	}
-	next, op := mapEntryChange(set, "held.example", "be-a")
-	p2 := planOfFiles(t, next)
-	entered, release := holdAt(d, "exchange", filepath.Join(e.a.files.base, "maps/host.map"))
-	answered := make(chan ApplyResult, 1)
-	go func() { answered <- e.c.apply(e.c.manifest(p2.ID, next, op), next) }()
-	<-entered
-	uploaded := make(chan int, 1)
-	go func() {
-		code, _, _ := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), "")
-		uploaded <- code
-	}()
-	early := 0
-	select {
-	case early = <-uploaded:
-		t.Errorf("the upload was answered %d while the apply was held at its install", early)
-	case <-time.After(200 * time.Millisecond):
-	}
-	img := killImage(t, e.cfg.BaseDir, "maps/host.map")
-	release()
-	if res := <-answered; !res.OK || res.Mode != ResultRuntime {
-		t.Fatalf("the held apply: %s", jsonOf(res))
-	}
-	if early == 0 {
-		if code := <-uploaded; code != http.StatusConflict {
-			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
-		}
-	}
-	awaitReadBacks(e.a)
+	next, p2, img := uploadWhileAnApplyIsHeld(t, e.a, e.c, d, func(id string, fs fileSet) { e.land(t, id, fs) }, set, e.cfg.BaseDir)
 	e.stop()
 	restoreImage(t, e.cfg.BaseDir, img)
 	e.restartStopped(t)
@@ -445,6 +410,52 @@ func TestAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 		t.Errorf("the next push: %s", jsonOf(res))
 	}
 	workerHoldsMapOf(t, e.fake, third)
+}
+
+// uploadWhileAnApplyIsHeld lands set as a plan with its blob stored, holds
+// a runtime apply of one more map entry at its install, PUTs the first
+// plan's blob meanwhile, and takes the kill image at that instant. It
+// checks that the upload waited for the apply and then found the plan
+// moved, and returns the apply's set, its plan and the image.
+func uploadWhileAnApplyIsHeld(t *testing.T, a *Agent, c *agentClient, d *hookDisk, land func(string, fileSet), set fileSet, base string) (fileSet, *Plan, map[string][]byte) {
+	t.Helper()
+	p1 := planOfFiles(t, set)
+	land(p1.ID, set)
+	st := c.state("?plan=0")
+	p1Query := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
+	p1Blob := blobOf(t, p1.Clone())
+	if code, _, body := c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), ""); code != http.StatusOK {
+		t.Fatalf("storing plan 1's blob: %d %s", code, body)
+	}
+	next, op := mapEntryChange(set, "held.example", "be-a")
+	p2 := planOfFiles(t, next)
+	entered, release := holdAt(d, "exchange", filepath.Join(a.files.base, "maps/host.map"))
+	answered := make(chan ApplyResult, 1)
+	go func() { answered <- c.apply(c.manifest(p2.ID, next, op), next) }()
+	<-entered
+	uploaded := make(chan int, 1)
+	go func() {
+		code, _, _ := c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), "")
+		uploaded <- code
+	}()
+	early := 0
+	select {
+	case early = <-uploaded:
+		t.Errorf("the upload was answered %d while the apply was held at its install", early)
+	case <-time.After(200 * time.Millisecond):
+	}
+	img := killImage(t, base, "maps/host.map")
+	release()
+	if res := <-answered; !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("the held apply: %s", jsonOf(res))
+	}
+	if early == 0 {
+		if code := <-uploaded; code != http.StatusConflict {
+			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
+		}
+	}
+	awaitReadBacks(a)
+	return next, p2, img
 }
 
 // TestALostSyncedTailNeverHandsOutAProofAgain: a disk that loses the last

@@ -53,38 +53,26 @@ func startPodProxy(t *testing.T, a *Agent, edit func(*State)) (*Client, *podProx
 			return nil
 		}
 		var st State
-		b, _ := readAnswerBody(resp)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
 		if err := json.Unmarshal(b, &st); err != nil {
 			return err
 		}
 		pp.editState(&st)
 		b, _ = json.Marshal(&st)
-		resp.Body, resp.ContentLength = nopBody(b), int64(len(b))
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
 		resp.Header.Del("Content-Length")
 		return nil
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := readAnswerBody(&http.Response{Body: r.Body})
+		body, _ := io.ReadAll(r.Body)
 		pp.log.add(recordedRequest{Method: r.Method, RequestURI: r.RequestURI, Header: r.Header.Clone(), Body: body})
-		r.Body, r.ContentLength, r.TransferEncoding = nopBody(body), int64(len(body)), nil
+		r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(body)), int64(len(body)), nil
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	return deployClient(t, srv.URL), pp
 }
-
-func readAnswerBody(resp *http.Response) ([]byte, error) {
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	_, err := buf.ReadFrom(resp.Body)
-	return buf.Bytes(), err
-}
-
-type nopCloser struct{ *bytes.Reader }
-
-func (nopCloser) Close() error { return nil }
-
-func nopBody(b []byte) nopCloser { return nopCloser{bytes.NewReader(b)} }
 
 // planUploads returns the plan PUTs since the last call: each body and
 // its Content-Type.
@@ -396,7 +384,7 @@ func withoutPlanPatch(st *State) {
 // none.
 func planPartType(t *testing.T, r recordedRequest) string {
 	t.Helper()
-	req := &http.Request{Header: r.Header, Body: nopBody(r.Body)}
+	req := &http.Request{Header: r.Header, Body: io.NopCloser(bytes.NewReader(r.Body))}
 	mr, err := req.MultipartReader()
 	if err != nil {
 		t.Fatal(err)

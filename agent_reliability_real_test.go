@@ -9,11 +9,8 @@
 package haptic
 
 import (
-	"bytes"
 	"log/slog"
-	"net/http"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -257,43 +254,7 @@ func TestRealAPlanUploadDuringAnApplyNeverRewindsTheState(t *testing.T) {
 	e.a, e.stop = launchAgentWith(t, e.cfg, agentOptions{disk: d}, nil, true)
 	e.c = newAgentClient(t, e.a)
 	e.c.seq = seq
-	set := e.fs.clone()
-	p1 := planOfFiles(t, set)
-	e.land(t, p1.ID, set)
-	st := e.c.state("?plan=0")
-	p1Query := "?plan_id=" + st.AppliedPlanID + "&proof=" + st.AppliedPlanProof
-	p1Blob := blobOf(t, p1.Clone())
-	if code, _, body := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), ""); code != http.StatusOK {
-		t.Fatalf("storing plan 1's blob: %d %s", code, body)
-	}
-	next, op := mapEntryChange(set, "held.example", "be-a")
-	p2 := planOfFiles(t, next)
-	entered, release := holdAt(d, "exchange", filepath.Join(e.a.files.base, "maps/host.map"))
-	answered := make(chan ApplyResult, 1)
-	go func() { answered <- e.c.apply(e.c.manifest(p2.ID, next, op), next) }()
-	<-entered
-	uploaded := make(chan int, 1)
-	go func() {
-		code, _, _ := e.c.do("PUT", PathPlan+p1Query, bytes.NewReader(p1Blob), "")
-		uploaded <- code
-	}()
-	early := 0
-	select {
-	case early = <-uploaded:
-		t.Errorf("the upload was answered %d while the apply was held at its install", early)
-	case <-time.After(200 * time.Millisecond):
-	}
-	img := killImage(t, e.cfg.BaseDir, "maps/host.map")
-	release()
-	if res := <-answered; !res.OK || res.Mode != ResultRuntime {
-		t.Fatalf("the held apply: %s", jsonOf(res))
-	}
-	if early == 0 {
-		if code := <-uploaded; code != http.StatusConflict {
-			t.Errorf("the upload after the apply: %d, want 409: the plan moved", code)
-		}
-	}
-	awaitReadBacks(e.a)
+	next, p2, img := uploadWhileAnApplyIsHeld(t, e.a, e.c, d, func(id string, fs fileSet) { e.land(t, id, fs) }, e.fs.clone(), e.cfg.BaseDir)
 	e.stopAgent()
 	restoreImage(t, e.cfg.BaseDir, img)
 	e.startAgent(t)
