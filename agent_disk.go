@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -126,7 +127,7 @@ func (osDisk) SyncDir(name string) error {
 // make their entries durable.
 func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error) {
 	var missing []string
-	for p := dir; ; p = parentDir(p) {
+	for p := dir; ; p = filepath.Dir(p) {
 		fi, err := d.Lstat(p)
 		if err == nil {
 			if !fi.IsDir() {
@@ -138,7 +139,7 @@ func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error
 			return nil, err
 		}
 		missing = append(missing, p)
-		if parentDir(p) == p || len(missing) > maxPathDepth {
+		if filepath.Dir(p) == p || len(missing) > maxPathDepth {
 			break
 		}
 	}
@@ -154,16 +155,6 @@ func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error
 // maxPathDepth bounds mkdirAll's walk: a manifest path of MaxPathBytes
 // bytes has at most that many components.
 const maxPathDepth = MaxPathBytes + 1
-
-// parentDir is filepath.Dir for the absolute, clean paths the agent builds.
-func parentDir(p string) string {
-	for i := len(p) - 1; i > 0; i-- {
-		if p[i] == '/' {
-			return p[:i]
-		}
-	}
-	return "/"
-}
 
 // readAllLimited reads a whole file of d, refusing one over limit bytes.
 func readAllLimited(d disk, name string, limit int64) ([]byte, error) {
@@ -188,7 +179,7 @@ func readAllLimited(d disk, name string, limit int64) ([]byte, error) {
 // rename itself is durable only once the directory is synced, which is the
 // caller's to decide.
 func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (err error) {
-	f, err := d.CreateTemp(parentDir(dst), pattern)
+	f, err := d.CreateTemp(filepath.Dir(dst), pattern)
 	if err != nil {
 		return err
 	}

@@ -66,12 +66,6 @@ const (
 // os.CreateTemp bounds its own.
 const maxTempNameTries = 10000
 
-// dirMode is the directory mode that goes with a file mode: whoever may
-// read the files may enter the directories.
-func dirMode(file fs.FileMode) fs.FileMode {
-	return file | (file&0o444)>>2
-}
-
 // ---------------------------------------------------------------------------
 // The store and where a path may lead.
 
@@ -134,16 +128,10 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 		return nil, fmt.Errorf("%s is not a directory", base)
 	}
 	s := &fileStore{base: base, reserved: map[string]bool{}, config: cfg.Config,
-		fileMode: cmp.Or(cfg.FileMode, defaultFileMode), logger: cfg.Logger, disk: cfg.Disk,
-		dirty: map[string]bool{}, dirtyDirs: map[string]bool{}}
-	s.dirMode = dirMode(s.fileMode)
+		fileMode: cmp.Or(cfg.FileMode, defaultFileMode), logger: cmp.Or(cfg.Logger, slog.Default()),
+		disk: cmp.Or[disk](cfg.Disk, osDisk{}), dirty: map[string]bool{}, dirtyDirs: map[string]bool{}}
+	s.dirMode = s.fileMode | (s.fileMode&0o444)>>2 // whoever may read the files may enter the directories
 	s.umaskNarrows = s.fileMode&^processUmask() != s.fileMode
-	if s.disk == nil {
-		s.disk = osDisk{}
-	}
-	if s.logger == nil {
-		s.logger = slog.Default()
-	}
 	for _, r := range cfg.Reserved {
 		if r != "" { // an optional socket that is off
 			s.reserved[canonicalPath(r)] = true
@@ -309,51 +297,53 @@ func (f *stagedFile) discard(d disk) {
 }
 
 // stage reads a whole part and verifies it against the manifest's size and
-// digest. A part that fits the apply's inline budget stays in memory (and
-// a live file that already holds it needs nothing); a larger one is
-// streamed into a synced temp file, since recovery may have to rename it
-// into place. On any error no temp file is left.
+// digest (stageWhole). On any error no temp file is left.
 func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
 	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size}
-	fill := func(w io.Writer) (int64, error) { return copyAtMostOneMore(w, r, size) }
-	if size >= 0 && size <= maxInlineBytes && int(size) <= *budget {
-		if sf.inline, err = verifiedBytes(rel, size, digest, fill); err != nil {
-			return nil, err
-		}
-		if sf.unchanged = s.holds(abs, digest, size); !sf.unchanged {
-			*budget -= int(size)
-		}
-		return sf, nil
-	}
-	sf.tmp, err = s.writeVerified(rel, abs, size, digest, fill)
-	return sf, err
+	return sf, s.stageWhole(sf, budget, func(w io.Writer) (int64, error) { return copyAtMostOneMore(w, r, size) })
 }
 
-// verifiedBytes builds a part in memory with fill and verifies it.
-func verifiedBytes(rel string, size int64, digest string, fill func(io.Writer) (int64, error)) ([]byte, error) {
+// stageWhole builds sf's bytes with fill and verifies them. A part that fits
+// the apply's inline budget stays in memory (and a live file that already
+// holds it needs nothing); a larger one is streamed into a synced temp file,
+// since recovery may have to rename it into place.
+func (s *fileStore) stageWhole(sf *stagedFile, budget *int, fill func(io.Writer) (int64, error)) (err error) {
+	if !fitsInline(sf.Size, *budget) {
+		sf.tmp, err = s.writeTemp(sf.Rel, sf.abs, func(w io.Writer) error { return sf.verify(w, fill) }, true)
+		return err
+	}
 	var buf bytes.Buffer
-	n, err := fill(&buf)
-	if err == nil {
-		err = verifyPart(rel, n, size, DigestString(buf.String()), digest)
+	if err = sf.verify(&buf, fill); err == nil {
+		sf.inline = buf.Bytes()
+		if sf.unchanged = s.holds(sf.abs, sf.Digest, sf.Size); !sf.unchanged {
+			*budget -= int(sf.Size)
+		}
 	}
-	return buf.Bytes(), err
+	return err
 }
 
-// writeVerified streams a part into a synced temp file with fill and
-// verifies it on the way.
-func (s *fileStore) writeVerified(rel, abs string, size int64, digest string, fill func(io.Writer) (int64, error)) (string, error) {
+func fitsInline(size int64, budget int) bool {
+	return size >= 0 && size <= maxInlineBytes && int(size) <= budget
+}
+
+// verify writes sf's bytes into w with fill and checks their count and
+// digest against the manifest's.
+func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) error {
 	h := newDigestHasher()
-	return s.writeTemp(rel, abs, func(w io.Writer) error {
-		n, err := fill(io.MultiWriter(w, h))
-		if err != nil {
-			return err
-		}
-		return verifyPart(rel, n, size, FormatDigest(h.Sum64()), digest)
-	}, true)
+	n, err := fill(io.MultiWriter(w, h))
+	switch {
+	case err != nil:
+		return err
+	case n != sf.Size:
+		return fmt.Errorf("%w: %q is %d bytes, manifest says %d", errDigestMismatch, sf.Rel, n, sf.Size)
+	case FormatDigest(h.Sum64()) != sf.Digest:
+		return fmt.Errorf("%w: %q hashes to %s, manifest says %s", errDigestMismatch, sf.Rel, FormatDigest(h.Sum64()), sf.Digest)
+	}
+	return nil
 }
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
@@ -372,28 +362,20 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// verifyPart checks a part's byte count and digest against the manifest's.
-func verifyPart(rel string, n, size int64, got, digest string) error {
-	if n != size {
-		return fmt.Errorf("%w: %q is %d bytes, manifest says %d", errDigestMismatch, rel, n, size)
-	}
-	if got != digest {
-		return fmt.Errorf("%w: %q hashes to %s, manifest says %s", errDigestMismatch, rel, got, digest)
-	}
-	return nil
-}
-
 // writeTemp creates a temp file in the .haptic-tmp of the mount that holds
 // abs (rel's path), with the tree's file mode, fills it, syncs it when
 // asked and closes it. On any error the file is gone. The errors of the
 // agent's own disk are staging faults of rel; fill's own (the client's
 // body) are returned as they are.
 func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
-	f, err := s.createTemp(abs)
+	var f diskFile
+	tmp, err := s.newTemp(abs, func(name string) (err error) {
+		f, err = s.disk.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, s.fileMode)
+		return err
+	})
 	if err != nil {
 		return "", diskFault(rel, err)
 	}
-	tmp := f.Name()
 	defer func() {
 		if err != nil {
 			f.Close()
@@ -419,26 +401,23 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 	return tmp, nil
 }
 
-// createTemp creates a new file in the temp directory of abs's mount, with
-// the tree's file mode: the install renames it into the tree as it is, so
-// no chmod follows unless the process's umask narrows the mode.
-func (s *fileStore) createTemp(abs string) (diskFile, error) {
+// newTemp makes a fresh name in the temp directory of abs's mount with mk
+// (a file created with the tree's file mode, so that the install renames it
+// into the tree as it is, or a link), trying another name while one exists.
+func (s *fileStore) newTemp(abs string, mk func(name string) error) (string, error) {
 	var err error
 	for range maxTempNameTries {
-		var f diskFile
-		if f, err = s.disk.OpenFile(s.tempName(abs), os.O_RDWR|os.O_CREATE|os.O_EXCL, s.fileMode); !errors.Is(err, fs.ErrExist) {
-			return f, err
+		s.mu.Lock()
+		s.tempSeq++
+		name := filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("%s%d-%d", storePartPrefix, s.tempSeq, rand.Uint32()))
+		s.mu.Unlock()
+		if err = mk(name); err == nil {
+			return name, nil
+		} else if !errors.Is(err, fs.ErrExist) {
+			break
 		}
 	}
-	return nil, err
-}
-
-// tempName is a fresh name in the temp directory of abs's mount.
-func (s *fileStore) tempName(abs string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.tempSeq++
-	return filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("%s%d-%d", storePartPrefix, s.tempSeq, rand.Uint32()))
+	return "", err
 }
 
 // holds reports whether the live file at abs is a regular file with exactly
@@ -538,27 +517,16 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
 		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
 	}
-	switch {
-	case size <= maxInlineBytes && int(size) <= *budget:
-		if sf.inline, err = verifiedBytes(rel, size, digest, splice(r)); err == nil {
-			if sf.unchanged = s.holds(abs, digest, size); !sf.unchanged {
-				*budget -= int(size)
-			}
-		}
-	case n <= maxInlineBytes && int(n) <= *budget:
+	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
 		var repl bytes.Buffer
 		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		h := newDigestHasher()
-		var total int64
-		if total, err = splice(bytes.NewReader(repl.Bytes()))(h); err == nil {
-			err = verifyPart(rel, total, size, FormatDigest(h.Sum64()), digest)
-		}
+		err = sf.verify(io.Discard, splice(bytes.NewReader(repl.Bytes())))
 		sf.repl, sf.patch = repl.Bytes(), p
 		*budget -= int(n)
-	default:
-		sf.tmp, err = s.writeVerified(rel, abs, size, digest, splice(r))
+	} else {
+		err = s.stageWhole(sf, budget, splice(r))
 	}
 	if errors.Is(err, errDigestMismatch) {
 		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
@@ -681,19 +649,14 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt, lin
 func (s *fileStore) linkAside(abs string) (string, error) {
 	s.mu.Lock()
 	s.linkSeq++
-	name := fmt.Sprintf("%d-%s", s.linkSeq, DigestString(abs))
+	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, fmt.Sprintf("%d-%s", s.linkSeq, DigestString(abs)))
+	if s.dirty[abs] {
+		s.dirty[link] = true // unsynced behind its link once the path holds another
+	}
+	s.dirtyDirs[filepath.Dir(link)] = true
 	s.mu.Unlock()
-	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, name)
 	if err := s.disk.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", err
-	}
-	s.mu.Lock()
-	unsynced := s.dirty[abs]
-	s.mu.Unlock()
-	if unsynced {
-		s.noteDirty(link, filepath.Dir(link))
-	} else {
-		s.noteDirty("", filepath.Dir(link))
 	}
 	return link, s.disk.Link(abs, link)
 }
@@ -708,46 +671,31 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 // is synced: recovery redoes it from the record. A file a failed install
 // already put in place is skipped when it is tried again.
 func (s *fileStore) install(staged []*stagedFile, dels []string) error {
-	var config *stagedFile
-	for _, f := range staged {
-		switch {
-		case f.unchanged || f.installed:
-		case f.Rel == s.config:
-			config = f
-		default:
-			if err := s.installOne(f); err != nil {
+	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
+	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
+		if f.unchanged || f.installed {
+			continue
+		}
+		from := f.tmp
+		if from == "" {
+			var err error
+			if from, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
 				return err
 			}
 		}
-	}
-	if config != nil {
-		if err := s.installOne(config); err != nil {
+		if err := s.put(f.Rel, from); err != nil {
+			if from != f.tmp {
+				s.disk.Remove(from)
+			}
 			return err
 		}
+		f.installed = true
 	}
 	var errs []error
 	for _, rel := range dels {
-		errs = append(errs, s.put(rel, nil, ""))
+		errs = append(errs, s.put(rel, ""))
 	}
 	return errors.Join(errs...)
-}
-
-func (s *fileStore) installOne(f *stagedFile) error {
-	from := f.tmp
-	if from == "" {
-		var err error
-		if from, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
-			return err
-		}
-	}
-	if err := s.put(f.Rel, &FileAt{Digest: f.Digest, Size: f.Size}, from); err != nil {
-		if from != f.tmp {
-			s.disk.Remove(from)
-		}
-		return err
-	}
-	f.installed = true
-	return nil
 }
 
 // writeStaged writes the bytes of a staged file the record carries into w:
@@ -767,9 +715,9 @@ func (s *fileStore) writeStaged(f *stagedFile, w io.Writer) error {
 }
 
 // put makes rel hold the file at from (renamed there), or removes it when
-// at is nil. The path must be a regular file or absent. The change is not
+// from is "". The path must be a regular file or absent. The change is not
 // synced: flush does that later.
-func (s *fileStore) put(rel string, at *FileAt, from string) error {
+func (s *fileStore) put(rel, from string) error {
 	abs, err := s.abs(rel)
 	if err != nil {
 		return err
@@ -777,29 +725,24 @@ func (s *fileStore) put(rel string, at *FileAt, from string) error {
 	if fi, err := s.disk.Lstat(abs); err == nil && !fi.Mode().IsRegular() {
 		return notRegular(rel)
 	}
-	if at == nil {
-		err = s.disk.Remove(abs)
-		if errors.Is(err, fs.ErrNotExist) {
-			err = nil
+	if from == "" {
+		if err := s.disk.Remove(abs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
 		}
-	} else {
-		var created []string
-		created, err = mkdirAll(s.disk, filepath.Dir(abs), s.dirMode)
-		for _, d := range created {
-			s.noteDirty("", filepath.Dir(d))
-		}
-		if err == nil {
-			err = crossedMount(rel, s.replace(from, abs))
-		}
+		s.noteDirty("", filepath.Dir(abs))
+		return nil
 	}
-	if err != nil {
-		return err
+	created, err := mkdirAll(s.disk, filepath.Dir(abs), s.dirMode)
+	for _, d := range created {
+		s.noteDirty("", filepath.Dir(d))
 	}
-	if at != nil {
-		s.noteDirty(abs)
+	if err == nil {
+		err = crossedMount(rel, s.replace(from, abs))
 	}
-	s.noteDirty("", filepath.Dir(abs))
-	return nil
+	if err == nil {
+		s.noteDirty(abs, filepath.Dir(abs))
+	}
+	return err
 }
 
 // replace puts tmp at abs atomically. Over an existing file it swaps the
@@ -849,12 +792,9 @@ type want struct {
 // changed anything, and joins the errors of the paths it could not restore:
 // those keep their current content.
 func (s *fileStore) restore(wants []want, sources map[FileAt][]source) (changed bool, err error) {
-	wants = slices.Clone(wants)
-	slices.SortStableFunc(wants, func(a, b want) int {
-		return boolInt(a.Path == s.config) - boolInt(b.Path == s.config)
-	})
 	var errs []error
-	for _, w := range wants {
+	configLast := func(a, b want) int { return boolInt(a.Path == s.config) - boolInt(b.Path == s.config) }
+	for _, w := range slices.SortedStableFunc(slices.Values(wants), configLast) {
 		c, err := s.restoreOne(w, sources)
 		changed = changed || c
 		errs = append(errs, err)
@@ -881,7 +821,7 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 	case err == nil && !fi.Mode().IsRegular():
 		return false, notRegular(w.Path)
 	case w.At == nil:
-		return true, s.put(w.Path, nil, "")
+		return true, s.put(w.Path, "")
 	}
 	tmp, err := s.linkedCopy(abs, *w.At, sources)
 	if tmp == "" && err == nil {
@@ -892,7 +832,7 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 		tmp, err = s.writeTemp(w.Path, abs, func(wr io.Writer) error { _, err := wr.Write(b); return err }, false)
 	}
 	if err == nil {
-		if err = s.put(w.Path, w.At, tmp); err != nil {
+		if err = s.put(w.Path, tmp); err != nil {
 			s.disk.Remove(tmp)
 		}
 	}
@@ -916,17 +856,7 @@ func (s *fileStore) linkedCopy(abs string, at FileAt, sources map[FileAt][]sourc
 		if got, err := s.digestAbs(src.path); err != nil || got != key {
 			continue
 		}
-		var err error
-		for range maxTempNameTries {
-			tmp := s.tempName(abs)
-			if err = s.disk.Link(src.path, tmp); !errors.Is(err, fs.ErrExist) {
-				if err != nil {
-					return "", err
-				}
-				return tmp, nil
-			}
-		}
-		return "", err
+		return s.newTemp(abs, func(name string) error { return s.disk.Link(src.path, name) })
 	}
 	return "", nil
 }

@@ -136,7 +136,7 @@ func (ms mounts) of(abs string) mount {
 func (s *fileStore) onItsMount(rel string) error {
 	abs := filepath.Join(s.base, filepath.FromSlash(rel))
 	m := s.mounts.of(abs)
-	for p, n := abs, 0; m.mntID != 0 && n <= maxPathDepth; p, n = parentDir(p), n+1 {
+	for p, n := abs, 0; m.mntID != 0 && n <= maxPathDepth; p, n = filepath.Dir(p), n+1 {
 		id, err := s.disk.MountID(p)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && p != m.root:

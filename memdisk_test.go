@@ -914,7 +914,7 @@ func (d *memDisk) mkdirAll(name string) error {
 // writeFile creates or replaces the bytes of a file (a new one gets mode
 // 0644), creating its missing parents, and makes the whole disk durable.
 func (d *memDisk) writeFile(name string, data []byte) error {
-	if _, err := mkdirAll(d, parentDir(name), 0o755); err != nil {
+	if _, err := mkdirAll(d, path.Dir(name), 0o755); err != nil {
 		return err
 	}
 	f, err := d.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
