@@ -217,10 +217,10 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		reloadTimeout: cfg.ReloadTimeout, now: a.now}
 	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
-		reloadIntervalMin: cfg.ReloadIntervalMin, blobPath: paths.planBlob}
-	a.pacer = newPacer(a.deps, a.Ready)
+		reloadIntervalMin: cfg.ReloadIntervalMin}
+	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
 	a.deps.ctx = func() context.Context { return a.baseCtx }
-	a.reads = &readBacks{deps: a.deps, pacer: a.pacer, base: a.deps.ctx}
+	a.reads = &readBacks{deps: a.deps}
 	a.deps.readBack = a.reads.start
 	a.deps.pokePacer = a.pacer.poke
 	a.metrics.generation.set(led.state().Generation)
@@ -744,7 +744,7 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	if err != nil {
 		return st, nil, false, nil, err
 	}
-	st, _ = treeAtStart(st, recorded, hashed)
+	st = treeAtStart(st, recorded, hashed)
 	return st, hashed, reload, nil, nil
 }
 
@@ -878,8 +878,8 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusInternalServerError, StageState, err.Error())
 			return
 		}
-		if err := a.verifyReachable(r.Context()); err != nil {
-			writeError(w, http.StatusServiceUnavailable, StageState, err.Error())
+		if err := a.probeSockets(r.Context()); err != nil {
+			writeError(w, http.StatusServiceUnavailable, StageState, "cannot verify: "+err.Error())
 			return
 		}
 		if info, err := a.worker.check(r.Context()); err != nil {

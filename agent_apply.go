@@ -60,7 +60,6 @@ type applyDeps struct {
 	nack    knownBad
 
 	reloadIntervalMin time.Duration
-	blobPath          string
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
@@ -100,10 +99,12 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
-	if !a.enterApply(r.Context()) {
+	select { // the apply gate (maxAppliesInFlight)
+	case a.applySlots <- struct{}{}:
+		defer func() { <-a.applySlots }()
+	case <-r.Context().Done():
 		return // the client gave up while applies ahead of it ran
 	}
-	defer a.leaveApply()
 	read := a.limits[listenerAPI].read
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
 		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
@@ -446,18 +447,17 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 	return http.StatusOK, result
 }
 
-// msgDiskBehind prefixes the refusal of an apply, and readiness, while the
-// tree is not what the agent's state says (an install after the answer, an
-// undo or a recovery could not write it) and the agent retries.
-const msgDiskBehind = "the agent's tree is not yet what its state says"
-
-// msgLogBroken prefixes the refusal of an apply, and readiness, while the
-// state log is broken.
-const msgLogBroken = "the agent's state log is broken"
-
-// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
-// disk would not record.
-const msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"
+const (
+	// msgDiskBehind prefixes the refusal of an apply, and readiness, while
+	// the tree is not what the agent's state says (an install after the
+	// answer, an undo or a recovery could not write it) and the agent retries.
+	msgDiskBehind = "the agent's tree is not yet what its state says"
+	// msgLogBroken: likewise while the state log is broken.
+	msgLogBroken = "the agent's state log is broken"
+	// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
+	// disk would not record.
+	msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"
+)
 
 // fence applies the fencing rules to the state as it stands: 0, or the 409
 // of a fenced apply.
@@ -514,7 +514,6 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 		byPath[run.m.Files[i].Path] = &run.m.Files[i]
 	}
 	_, tree := run.led.view()
-	fileParts := 0
 	for range MaxFiles + 2 {
 		part, err := mr.NextRawPart()
 		if err == io.EOF {
@@ -523,7 +522,7 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 		if err != nil {
 			return err
 		}
-		err = run.stagePart(part, byPath, tree, &fileParts)
+		err = run.stagePart(part, byPath, tree)
 		part.Close()
 		if err != nil {
 			return err
@@ -532,7 +531,7 @@ func (run *applyRun) stageParts(mr *multipart.Reader) error {
 	return fmt.Errorf("more than %d parts", MaxFiles)
 }
 
-func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, tree map[string]FileAt, fileParts *int) error {
+func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, tree map[string]FileAt) error {
 	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 	if err != nil {
 		return fmt.Errorf("part has no usable Content-Disposition: %w", err)
@@ -552,10 +551,9 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 		}
 		return err
 	}
-	if *fileParts >= MaxFiles {
+	if len(run.staged)+len(run.unpatched) >= MaxFiles { // every file part read so far is one or the other
 		return fmt.Errorf("more than %d parts", MaxFiles)
 	}
-	*fileParts++
 	rel := params["filename"]
 	if rel == "" {
 		return errors.New("a file part carries no filename")

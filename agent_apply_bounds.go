@@ -7,7 +7,6 @@
 package haptic
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,20 +20,6 @@ import (
 // form; unbounded, 16 queued manifests of 8 MiB took 1.4 GB. Further
 // requests wait before they read any of their body.
 const maxAppliesInFlight = 2
-
-// enterApply takes a slot of the apply gate, waiting until one frees or
-// ctx ends.
-func (a *Agent) enterApply(ctx context.Context) bool {
-	select {
-	case a.applySlots <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// leaveApply frees the slot enterApply took.
-func (a *Agent) leaveApply() { <-a.applySlots }
 
 // maxManifestListElements bounds the list elements (files, ops, op batches
 // and everything nested in them) one manifest may hold. A decoded element

@@ -43,12 +43,10 @@ func (run *applyRun) runApply() ApplyResult {
 	if o.ok && !o.installed && run.id.changed {
 		// Answered at its durable point: the answer goes out, then the
 		// files follow it, before anything else takes the apply lock.
-		if run.respond != nil {
-			run.respond(http.StatusOK, cloneResult(run.result))
-		}
+		run.respond(http.StatusOK, cloneResult(run.result))
 		run.installAfterAnswer()
 	}
-	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil && run.applyDeps.readBack != nil {
+	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil {
 		run.applyDeps.readBack(run.readBack, run.id.ref)
 	}
 	run.logApply()
@@ -102,33 +100,33 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 		return run.abort(StageBackup, err, outcome{undone: true})
 	}
 	run.seq = rec.Seq
-	var ops *opsOutcome
+	ops := &opsOutcome{}
 	if s.act == activateOps {
-		ops = run.runtimeOps(run.stagedContent)
+		ops = run.runtimeOps()
 	}
-	opsRan := ops != nil && ops.ran
 	if err := durable(); err != nil {
 		// Nothing was renamed: only the worker may hold this apply, and
 		// its record is gone, unless the disk kept it.
 		if !errors.Is(err, errRecordKept) {
 			run.seq = 0
 		}
-		return run.abort(StageBackup, err, outcome{undone: true, opsRan: opsRan})
+		return run.abort(StageBackup, err, outcome{undone: true, opsRan: ops.ran})
 	}
-	run.timing.WriteMs = (run.now().Sub(writeStart) - ops.duration()).Milliseconds()
-	o := outcome{opsRan: opsRan}
+	run.timing.WriteMs = (run.now().Sub(writeStart) - ops.took).Milliseconds()
+	o := outcome{opsRan: ops.ran}
 	opsStart := run.now()
-	defer func() { run.timing.OpsMs = (run.now().Sub(opsStart) + ops.duration()).Milliseconds() }()
+	defer func() { run.timing.OpsMs = (run.now().Sub(opsStart) + ops.took).Milliseconds() }()
 	switch s.act {
 	case activateOps:
 		return run.afterOps(ops, o)
 	case activateNothing:
 		return run.settled(o)
 	}
-	if o, err = run.installNow(o); err != nil {
-		return run.abort(cmp.Or(stageOf(err), StageWrite), err, o)
-	}
-	if s.act == activateJoin {
+	o, ok := run.installNow(o)
+	switch {
+	case !ok:
+		return o
+	case s.act == activateJoin:
 		o.due = st.PendingAt
 		return run.schedule(o, true)
 	}
@@ -137,19 +135,26 @@ func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) ou
 
 // installNow installs the apply's files before it activates them: every
 // path it changes is linked aside first (its undo), since HAProxy may
-// refuse them. A revert puts the journal's set back instead.
-func (run *applyRun) installNow(o outcome) (outcome, error) {
+// refuse them. A revert puts the journal's set back instead. A failure
+// aborts the run: ok is false.
+func (run *applyRun) installNow(o outcome) (_ outcome, ok bool) {
 	if err := run.files.linkUndo(run.changes, run.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
-		return o, &stagedError{stage: StageBackup, err: err}
+		return run.abort(StageBackup, err, o), false
 	}
 	run.noteUndo()
 	o.installed = run.id.changed
 	writeStart := run.now()
-	defer func() { run.timing.WriteMs += run.msSince(writeStart) }()
+	stage, err := StageWrite, error(nil)
 	if run.id.revert {
-		return o, run.restore(wantsOf(run.changes, false), journalSources(run.before.Journal), StageRevert)
+		stage, err = StageRevert, run.restore(wantsOf(run.changes, false), journalSources(run.before.Journal))
+	} else {
+		err = run.files.install(run.stagedList, run.dels)
 	}
-	return o, run.files.install(run.stagedList, run.dels)
+	run.timing.WriteMs += run.msSince(writeStart)
+	if err != nil {
+		return run.abort(stage, err, o), false
+	}
+	return o, true
 }
 
 // installAfterAnswer installs the files of an apply answered at its
@@ -189,19 +194,15 @@ const owedRetryInterval = time.Second
 // owe records what the disk owes (beside what it owed already), and
 // starts the retries. The caller holds the apply lock.
 func (d *applyDeps) owe(t *owedTree) {
-	if d.owed != nil {
-		for key, list := range t.sources {
-			d.owed.sources[key] = append(d.owed.sources[key], list...)
-		}
-		d.owed.wants = append(d.owed.wants, t.wants...)
-		d.owed.reload = d.owed.reload || t.reload
-		d.owed.err = t.err
-	} else {
-		d.owed = t
-		if d.owed.sources == nil {
-			d.owed.sources = map[FileAt][]source{}
-		}
+	if d.owed == nil {
+		d.owed = &owedTree{sources: map[FileAt][]source{}}
 	}
+	for key, list := range t.sources {
+		d.owed.sources[key] = append(d.owed.sources[key], list...)
+	}
+	d.owed.wants = append(d.owed.wants, t.wants...)
+	d.owed.reload = d.owed.reload || t.reload
+	d.owed.err = t.err
 	d.led.fallBehind(t.err)
 	d.metrics.diskBehind.set(1)
 	d.retry()
@@ -328,9 +329,7 @@ func (run *applyRun) describe(st agentState, tree map[string]FileAt, undo bool) 
 		changes = append(changes, fileChange{Path: p})
 	}
 	if run.id.revert {
-		for _, e := range st.Journal {
-			changes = append(changes, fileChange{Path: e.Path, New: e.At})
-		}
+		changes = append(changes, journalChanges(st.Journal)...)
 	}
 	if len(changes) > MaxFiles {
 		return fmt.Errorf("%d changes exceed the %d-file limit", len(changes), MaxFiles)
@@ -343,17 +342,16 @@ func (run *applyRun) describe(st agentState, tree map[string]FileAt, undo bool) 
 	if err := run.files.linkUndo(changes, tree, link); err != nil {
 		return err
 	}
-	for _, c := range changes {
+	for i, c := range changes {
 		if c.New != nil {
 			if err := run.files.onItsMount(c.Path); err != nil {
 				return err
 			}
 		}
+		changes[i].Mount = run.files.mountID(c.Path)
 	}
-	for _, list := range [][]fileChange{changes, same} {
-		for i := range list {
-			list[i].Mount = run.files.mountID(list[i].Path)
-		}
+	for i := range same {
+		same[i].Mount = run.files.mountID(same[i].Path)
 	}
 	run.id.changed = len(changes) > 0
 	run.changes, run.same = changes, same
@@ -418,18 +416,11 @@ type opsOutcome struct {
 	took       time.Duration
 }
 
-func (o *opsOutcome) duration() time.Duration {
-	if o == nil {
-		return 0
-	}
-	return o.took
-}
-
-// runtimeOps compiles the manifest's runtime ops from content and runs
-// them on the worker the agent expects.
-func (run *applyRun) runtimeOps(content func(string) ([]byte, error)) *opsOutcome {
+// runtimeOps compiles the manifest's runtime ops from the staged content
+// and runs them on the worker the agent expects.
+func (run *applyRun) runtimeOps() *opsOutcome {
 	start := run.now()
-	c, err := run.compile(run.m.RuntimeOps(), content)
+	c, err := run.compile(run.m.RuntimeOps(), run.stagedContent)
 	if err != nil {
 		return &opsOutcome{compileErr: err, took: run.now().Sub(start)}
 	}
@@ -479,9 +470,9 @@ func (run *applyRun) afterOps(ops *opsOutcome, o outcome) outcome {
 // land: its files are installed first, with their undo, since HAProxy may
 // refuse them.
 func (run *applyRun) fallback(reason string, o outcome) outcome {
-	o, err := run.installNow(o)
-	if err != nil {
-		return run.abort(cmp.Or(stageOf(err), StageWrite), err, o)
+	o, ok := run.installNow(o)
+	if !ok {
+		return o
 	}
 	return run.reload(reason, o)
 }
@@ -494,7 +485,6 @@ type compiledOps struct {
 	backends []string
 
 	maps, backendsTouched, certs, caFiles []string
-	deleting                              map[string]bool
 }
 
 func (c *compiledOps) empty() bool {
@@ -509,7 +499,7 @@ func (run *applyRun) compile(ops []Op, content func(string) ([]byte, error)) (*c
 	if err := run.queue.check(servers, backends); err != nil {
 		return nil, err
 	}
-	c := &compiledOps{servers: servers, backends: backends, deleting: map[string]bool{}}
+	c := &compiledOps{servers: servers, backends: backends}
 	term := run.rt.terminator()
 	for i := range inline {
 		p, err := compileOp(&inline[i], content, term)
@@ -517,9 +507,6 @@ func (run *applyRun) compile(ops []Op, content func(string) ([]byte, error)) (*c
 			return nil, err
 		}
 		c.programs = append(c.programs, p)
-	}
-	for _, be := range backends {
-		c.deleting[be] = true
 	}
 	for _, op := range ops {
 		switch op.Kind {
@@ -621,7 +608,7 @@ func (run *applyRun) reload(reason string, o outcome) outcome {
 		// still take effect.
 		o.reloaded = reloadWithoutVerdict(err)
 		run.refused = errors.Is(err, errReloadRejected) && !o.opsRan
-		return run.abort(cmp.Or(stageOf(err), StageReload), err, o)
+		return run.abort(StageReload, err, o)
 	}
 	// The new worker loaded the whole set: what invalidated the baseline
 	// before it no longer matters.
@@ -731,7 +718,7 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	var owed *owedTree
 	if o.installed {
 		wants, sources := wantsOf(run.changes, true), sourcesOf(run.changes)
-		err := run.restore(wants, sources, "")
+		err := run.restore(wants, sources)
 		o.undone = err == nil
 		r.Rollback.Performed = o.undone
 		if err != nil && run.files.restorable(wants, sources) {
@@ -755,32 +742,12 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 
 // restore puts paths back as wants says, from sources, and logs what it
 // could not put back.
-func (run *applyRun) restore(wants []want, sources map[FileAt][]source, stage string) error {
+func (run *applyRun) restore(wants []want, sources map[FileAt][]source) error {
 	_, err := run.files.restore(wants, sources)
 	if err != nil {
 		run.logger.Error("putting files back failed", "plan_id", run.m.PlanID, "err", err)
-		if stage != "" {
-			return &stagedError{stage: stage, err: err}
-		}
 	}
 	return err
-}
-
-// stagedError is an error that says which stage it belongs to.
-type stagedError struct {
-	stage string
-	err   error
-}
-
-func (e *stagedError) Error() string { return e.err.Error() }
-func (e *stagedError) Unwrap() error { return e.err }
-
-func stageOf(err error) string {
-	var s *stagedError
-	if errors.As(err, &s) {
-		return s.stage
-	}
-	return ""
 }
 
 // recover reloads the restored tree, once the worker may hold what the
@@ -793,7 +760,7 @@ func (run *applyRun) recover(o outcome) outcome {
 	} else if errors.Is(err, errReloadRejected) && o.undone {
 		run.logger.Error("HAProxy refused the restored tree too; restoring the last-known-good set", "plan_id", run.m.PlanID, "err", err)
 		st := run.led.state()
-		lkg := run.restore(wantsOf(journalChanges(st.Journal), false), journalSources(st.Journal), "") == nil
+		lkg := run.restore(wantsOf(journalChanges(st.Journal), false), journalSources(st.Journal)) == nil
 		if _, err := run.worker.reloadToRecover(run.ctx); lkg && err == nil {
 			o.lkgRestored = true
 			run.led.commit(&logRecord{ResetJournal: true}, false, func(s *agentState) {})
@@ -939,14 +906,6 @@ func journalAdditions(journal, undo []journalEntry) []journalEntry {
 		}
 	}
 	return out
-}
-
-// flushTree makes every file written so far durable, logging a failure: a
-// later compaction tries again.
-func (d *applyDeps) flushTree() {
-	if err := d.files.flush(); err != nil {
-		d.logger.Warn("could not make the tree durable", "err", err)
-	}
 }
 
 // compactIfDue writes a new snapshot once the log is long, or after a

@@ -117,7 +117,10 @@ func fenceReason(m *Manifest, s *agentState, inPlaceRuns bool) string {
 	case m.Token.LeaderEpoch < s.Token.LeaderEpoch:
 		return ReasonStaleEpoch
 	case m.Mode == ModeRevertLKG:
-		if !carriesRefusedPlan(planRef{m.PlanID, m.PlanProof}, s) {
+		// A revert names the plan being refused, which is the applied or the
+		// worker-ops plan and cannot be the plan the worker runs.
+		ref := planRef{m.PlanID, m.PlanProof}
+		if ref.Proof == "" || samePlanRef(ref, s.Running) || !samePlanRef(ref, s.Applied) && !samePlanRef(ref, s.WorkerOps) {
 			return ReasonRevertTargetMismatch
 		}
 		return ""
@@ -137,13 +140,6 @@ func fenceReason(m *Manifest, s *agentState, inPlaceRuns bool) string {
 		return ReasonWorkerOpsMismatch
 	}
 	return ""
-}
-
-// carriesRefusedPlan: a revert names the plan being refused, which is the
-// applied or the worker-ops plan and cannot be the plan the worker runs.
-func carriesRefusedPlan(ref planRef, s *agentState) bool {
-	return ref.Proof != "" && !samePlanRef(ref, s.Running) &&
-		(samePlanRef(ref, s.Applied) || samePlanRef(ref, s.WorkerOps))
 }
 
 // inPlaceWillRun reports whether the manifest's in-place ops will run: a
@@ -333,7 +329,7 @@ func workerAtStart(s agentState, observed HAProxyInfo) agentState {
 // as recorded keeps every pair and each file's proof; a tree that changed
 // while the agent was away makes the applied plan unknown, and with it the
 // running and worker pairs, a pending reload and the blob's binding.
-func treeAtStart(s agentState, recorded, hashed map[string]FileAt) (agentState, bool) {
+func treeAtStart(s agentState, recorded, hashed map[string]FileAt) agentState {
 	next := s.clone()
 	kept := len(recorded) == len(hashed)
 	for p, at := range recorded {
@@ -341,11 +337,11 @@ func treeAtStart(s agentState, recorded, hashed map[string]FileAt) (agentState, 
 	}
 	if kept {
 		keepProofs(recorded, hashed)
-		return next, true
+		return next
 	}
 	next.Applied, next.Running, next.WorkerOps, next.Blob = planRef{}, planRef{}, planRef{}, planRef{}
 	clearPending(&next)
-	return next, false
+	return next
 }
 
 // damagedAtStart is the state the agent starts from when its history is

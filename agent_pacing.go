@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -27,10 +28,6 @@ type pacer struct {
 	deps  *applyDeps
 	ready func() bool
 	wake  chan struct{}
-}
-
-func newPacer(deps *applyDeps, ready func() bool) *pacer {
-	return &pacer{deps: deps, ready: ready, wake: make(chan struct{}, 1)}
 }
 
 // poke wakes the pacer at once.
@@ -151,7 +148,9 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 	flushed := make(chan struct{})
 	go func() {
 		defer close(flushed)
-		d.flushTree()
+		if err := d.files.flush(); err != nil {
+			d.logger.Warn("could not make the tree durable", "err", err) // a later compaction tries again
+		}
 	}()
 	info, err := d.worker.reload(ctx)
 	<-flushed
@@ -161,9 +160,7 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 // readBacks runs the background read-backs: counted, awaited at shutdown,
 // and none starts once the agent is stopping.
 type readBacks struct {
-	deps  *applyDeps
-	pacer *pacer
-	base  func() context.Context
+	deps *applyDeps
 
 	mu       sync.Mutex
 	stopping bool
@@ -212,7 +209,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	if stopping {
 		return
 	}
-	ctx := b.base()
+	ctx := d.ctx()
 	_, tree := d.led.view()
 	running, err := listTouched(ctx, d.rt, c, tree)
 	d.applyMu.Lock()
@@ -230,7 +227,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
 	if due := d.led.pacingDue(d.reloadIntervalMin); d.now().Before(due) {
 		d.led.forget(func(s *agentState) { s.Pending, s.PendingAt = ref, due })
-		b.pacer.poke()
+		d.pokePacer()
 		return
 	}
 	if _, err := d.reloadDurably(ctx); err != nil {
@@ -247,7 +244,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 // diverged.
 func listTouched(ctx context.Context, rt *haproxyRuntime, c *compiledOps, tree map[string]FileAt) (map[string]map[string][]string, error) {
 	for _, be := range c.backendsTouched {
-		if c.deleting[be] {
+		if slices.Contains(c.backends, be) { // being deleted
 			continue
 		}
 		if _, err := rt.serverNames(ctx, be); err != nil {

@@ -171,12 +171,3 @@ func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) 
 		}
 	}
 }
-
-// verifyReachable is a verified state read's check that HAProxy is there:
-// it must fail rather than vouch for a worker that is gone.
-func (a *Agent) verifyReachable(ctx context.Context) error {
-	if err := a.probeSockets(ctx); err != nil {
-		return fmt.Errorf("cannot verify: %w", err)
-	}
-	return nil
-}

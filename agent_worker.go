@@ -69,7 +69,13 @@ func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) er
 	if prev.SameWorker(info) {
 		return nil
 	}
-	w.led.adoptWorker(info, w.listInventory(ctx), true)
+	var inv *Inventory
+	if got, err := w.rt.inventory(ctx, 0); err == nil {
+		inv = &got
+	} else {
+		w.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
+	}
+	w.led.adoptWorker(info, inv, true)
 	w.queue.setWorker(info)
 	err := workerChangedError(prev, info)
 	w.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
@@ -89,16 +95,6 @@ func (w *workerTracker) adopt(ctx context.Context, info HAProxyInfo) {
 func workerChangedError(from, to HAProxyInfo) error {
 	return fmt.Errorf("worker changed from pid %d (start %d) to pid %d (start %d)",
 		from.WorkerPID, from.WorkerStartTimeUnixMicros, to.WorkerPID, to.WorkerStartTimeUnixMicros)
-}
-
-// listInventory reads the worker's runtime inventory, nil when it cannot.
-func (w *workerTracker) listInventory(ctx context.Context) *Inventory {
-	inv, err := w.rt.inventory(ctx, 0)
-	if err != nil {
-		w.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
-		return nil
-	}
-	return &inv
 }
 
 // reload sends the reload through the master and adopts the new worker,
