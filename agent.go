@@ -480,36 +480,6 @@ func (a *Agent) Ready() bool {
 // ---------------------------------------------------------------------------
 // Run.
 
-// errGroup runs goroutines that share one cancellable context; the first
-// error cancels it and is what Wait returns. Its two methods keep the names
-// of the errgroup pattern every Go reader knows (and "go" is a keyword), so
-// they stay capitalised although the type is unexported.
-type errGroup struct {
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
-	cancel context.CancelFunc
-}
-
-func (g *errGroup) Go(f func() error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := f(); err != nil {
-			g.once.Do(func() {
-				g.err = err
-				g.cancel()
-			})
-		}
-	}()
-}
-
-func (g *errGroup) Wait() error {
-	g.wg.Wait()
-	g.cancel()
-	return g.err
-}
-
 // Run serves until ctx ends, then shuts every server down with its grace,
 // waits for background read-backs and returns. A cancelled Run returns nil;
 // an error from initialisation ends Run with that error.
@@ -517,29 +487,33 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !a.ran.CompareAndSwap(false, true) {
 		return errors.New("haptic: an Agent runs only once")
 	}
+	// The first error ends the run: it cancels every goroutine's context.
 	gctx, cancel := context.WithCancel(ctx)
-	g := &errGroup{cancel: cancel}
+	defer cancel()
 	a.baseCtx = gctx
+	var wg sync.WaitGroup
+	var once sync.Once
+	var err error
+	fail := func(e error) {
+		if e != nil {
+			once.Do(func() { err = e; cancel() })
+		}
+	}
 
 	servers := a.buildServers(gctx)
-	g.Go(func() error { a.queue.start(gctx); return nil })
-	g.Go(func() error { a.pacer.run(gctx); return nil })
-	g.Go(func() error { return a.initialise(gctx) })
-	g.Go(func() error { a.watchHAProxy(gctx); return nil })
+	wg.Go(func() { a.queue.start(gctx) })
+	wg.Go(func() { a.pacer.run(gctx) })
+	wg.Go(func() { fail(a.initialise(gctx)) })
+	wg.Go(func() { a.watchHAProxy(gctx) })
 	for _, s := range servers {
-		g.Go(func() error {
+		wg.Go(func() {
 			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("%s server: %w", s.name, err)
+				fail(fmt.Errorf("%s server: %w", s.name, err))
 			}
-			return nil
 		})
 	}
-	g.Go(func() error {
-		<-gctx.Done()
-		a.shutdownServers(servers)
-		return nil
-	})
-	err := g.Wait()
+	wg.Go(func() { <-gctx.Done(); a.shutdownServers(servers) })
+	wg.Wait()
 
 	a.reads.stop()
 	// The apply lock waits for an apply still in flight (its server was
@@ -561,9 +535,10 @@ func (a *Agent) Run(ctx context.Context) error {
 type agentServer struct {
 	name  string
 	ln    net.Listener
-	srv   *http.Server
+	mux   *http.ServeMux
 	grace time.Duration
-	after func() // runs once the server has shut down
+	after func()       // runs once the server has shut down
+	srv   *http.Server // built from the rest by buildServers
 }
 
 // buildServers builds the servers of the bound listeners, each with its own
@@ -575,24 +550,18 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
 	admin, drain := a.paths.admin, a.paths.drain
 	var out []agentServer
-	for _, s := range []struct {
-		name  string
-		ln    net.Listener
-		mux   *http.ServeMux
-		grace time.Duration
-		after func()
-	}{
-		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
+	for _, s := range []agentServer{
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil, nil},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
-			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil, nil},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(admin) }},
+			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(admin) }, nil},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(drain) }},
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(drain) }, nil},
 	} {
 		if s.ln == nil {
 			continue
@@ -603,12 +572,12 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 			// its grace instead of ending the moment the agent stops.
 			base = context.WithoutCancel(gctx)
 		}
-		ln := a.capped(s.name, s.ln)
+		s.ln = a.capped(s.name, s.ln)
 		if s.name == listenerAPI && a.tls != nil {
-			ln = tls.NewListener(ln, a.tls.serverConfig()) // under the cap, so that a handshake holds a slot too
+			s.ln = tls.NewListener(s.ln, a.tls.serverConfig()) // under the cap, so that a handshake holds a slot too
 		}
-		srv := a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
-		out = append(out, agentServer{name: s.name, ln: ln, srv: srv, grace: s.grace, after: s.after})
+		s.srv = a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
+		out = append(out, s)
 	}
 	return out
 }

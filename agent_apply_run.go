@@ -646,7 +646,7 @@ func (run *applyRun) runInPlace() bool {
 	}
 	fail := func(err error) bool {
 		run.result.Error = &ApplyError{Stage: StageInPlace, Message: err.Error()}
-		run.led.invalidate(false)
+		run.led.invalidate()
 		run.logger.Warn("in-place ops failed; the baseline is invalidated", "plan_id", m.PlanID, "err", err)
 		return false
 	}

@@ -1408,7 +1408,7 @@ func TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan(t *testing.T) {
 func TestApplyCommitPreservesConcurrentWorkerInvalidation(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	prevToken := e.c.state("").AppliedToken
-	holdOn(e.fake, "add map", func() { e.a.led.invalidate(false) })
+	holdOn(e.fake, "add map", func() { e.a.led.invalidate() })
 	fs2 := fs.clone()
 	fs2["maps/host.map"] += "i.example be-i\n"
 	res := e.land(t, "plan-2", fs2, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "i.example", Value: "be-i"})

@@ -164,7 +164,7 @@ func newLedger(d disk, statePath, blobPath string, mountOf func(rel string) stri
 		// The damaged files are kept for inspection; the log restarts empty
 		// and the start writes a snapshot of what it keeps.
 		for _, p := range []string{logPathFor(statePath), statePath} {
-			if _, err := setAside(d, p); err != nil {
+			if err := setAside(d, p); err != nil {
 				return nil, nil, fmt.Errorf("set the damaged state aside: %w", err)
 			}
 		}
@@ -268,10 +268,7 @@ func (l *ledger) commit(r *logRecord, sync bool, change func(*agentState)) error
 	defer l.mu.Unlock()
 	next := l.st.clone()
 	l.changeState(&next, change)
-	if r.Kind == "" {
-		r.Kind = recordState
-	}
-	r.State = &next
+	r.Kind, r.State = recordState, &next
 	if err := l.write(r, sync); err != nil {
 		return err
 	}
@@ -588,18 +585,13 @@ func fillBaseline(r *ApplyResult, s *agentState) {
 // ---------------------------------------------------------------------------
 // The worker, the inventory and the pacing clock.
 
-// invalidate forgets the applied and worker baselines: the next auto apply
-// must reload. The counter lets an apply in flight see it was overtaken.
-func (l *ledger) invalidate(alsoRunning bool) {
+// invalidate forgets the applied and worker-ops baselines: the next auto
+// apply must reload. The counter lets an apply in flight see it was overtaken.
+func (l *ledger) invalidate() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.invalidations++
-	l.forgetLocked(func(s *agentState) {
-		s.Applied, s.WorkerOps = planRef{}, planRef{}
-		if alsoRunning {
-			s.Running = planRef{}
-		}
-	})
+	l.forgetLocked(func(s *agentState) { s.Applied, s.WorkerOps = planRef{}, planRef{} })
 }
 
 func (l *ledger) invalidationCount() uint64 {
@@ -787,8 +779,10 @@ func (l *ledger) takePlan(b []byte, contentType, planID string) (*planUpload, er
 	}
 	l.spliceMu.Lock()
 	defer l.spliceMu.Unlock()
-	id, base, version := l.heldPlan()
-	if base == nil || patch.BaseDigest != id {
+	l.mu.Lock()
+	id, base, version := l.heldPlanLocked(), l.plan, l.planVersion
+	l.mu.Unlock()
+	if id == "" || patch.BaseDigest != id {
 		return nil, errPlanBaseGone
 	}
 	var free []byte
@@ -846,17 +840,6 @@ func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 func (l *ledger) hold(up *planUpload) {
 	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
 	l.planVersion++
-}
-
-// heldPlan is the id, canonical JSON and version of the stored plan, nil
-// JSON when there is none.
-func (l *ledger) heldPlan() (string, []byte, uint64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.heldPlanLocked() == "" {
-		return "", nil, l.planVersion
-	}
-	return l.st.Blob.ID, l.plan, l.planVersion
 }
 
 // heldPlanID is the id of the stored plan, "" when there is none.

@@ -436,12 +436,11 @@ func logPathFor(statePath string) string {
 
 // setAside renames a damaged file out of the way for inspection, under a
 // name that tells what it is, so that the agent can start afresh beside it.
-func setAside(d disk, path string) (string, error) {
-	aside := path + damagedSuffix
-	if err := d.Rename(path, aside); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return "", err
+func setAside(d disk, path string) error {
+	if err := d.Rename(path, path+damagedSuffix); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	return aside, d.SyncDir(filepath.Dir(path))
+	return d.SyncDir(filepath.Dir(path))
 }
 
 // ---------------------------------------------------------------------------

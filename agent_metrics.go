@@ -184,16 +184,6 @@ func (c *metricFamily) inc(labelValues ...string) {
 	}
 }
 
-// value reads the series with these label values; 0 when it does not exist.
-func (c *metricFamily) value(labelValues ...string) uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s, ok := c.series[seriesKey(labelValues)]; ok {
-		return s.value
-	}
-	return 0
-}
-
 // lookup finds or creates a series; nil when the family is full. The caller
 // holds c.mu (or owns c exclusively, in newCounterVec).
 func (c *metricFamily) lookup(labelValues []string) *counterSeries {

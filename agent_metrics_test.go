@@ -454,3 +454,13 @@ func TestMetricsWriteTextReportsAWriteError(t *testing.T) {
 		t.Errorf("writeText error = %v, want the writer's error", err)
 	}
 }
+
+// value reads the series with these label values; 0 when it does not exist.
+func (c *metricFamily) value(labelValues ...string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.series[seriesKey(labelValues)]; ok {
+		return s.value
+	}
+	return 0
+}

@@ -232,7 +232,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	}
 	if _, err := d.reloadDurably(ctx); err != nil {
 		d.logger.Error("the repair reload failed; the baseline is invalidated", "err", err)
-		d.led.invalidate(false)
+		d.led.invalidate()
 		return
 	}
 	d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) { s.Running, s.WorkerOps, s.LKG = ref, ref, ref })

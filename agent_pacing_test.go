@@ -377,7 +377,7 @@ func TestAnInPlaceOpOnAStaleWorkerBaselineInvalidatesThePod(t *testing.T) {
 	var once sync.Once
 	d.setHook(func(op diskOp) error {
 		if op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
-			once.Do(func() { e.a.led.invalidate(false) })
+			once.Do(func() { e.a.led.invalidate() })
 		}
 		return nil
 	})

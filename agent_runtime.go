@@ -204,11 +204,6 @@ func responseEnds(raw []byte) (ends []int, partial bool) {
 	return ends, false
 }
 
-func countResponses(raw []byte) (n int, partial bool) {
-	ends, partial := responseEnds(raw)
-	return len(ends), partial
-}
-
 // trimReply post-processes a reply before segmentation: one trailing
 // prompt, one trailing '\n', then trailing whitespace.
 func trimReply(s string) string {
@@ -295,15 +290,8 @@ func classify(segment string) error {
 }
 
 // prefixEntry stands for both prefix commands of every line when a reply is
-// matched: callers of matchBatch put it first.
+// matched: callers of matchSegments put it first.
 var prefixEntry = command{Text: strings.TrimSuffix(linePrefix, ";"), Optional: true}
-
-// matchBatch judges the commands of one line against its segments;
-// cmds[0] is the optional prefix entry.
-func matchBatch(segments []string, cmds []command) []error {
-	errs, _ := matchSegments(segments, cmds)
-	return errs
-}
 
 // matchSegments walks the commands with a segment cursor and also returns
 // the segment each command consumed (HAProxy's words for the op result).
@@ -369,7 +357,8 @@ type lineVerdict struct {
 // silence, so commands past the last whole response are outcome unknown.
 func judgeLine(raw []byte, cmds []command) lineVerdict {
 	k := 2 + len(cmds)
-	n, partial := countResponses(raw)
+	ends, partial := responseEnds(raw)
+	n := len(ends)
 	errs, outputs := matchSegments(splitSegments(trimReply(string(raw))), slices.Concat([]command{prefixEntry}, cmds))
 	v := lineVerdict{Errs: errs[1:], Outputs: outputs[1:]}
 	for i, c := range cmds {
@@ -746,16 +735,11 @@ func parseStartMicros(v string) (int64, bool) {
 
 func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
-// procList is the master's show proc table.
+// procList is what the agent reads of the master's show proc table: the
+// failed-reload counter and the pids of the current and the old workers.
 type procList struct {
-	MasterPID, Reloads, FailedReloads int
-	Workers, OldWorkers               []procRow
-}
-
-// procRow is one worker row.
-type procRow struct {
-	PID, Reloads int
-	Version      string
+	FailedReloads       int
+	Workers, OldWorkers []int
 }
 
 // showProc reads the master's process table. It is the master-socket
@@ -796,23 +780,19 @@ func parseShowProc(text string) (procList, error) {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
 		pid, err1 := strconv.Atoi(fields[0])
-		reloads, err2 := strconv.Atoi(fields[2])
+		_, err2 := strconv.Atoi(fields[2])
 		failed, ok := failedCount(line)
 		master := section == "" && fields[1] == "master"
 		if err1 != nil || err2 != nil || master && !ok {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
-		row := procRow{PID: pid, Reloads: reloads}
-		if len(fields) > 4 {
-			row.Version = fields[4]
-		}
 		switch {
 		case master:
-			list.MasterPID, list.Reloads, list.FailedReloads, haveMaster = pid, reloads, failed, true
+			list.FailedReloads, haveMaster = failed, true
 		case section == "workers":
-			list.Workers = append(list.Workers, row)
+			list.Workers = append(list.Workers, pid)
 		case section == "old workers":
-			list.OldWorkers = append(list.OldWorkers, row)
+			list.OldWorkers = append(list.OldWorkers, pid)
 		}
 	}
 	if !haveMaster {
@@ -903,7 +883,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 				return log, errReloadRejected
 			}
 			for _, w := range procs.Workers {
-				if !slices.ContainsFunc(base.Workers, func(old procRow) bool { return old.PID == w.PID }) {
+				if !slices.Contains(base.Workers, w) {
 					return reply, nil
 				}
 			}
@@ -932,7 +912,7 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	if err != nil {
 		return HAProxyInfo{}, Inventory{}, err
 	}
-	if !slices.ContainsFunc(slices.Concat(procs.Workers, procs.OldWorkers), func(w procRow) bool { return w.PID == info.WorkerPID }) {
+	if !slices.Contains(slices.Concat(procs.Workers, procs.OldWorkers), info.WorkerPID) {
 		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
 	inv, err := r.inventory(ctx, 1)
