@@ -330,8 +330,7 @@ func (k *knownBad) lookup(key string, work []byte, now time.Time) (ApplyResult, 
 // Admission: everything that can still refuse an apply without touching
 // anything.
 
-// applyRun is one apply in flight, or a scheduled reload or a read-back
-// repair, which end the same way.
+// applyRun is one apply in flight.
 type applyRun struct {
 	*applyDeps
 	ctx       context.Context

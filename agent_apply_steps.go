@@ -77,8 +77,6 @@ const (
 	reasonWorkerChanged        = "worker_changed"
 	reasonOpRejected           = "op_rejected"
 	reasonDeferredDeleteCommit = "deferred_delete_commit"
-	reasonScheduled            = "scheduled"
-	reasonRepair               = "read_back_repair"
 	reasonRevert               = "revert_lkg"
 )
 

@@ -620,39 +620,37 @@ func (e *execution) abort(p program) {
 
 // read sends one read command after prefix and returns its response.
 func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, error) {
-	texts, errs, err := r.readAll(ctx, prefix, []string{cmd})
-	if err != nil {
-		return "", err
-	}
+	texts, errs := r.readAll(ctx, prefix, []string{cmd})
 	return texts[0], errs[0]
 }
 
 // readAll sends several read commands on one line after prefix and returns
-// each one's response, in order, with a refusal per command; the line as a
-// whole fails only when its reply is cut or the socket fails. One
-// connection instead of one per listing keeps the reads after a reload off
-// the apply's answer as far as HAProxy allows.
-func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []string) ([]string, []error, error) {
-	raw, err := r.exchange(ctx, prefix+strings.Join(cmds, ";")+"\n", 0)
-	if err != nil {
-		return nil, nil, err
-	}
-	// One response per prefix command, then the reads' own.
-	skip := strings.Count(prefix, ";")
-	resp, err := responses(raw, skip+len(cmds))
-	if err != nil {
-		return nil, nil, err
-	}
+// each one's response, in order, with a refusal per command; a reply that
+// is cut or a socket that fails is every command's error. One connection
+// instead of one per listing keeps the reads after a reload off the apply's
+// answer as far as HAProxy allows.
+func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []string) ([]string, []error) {
 	texts := make([]string, len(cmds))
 	errs := make([]error, len(cmds))
+	// One response per prefix command, then the reads' own.
+	skip := strings.Count(prefix, ";")
+	raw, err := r.exchange(ctx, prefix+strings.Join(cmds, ";")+"\n", 0)
+	var resp []string
+	if err == nil {
+		resp, err = responses(raw, skip+len(cmds))
+	}
 	for i := range cmds {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
 		texts[i] = trimReply(resp[skip+i])
 		if level, _ := severityTag(texts[i]); level >= 0 && level <= 3 {
 			first, _, _ := strings.Cut(texts[i], "\n")
 			texts[i], errs[i] = "", fmt.Errorf("%w: %s", errRejected, first)
 		}
 	}
-	return texts, errs, nil
+	return texts, errs
 }
 
 // info reads the worker's identity with "show info float" and records its
@@ -942,12 +940,6 @@ func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inve
 	return inv, err
 }
 
-// identifiedInventory reads which worker answers and its inventory in one
-// exchange, so the inventory is that worker's.
-func (r *haproxyRuntime) identifiedInventory(ctx context.Context) (HAProxyInfo, Inventory, error) {
-	return r.listWorker(ctx, 0, true)
-}
-
 // errNoIdentity marks a listing whose worker identity could not be read.
 var errNoIdentity = errors.New("no worker identity")
 
@@ -971,10 +963,7 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 	for _, l := range listings {
 		cmds = append(cmds, l.cmd)
 	}
-	texts, readErrs, err := r.readAll(ctx, linePrefix, cmds)
-	if err != nil {
-		texts, readErrs = make([]string, len(cmds)), slices.Repeat([]error{err}, len(cmds))
-	}
+	texts, readErrs := r.readAll(ctx, linePrefix, cmds)
 	var info HAProxyInfo
 	if withIdentity {
 		err := readErrs[0]
@@ -1171,43 +1160,33 @@ func (r *haproxyRuntime) openWorker(ctx context.Context, expected HAProxyInfo) (
 }
 
 // execute sends one command and returns the text before the prompt,
-// trimmed. A reply is complete only when it ends with the prompt: EOF or a
-// read error first is an incomplete reply, never silence.
+// trimmed. Only the prompt ends a reply: EOF, a read error or a cancelled
+// context (named rather than the closed connection it caused) before it is
+// an incomplete reply, never silence.
 func (s *workerSession) execute(cmd string) (string, error) {
-	if err := s.ctx.Err(); err != nil {
-		return "", fmt.Errorf("incomplete worker reply: %w", err)
+	err := s.ctx.Err()
+	if err == nil {
+		err = s.conn.SetDeadline(time.Now().Add(s.timeout))
 	}
-	if err := s.conn.SetDeadline(time.Now().Add(s.timeout)); err != nil {
-		return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
-	}
-	if _, err := io.WriteString(s.conn, cmd+"\n"); err != nil {
-		return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
+	if err == nil {
+		_, err = io.WriteString(s.conn, cmd+"\n")
 	}
 	var buf []byte
 	var chunk [4096]byte
-	for !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+	for err == nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
 		if len(buf) > maxSessionReplyBytes {
 			return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 		}
-		n, err := s.conn.Read(chunk[:])
-		buf = append(buf, chunk[:n]...)
-		if err != nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
-			return "", fmt.Errorf("incomplete worker reply: %w", s.cause(err))
-		}
+		n, readErr := s.conn.Read(chunk[:])
+		buf, err = append(buf, chunk[:n]...), readErr
+	}
+	if !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+		return "", fmt.Errorf("incomplete worker reply: %w", cmp.Or(s.ctx.Err(), err))
 	}
 	if len(buf) > maxSessionReplyBytes+len(workerPrompt) {
 		return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 	}
 	return strings.TrimSpace(string(buf[:len(buf)-len(workerPrompt)])), nil
-}
-
-// cause reports a cancelled context rather than the closed connection it
-// caused.
-func (s *workerSession) cause(err error) error {
-	if ctxErr := s.ctx.Err(); ctxErr != nil {
-		return ctxErr
-	}
-	return err
 }
 
 func (s *workerSession) Close() error {

@@ -184,7 +184,7 @@ func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (H
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
-		info, inv, err := w.rt.identifiedInventory(ctx)
+		info, inv, err := w.rt.listWorker(ctx, 0, true)
 		if errors.Is(err, errNoIdentity) {
 			info, _ = w.rt.info(ctx) // no identity on error
 		}
