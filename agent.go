@@ -496,7 +496,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	var err error
 	fail := func(e error) {
 		if e != nil {
-			once.Do(func() { err = e; cancel() })
+			once.Do(func() {
+				err = e
+				cancel()
+			})
 		}
 	}
 
@@ -512,7 +515,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		})
 	}
-	wg.Go(func() { <-gctx.Done(); a.shutdownServers(servers) })
+	wg.Go(func() {
+		<-gctx.Done()
+		a.shutdownServers(servers)
+	})
 	wg.Wait()
 
 	a.reads.stop()
