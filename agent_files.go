@@ -186,8 +186,8 @@ func checkOwnedPath(d disk, p string, wantDir bool) error {
 	case !wantDir && !fi.Mode().IsRegular():
 		return fmt.Errorf("%s is not a regular file", p)
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s is owned by uid %d, not by the agent's uid %d", p, st.Uid, os.Geteuid())
+	if uid, ok := fileOwner(fi); ok && uid != os.Geteuid() {
+		return fmt.Errorf("%s is owned by uid %d, not by the agent's uid %d", p, uid, os.Geteuid())
 	}
 	return nil
 }
