@@ -1003,9 +1003,12 @@ func testExecuteReadsSetServerAddrByItsWords(t *testing.T, tg *target) {
 	} {
 		mustExecute(t, r, []Op{op}, nil)
 	}
-	if f := tg.serverRows(t, "be-a")["srv1"]; f[4] != "10.0.0.2" || f[18] != "81" {
-		t.Errorf("srv1 row %v", f)
-	}
+	// HAProxy 3.0 and later apply a new address and port from a task of
+	// their own, a moment after the command's answer: the row settles.
+	waitFor(t, "srv1 at 10.0.0.2:81", func() bool {
+		f := tg.serverRows(t, "be-a")["srv1"]
+		return f[4] == "10.0.0.2" && f[18] == "81"
+	})
 	results, _, err := r.executeAs(t.Context(), compileAll(t, r, []Op{{Kind: OpServerSetAddr, Backend: "be-a", Server: "srv1", Address: "bogus"}}, nil), nil)
 	if !errors.Is(err, errRejected) || !strings.Contains(results[0].Output, "Invalid addr") {
 		t.Errorf("invalid address: %v %+v", err, results)
