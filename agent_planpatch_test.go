@@ -181,15 +181,8 @@ func TestAPlanPatchIsTakenByItsHashAndKeptAsItsBlob(t *testing.T) {
 // not stored (its record would splice the wrong base on replay), and the
 // controller is asked for the whole plan.
 func TestAPatchWhoseBaseMovedBeforeItIsStoredIsAskedForWhole(t *testing.T) {
-	e := newTestEnv(t, nil, nil)
 	plans := planPatchPlans(2)
-	c, _ := startPodProxy(t, e.a, nil)
-	mustDeploy(t, c, plans[0], DeployOptions{})
-	noPatch, _ := startPodProxy(t, e.a, withoutPlanPatch)
-	res, err := Deploy(context.Background(), noPatch, plans[1], DeployOptions{LeaderEpoch: 1, Applied: plans[0], PlanBlob: make([]byte, MaxPlanBlobBytes+1)})
-	if err != nil || !res.OK {
-		t.Fatalf("deploy without a plan: %+v, %v", res, err)
-	}
+	e, _, res := landWithoutItsPlan(t, plans)
 	ref := planRef{ID: res.AppliedPlanID, Proof: res.AppliedPlanProof}
 	staged, err := e.a.led.takePlan(planPatchJSON(plans[0], plans[1]), "application/json", plans[1].ID)
 	if err != nil {
@@ -205,6 +198,23 @@ func TestAPatchWhoseBaseMovedBeforeItIsStoredIsAskedForWhole(t *testing.T) {
 	if _, err := e.a.led.storePlan(ref, staged); !errors.Is(err, errPlanBaseGone) {
 		t.Fatalf("storing the patch of a plan no longer held: %v", err)
 	}
+}
+
+// landWithoutItsPlan deploys plans[0] with its plan, then plans[1] through
+// a client that sends no patch and a blob too large to send, so that the
+// agent holds plans[0]'s plan while plans[1] is applied. It returns the
+// agent, a client that sends patches, and plans[1]'s result.
+func landWithoutItsPlan(t *testing.T, plans []*Plan) (*testEnv, *Client, *ApplyResult) {
+	t.Helper()
+	e := newTestEnv(t, nil, nil)
+	c, _ := startPodProxy(t, e.a, nil)
+	mustDeploy(t, c, plans[0], DeployOptions{})
+	noPatch, _ := startPodProxy(t, e.a, withoutPlanPatch)
+	res, err := Deploy(context.Background(), noPatch, plans[1], DeployOptions{LeaderEpoch: 1, Applied: plans[0], PlanBlob: make([]byte, MaxPlanBlobBytes+1)})
+	if err != nil || !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("deploy without a plan: %+v, %v", res, err)
+	}
+	return e, c, res
 }
 
 // reloadDecision is a reload of next over applied, as Deploy composes it,
@@ -226,17 +236,8 @@ func reloadDecision(t *testing.T, c *Client, next, applied *Plan) *Manifest {
 // fit its base, is too large or makes another plan is refused (400): the
 // state, its log and the stored plan are unchanged.
 func TestAPlanPatchThatDoesNotFitStoresNothing(t *testing.T) {
-	e := newTestEnv(t, nil, nil)
 	plans := planPatchPlans(3)
-	c, _ := startPodProxy(t, e.a, nil)
-	mustDeploy(t, c, plans[0], DeployOptions{})
-	// plans[1] lands without its plan (a client that sends no patch, and a
-	// blob too large to send): the agent holds plans[0]'s.
-	noPatch, _ := startPodProxy(t, e.a, withoutPlanPatch)
-	res, err := Deploy(context.Background(), noPatch, plans[1], DeployOptions{LeaderEpoch: 1, Applied: plans[0], PlanBlob: make([]byte, MaxPlanBlobBytes+1)})
-	if err != nil || !res.OK || res.Mode != ResultRuntime {
-		t.Fatalf("deploy without a plan: %+v, %v", res, err)
-	}
+	e, c, _ := landWithoutItsPlan(t, plans)
 	good := planPatchJSON(plans[0], plans[1])
 	var p PlanPatch
 	json.Unmarshal(good, &p)
