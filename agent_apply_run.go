@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -39,13 +38,13 @@ func (run *applyRun) runApply() ApplyResult {
 	window := run.now().Before(run.led.pacingDue(run.reloadIntervalMin))
 	s := decideSteps(&st, m, window)
 	o := run.transact(s, st, tree)
-	run.finish(s, o)
 	if o.ok && !o.installed && run.id.changed {
-		// Answered at its durable point: the answer goes out, then the
-		// files follow it, before anything else takes the apply lock.
-		run.respond(http.StatusOK, cloneResult(run.result))
-		run.installAfterAnswer()
+		// Counted from its record: its files are renamed into the tree now,
+		// before the answer, so that whoever reads the disk after the
+		// answer sees them.
+		run.installCounted()
 	}
+	run.finish(s, o)
 	if run.result.OK && run.result.Mode == ResultRuntime && run.readBack != nil {
 		run.applyDeps.readBack(run.readBack, run.id.ref)
 	}
@@ -67,9 +66,10 @@ func (run *applyRun) logApply() {
 
 // transact writes the apply's record and activates its files. An apply
 // that needs nothing from HAProxy but its ops (or nothing at all) counts
-// from its record and is answered once the record is synced and the ops
-// are acknowledged, before its files are installed (finish); it never
-// needs an undo, unless its ops are refused and it falls back to a reload.
+// from its record once it is synced, its ops sent while the sync runs;
+// its files are installed after that (installCounted), unsynced, and
+// before the answer. It never needs an undo, unless its ops are refused
+// and it falls back to a reload.
 // Any other apply installs its files first, with its undo, and then
 // reloads, schedules or joins a reload.
 func (run *applyRun) transact(s steps, st agentState, tree map[string]FileAt) outcome {
@@ -157,21 +157,27 @@ func (run *applyRun) installNow(o outcome) (_ outcome, ok bool) {
 	return o, true
 }
 
-// installAfterAnswer installs the files of an apply answered at its
-// durable point. The answer is given, and a failure (a full disk, an I/O
-// error) never takes it back: the disk owes the answered files, which the
-// record's sources (its inline bytes, its synced temp files, a patch's
-// base) can still rebuild, until a retry puts them in place.
-func (run *applyRun) installAfterAnswer() {
+// installCounted installs the files of an apply that counts from its
+// record (runtime, file_only, noop). It is acknowledged whatever happens
+// here, and a failure (a full disk, an I/O error, a mount made after the
+// start) never takes it back: the disk owes its files, which the record's
+// sources (its inline bytes, its synced temp files, a patch's base) can
+// still rebuild, until a retry puts them in place; the answer says so.
+func (run *applyRun) installCounted() {
 	err := run.files.install(run.stagedList, run.dels)
 	if err == nil {
 		return
 	}
 	run.staged = nil // its temp files are sources of what is owed
-	run.logger.Error("the files of an answered apply could not be installed; the agent retries, and is not ready until they are in place",
+	run.logger.Error("the files of an acknowledged apply could not be installed; the agent retries, and is not ready until they are in place",
 		"plan_id", run.m.PlanID, "err", err)
+	run.result.Error = &ApplyError{Stage: StageWrite, Message: fmt.Sprintf("%s: %v", msgFilesOwed, err)}
 	run.owe(&owedTree{wants: wantsOf(run.changes, false), sources: sourcesOf(run.changes), err: err})
 }
+
+// msgFilesOwed prefixes the error of an acknowledged apply whose files
+// could not be installed.
+const msgFilesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
 
 // owedTree is what the disk owes the tree the ledger records: the files of
 // an answered apply whose install failed, or what recovery could not put

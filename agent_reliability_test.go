@@ -696,14 +696,14 @@ func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
 	}
 }
 
-// TestAFailedInstallAfterTheAnswerKeepsTheACK: a runtime apply is answered
-// once its record is synced and its op acknowledged, and its files are
-// installed after the answer. When that install fails (an I/O error), the
-// ACK stands: the agent is not ready and says why (/readyz, the
-// disk_behind gauge, its log), refuses applies meanwhile, retries every
-// second from what its record keeps, and is ready again with the answered
-// files in place once the disk lets it.
-func TestAFailedInstallAfterTheAnswerKeepsTheACK(t *testing.T) {
+// TestAFailedInstallKeepsTheACKAndSaysSo: a runtime apply counts once its
+// record is synced and its op acknowledged, and its files are installed
+// before the answer. When that install fails (an I/O error), the ACK
+// stands and says its files are owed: the agent is not ready and says why
+// (/readyz, the disk_behind gauge, its log), refuses applies meanwhile,
+// retries every second from what its record keeps, and is ready again
+// with the answered files in place once the disk lets it.
+func TestAFailedInstallKeepsTheACKAndSaysSo(t *testing.T) {
 	d := &hookDisk{}
 	logs := newLogCounter(testLogger().Handler())
 	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.MetricsListen, c.Logger = "127.0.0.1:0", slog.New(logs) })
@@ -722,6 +722,9 @@ func TestAFailedInstallAfterTheAnswerKeepsTheACK(t *testing.T) {
 	if !res.OK || res.Mode != ResultRuntime || res.AppliedPlanID != "plan-2" {
 		t.Fatalf("the apply: %s", jsonOf(res))
 	}
+	if res.Error == nil || res.Error.Stage != StageWrite || !strings.HasPrefix(res.Error.Message, msgFilesOwed+": ") {
+		t.Errorf("the answer does not say the files are owed: %s", jsonOf(res.Error))
+	}
 	if !hasMapKey(e.fake, "maps/host.map", "kept.example") {
 		t.Error("the op did not reach the worker")
 	}
@@ -731,7 +734,7 @@ func TestAFailedInstallAfterTheAnswerKeepsTheACK(t *testing.T) {
 	if !strings.Contains(scrape(t, e.a), "\nhaptic_agent_disk_behind 1\n") {
 		t.Error("the gauge does not say the disk is behind")
 	}
-	if logs.count("the files of an answered apply could not be installed; the agent retries, and is not ready until they are in place") != 1 {
+	if logs.count("the files of an acknowledged apply could not be installed; the agent retries, and is not ready until they are in place") != 1 {
 		t.Error("the agent did not log the failed install")
 	}
 	if st := e.c.state("?plan=0"); st.AppliedPlanID != "plan-2" || st.AppliedPlanProof != res.AppliedPlanProof {

@@ -98,8 +98,8 @@
 //	                    │                         fence ─► stage parts ─►
 //	                    ▼                         lock ─► fence ─► cache ─►
 //	NewManifest ─► Client.Apply ── manifest ──►   record (synced; ops sent
-//	                            ◄─ ApplyResult ─  meanwhile) ─► answer ─►
-//	                            ◄─ 409 Conflict   install; or install ─►
+//	                            ◄─ ApplyResult ─  meanwhile) ─► install ─►
+//	                            ◄─ 409 Conflict   answer; or install ─►
 //	                               or Missing     reload ─► end ─► answer
 //	Deploy: State ─► Diff ─► Apply ─► resend        │ worker    │ master
 //	        ─► re-diff ─► PutPlan (patch)           ▼ socket    ▼ socket
@@ -118,9 +118,11 @@
 // rename (once for a runtime, file_only or noop apply, while its ops travel;
 // once more after a reload took effect), and nothing answered is ever taken
 // back by a rollback, a recovery or a restart. A runtime, file_only or noop
-// apply is answered at that durable point and installs its files after the
-// answer; one whose install then fails (a full or read-only disk) keeps its
-// ACK, and the agent is not ready until a retry has put the files in place.
+// apply counts from that durable point, renames its files into the tree
+// (unsynced: recovery redoes them from the record) and is answered: whoever
+// reads the disk after an ACK sees the apply's files. One whose install
+// fails (a full or read-only disk) keeps its ACK, which says the files are
+// owed, and the agent is not ready until a retry has put them in place.
 // Parts are read before the apply lock, so a slow upload holds up no other
 // apply, and the whole request has a deadline. agent_apply_steps.go states
 // the order things become durable in.
