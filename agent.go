@@ -635,7 +635,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.led.restart(workerAtStart(st, info), hashed, inv)
 	a.queue.setWorker(info)
-	a.deps.applyMu.Lock()
+	a.deps.lock()
 	switch {
 	case owed != nil:
 		// HAProxy loads the tree once recovery could put all of it back.
@@ -644,10 +644,11 @@ func (a *Agent) initialise(ctx context.Context) error {
 	case reload:
 		a.deps.reloadRecovered(ctx)
 	}
-	a.deps.applyMu.Unlock()
 	if err := a.deps.compact(); err != nil {
-		a.logger.Warn("could not compact the agent's state at startup", "err", err)
+		a.logger.Warn(msgStartupCompactFailed, "err", err) // not ready until a retry can
+		a.deps.retry()
 	}
+	a.deps.unlock()
 	close(a.initialized)
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
@@ -722,6 +723,10 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	st = treeAtStart(st, recorded, hashed)
 	return st, hashed, reload, nil, nil
 }
+
+// msgStartupCompactFailed is the start's warning when it cannot write a
+// new snapshot of its state.
+const msgStartupCompactFailed = "could not compact the agent's state at startup"
 
 // msgLogEndedTorn is the start's warning about a log whose last record was
 // cut off: normal after a crash in the middle of a write, and the only trace
@@ -891,8 +896,8 @@ const stateIdentityTimeout = time.Second
 // holds the apply lock: an apply installs its files after its answer, and
 // an observation taken before they are in place would forget them.
 func (a *Agent) refreshTree() error {
-	a.deps.applyMu.Lock()
-	defer a.deps.applyMu.Unlock()
+	a.deps.lock()
+	defer a.deps.unlock()
 	paths, version := a.led.observed()
 	fresh, err := a.files.hashTree(paths)
 	if err != nil {
@@ -940,7 +945,10 @@ func readPlan(r io.Reader) ([]byte, error) {
 // that older state over the apply's files. So an upload waits for the
 // apply in flight, and then finds the plan moved (409) when that apply
 // landed another; a patch whose base is no longer held by then is asked
-// for whole (409 Missing "plan").
+// for whole (409 Missing "plan"). Like an apply, it is refused (503, or
+// 507 on a full disk) while the disk owes files or the log cannot be
+// compacted: each upload writes a record, and the log must stay within what
+// a start reads.
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -968,10 +976,16 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
 		return
 	}
-	a.deps.applyMu.Lock()
-	moved, err := a.led.storePlan(ref, up)
-	a.deps.applyMu.Unlock()
+	a.deps.lock()
+	owed := a.deps.payOwed(a.baseCtx)
+	var moved PlanMoved
+	if owed == nil {
+		moved, err = a.led.storePlan(ref, up)
+	}
+	a.deps.unlock()
 	switch {
+	case owed != nil:
+		writeError(w, owedStatus(owed), StagePlan, owed.Error())
 	case errors.Is(err, errPlanMoved):
 		writeJSON(w, http.StatusConflict, moved)
 	case errors.Is(err, errPlanBaseGone):

@@ -46,6 +46,27 @@ const (
 	msgProofsExhausted = "agent role proof sequence exhausted"
 )
 
+// lock takes the apply lock: whatever reads the state to change it, or
+// changes the tree or HAProxy, holds it.
+func (d *applyDeps) lock() { d.applyMu.Lock() }
+
+// unlock compacts the log when it is due, whoever wrote to it, and releases
+// the apply lock. Every writer of the log ends through here, so no sequence
+// of requests can grow the log past what a start reads.
+func (d *applyDeps) unlock() {
+	d.compactIfDue()
+	d.applyMu.Unlock()
+}
+
+// owedStatus is the status of a push refused because the disk owes
+// something: 507 when the disk is full, 503 otherwise.
+func owedStatus(err error) int {
+	if isNoSpace(err) {
+		return http.StatusInsufficientStorage
+	}
+	return http.StatusServiceUnavailable
+}
+
 // applyDeps are the collaborators every run works with; the agent builds
 // them once.
 type applyDeps struct {
@@ -398,11 +419,11 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 		return code, ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	run.timing.StageMs = run.msSince(run.start)
-	run.applyMu.Lock()
-	defer run.applyMu.Unlock()
+	run.lock()
+	defer run.unlock()
 	admitStart := run.now()
 	if err := run.payOwed(run.ctx); err != nil {
-		return http.StatusServiceUnavailable, ApplyError{Stage: StageWrite, Message: err.Error()}
+		return owedStatus(err), ApplyError{Stage: StageWrite, Message: err.Error()}
 	}
 	if code, body := run.fence(); code != 0 {
 		return code, body
@@ -435,14 +456,13 @@ func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
 		run.nack = knownBad{key: key, work: work, until: run.now().Add(nackTTL), result: cloneResult(result)}
 		run.nack.result.Inventory = nil // an inventory delta rides one answer only
 	}
-	// The answer goes out before a compaction the apply made due: it must
-	// not wait for a snapshot.
+	// The answer goes out before a compaction the apply made due (unlock):
+	// it must not wait for a snapshot.
 	if run.unknown != nil {
 		run.respond(http.StatusServiceUnavailable, ApplyError{Stage: result.Error.Stage,
 			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, result.Error.Message, run.unknown)})
 	}
 	run.respond(http.StatusOK, result)
-	run.compactIfDue()
 	return http.StatusOK, result
 }
 
@@ -453,6 +473,8 @@ const (
 	msgDiskBehind = "the agent's tree is not yet what its state says"
 	// msgLogBroken: likewise while the state log is broken.
 	msgLogBroken = "the agent's state log is broken"
+	// msgLogStuck: likewise while a compaction fails (a full disk, say).
+	msgLogStuck = "the agent's state log cannot be compacted"
 	// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
 	// disk would not record.
 	msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"

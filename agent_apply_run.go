@@ -221,7 +221,7 @@ func (d *applyDeps) owe(t *owedTree) {
 // it reads the tree, and so does the retry loop. It returns the error that
 // still stands.
 func (d *applyDeps) payOwed(ctx context.Context) error {
-	if d.owed == nil && d.led.brokenBy() == nil {
+	if d.owed == nil && d.led.brokenBy() == nil && d.led.compactionFailed() == nil {
 		return nil
 	}
 	var err error
@@ -234,12 +234,15 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 		err = d.compact()
 	}
 	if err != nil {
-		if d.owed == nil {
+		switch {
+		case d.owed != nil:
+			d.owed.err = err
+			d.led.fallBehind(err)
+			return fmt.Errorf("%s: %w", msgDiskBehind, err)
+		case d.led.brokenBy() != nil:
 			return fmt.Errorf("%s: %w", msgLogBroken, err)
 		}
-		d.owed.err = err
-		d.led.fallBehind(err)
-		return fmt.Errorf("%s: %w", msgDiskBehind, err)
+		return fmt.Errorf("%s: %w", msgLogStuck, err)
 	}
 	if d.owed != nil {
 		if d.owed.reload {
@@ -289,7 +292,7 @@ func (d *applyDeps) retryOwed(ctx context.Context) {
 		case <-ctx.Done():
 		case <-t.C:
 		}
-		d.applyMu.Lock()
+		d.lock()
 		stop := ctx.Err() != nil || d.payOwed(ctx) == nil
 		d.retrying = !stop
 		d.applyMu.Unlock()
@@ -914,32 +917,33 @@ func journalAdditions(journal, undo []journalEntry) []journalEntry {
 	return out
 }
 
-// compactIfDue writes a new snapshot once the log is long, or after a
-// failed write. The files its records could redo are made durable first,
-// and the links no record will need any more go once the snapshot is. It
-// runs under the apply lock, after the apply's answer has gone out: the
-// answer must not wait for a snapshot.
+// compactIfDue writes a new snapshot once the log is long, a write failed,
+// or old versions linked aside take too much room. The files its records
+// could redo are made durable first, and the links no record will need any
+// more go once the snapshot is. A compaction that fails is retried every
+// owedRetryInterval, and the agent is not ready meanwhile.
 func (d *applyDeps) compactIfDue() {
-	d.files.mu.Lock()
-	linked := d.files.linked
-	d.files.mu.Unlock()
-	if d.led.compactDue() || linked > maxLinkedBytes {
-		if d.compact() != nil && d.led.brokenBy() != nil {
-			d.retry() // until a snapshot mends the log
+	if d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes {
+		if d.compact() != nil {
+			d.retry()
 		}
 	}
 }
 
+// compact makes the tree durable and rewrites the state as a snapshot. It
+// is refused while files are owed: the records are what can still rebuild
+// them, so they are paid first.
 func (d *applyDeps) compact() error {
 	if d.owed != nil && len(d.owed.wants) > 0 {
-		// The records are what can still rebuild the owed files.
 		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
 	}
-	if err := d.files.flush(); err != nil {
+	err := d.files.flush()
+	if err != nil {
 		d.logger.Warn("could not compact the agent's state: the tree is not durable", "err", err)
-		return err
+	} else {
+		err = d.led.compact()
 	}
-	if err := d.led.compact(); err != nil {
+	if d.led.stuck(err); err != nil {
 		return err
 	}
 	st := d.led.state()

@@ -110,6 +110,8 @@ type diskFullSweep struct {
 	lastGen    uint64            // the highest generation reported so far
 	lastAckGen uint64            // the generation of the last acknowledged apply
 	proofs     map[string]string // every proof reported, and the plan it was reported for
+	logs       logCounter
+	stuck      int // the starts so far that could not compact
 }
 
 // TestDiskFullSweep sweeps the free space of a small tmpfs under the agent
@@ -136,7 +138,7 @@ func TestDiskFullSweep(t *testing.T) {
 
 	logs := newLogCounter(testLogger().Handler())
 	e := newTestEnv(t, func(c *AgentConfig) { c.BaseDir, c.Logger = dir, slog.New(logs) }, nil)
-	s := &diskFullSweep{t: t, e: e, dir: dir, filler: filepath.Join(dir, diskFullFiller), proofs: map[string]string{}}
+	s := &diskFullSweep{t: t, e: e, dir: dir, filler: filepath.Join(dir, diskFullFiller), proofs: map[string]string{}, logs: logs}
 	base := diskFullBase()
 	start := time.Now()
 
@@ -173,15 +175,11 @@ func TestDiskFullSweep(t *testing.T) {
 	if n := logs.count(msgStartupCompactFailed); n == 0 {
 		t.Errorf("no start met a disk too full to compact the agent's state")
 	} else {
-		t.Logf("%d starts could not compact the agent's state for lack of space, and became ready", n)
+		t.Logf("%d starts could not compact the agent's state for lack of space, and said so on /readyz", n)
 	}
 	t.Logf("%d acknowledged applies found no room for their files until space was freed after the restart", s.behind)
 	t.Logf("the sweep took %s", time.Since(start).Round(time.Millisecond))
 }
-
-// msgStartupCompactFailed is the agent's warning when a start cannot write
-// a new snapshot of its state.
-const msgStartupCompactFailed = "could not compact the agent's state at startup"
 
 // sweepCase runs one point of the sweep: the first set landed on a disk
 // with room and the agent restarted there (so that its log is compacted
@@ -226,6 +224,15 @@ func (s *diskFullSweep) sweepCase(k diskFullKind, pad int, n uint64, base fileSe
 	s.restart(label)
 	after := s.state(label + ", after the restart")
 	onDisk := diskSet(t, s.dir)
+	if n := s.logs.count(msgStartupCompactFailed); n > s.stuck {
+		// Pushes are refused until a compaction can run: the agent must
+		// not say it is ready.
+		s.stuck = n
+		if code, body := getText(t, s.e.a, PathReadyz); code != http.StatusServiceUnavailable ||
+			!strings.HasPrefix(body, msgLogStuck) && !strings.HasPrefix(body, msgDiskBehind) {
+			t.Errorf("%s: the start could not compact its state, and readyz answers %d %q", label, code, body)
+		}
+	}
 	if ok {
 		if after.AppliedPlanID != id || after.AppliedPlanProof != res.AppliedPlanProof || after.Generation != s.lastAckGen {
 			t.Errorf("%s: acknowledged as %s generation %d, but after the restart the agent reports %q %s generation %d",

@@ -107,6 +107,12 @@ type fileStore struct {
 	linked int64
 }
 
+func (s *fileStore) linkedBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.linked
+}
+
 // maxLinkedBytes bounds the old versions links keep allocated: past it,
 // the next apply compacts, which lets the sweep remove them. A 5 MB map
 // changed at every apply is compacted every fiftieth.

@@ -125,6 +125,10 @@ type ledger struct {
 	// unsynced record held, so nothing is appended until a compaction has
 	// rewritten the whole state.
 	broken error
+	// stuckBy is why the last compaction failed (a full disk, say), until
+	// one succeeds: the log grows toward what a start reads, so the agent
+	// is not ready and retries.
+	stuckBy error
 	// applying: an apply is between its record and its end. Other changes
 	// wait in memory for the end record, which carries them, so that no
 	// record written in between can undo the apply's on replay.
@@ -237,7 +241,7 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	if err := l.log.append(r, sync); err != nil {
 		l.seq--
 		l.logger.Error("could not write the agent's state", "kind", r.Kind, "err", err)
-		if sync {
+		if sync && !errors.Is(err, errLogFull) { // a refused record wrote nothing
 			l.breakLog(err)
 		}
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
@@ -450,12 +454,28 @@ func (l *ledger) promote(v planRef) {
 	l.st.LKG, l.st.Journal, l.resetPending = v, nil, true
 }
 
-// compactDue reports whether the log should be compacted: it is long, or a
-// write failed and only a new snapshot can be trusted again.
+// compactDue reports whether the log should be compacted: it is long, a
+// write failed and only a new snapshot can be trusted again, or the last
+// compaction failed.
 func (l *ledger) compactDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return !l.applying && (l.log.full() || l.broken != nil)
+	return !l.applying && (l.log.full() || l.broken != nil || l.stuckBy != nil)
+}
+
+// stuck records how the last compaction ended: err, or nil once one
+// succeeded.
+func (l *ledger) stuck(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stuckBy = err
+}
+
+// compactionFailed is why the last compaction failed, or nil.
+func (l *ledger) compactionFailed() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stuckBy
 }
 
 // fallBehind records that the tree does not hold what an answered apply
@@ -814,6 +834,7 @@ var errPlanMoved = errors.New("the plan is no longer the applied plan")
 // storePlan stores the plan of the applied pair: a synced record carries
 // it, whole or as its patch, until the next snapshot writes its blob's
 // file. A patch whose base is no longer the held plan is errPlanBaseGone.
+// The plan the agent holds for the pair already writes nothing.
 func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -823,6 +844,9 @@ func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	}
 	if up.patch != nil && up.patch.BaseDigest != l.heldPlanLocked() {
 		return moved, errPlanBaseGone
+	}
+	if l.st.Blob == ref && l.heldPlanLocked() == ref.ID {
+		return moved, nil // held already: an id is the hash of the plan's content
 	}
 	next := l.st.clone()
 	next.Blob = ref

@@ -30,27 +30,32 @@ import (
 // Log limits. A record carries at most maxInlinePerApply bytes of files
 // and the state's small fields; the log is compacted into a new snapshot
 // once it passes maxLogBytes or maxLogRecords, so that a restart replays
-// little.
+// little. A start reads maxLogReadRecords records and maxLogReadBytes
+// bytes, and the log never takes a record past either (errLogFull): while
+// a compaction cannot run, the agent stops writing rather than write a log
+// its next start would refuse or set aside.
 const (
-	logFileName      = ".haptic-agent.log"
-	frameMagic       = 0x54504148 // "HAPT" in the file
-	frameHeaderBytes = 12
-	maxRecordBytes   = 2*maxInlinePerApply + MaxPlanBlobBytes + 16<<20 // far above any real record; the bound of a corrupt length
-	maxLogBytes      = 8 << 20
-	maxLogRecords    = 4096
-	maxLogReadBytes  = maxLogBytes + 4*maxRecordBytes // a full log and the records written past the threshold
+	logFileName       = ".haptic-agent.log"
+	frameMagic        = 0x54504148 // "HAPT" in the file
+	frameHeaderBytes  = 12
+	maxRecordBytes    = 2*maxInlinePerApply + MaxPlanBlobBytes + 16<<20 // far above any real record; the bound of a corrupt length
+	maxLogBytes       = 8 << 20
+	maxLogRecords     = 4096
+	maxLogReadRecords = 2 * maxLogRecords
+	maxLogReadBytes   = maxLogBytes + 4*maxRecordBytes // a full log and the records written past the threshold
 	// proofsALostTailMayHold bounds the proofs that records after the last
 	// one a start reads may have reserved: a log holds at most
-	// maxLogRecords records past its snapshot, and an apply reserves at
-	// most two. A disk that loses a synced record (one that lies about a
+	// maxLogReadRecords records past its snapshot, and an apply reserves
+	// at most two. A disk that loses a synced record (one that lies about a
 	// sync, or loses a page) takes its apply back, which no agent can
 	// prevent; but a start that resumed the counter from the records it can
 	// read would hand the lost apply's proofs out again for other content,
 	// and a controller holding one would pass the fence against bytes it
 	// never saw. So every start with a history resumes this far past the
 	// highest counter it reads, whether or not it can tell that anything
-	// was lost.
-	proofsALostTailMayHold = 2 * maxLogRecords
+	// was lost. (The generation does not jump: it counts the ACKs the
+	// history holds, and nothing fences on it.)
+	proofsALostTailMayHold = 2 * maxLogReadRecords
 	stateTempPattern       = ".haptic-agent-state-*"
 	damagedSuffix          = ".damaged"
 )
@@ -167,7 +172,7 @@ func frameAt(b []byte, pos int) (r logRecord, next int, ok bool) {
 // leftover: the log is emptied in place at compaction.
 func decodeFrames(b []byte, after uint64) (records, tail []logRecord, good, damaged int) {
 	read := func(pos int) (out []logRecord, end int) {
-		for end = pos; len(out) < 2*maxLogRecords; {
+		for end = pos; len(out) < maxLogReadRecords; {
 			r, next, ok := frameAt(b, end)
 			if !ok {
 				break
@@ -182,7 +187,7 @@ func decodeFrames(b []byte, after uint64) (records, tail []logRecord, good, dama
 		last = max(last, records[len(records)-1].Seq)
 	}
 	damaged = -1
-	for pos := good + 1; pos+frameHeaderBytes <= len(b) && len(tail) < 2*maxLogRecords; pos++ {
+	for pos := good + 1; pos+frameHeaderBytes <= len(b) && len(tail) < maxLogReadRecords; pos++ {
 		r, _, ok := frameAt(b, pos)
 		if !ok || r.Seq <= last {
 			continue
@@ -483,6 +488,9 @@ func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, e
 	return &stateLog{disk: d, statePath: statePath, f: f, bytes: good, count: count}, nil
 }
 
+// errLogFull refuses a record the next start would not read.
+var errLogFull = errors.New("the log holds as much as a start reads, and must be compacted first")
+
 // append writes one record, and syncs it when asked. A failed write cuts
 // the log back to where it was, so that the next record does not follow a
 // partial one.
@@ -490,6 +498,9 @@ func (w *stateLog) append(r *logRecord, sync bool) error {
 	b, err := encodeFrame(r)
 	if err != nil {
 		return err
+	}
+	if w.count >= maxLogReadRecords || w.bytes+int64(len(b)) > maxLogReadBytes {
+		return errLogFull
 	}
 	if _, err := w.f.Write(b); err != nil {
 		w.cutBack(w.bytes)

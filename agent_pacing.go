@@ -59,8 +59,8 @@ func (p *pacer) fire(ctx context.Context) {
 	if !p.ready() || ctx.Err() != nil {
 		return
 	}
-	d.applyMu.Lock()
-	defer d.applyMu.Unlock()
+	d.lock()
+	defer d.unlock()
 	st := d.led.state()
 	if ctx.Err() != nil || !st.Pending.complete() || !st.reloadPending() || d.now().Before(st.PendingAt) {
 		return
@@ -212,8 +212,8 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	ctx := d.ctx()
 	_, tree := d.led.view()
 	running, err := listTouched(ctx, d.rt, c, tree)
-	d.applyMu.Lock()
-	defer d.applyMu.Unlock()
+	d.lock()
+	defer d.unlock()
 	if d.led.state().Applied != ref || ctx.Err() != nil || d.owed != nil {
 		return
 	}

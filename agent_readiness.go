@@ -132,7 +132,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // not hold files its agent answered for.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	_, lost := a.haproxy.get()
-	broken, behind := a.led.brokenBy(), a.led.diskBehind()
+	broken, behind, stuck := a.led.brokenBy(), a.led.diskBehind(), a.led.compactionFailed()
 	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
@@ -142,6 +142,8 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusServiceUnavailable, msgLogBroken+": "+broken.Error())
 	case behind != nil:
 		writeText(w, http.StatusServiceUnavailable, msgDiskBehind+": "+behind.Error())
+	case stuck != nil:
+		writeText(w, http.StatusServiceUnavailable, msgLogStuck+": "+stuck.Error())
 	default:
 		writeText(w, http.StatusOK, "ready")
 	}

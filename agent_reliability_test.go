@@ -650,9 +650,12 @@ func TestSameMapKeys(t *testing.T) {
 // is due for compaction. The apply that finds the log full is answered and
 // kept; the compaction after it cannot write its snapshot (ENOSPC) and
 // changes nothing: the tree, the pairs and the log keep every ACKed change,
-// and the start after a kill -9 replays them all.
+// and the start after a kill -9 replays them all. Meanwhile the agent is
+// not ready and refuses pushes with a 507, since its log grows toward what
+// a start reads.
 func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
 	d, e, set := ackedOnHookDisk(t)
+	awaitReadBacks(e.a) // they take the apply lock, and would compact first
 	e.a.deps.led.mu.Lock()
 	e.a.deps.led.log.count = maxLogRecords
 	e.a.deps.led.mu.Unlock()
@@ -672,6 +675,13 @@ func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
 	waitFor(t, "the compaction's attempt", func() bool { return refused.Load() > 0 })
 	e.a.deps.applyMu.Lock() // the compaction holds it until it gave up
 	e.a.deps.applyMu.Unlock()
+	if code, body := getText(t, e.a, PathReadyz); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, msgLogStuck+": ") {
+		t.Errorf("readyz while the compaction fails: %d %q", code, body)
+	}
+	refusedNext, op2 := mapEntryChange(next, "refused.example", "be-a")
+	if code, body := e.c.post(applyRequest{manifest: e.c.manifest("plan-refused", refusedNext, op2), files: refusedNext}); code != http.StatusInsufficientStorage || !strings.Contains(string(body), msgLogStuck) {
+		t.Errorf("a push while the compaction fails: %d %s", code, body)
+	}
 	d.setHook(nil)
 	if !sameSet(e.disk(t), next) {
 		t.Errorf("the tree after the failed compaction is not the ACKed set; map:\n%s", e.disk(t)["maps/host.map"])

@@ -367,6 +367,10 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	st := e.c.state("?plan=0")
 	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob2)
 	step("the applied plan's blob", 200, `"plan_id":"`+plan2.ID, code, body)
+	d.setHook(failLog)
+	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob2)
+	step("the plan the agent holds, again, on a disk that refuses writes: nothing to write", 200, `"plan_id":"`+plan2.ID, code, body)
+	d.setHook(nil)
 	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, []byte("not zstd"))
 	step("a blob that does not decode", 400, `"stage":"plan"`, code, body)
 	code, body = putPlan(plan1.ID, "a:1", blob1)
@@ -381,6 +385,10 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	code, body = post(applyRequest{manifest: e.c.manifest(plan3.ID, set3, op3), files: set3, omit: map[string]bool{"haproxy.cfg": true}})
 	step("another map entry at runtime", 200, `"mode":"runtime"`, code, body)
 	st = e.c.state("?plan=0")
+	d.setHook(failLog)
+	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob3)
+	step("a blob the disk refuses", 500, `"stage":"plan"`, code, body)
+	d.setHook(nil)
 	good := cutPlanPatch(string(plan2.Canonical()), string(plan3.Canonical()), plan2.ID)
 	if good == nil || len(good.Splices) == 0 {
 		t.Fatalf("plans 2 and 3 make the patch %+v", good)
@@ -400,10 +408,6 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	if got := e.c.state(""); !bytes.Equal(got.AppliedPlan, blob3) {
 		t.Errorf("the state after a plan patch carries %d bytes of plan, not the blob of plan 3", len(got.AppliedPlan))
 	}
-	d.setHook(failLog)
-	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob3)
-	step("a blob the disk refuses", 500, `"stage":"plan"`, code, body)
-	d.setHook(nil)
 
 	// Mutual TLS refuses a certificate without the client name.
 	{
