@@ -289,6 +289,23 @@ func TestCountResponses(t *testing.T) {
 	}
 }
 
+// TestResponsesTakesExactlyOneResponsePerCommand: a read's reply is cut
+// into responses only when it holds exactly one per command sent. One more
+// (a listing whose empty line split it in two, a reply meant for another
+// line) is as unreadable as one fewer: cutting it short would hand each
+// command a response that may not be its own.
+func TestResponsesTakesExactlyOneResponsePerCommand(t *testing.T) {
+	raw := []byte("\n\nkey1 v1\n\nkey2 v2\n\n") // two silent prefix commands, two listings
+	if got, err := responses(raw, 4); err != nil || len(got) != 4 || got[3] != "key2 v2\n\n" {
+		t.Errorf("4 responses to 4 commands: %q, %v", got, err)
+	}
+	for _, k := range []int{3, 5} {
+		if got, err := responses(raw, k); !errors.Is(err, errUnreadableResponse) || got != nil {
+			t.Errorf("4 responses to %d commands: %q, %v; want %v", k, got, err, errUnreadableResponse)
+		}
+	}
+}
+
 // TestJudgeLineTreatsAnIncompleteReplyAsUnknown: a reply is judged by its
 // responses only when it holds exactly one whole response per command.
 // Commands past the last whole response are outcome unknown, and a reply

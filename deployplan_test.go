@@ -1032,6 +1032,9 @@ func TestDiffServerValueChanges(t *testing.T) {
 		{"weight dropped", weighted(srv("SRV_1", "10.0.0.1", 80), 10), srv("SRV_1", "10.0.0.1", 80), nil,
 			"weight keyword was dropped"},
 		{"hostname address", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "web.internal", 80), nil, "is not an IP"},
+		{"the highest port", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "10.0.0.1", 65535), []string{OpServerSetAddr}, ""},
+		{"port 65536", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "10.0.0.1", 65536), nil, "the port is outside 1-65535"},
+		{"port 0", srv("SRV_1", "10.0.0.1", 80), srv("SRV_1", "10.0.0.1", 0), nil, "the port is outside 1-65535"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := serverDiff(dynBackend("be-a", tc.prev), dynBackend("be-a", tc.next), nil)
@@ -1129,6 +1132,8 @@ func TestDiffServerAdded(t *testing.T) {
 		{name: "2.9.0", version: "2.9.0", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, plain),
 			reason: "this HAProxy has no add server"},
 		{name: "port 0", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, srv("SRV_2", "10.0.0.2", 0)),
+			reason: "the port is outside 1-65535"},
+		{name: "port 65536", version: "3.4.3", prev: dynBackend("be-a", srv1), next: dynBackend("be-a", srv1, srv("SRV_2", "10.0.0.2", 65536)),
 			reason: "the port is outside 1-65535"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -29,6 +29,17 @@ func entriesJSON(n int, value func(i int) string) string {
 
 func backendOf(i int) string { return fmt.Sprintf("backend_%d", i%32) }
 
+// changesEvery10 changes the value of every tenth entry, n of them, far
+// enough apart that each is a splice of its own.
+func changesEvery10(n int) func(i int) string {
+	return func(i int) string {
+		if i%10 == 0 && i/10 < n {
+			return "changed"
+		}
+		return backendOf(i)
+	}
+}
+
 // TestCutPlanPatchRebuildsTheNextPlan cuts patches between pairs of JSONs
 // and splices each back: the result is next, byte for byte, and a patch
 // has no more splices than the pair has differences.
@@ -68,12 +79,9 @@ func TestCutPlanPatchRebuildsTheNextPlan(t *testing.T) {
 		{"truncated", base, base[:len(base)/3], 1, 0},
 		{"from nothing", "", base, 0, 0},
 		{"another plan", base, strings.Repeat("x", len(base)), 0, 0},
-		{"a change every few entries", base, with(func(i int) string {
-			if i%10 == 0 {
-				return "changed"
-			}
-			return backendOf(i)
-		}), 0, 0},
+		{"a change every few entries", base, with(changesEvery10(n)), 0, 0},
+		{"as many changes as a patch may splice", base, with(changesEvery10(MaxPlanSplices)), MaxPlanSplices, 16 * MaxPlanSplices},
+		{"one change more than a patch may splice", base, with(changesEvery10(MaxPlanSplices + 1)), 0, 0},
 	}
 	for _, tc := range tests {
 		p := cutPlanPatch(tc.base, tc.next, "base-id")
