@@ -116,7 +116,7 @@ type Agent struct {
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
 	ran          atomic.Bool
-	applySlots   chan struct{} // the apply gate: maxAppliesInFlight slots
+	memory       *memoryBudget // the request bytes held in memory, and the decodes
 	initialized  chan struct{}
 	drainStop    chan struct{}
 	haproxy      haproxyWatch    // reaching HAProxy now (agent_readiness.go)
@@ -167,7 +167,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		cfg:          cfg,
 		logger:       cfg.Logger,
 		initialized:  make(chan struct{}),
-		applySlots:   make(chan struct{}, maxAppliesInFlight),
+		memory:       newMemoryBudget(),
 		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
 		metrics:      newAgentMetrics(),
@@ -937,6 +937,19 @@ func readPlan(r io.Reader) ([]byte, error) {
 	return b, err
 }
 
+// takePlan checks a plan body in a decode slot (takePlan), and holds its
+// JSON in the request's share of the memory budget.
+func (a *Agent) takePlan(held *heldBytes, b []byte, contentType, planID string) (up *planUpload, err error) {
+	err = held.decode(func() error {
+		up, err = a.led.takePlan(b, contentType, planID)
+		return err
+	})
+	if err == nil {
+		err = held.take(len(up.json))
+	}
+	return up, err
+}
+
 // handlePutPlan stores the plan of the applied pair: its blob, or a
 // PlanPatch of the plan the agent holds. The plan is checked outside the
 // apply lock (decoding a big plan takes a while), and stored under it: a
@@ -960,20 +973,22 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
 		return
 	}
-	b, err := readPlan(r.Body)
+	held := &heldBytes{budget: a.memory, ctx: r.Context()}
+	defer held.release()
+	b, err := readPlan(held.reader(r.Body))
 	if err == nil && len(b) == 0 {
 		err = errors.New("plan blob is empty")
 	}
 	var up *planUpload
 	if err == nil {
-		up, err = a.led.takePlan(b, r.Header.Get("Content-Type"), ref.ID)
+		up, err = a.takePlan(held, b, r.Header.Get("Content-Type"), ref.ID)
 	}
 	if errors.Is(err, errPlanBaseGone) {
 		writeJSON(w, http.StatusConflict, Missing{Missing: []string{PartPlan}})
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, StagePlan, err.Error())
+		writeError(w, clientFaultStatus(err), StagePlan, err.Error())
 		return
 	}
 	a.deps.lock()

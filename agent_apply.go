@@ -120,12 +120,8 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
-	select { // the apply gate (maxAppliesInFlight)
-	case a.applySlots <- struct{}{}:
-		defer func() { <-a.applySlots }()
-	case <-r.Context().Done():
-		return // the client gave up while applies ahead of it ran
-	}
+	held := &heldBytes{budget: a.memory, ctx: r.Context()}
+	defer held.release()
 	read := a.limits[listenerAPI].read
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
 		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
@@ -139,13 +135,13 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, err.Error())
 		return
 	}
-	m, err := readManifest(mr)
+	m, err := readManifest(mr, held)
 	if err == nil {
 		normaliseLegacy(m)
 		err = validateManifest(m, a.cfg.ConfigFile, a.files.abs)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, StageManifest, err.Error())
+		writeError(w, clientFaultStatus(err), StageManifest, err.Error())
 		return
 	}
 	autoDowngrade(m)
@@ -158,7 +154,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	run := &applyRun{applyDeps: a.deps, ctx: a.baseCtx, m: m, start: a.now(), staged: map[string]*stagedFile{},
-		unpatched: map[string]bool{}, respond: respond}
+		unpatched: map[string]bool{}, respond: respond, held: held, takePlan: a.takePlan}
 	defer run.discardStaged()
 	respond(run.admit(mr))
 }
@@ -199,9 +195,10 @@ func isFormData(contentType string) bool {
 	return err == nil && mediaType == "multipart/form-data"
 }
 
-// readManifest reads the first part, which must be the manifest, and
-// decodes it (decodeManifest bounds what decoding may build).
-func readManifest(mr *multipart.Reader) (*Manifest, error) {
+// readManifest reads the first part, which must be the manifest, into the
+// request's share of the memory budget, and decodes it in a decode slot
+// (decodeManifest bounds what decoding may build).
+func readManifest(mr *multipart.Reader, held *heldBytes) (m *Manifest, err error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
 		return nil, fmt.Errorf("no manifest part: %w", err)
@@ -210,14 +207,21 @@ func readManifest(mr *multipart.Reader) (*Manifest, error) {
 	if name := part.FormName(); name != PartManifest {
 		return nil, fmt.Errorf("first part is %q, expected %q", name, PartManifest)
 	}
-	b, err := io.ReadAll(io.LimitReader(part, MaxPlanBlobBytes+1))
+	b, err := io.ReadAll(io.LimitReader(held.reader(part), MaxPlanBlobBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
 	if len(b) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("manifest exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	return decodeManifest(b)
+	err = held.decode(func() (err error) {
+		m, err = decodeManifest(b)
+		return err
+	})
+	if err == nil {
+		err = held.take((decodedManifestFactor - 1) * len(b))
+	}
+	return m, err
 }
 
 // normaliseLegacy forces a manifest without exact identity to reload and
@@ -382,6 +386,10 @@ type applyRun struct {
 	refused bool
 	// respond writes the answer once; later calls do nothing.
 	respond func(code int, body any)
+	// held is the request's share of the memory budget, and takePlan checks
+	// a plan part within it.
+	held     *heldBytes
+	takePlan func(held *heldBytes, b []byte, contentType, planID string) (*planUpload, error)
 	// open: its record counts only once a second record closes it ok.
 	open bool
 	// unknown: the disk refused the record of its undo, and its own record
@@ -562,11 +570,11 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 			return fmt.Errorf("part %q appears twice", PartPlan)
 		}
 		run.sawPlan = true
-		b, err := readPlan(part)
+		b, err := readPlan(run.held.reader(part))
 		if err != nil || len(b) == 0 {
 			return err // an empty plan part is no plan
 		}
-		run.plan, err = run.led.takePlan(b, part.Header.Get("Content-Type"), run.m.PlanID)
+		run.plan, err = run.takePlan(run.held, b, part.Header.Get("Content-Type"), run.m.PlanID)
 		if errors.Is(err, errPlanBaseGone) {
 			run.planGone, err = true, nil
 		}
@@ -587,14 +595,18 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 		return fmt.Errorf("part %q appears twice", rel)
 	}
 	var f *stagedFile
+	var r io.Reader = part
+	if mf.Size <= maxInlineBytes || mf.Patch != nil {
+		r = run.held.reader(part) // its bytes may stay in memory
+	}
 	if mf.Patch != nil {
-		f, err = run.files.stagePatch(rel, part, mf.Patch, mf.Digest, mf.Size, tree[rel], &run.budget)
+		f, err = run.files.stagePatch(rel, r, mf.Patch, mf.Digest, mf.Size, tree[rel], &run.budget)
 		if errors.Is(err, errPatchBaseMissing) {
 			run.unpatched[rel] = true
 			return nil
 		}
 	} else {
-		f, err = run.files.stage(rel, part, mf.Digest, mf.Size, &run.budget)
+		f, err = run.files.stage(rel, r, mf.Digest, mf.Size, &run.budget)
 	}
 	if err != nil {
 		f.discard(run.files.disk)

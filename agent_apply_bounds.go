@@ -1,25 +1,115 @@
-// This file holds what bounds one apply request's cost on the agent before
-// and while it is admitted, beside the pipeline in agent_apply.go: how many
-// applies may be past authentication at once, how a manifest is measured
-// before it is decoded, and how a staging failure is answered (the agent's
-// fault or the client's).
+// This file holds what bounds a request's cost on the agent before and
+// while it is admitted, beside the pipeline in agent_apply.go: the memory
+// request bodies may hold and the decodes that may run at once, how a
+// manifest is measured before it is decoded, and how a staging failure is
+// answered (the agent's fault or the client's).
 
 package haptic
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"sync"
 )
 
-// maxAppliesInFlight bounds the apply requests past authentication and
-// readiness that are reading their manifest, waiting for the apply lock or
-// running: one runs, one is decoded and waits to start as soon as the lock
-// frees. Each holds a manifest of up to MaxPlanBlobBytes and its decoded
-// form; unbounded, 16 queued manifests of 8 MiB took 1.4 GB. Further
-// requests wait before they read any of their body.
-const maxAppliesInFlight = 2
+// Request memory. The bytes of request bodies the agent holds in memory
+// (a manifest, a plan body or part and the plan JSON it decodes to, a file
+// part small enough to ride in the record) are taken from one budget of
+// maxHeldBodyBytes as they arrive, and given back when the request ends; a
+// decoded manifest is held at decodedManifestFactor times its bytes, the
+// most its elements can cost. Decoding (a manifest, a plan blob that may
+// inflate to MaxPlanJSONBytes, a plan patch) runs maxDecodes at a time,
+// with the whole body in. So a slow upload holds only what it has sent:
+// connections trickling a byte at a time, a deposed leader's or a valid
+// controller's, keep no other request waiting, and none holds a place in a
+// queue while its manifest is still on the wire. A request that needs more
+// than is free is refused at once (errMemoryBusy, 503), never made to wait:
+// a request waiting while it held bytes would wait for others that wait for
+// it. Unbounded, 16 manifests of 8 MiB took 1.4 GB, and 24 zstd bombs 1.28
+// GB.
+const (
+	maxHeldBodyBytes      = 64 << 20
+	maxDecodes            = 1
+	decodedManifestFactor = 12
+)
+
+// errMemoryBusy refuses a request the memory budget cannot hold now.
+var errMemoryBusy = fmt.Errorf("the agent holds as many request bytes as it may (%d MiB) for other requests; retry", maxHeldBodyBytes>>20)
+
+// memoryBudget is the agent's budget of held request bytes, and its decode
+// slots.
+type memoryBudget struct {
+	decodes chan struct{}
+	mu      sync.Mutex
+	free    int64
+}
+
+func newMemoryBudget() *memoryBudget {
+	return &memoryBudget{decodes: make(chan struct{}, maxDecodes), free: maxHeldBodyBytes}
+}
+
+// heldBytes is what one request holds of the budget; release gives it all
+// back when the request ends.
+type heldBytes struct {
+	budget *memoryBudget
+	ctx    context.Context
+	n      int64
+}
+
+// take takes n more bytes, or refuses them: a request may take more than
+// is free only when it is the one holding the rest, so that one larger
+// than the whole budget runs alone.
+func (h *heldBytes) take(n int) error {
+	b := h.budget
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if int64(n) > b.free && b.free+h.n < maxHeldBodyBytes {
+		return errMemoryBusy
+	}
+	b.free -= int64(n)
+	h.n += int64(n)
+	return nil
+}
+
+func (h *heldBytes) release() {
+	h.budget.mu.Lock()
+	defer h.budget.mu.Unlock()
+	h.budget.free += h.n
+	h.n = 0
+}
+
+// reader takes every byte read through it from the budget.
+func (h *heldBytes) reader(r io.Reader) io.Reader { return heldReader{r, h} }
+
+type heldReader struct {
+	r io.Reader
+	h *heldBytes
+}
+
+func (r heldReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		if terr := r.h.take(n); terr != nil {
+			return n, terr
+		}
+	}
+	return n, err
+}
+
+// decode runs f in a decode slot.
+func (h *heldBytes) decode(f func() error) error {
+	select {
+	case h.budget.decodes <- struct{}{}:
+	case <-h.ctx.Done():
+		return h.ctx.Err()
+	}
+	defer func() { <-h.budget.decodes }()
+	return f()
+}
 
 // maxManifestListElements bounds the list elements (files, ops, op batches
 // and everything nested in them) one manifest may hold. A decoded element
@@ -195,16 +285,26 @@ func endOfJSONString(data []byte, start int) int {
 	return len(data)
 }
 
+// clientFaultStatus is 400 for a body the client got wrong, and 503 for
+// one the memory budget could not hold now.
+func clientFaultStatus(err error) int {
+	if errors.Is(err, errMemoryBusy) {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusBadRequest
+}
+
 // stagingStatus is the HTTP status of a failed staging: 400 for the
 // client's fault (a part that does not match or is not listed, a body cut
-// short); for the agent's own disk 507 when it or the quota is full, 500
-// otherwise (read-only, immutable, I/O error). A 5xx tells the controller
-// that its render is fine and may be retried once the pod is repaired.
+// short), 503 for a part the memory budget could not hold now; for the
+// agent's own disk 507 when it or the quota is full, 500 otherwise
+// (read-only, immutable, I/O error). A 5xx tells the controller that its
+// render is fine and may be retried.
 func stagingStatus(err error) int {
 	var fault *stagingFault
 	switch {
 	case !errors.As(err, &fault):
-		return http.StatusBadRequest
+		return clientFaultStatus(err)
 	case isNoSpace(fault.err):
 		return http.StatusInsufficientStorage
 	default:

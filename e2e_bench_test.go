@@ -376,7 +376,7 @@ func rawMapReplace(b *testing.B, socket, entries, term string) time.Duration {
 }
 
 // procStatusKiB reads one "<field>: <n> kB" line of /proc/<pid>/status.
-func procStatusKiB(b *testing.B, pid int, field string) uint64 {
+func procStatusKiB(b testing.TB, pid int, field string) uint64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)

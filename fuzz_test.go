@@ -14,6 +14,7 @@ package haptic
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -91,7 +92,8 @@ func FuzzManifestDecodeAndValidate(f *testing.F) {
 		if err != nil {
 			t.Skip()
 		}
-		m, err := readManifest(mr)
+		held := &heldBytes{budget: newMemoryBudget(), ctx: context.Background()}
+		m, err := readManifest(mr, held)
 		if err != nil {
 			return
 		}

@@ -408,6 +408,24 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 	if got := e.c.state(""); !bytes.Equal(got.AppliedPlan, blob3) {
 		t.Errorf("the state after a plan patch carries %d bytes of plan, not the blob of plan 3", len(got.AppliedPlan))
 	}
+	// A log due for compaction on a disk with no room for the snapshot:
+	// uploads are refused until a compaction can run.
+	awaitReadBacks(e.a)
+	e.a.deps.led.mu.Lock()
+	e.a.deps.led.log.count = maxLogRecords
+	e.a.deps.led.mu.Unlock()
+	d.setHook(func(o diskOp) error {
+		if strings.Contains(o.Path, stateTempPattern[:len(stateTempPattern)-1]) {
+			return &fs.PathError{Op: o.Op, Path: o.Path, Err: syscall.ENOSPC}
+		}
+		return nil
+	})
+	e.a.deps.lock()
+	e.a.deps.unlock() // the compaction the log is due for fails
+	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob3)
+	step("an upload while the log cannot be compacted for want of room", 507, `"stage":"plan"`, code, body)
+	d.setHook(nil)
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
 
 	// Mutual TLS refuses a certificate without the client name.
 	{
