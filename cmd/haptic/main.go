@@ -103,7 +103,7 @@ func isTerminal(f *os.File) bool {
 }
 
 // newFlagSet returns a flag set that reports to stderr and never exits the
-// process. synopsis is the usage line printed above the flags.
+// process. synopsis is the usage line printed above the flags, for -h.
 func newFlagSet(name, synopsis string, s stdio) *flag.FlagSet {
 	fs := flag.NewFlagSet("haptic "+name, flag.ContinueOnError)
 	fs.SetOutput(s.err)
@@ -117,8 +117,32 @@ func newFlagSet(name, synopsis string, s stdio) *flag.FlagSet {
 // parseArgs parses flags wherever they appear among the arguments, so that
 // `haptic diff OLD NEW --haproxy-version 3.0` works as operators type it,
 // and returns the positional arguments. Everything after "--" is
-// positional. Each round consumes at least one argument, so the loop ends.
+// positional.
+//
+// -h prints the usage with every flag. A bad flag prints its error and one
+// line pointing at -h, never the whole flag list, which would bury the one
+// line that matters: the flag package's own report (the error, then the
+// usage) is held back and replaced.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	positional, err := parseInterleaved(fs, args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+	case err != nil:
+		usageError(fs, "%v", err)
+	}
+	return positional, err
+}
+
+// parseInterleaved parses flags up to the next positional argument, takes
+// it, and goes on. Each round consumes at least one argument, so the loop
+// ends.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -138,8 +162,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // usageStatus is the exit status of a flag parsing error: 0 for -h (the
-// usage was asked for), 2 otherwise (the flag package already printed the
-// error and the usage).
+// usage was asked for), 2 otherwise (parseArgs already printed the error).
 func usageStatus(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -147,11 +170,10 @@ func usageStatus(err error) int {
 	return exitUsage
 }
 
-// usageError prints a usage error of a parsed command with its usage and
-// returns exitUsage.
+// usageError prints a usage error of a command, and the line that points
+// at its -h, and returns exitUsage.
 func usageError(fs *flag.FlagSet, format string, args ...any) int {
-	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
-	fs.Usage()
+	fmt.Fprintf(fs.Output(), "%s: %s\nRun \"%s -h\" for usage.\n", fs.Name(), fmt.Sprintf(format, args...), fs.Name())
 	return exitUsage
 }
 

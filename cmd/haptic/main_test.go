@@ -195,7 +195,8 @@ func TestRunDispatchesAndRefusesUnknownCommands(t *testing.T) {
 		{[]string{"frobnicate"}, exitUsage, `haptic: unknown command "frobnicate"`, ""},
 		{[]string{"help"}, exitOK, "", "haptic push --agent URL"},
 		{[]string{"plan", "-h"}, exitOK, "Usage: haptic plan DIR", ""},
-		{[]string{"plan"}, exitUsage, "want one directory, got 0 arguments", ""},
+		{[]string{"plan"}, exitUsage, "haptic plan: want one directory, got 0 arguments\nRun \"haptic plan -h\" for usage.\n", ""},
+		{[]string{"push", "--frobnicate"}, exitUsage, "haptic push: flag provided but not defined: -frobnicate\nRun \"haptic push -h\" for usage.\n", ""},
 	} {
 		r := runCLI(t, nil, c.args...)
 		if r.code != c.code || !strings.Contains(r.err, c.errPart) || !strings.Contains(r.out, c.outPart) {
