@@ -115,6 +115,11 @@ func printState(w io.Writer, st *haptic.State, withFiles bool) {
 		return
 	}
 	fmt.Fprint(w, "\n")
+	if len(st.Files) == 0 {
+		// A bare header would read as a table that failed to print.
+		fmt.Fprint(w, "no files held yet\n")
+		return
+	}
 	paths := slices.Sorted(maps.Keys(st.Files))
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprint(tw, "PATH\tSIZE\tDIGEST\tPROOF\n")
@@ -148,12 +153,15 @@ func runAgentHealth(ctx context.Context, args []string, s stdio) int {
 	}
 	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://localhost",
 		UnixSocket: localPath(*baseDir, *adminSocket), Timeout: healthTimeout})
-	if err == nil {
-		defer client.Close()
-		err = client.Health(ctx)
-	}
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic agent health: %v\n", err)
+		return exitFailure
+	}
+	defer client.Close()
+	start := time.Now()
+	if err := client.Health(ctx); err != nil {
+		// In the words `agent state` uses for the same socket.
+		fmt.Fprintf(s.err, "haptic agent health: %s\n", explainErr(err, agentCredentials{}, time.Since(start)))
 		return exitFailure
 	}
 	return exitOK
