@@ -26,12 +26,13 @@ const (
 	exitUsage   = 2
 )
 
-// stdio is what a subcommand may touch of its process: two writers and the
-// environment.
+// stdio is what a subcommand may touch of its process: two writers, the
+// environment and the name resolver.
 type stdio struct {
 	out, err io.Writer
 	getenv   func(string) string
-	terminal bool // out is a terminal: a command may redraw a progress line in place
+	terminal bool       // out is a terminal: a command may redraw a progress line in place
+	lookup   lookupFunc // resolves --agents-dns; nil is the system's resolver
 }
 
 func main() {

@@ -48,8 +48,15 @@ func runCLI(t testing.TB, env map[string]string, args ...string) cliResult {
 
 func runCLIContext(t testing.TB, ctx context.Context, env map[string]string, args ...string) cliResult {
 	t.Helper()
+	return runCLIResolving(t, ctx, nil, env, args...)
+}
+
+// runCLIResolving runs the command with lookup as its resolver of
+// --agents-dns names.
+func runCLIResolving(t testing.TB, ctx context.Context, lookup lookupFunc, env map[string]string, args ...string) cliResult {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(ctx, args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }})
+	code := run(ctx, args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }, lookup: lookup})
 	return cliResult{code: code, out: out.String(), err: errOut.String()}
 }
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -70,17 +71,21 @@ type pushOptions struct {
 	timeout  time.Duration   // per agent
 	deadline time.Duration   // the whole push
 	expect   map[string]bool // expected outcomes; nil = any
+	canary   int             // agents pushed first, the rest only if they all pass; 0 = none
 	quiet    bool            // only exceptions and the summary
 	terminal bool            // stdout is a terminal: draw progress in place
 	columns  int             // terminal width for the progress line
 }
 
 func runPush(ctx context.Context, args []string, s stdio) int {
-	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
+	fs := newFlagSet("push", "haptic push (--agent URL [--agent URL ...] | --agents-dns URL) [--canary N] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
 		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	var agents agentClientFlags
 	agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
+	dnsURL := fleetFlag(fs)
 	o := pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}
+	fs.IntVar(&o.canary, "canary", 0, "push this many agents first (the first given, or the first addresses of --agents-dns in order); "+
+		"the rest are left untouched unless every one of them took the plan, did what --expect says and is ready after it")
 	fs.IntVar(&o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
 	fs.DurationVar(&o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
 	fs.DurationVar(&o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
@@ -94,8 +99,12 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		return usageStatus(err)
 	}
 	switch {
-	case len(agents.urls) == 0:
-		return usageError(fs, "at least one --agent is required")
+	case len(agents.urls) == 0 && *dnsURL == "":
+		return usageError(fs, "at least one --agent, or --agents-dns, is required")
+	case len(agents.urls) > 0 && *dnsURL != "":
+		return usageError(fs, "%v", errFleetTwice)
+	case o.canary < 0:
+		return usageError(fs, "--canary must not be negative, got %d", o.canary)
 	case o.parallel < 1:
 		return usageError(fs, "--parallel must be at least 1, got %d", o.parallel)
 	case o.timeout <= 0:
@@ -156,31 +165,62 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		prepared = haptic.PrepareDeploy(previous, next)
 	}
 	tlsConfig, err := agents.tlsConfig()
+	urls := agents.urls
+	if err == nil && *dnsURL != "" {
+		urls, err = fleetURLs(ctx, s.lookup, *dnsURL)
+		tlsConfig = fleetTLS(tlsConfig, *dnsURL)
+	}
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %v\n", err)
 		return exitFailure
 	}
 	creds := credentialsFrom(s.getenv)
 
-	r := pushAll(ctx, s.out, agents.urls, o, func(ctx context.Context, url string) pushResult {
+	r := pushAll(ctx, s.out, urls, o, func(ctx context.Context, url string, canary bool) pushResult {
 		cfg := agents.clientConfig(url, tlsConfig, creds)
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
-		return pushOne(ctx, cfg, next, previous, prepared, blob, *epoch)
+		res := pushOne(ctx, cfg, next, previous, prepared, blob, *epoch)
+		if canary && res.err == nil && res.result.OK {
+			res.notReady = readiness(ctx, cfg, creds)
+		}
+		return res
 	}, creds)
 	r.printSummary(next.ID)
-	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
+	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 || len(r.notReady) > 0 || len(r.untouched) > 0 {
 		return exitFailure
 	}
 	return exitOK
 }
 
+// readiness asks an agent whether it is ready: "" when it is, else why not
+// (the agent's own words, or why it could not be asked).
+func readiness(ctx context.Context, cfg *haptic.ClientConfig, creds agentCredentials) string {
+	client, err := haptic.NewClient(cfg)
+	if err != nil {
+		return err.Error()
+	}
+	defer client.Close()
+	start := time.Now()
+	err = client.Ready(ctx)
+	var he *haptic.HTTPError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &he) && he.Status == http.StatusServiceUnavailable:
+		return he.Body
+	}
+	return explainErr(err, creds, time.Since(start))
+}
+
 // pushResult is what one agent's push returns: the agent's answer (nil
 // when there is none), the decision the push expects the pod to follow
-// (nil when it could not read the pod's state), and the error.
+// (nil when it could not read the pod's state), and the error; for a
+// canary that took the plan, why it is not ready after it ("" = ready).
 type pushResult struct {
 	result   *haptic.ApplyResult
 	decision *haptic.Decision
 	err      error
+	notReady string
 }
 
 // pushOne deploys next to one agent. It reads the pod's state first, to
@@ -238,13 +278,38 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 // within o.timeout, all within o.deadline, prints one line per agent as it
 // finishes (unless o.quiet), and on a terminal keeps a progress line of
 // the agents still pending below them.
+//
+// With a canary, the first o.canary URLs are pushed first, and the rest
+// only when every canary took the plan, did what --expect says and is
+// ready after it; otherwise the rest are left untouched, so that a bad
+// render HAProxy accepts reaches the canaries and no more.
 func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
-	push func(ctx context.Context, url string) pushResult, creds agentCredentials) *progress {
+	push func(ctx context.Context, url string, canary bool) pushResult, creds agentCredentials) *progress {
 	ctx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
 	p := newProgress(out, len(urls), o)
 	defer p.stop()
+	canaries := urls[:min(o.canary, len(urls))]
+	rest := urls[len(canaries):]
+	if len(canaries) > 0 {
+		pushEach(ctx, p, canaries, o, push, true, creds)
+		if len(rest) == 0 {
+			return p
+		}
+		if p.counts[outcomeFailed] > 0 || len(p.unexpected) > 0 || len(p.notReady) > 0 {
+			p.untouched = rest
+			return p
+		}
+		p.say(fmt.Sprintf("canary: %s took the plan as expected and %s ready; pushing the other %d",
+			countOf(len(canaries), "agent"), map[bool]string{true: "is", false: "are"}[len(canaries) == 1], len(rest)))
+	}
+	pushEach(ctx, p, rest, o, push, false, creds)
+	return p
+}
 
+// pushEach is one round of pushAll: every URL of urls, canaries or not.
+func pushEach(ctx context.Context, p *progress, urls []string, o pushOptions,
+	push func(ctx context.Context, url string, canary bool) pushResult, canary bool, creds agentCredentials) {
 	jobs := make(chan string)
 	var wg sync.WaitGroup
 	for range min(o.parallel, len(urls)) {
@@ -257,11 +322,14 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 					res.err = errNotReached
 				} else {
 					actx, acancel := context.WithTimeout(ctx, o.timeout)
-					res = push(actx, url)
+					res = push(actx, url, canary)
 					acancel()
 				}
 				outcome, line := describeOutcome(res, creds, time.Since(start), ctx.Err() != nil, o)
-				p.finished(url, url+": "+line, outcome)
+				if res.notReady != "" {
+					line += "; not ready after the push: " + res.notReady
+				}
+				p.finished(url, url+": "+line, outcome, res.notReady != "")
 			}
 		})
 	}
@@ -270,7 +338,6 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 	}
 	close(jobs)
 	wg.Wait()
-	return p
 }
 
 // errNotReached is the error of an agent whose turn came after the
@@ -397,9 +464,33 @@ func (p *progress) printSummary(planID string) {
 		expected := slices.DeleteFunc(slices.Clone(pushOutcomes), func(k string) bool { return !p.o.expect[k] })
 		list("unexpected (--expect "+strings.Join(expected, ",")+")", p.unexpected)
 	}
-	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.total-p.counts[outcomeFailed], p.total)
-	if len(p.unexpected) > 0 {
-		line += fmt.Sprintf(", %d not as --expect says", len(p.unexpected))
+	list("not ready after the push", p.notReady)
+	if len(p.untouched) > 0 {
+		why := nonZero(tally{p.counts[outcomeFailed], "failed"}, tally{len(p.unexpected), "not as --expect says"},
+			tally{len(p.notReady), "not ready after the push"})
+		list(fmt.Sprintf("untouched (the canary of %d stopped the push: %s)", p.done, strings.Join(why, ", ")), p.untouched)
+	}
+	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.done-p.counts[outcomeFailed], p.total)
+	for _, t := range nonZero(tally{len(p.unexpected), "not as --expect says"}, tally{len(p.notReady), "not ready after it"},
+		tally{len(p.untouched), "left untouched"}) {
+		line += ", " + t
 	}
 	fmt.Fprintln(p.out, line)
+}
+
+// tally is a count and what it counts.
+type tally struct {
+	n    int
+	what string
+}
+
+// nonZero is "n what" for each tally above zero.
+func nonZero(tallies ...tally) []string {
+	var out []string
+	for _, t := range tallies {
+		if t.n > 0 {
+			out = append(out, fmt.Sprintf("%d %s", t.n, t.what))
+		}
+	}
+	return out
 }
