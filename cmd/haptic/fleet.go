@@ -88,7 +88,7 @@ var errFleetTwice = errors.New("--agent and --agents-dns name the fleet two ways
 
 // fleetFlag registers --agents-dns, the fleet named by DNS, on a command
 // that reaches many agents.
-func fleetFlag(fs *flag.FlagSet) *string {
-	return fs.String("agents-dns", "", "a URL whose host names the fleet, e.g. https://haptic-agent.namespace.svc:5555 (a headless Service): "+
+func fleetFlag(fs *flag.FlagSet, dnsURL *string) {
+	fs.StringVar(dnsURL, "agents-dns", "", "a URL whose host names the fleet, e.g. https://haptic-agent.namespace.svc:5555 (a headless Service): "+
 		"each of its A and AAAA records is one agent, resolved once; TLS verifies --tls-server-name, else this host name")
 }

@@ -1,9 +1,11 @@
 // push.go owns `haptic push`: a one-off push of a directory of rendered
-// files to one or many agents. Each agent gets its own Deploy (the whole
-// state → diff → apply → resend → re-diff loop), at most --parallel at a
-// time, each within --timeout and all within --deadline. It prints one line
-// per agent as it finishes (what the pod did and why), then a summary by
-// outcome with the agents that failed or did not do what --expect says.
+// files to one or many agents, named one by one or all by one DNS name
+// (fleet.go). Each agent gets its own Deploy (the whole state → diff →
+// apply → resend → re-diff loop), at most --parallel at a time, each within
+// --timeout and all within --deadline; with --canary, a few first and the
+// rest only if those passed. It prints one line per agent as it finishes
+// (what the pod did and why), then a summary by outcome with the agents
+// that failed, did not do what --expect says, or were left untouched.
 // It decides nothing itself: what each pod does is Diff's answer for that
 // pod's own baseline.
 
@@ -12,6 +14,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -77,58 +80,82 @@ type pushOptions struct {
 	columns  int             // terminal width for the progress line
 }
 
+// pushFlags are the flags of `haptic push`; the deployment test parses the
+// push Job's arguments with them.
+type pushFlags struct {
+	agents      agentClientFlags
+	dnsURL      string
+	o           pushOptions
+	expect      string
+	epoch       uint64
+	previousDir string
+}
+
+func (f *pushFlags) register(fs *flag.FlagSet) {
+	f.agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
+	fleetFlag(fs, &f.dnsURL)
+	fs.IntVar(&f.o.canary, "canary", 0, "push this many agents first (the first given, or the first addresses of --agents-dns in order); "+
+		"the rest are left untouched unless every one of them took the plan, did what --expect says and is ready after it")
+	fs.IntVar(&f.o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
+	fs.DurationVar(&f.o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
+	fs.DurationVar(&f.o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
+	fs.StringVar(&f.expect, "expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
+		"; an agent with another outcome fails the push")
+	fs.BoolVar(&f.o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
+	fs.Uint64Var(&f.epoch, "leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
+	fs.StringVar(&f.previousDir, "previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
+}
+
+// validate checks the flags and the arguments after parsing, and fills
+// o.expect. Its error is a usage error.
+func (f *pushFlags) validate(positional []string) error {
+	switch {
+	case len(f.agents.urls) == 0 && f.dnsURL == "":
+		return errors.New("at least one --agent, or --agents-dns, is required")
+	case len(f.agents.urls) > 0 && f.dnsURL != "":
+		return errFleetTwice
+	case f.o.canary < 0:
+		return fmt.Errorf("--canary must not be negative, got %d", f.o.canary)
+	case f.o.parallel < 1:
+		return fmt.Errorf("--parallel must be at least 1, got %d", f.o.parallel)
+	case f.o.timeout <= 0:
+		return fmt.Errorf("--timeout must be positive, got %s", f.o.timeout)
+	case f.o.deadline <= 0:
+		return fmt.Errorf("--deadline must be positive, got %s", f.o.deadline)
+	case len(positional) != 1:
+		return fmt.Errorf("want one directory, got %s", countOf(len(positional), "argument"))
+	}
+	if f.expect != "" {
+		f.o.expect = map[string]bool{}
+		for v := range strings.SplitSeq(f.expect, ",") {
+			if v = strings.TrimSpace(v); !slices.Contains(expectable, v) {
+				return fmt.Errorf("--expect %q is not one of %s", v, strings.Join(expectable, ", "))
+			}
+			f.o.expect[v] = true
+		}
+	}
+	for i, u := range f.agents.urls {
+		// Two Deploys against one pod would fence each other.
+		if slices.Contains(f.agents.urls[:i], u) {
+			return fmt.Errorf("--agent %s is given twice", u)
+		}
+	}
+	return nil
+}
+
 func runPush(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("push", "haptic push (--agent URL [--agent URL ...] | --agents-dns URL) [--canary N] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
 		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
-	var agents agentClientFlags
-	agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
-	dnsURL := fleetFlag(fs)
-	o := pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}
-	fs.IntVar(&o.canary, "canary", 0, "push this many agents first (the first given, or the first addresses of --agents-dns in order); "+
-		"the rest are left untouched unless every one of them took the plan, did what --expect says and is ready after it")
-	fs.IntVar(&o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
-	fs.DurationVar(&o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
-	fs.DurationVar(&o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
-	expect := fs.String("expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
-		"; an agent with another outcome fails the push")
-	fs.BoolVar(&o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
-	epoch := fs.Uint64("leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
-	previousDir := fs.String("previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
+	f := pushFlags{o: pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}}
+	f.register(fs)
 	positional, err := parseArgs(fs, args)
 	if err != nil {
 		return usageStatus(err)
 	}
-	switch {
-	case len(agents.urls) == 0 && *dnsURL == "":
-		return usageError(fs, "at least one --agent, or --agents-dns, is required")
-	case len(agents.urls) > 0 && *dnsURL != "":
-		return usageError(fs, "%v", errFleetTwice)
-	case o.canary < 0:
-		return usageError(fs, "--canary must not be negative, got %d", o.canary)
-	case o.parallel < 1:
-		return usageError(fs, "--parallel must be at least 1, got %d", o.parallel)
-	case o.timeout <= 0:
-		return usageError(fs, "--timeout must be positive, got %s", o.timeout)
-	case o.deadline <= 0:
-		return usageError(fs, "--deadline must be positive, got %s", o.deadline)
-	case len(positional) != 1:
-		return usageError(fs, "want one directory, got %s", countOf(len(positional), "argument"))
+	if err := f.validate(positional); err != nil {
+		return usageError(fs, "%v", err)
 	}
-	if *expect != "" {
-		o.expect = map[string]bool{}
-		for v := range strings.SplitSeq(*expect, ",") {
-			if v = strings.TrimSpace(v); !slices.Contains(expectable, v) {
-				return usageError(fs, "--expect %q is not one of %s", v, strings.Join(expectable, ", "))
-			}
-			o.expect[v] = true
-		}
-	}
-	for i, u := range agents.urls {
-		// Two Deploys against one pod would fence each other.
-		if slices.Contains(agents.urls[:i], u) {
-			return usageError(fs, "--agent %s is given twice", u)
-		}
-	}
+	agents, o := &f.agents, f.o
 	// The previous render holds the bytes a patch is cut from: the plan an
 	// agent stores carries no file contents. It is read while the next one
 	// is read and encoded: for a large map each is a parse and a hash of
@@ -138,8 +165,8 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
-		if *previousDir != "" {
-			previous, previousErr = haptic.PlanFromDir(*previousDir)
+		if f.previousDir != "" {
+			previous, previousErr = haptic.PlanFromDir(f.previousDir)
 		}
 	}()
 	// A directory, not a plan file: an agent that lacks a file asks for its
@@ -166,9 +193,9 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	}
 	tlsConfig, err := agents.tlsConfig()
 	urls := agents.urls
-	if err == nil && *dnsURL != "" {
-		urls, err = fleetURLs(ctx, s.lookup, *dnsURL)
-		tlsConfig = fleetTLS(tlsConfig, *dnsURL)
+	if err == nil && f.dnsURL != "" {
+		urls, err = fleetURLs(ctx, s.lookup, f.dnsURL)
+		tlsConfig = fleetTLS(tlsConfig, f.dnsURL)
 	}
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %v\n", err)
@@ -179,7 +206,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	r := pushAll(ctx, s.out, urls, o, func(ctx context.Context, url string, canary bool) pushResult {
 		cfg := agents.clientConfig(url, tlsConfig, creds)
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
-		res := pushOne(ctx, cfg, next, previous, prepared, blob, *epoch)
+		res := pushOne(ctx, cfg, next, previous, prepared, blob, f.epoch)
 		if canary && res.err == nil && res.result.OK {
 			res.notReady = readiness(ctx, cfg, creds)
 		}

@@ -32,7 +32,8 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
 	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
 	url := fs.String("url", "", "read one agent over TCP instead, e.g. https://pod-ip:5555")
-	dnsURL := fleetFlag(fs)
+	var dnsURL string
+	fleetFlag(fs, &dnsURL)
 	tlsDir := fs.String("tls-dir", "", "over https: tls.crt and tls.key are the client identity, ca.crt the roots")
 	tlsServerName := fs.String("tls-server-name", "", "over https: the name the agents' serving certificates must carry; default: the URL's host")
 	verify := fs.Bool("verify", false, "make the agent re-hash its files and re-check the HAProxy worker first (verify=1)")
@@ -50,11 +51,11 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return usageError(fs, "--output must be text or json")
 	case *timeout <= 0:
 		return usageError(fs, "--timeout must be positive, got %s", *timeout)
-	case *url != "" && *dnsURL != "":
+	case *url != "" && dnsURL != "":
 		return usageError(fs, "--url names one agent and --agents-dns a fleet; give one")
-	case *dnsURL != "" && (*files || *output != "text"):
+	case dnsURL != "" && (*files || *output != "text"):
 		return usageError(fs, "--agents-dns prints one row per pod; --files and --output json read one agent (--url)")
-	case (*tlsDir != "" || *tlsServerName != "") && *url == "" && *dnsURL == "":
+	case (*tlsDir != "" || *tlsServerName != "") && *url == "" && dnsURL == "":
 		return usageError(fs, "--tls-dir and --tls-server-name need an https --url or --agents-dns; the admin socket speaks plain HTTP")
 	}
 
@@ -69,8 +70,8 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return exitFailure
 	}
 	read := haptic.StateRead{Verify: *verify}
-	if *dnsURL != "" {
-		return runFleetState(ctx, s, *dnsURL, fleetTLS(tlsConfig, *dnsURL), creds, read, *timeout)
+	if dnsURL != "" {
+		return runFleetState(ctx, s, dnsURL, fleetTLS(tlsConfig, dnsURL), creds, read, *timeout)
 	}
 	cfg := &haptic.ClientConfig{BaseURL: "http://localhost", UnixSocket: localPath(*baseDir, *adminSocket), Timeout: *timeout}
 	if *url != "" {
