@@ -138,6 +138,29 @@ func k8sObjects(t *testing.T) map[string]map[string]any {
 	return objects
 }
 
+// objectOf is the object of objects at key ("Kind/name"), or fails.
+func objectOf(t *testing.T, objects map[string]map[string]any, key string) map[string]any {
+	t.Helper()
+	o := objects[key]
+	if o == nil {
+		t.Fatalf("no %s among %v", key, slices.Sorted(maps.Keys(objects)))
+	}
+	return o
+}
+
+// volumesOf is a pod spec's volumes by name.
+func volumesOf(pod any) map[string]map[string]any {
+	volumes := map[string]map[string]any{}
+	l, _ := yamlAt(pod, "volumes").([]any)
+	for _, v := range l {
+		if m, ok := v.(map[string]any); ok {
+			name, _ := m["name"].(string)
+			volumes[name] = m
+		}
+	}
+	return volumes
+}
+
 // mountOf is where container mounts the volume named volume, "" if it does
 // not.
 func mountOf(container map[string]any, volume string) string {
@@ -329,18 +352,11 @@ func TestDockerfile(t *testing.T) {
 func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 	img := readDockerfile(t)
 	objects := k8sObjects(t)
-	deploy := objects["Deployment/haproxy"]
-	if deploy == nil {
-		t.Fatalf("no Deployment haproxy among %v", slices.Collect(maps.Keys(objects)))
-	}
+	deploy := objectOf(t, objects, "Deployment/haproxy")
 	pod := yamlAt(deploy, "spec", "template", "spec")
 	haproxy := named(t, pod, "haproxy", "containers")
 	agent := named(t, pod, "agent", "containers")
-	volumes := map[string]map[string]any{}
-	for _, v := range yamlAt(pod, "volumes").([]any) {
-		m := v.(map[string]any)
-		volumes[m["name"].(string)] = m
-	}
+	volumes := volumesOf(pod)
 
 	// The agent's command line, in the image's entrypoint.
 	if c := yamlStrings(t, agent, "command"); c != nil && !slices.Equal(c, []string{img.binary}) {
@@ -524,13 +540,10 @@ func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 func TestKubernetesPushJobReachesEveryAgent(t *testing.T) {
 	img := readDockerfile(t)
 	objects := k8sObjects(t)
-	job := objects["Job/haptic-push-"]
-	if job == nil {
-		t.Fatalf("no Job haptic-push- among %v", slices.Collect(maps.Keys(objects)))
-	}
+	job := objectOf(t, objects, "Job/haptic-push-")
 	pod := yamlAt(job, "spec", "template", "spec")
 	push := named(t, pod, "push", "containers")
-	agent := named(t, yamlAt(objects["Deployment/haproxy"], "spec", "template", "spec"), "agent", "containers")
+	agent := named(t, yamlAt(objectOf(t, objects, "Deployment/haproxy"), "spec", "template", "spec"), "agent", "containers")
 	if push["image"] != agent["image"] || push["command"] != nil {
 		t.Errorf("the push runs image %v command %v, want the agent's image %v and its entrypoint %s", push["image"], push["command"], agent["image"], img.binary)
 	}
@@ -574,11 +587,7 @@ func TestKubernetesPushJobReachesEveryAgent(t *testing.T) {
 	}
 
 	// The render and the controller's TLS files, from their volumes.
-	volumes := map[string]map[string]any{}
-	for _, v := range yamlAt(pod, "volumes").([]any) {
-		m := v.(map[string]any)
-		volumes[m["name"].(string)] = m
-	}
+	volumes := volumesOf(pod)
 	render := volumes[volumeAt(t, push, positional[0])]
 	if yamlAt(render, "configMap", "name") == nil || mountOf(push, render["name"].(string)) != positional[0] {
 		t.Errorf("the render %s is not a ConfigMap volume mounted there", positional[0])
