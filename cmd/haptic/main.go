@@ -53,6 +53,8 @@ const usageText = `Usage:
   haptic diff [flags] OLD NEW           what the change from OLD to NEW does to a pod
   haptic diff --agent URL [flags] DIR   what pushing DIR does to a live agent
   haptic push --agent URL [flags] DIR   push DIR to one or many agents
+  haptic push --agents-dns URL [flags] DIR
+                                        push DIR to every agent a DNS name lists (--canary N: N first)
   haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
   haptic install DIR                    copy this binary into DIR, for another container's hooks
 
