@@ -320,6 +320,7 @@ func TestPrintFleetPutsThePodsUnlikeTheOthersFirst(t *testing.T) {
 	ready := func(pod, plan, generation string) podRow {
 		return podRow{pod: pod, applied: plan, generation: generation, disk: "in step", ready: "ready"}
 	}
+	unread := podRow{pod: "http://10.0.0.7:5555", applied: "?", generation: "?", disk: "?", ready: "not read: timed out", unread: true}
 	rows := []podRow{
 		ready("http://10.0.0.1:5555", "aaaa", "3"),
 		{pod: "http://10.0.0.2:5555", applied: "aaaa", generation: "3", disk: "behind", ready: diskBehindReason + ": read-only file system"},
@@ -327,19 +328,36 @@ func TestPrintFleetPutsThePodsUnlikeTheOthersFirst(t *testing.T) {
 		ready("http://10.0.0.4:5555", "bbbb", "4"),
 		ready("http://10.0.0.5:5555", "bbbb", "4"),
 		ready("http://10.0.0.6:5555", "aaaa", "3"),
+		unread,
 	}
 	var out strings.Builder
 	printFleet(&out, rows)
 	want := `POD                   APPLIED  GENERATION  DISK     READY
+http://10.0.0.7:5555  ?        ?           ?        not read: timed out
 http://10.0.0.2:5555  aaaa     3           behind   the agent's tree is not yet what its state says: read-only file system
 http://10.0.0.4:5555  bbbb     4           in step  ready
 http://10.0.0.5:5555  bbbb     4           in step  ready
 http://10.0.0.1:5555  aaaa     3           in step  ready
 http://10.0.0.3:5555  aaaa     9           in step  ready
 http://10.0.0.6:5555  aaaa     3           in step  ready
-6 pods: 3 alike (plan aaaa, disk in step, ready), 3 differ
+7 pods: 3 alike (plan aaaa, disk in step, ready), 3 differ, 1 not read
 `
 	if out.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
+	}
+	// Only the summary changes when no pod is read, or all are alike.
+	for _, c := range []struct {
+		rows []podRow
+		last string
+	}{
+		{[]podRow{unread}, "1 pod, none read\n"},
+		{[]podRow{ready("http://10.0.0.1:5555", "aaaa", "3"), ready("http://10.0.0.3:5555", "aaaa", "9")},
+			"2 pods, all alike (plan aaaa, disk in step, ready)\n"},
+	} {
+		out.Reset()
+		printFleet(&out, c.rows)
+		if !strings.HasSuffix(out.String(), c.last) {
+			t.Errorf("got\n%s\nwant it to end with %q", out.String(), c.last)
+		}
 	}
 }

@@ -102,13 +102,18 @@ func readPod(ctx context.Context, cfg *haptic.ClientConfig, read haptic.StateRea
 	return row
 }
 
-// printFleet prints the table, the pods least like the others first (the
-// smallest group of alike pods first, and in address order within a
-// group), then one line on how alike the fleet is.
+// printFleet prints the table, the pods least like the others first: those
+// that could not be read, then the smallest group of alike pods, each
+// group in address order; then one line on how alike the fleet is.
 func printFleet(w io.Writer, rows []podRow) {
-	alike := map[string]int{}
+	alike := map[string]int{} // of the pods read; an unread pod counts 0
+	unread := 0
 	for _, r := range rows {
-		alike[r.likeness()]++
+		if r.unread {
+			unread++
+		} else {
+			alike[r.likeness()]++
+		}
 	}
 	slices.SortStableFunc(rows, func(a, b podRow) int {
 		return cmp.Or(cmp.Compare(alike[a.likeness()], alike[b.likeness()]), strings.Compare(a.likeness(), b.likeness()))
@@ -119,14 +124,18 @@ func printFleet(w io.Writer, rows []podRow) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.pod, r.applied, r.generation, r.disk, r.ready)
 	}
 	tw.Flush()
-	if len(rows) == 0 {
+	pods := countOf(len(rows), "pod")
+	if unread == len(rows) {
+		fmt.Fprintf(w, "%s, none read\n", pods)
 		return
 	}
 	most := rows[len(rows)-1]
+	n := alike[most.likeness()]
 	group := fmt.Sprintf("plan %s, disk %s, %s", most.applied, most.disk, most.ready)
-	if n := alike[most.likeness()]; n == len(rows) {
-		fmt.Fprintf(w, "%s, all alike (%s)\n", countOf(len(rows), "pod"), group)
-	} else {
-		fmt.Fprintf(w, "%s: %d alike (%s), %d differ\n", countOf(len(rows), "pod"), n, group, len(rows)-n)
+	if n == len(rows) {
+		fmt.Fprintf(w, "%s, all alike (%s)\n", pods, group)
+		return
 	}
+	parts := nonZero(tally{n, "alike (" + group + ")"}, tally{len(rows) - n - unread, "differ"}, tally{unread, "not read"})
+	fmt.Fprintf(w, "%s: %s\n", pods, strings.Join(parts, ", "))
 }
