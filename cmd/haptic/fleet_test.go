@@ -227,7 +227,7 @@ func TestCanaryStopsThePushWhenACanaryFails(t *testing.T) {
 	f.agents[0].fake.With(func(m *haptic.FakeModel) { m.ReloadFails = false })
 	v2 := planOf(t, "shop-v2")
 	r = push("shop-v2", "--canary", "2")
-	if r.code != exitOK || !strings.Contains(r.out, "\ncanary: 2 agents took the plan as expected and are ready; pushing the other 2\n") ||
+	if r.code != exitOK || !strings.Contains(r.out, "\ncanary: passed on 2 agents (took the plan as expected, ready after it); pushing the other 2\n") ||
 		!strings.HasSuffix(r.out, "plan "+v2+": 4 of 4 agent(s) took it\n") {
 		t.Errorf("a canary that passes: code %d stdout\n%s", r.code, r.out)
 	}

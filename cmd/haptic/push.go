@@ -213,7 +213,7 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		return res
 	}, creds)
 	r.printSummary(next.ID)
-	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 || len(r.notReady) > 0 || len(r.untouched) > 0 {
+	if !r.allAsExpected() {
 		return exitFailure
 	}
 	return exitOK
@@ -327,8 +327,8 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 			p.untouched = rest
 			return p
 		}
-		p.say(fmt.Sprintf("canary: %s took the plan as expected and %s ready; pushing the other %d",
-			countOf(len(canaries), "agent"), map[bool]string{true: "is", false: "are"}[len(canaries) == 1], len(rest)))
+		p.say(fmt.Sprintf("canary: passed on %s (took the plan as expected, ready after it); pushing the other %d",
+			countOf(len(canaries), "agent"), len(rest)))
 	}
 	pushEach(ctx, p, rest, o, push, false, creds)
 	return p
@@ -503,6 +503,12 @@ func (p *progress) printSummary(planID string) {
 		line += ", " + t
 	}
 	fmt.Fprintln(p.out, line)
+}
+
+// allAsExpected reports whether every agent took the plan as --expect
+// says, ready after it where that was asked, and none was left untouched.
+func (p *progress) allAsExpected() bool {
+	return p.counts[outcomeFailed] == 0 && len(p.unexpected) == 0 && len(p.notReady) == 0 && len(p.untouched) == 0
 }
 
 // tally is a count and what it counts.
