@@ -327,6 +327,23 @@ func (a *Agent) warnAboutAuth() {
 	case cfg.InsecureNoAuth:
 		a.logger.Warn("the API accepts every request: --insecure-no-auth is set and no authentication is configured")
 	}
+	// Basic credentials travel in every request: without TLS, anyone on
+	// the network path reads the password. On loopback nobody else does.
+	if basic && cfg.TLSDir == "" && !loopbackAddr(cfg.Listen) {
+		a.logger.Warn("the API takes HTTP Basic credentials without TLS on a non-loopback address, so they cross the network in clear text: "+
+			"use --tls-dir, or --listen on 127.0.0.1 or [::1]", "listen", cfg.Listen)
+	}
+}
+
+// loopbackAddr reports whether a listen address is on loopback only: a
+// loopback IP, or localhost. An empty host is every interface.
+func loopbackAddr(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 // pathFlags lists c's file and socket paths with their flags, in the order

@@ -8,6 +8,7 @@ package haptic
 
 import (
 	"bytes"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -61,5 +62,33 @@ func TestInsecureNoAuthAllowsStartingWithoutCredentials(t *testing.T) {
 	other := planOfFiles(t, map[string]string{"haproxy.cfg": "global\n"})
 	if code, _, b := c.do("PUT", PathPlan+"?plan_id="+other.ID+"&proof=y", bytes.NewReader(blobOf(t, other)), ""); code != http.StatusConflict {
 		t.Errorf("put plan: %d %s", code, b)
+	}
+}
+
+// Basic credentials served without TLS on an address other hosts reach
+// get one warning at start; on loopback, or with TLS, none.
+func TestBasicAuthWithoutTLSOffLoopbackIsWarnedAbout(t *testing.T) {
+	const warning = "the API takes HTTP Basic credentials without TLS on a non-loopback address"
+	for _, c := range []struct {
+		listen, tlsDir string
+		warns          bool
+	}{
+		{":5555", "", true},
+		{"0.0.0.0:5555", "", true},
+		{"[::]:5555", "", true},
+		{"10.0.0.7:5555", "", true},
+		{"127.0.0.1:5555", "", false},
+		{"127.0.0.2:5555", "", false},
+		{"[::1]:5555", "", false},
+		{"localhost:5555", "", false},
+		{":5555", "/etc/haptic/tls", false},
+	} {
+		var logs bytes.Buffer
+		a := &Agent{cfg: AgentConfig{Listen: c.listen, TLSDir: c.tlsDir, Username: "admin", Password: "admin"},
+			logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+		a.warnAboutAuth()
+		if got := strings.Count(logs.String(), warning); got != map[bool]int{true: 1, false: 0}[c.warns] {
+			t.Errorf("listen %q tls-dir %q: %d warning(s):\n%s", c.listen, c.tlsDir, got, logs.String())
+		}
 	}
 }

@@ -36,7 +36,7 @@ import (
 // Client-only values: the agent never sees them, so they are not part of
 // the wire contract.
 const (
-	defaultTimeout      = 10 * time.Second // State and Health calls
+	defaultTimeout      = 10 * time.Second // State, Health and Ready calls
 	defaultApplyTimeout = 2 * time.Minute  // Apply and PutPlan calls
 	dialTimeout         = 5 * time.Second  // TCP and unix dial
 	idleConnTimeout     = 90 * time.Second // idle pooled connections
@@ -61,7 +61,7 @@ type ClientConfig struct {
 	// http://localhost, whose host only fills the Host header.
 	UnixSocket string
 	// The rest take their default when zero or negative.
-	Timeout             time.Duration // of State and Health calls; 10 s
+	Timeout             time.Duration // of State, Health and Ready calls; 10 s
 	PerPodApplyTimeout  time.Duration // of Apply and PutPlan calls; 2 min
 	ConnectRetries      int           // retries after a refused or reset connection; ConnectRetries (3)
 	ConnectRetryBackoff time.Duration // the fixed wait before each retry; 100 ms
@@ -364,6 +364,14 @@ func (c *Client) State(ctx context.Context, read StateRead) (*State, error) {
 // returns nil on 200 whatever the body says.
 func (c *Client) Health(ctx context.Context) error {
 	_, err := c.get(ctx, PathHealthz, false)
+	return err
+}
+
+// Ready sends GET /readyz without credentials: nil when the agent is
+// ready (it adopted its files and reaches HAProxy now), an *HTTPError
+// whose Body says why not otherwise. A push checks it after a canary.
+func (c *Client) Ready(ctx context.Context) error {
+	_, err := c.get(ctx, PathReadyz, false)
 	return err
 }
 

@@ -538,7 +538,12 @@ func TestStateUnauthorized(t *testing.T) {
 	}
 }
 
-func TestHealth(t *testing.T) {
+// The two probes: no credentials, nil on 200, the agent's words on 503.
+func TestHealthAndReady(t *testing.T) {
+	probes := map[string]func(*Client) error{
+		PathHealthz: func(c *Client) error { return c.Health(context.Background()) },
+		PathReadyz:  func(c *Client) error { return c.Ready(context.Background()) },
+	}
 	tests := []struct {
 		name       string
 		status     int
@@ -547,23 +552,25 @@ func TestHealth(t *testing.T) {
 		{"ok", http.StatusOK, 0},
 		{"unavailable", http.StatusServiceUnavailable, http.StatusServiceUnavailable},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			srv, log := startRecordingServer(t, answerText(tt.status, "whatever\n"))
-			c := newTestClient(t, srv.URL, nil)
-			err := c.Health(context.Background())
-			var he *HTTPError
-			switch {
-			case tt.wantStatus == 0 && err != nil:
-				t.Fatalf("Health = %v", err)
-			case tt.wantStatus != 0 && (!errors.As(err, &he) || he.Status != tt.wantStatus):
-				t.Fatalf("Health = %v, want *HTTPError %d", err, tt.wantStatus)
-			}
-			req := log.all()[0]
-			if req.RequestURI != "/healthz" || req.Header.Get("Authorization") != "" {
-				t.Fatalf("request %s with Authorization %q", req.RequestURI, req.Header.Get("Authorization"))
-			}
-		})
+	for path, probe := range probes {
+		for _, tt := range tests {
+			t.Run(path+" "+tt.name, func(t *testing.T) {
+				srv, log := startRecordingServer(t, answerText(tt.status, "haproxy unreachable\n"))
+				c := newTestClient(t, srv.URL, nil)
+				err := probe(c)
+				var he *HTTPError
+				switch {
+				case tt.wantStatus == 0 && err != nil:
+					t.Fatalf("%s = %v", path, err)
+				case tt.wantStatus != 0 && (!errors.As(err, &he) || he.Status != tt.wantStatus || he.Body != "haproxy unreachable"):
+					t.Fatalf("%s = %v, want *HTTPError %d with the agent's words", path, err, tt.wantStatus)
+				}
+				req := log.all()[0]
+				if req.RequestURI != path || req.Header.Get("Authorization") != "" {
+					t.Fatalf("request %s with Authorization %q", req.RequestURI, req.Header.Get("Authorization"))
+				}
+			})
+		}
 	}
 }
 

@@ -40,12 +40,20 @@ const (
 	defaultDrainSocket       = "haptic-drain.sock"
 )
 
+// fileModeWant is what --file-mode accepts; NewAgent refuses a mode
+// outside the range in its own words.
+const fileModeWant = "want an octal mode in 0400..0777, such as 0640"
+
 // errUsage is returned by a parser that has already printed the error and
 // the usage.
 var errUsage = errors.New("usage error")
 
 func runAgent(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("agent", "haptic agent [flags]\n"+
+		"Subcommands, each with its own -h:\n"+
+		"  haptic agent state    print the agent's state\n"+
+		"  haptic agent health   exit 0 when the agent answers on its admin socket\n"+
+		"  haptic agent drain    wait until HAProxy is quiet (a preStop hook)\n"+
 		"Environment: DATAPLANE_USERNAME and DATAPLANE_PASSWORD (HTTP Basic), AGENT_TLS_DIR and AGENT_TLS_CLIENT_NAME\n"+
 		"(--tls-dir and --tls-client-name when those are not given), LOG_LEVEL (debug, info, warn, error), GOMEMLIMIT.", s)
 	cfg, err := parseAgentFlags(fs, args, s)
@@ -104,8 +112,11 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	fs.Func("file-mode", "octal mode of every file written into the tree, 0400..0777; directories get x where r is (default 0640: HAProxy's group reads, others nothing)",
 		func(v string) error {
 			mode, err := strconv.ParseUint(v, 8, 32)
+			if err != nil {
+				return errors.New(fileModeWant)
+			}
 			cfg.FileMode = os.FileMode(mode)
-			return err
+			return nil
 		})
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow starting with no authentication at all")
 

@@ -180,7 +180,8 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 		}
 	})
 
-	// Usage errors: the error and the usage on stderr, exit 2.
+	// Usage errors: the error and one line pointing at -h on stderr, exit
+	// 2; never the whole flag list, which would bury the error.
 	for _, c := range []struct {
 		name string
 		env  map[string]string
@@ -190,15 +191,27 @@ func TestAgentCommandParsesFlags(t *testing.T) {
 		{"bad LOG_LEVEL", map[string]string{"LOG_LEVEL": "verbose"}, nil,
 			`LOG_LEVEL "verbose" is not one of debug, info, warn, error`},
 		{"unknown flag", nil, []string{"--frobnicate"}, "flag provided but not defined: -frobnicate"},
-		{"malformed duration", nil, []string{"--reload-timeout", "soon"}, `invalid value "soon" for flag -reload-timeout`},
+		{"malformed duration", nil, []string{"--reload-timeout", "soon"}, `invalid value "soon" for flag -reload-timeout: parse error`},
+		{"file mode not octal", nil, []string{"--file-mode", "999"}, `invalid value "999" for flag -file-mode: want an octal mode in 0400..0777, such as 0640`},
 		{"stray argument", nil, []string{"extra"}, `unexpected argument "extra"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := runCLI(t, c.env, append([]string{"agent"}, c.args...)...)
-			if r.code != exitUsage || !strings.Contains(r.err, c.text) || !strings.Contains(r.err, "Usage: haptic agent") {
-				t.Errorf("code %d stderr %q; want 2, %q and the usage", r.code, r.err, c.text)
+			if want := "haptic agent: " + c.text + "\nRun \"haptic agent -h\" for usage.\n"; r.code != exitUsage || r.err != want {
+				t.Errorf("code %d stderr %q; want 2 and %q", r.code, r.err, want)
 			}
 		})
+	}
+}
+
+// -h prints every flag, and the subcommands of `haptic agent`.
+func TestAgentCommandHelpListsFlagsAndSubcommands(t *testing.T) {
+	r := runCLI(t, nil, "agent", "-h")
+	for _, want := range []string{"Usage: haptic agent [flags]\n", "\n  haptic agent state ", "\n  haptic agent health ",
+		"\n  haptic agent drain ", "\n  -file-mode value\n"} {
+		if r.code != exitOK || !strings.Contains(r.err, want) {
+			t.Errorf("haptic agent -h: code %d, stderr lacks %q:\n%s", r.code, want, r.err)
+		}
 	}
 }
 

@@ -1,18 +1,21 @@
 // Tests that keep the deployment files true: deploy/kubernetes, the systemd
 // unit and its HAProxy drop-in, and the Dockerfile. Each file is read and
 // held to the command it runs: every flag it passes exists in `haptic
-// agent` (or `haptic agent drain`), every path agrees with what the agent's
-// defaults resolve to, the probes and the drain point at endpoints the agent
-// serves, and the boot haproxy.cfg passes `haproxy -c` when HAPTIC_HAPROXY
-// names a binary.
+// agent` (or `haptic agent drain`, or `haptic push` for the push Job),
+// every path agrees with what the agent's defaults resolve to, the probes
+// and the drain point at endpoints the agent serves, the push Job names the
+// headless Service, and the boot haproxy.cfg passes `haproxy -c` when
+// HAPTIC_HAPROXY names a binary.
 
 package main
 
 import (
 	"bufio"
+	"flag"
 	"io"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -88,8 +91,10 @@ func named(t *testing.T, node any, name string, keys ...any) map[string]any {
 	return nil
 }
 
-// k8sObjects reads every manifest of deploy/kubernetes, keyed "Kind/name",
-// and checks that kustomization.yaml lists exactly the other files.
+// k8sObjects reads every manifest of deploy/kubernetes, keyed "Kind/name"
+// (or "Kind/generateName" for an object created anew each time), and
+// checks that kustomization.yaml lists exactly the other files but the
+// Jobs, which are created once per run rather than applied.
 func k8sObjects(t *testing.T) map[string]map[string]any {
 	t.Helper()
 	dir := filepath.Join(deployDir, "kubernetes")
@@ -112,11 +117,18 @@ func k8sObjects(t *testing.T) map[string]map[string]any {
 			resources = yamlStrings(t, docs[0], "resources")
 			continue
 		}
-		others = append(others, filepath.Base(f))
+		jobs := true
 		for _, d := range docs {
 			m, _ := d.(map[string]any)
-			key := yamlString(t, m, "kind") + "/" + yamlString(t, m, "metadata", "name")
-			objects[key] = m
+			name, _ := yamlAt(m, "metadata", "name").(string)
+			if name == "" {
+				name = yamlString(t, m, "metadata", "generateName")
+			}
+			objects[yamlString(t, m, "kind")+"/"+name] = m
+			jobs = jobs && m["kind"] == "Job"
+		}
+		if !jobs {
+			others = append(others, filepath.Base(f))
 		}
 	}
 	slices.Sort(resources)
@@ -124,6 +136,29 @@ func k8sObjects(t *testing.T) map[string]map[string]any {
 		t.Errorf("kustomization.yaml lists %v, the directory holds %v", resources, others)
 	}
 	return objects
+}
+
+// objectOf is the object of objects at key ("Kind/name"), or fails.
+func objectOf(t *testing.T, objects map[string]map[string]any, key string) map[string]any {
+	t.Helper()
+	o := objects[key]
+	if o == nil {
+		t.Fatalf("no %s among %v", key, slices.Sorted(maps.Keys(objects)))
+	}
+	return o
+}
+
+// volumesOf is a pod spec's volumes by name.
+func volumesOf(pod any) map[string]map[string]any {
+	volumes := map[string]map[string]any{}
+	l, _ := yamlAt(pod, "volumes").([]any)
+	for _, v := range l {
+		if m, ok := v.(map[string]any); ok {
+			name, _ := m["name"].(string)
+			volumes[name] = m
+		}
+	}
+	return volumes
 }
 
 // mountOf is where container mounts the volume named volume, "" if it does
@@ -317,18 +352,11 @@ func TestDockerfile(t *testing.T) {
 func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 	img := readDockerfile(t)
 	objects := k8sObjects(t)
-	deploy := objects["Deployment/haproxy"]
-	if deploy == nil {
-		t.Fatalf("no Deployment haproxy among %v", slices.Collect(maps.Keys(objects)))
-	}
+	deploy := objectOf(t, objects, "Deployment/haproxy")
 	pod := yamlAt(deploy, "spec", "template", "spec")
 	haproxy := named(t, pod, "haproxy", "containers")
 	agent := named(t, pod, "agent", "containers")
-	volumes := map[string]map[string]any{}
-	for _, v := range yamlAt(pod, "volumes").([]any) {
-		m := v.(map[string]any)
-		volumes[m["name"].(string)] = m
-	}
+	volumes := volumesOf(pod)
 
 	// The agent's command line, in the image's entrypoint.
 	if c := yamlStrings(t, agent, "command"); c != nil && !slices.Equal(c, []string{img.binary}) {
@@ -502,6 +530,79 @@ func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 		}
 		for _, p := range yamlAt(svc, "spec", "ports").([]any) {
 			portNamed(t, container, yamlString(t, p, "targetPort"))
+		}
+	}
+}
+
+// The push Job reaches every pod through the headless Service, by the
+// name its serving certificates carry, pushes to one pod first, and finds
+// its render and its TLS files where its volumes put them.
+func TestKubernetesPushJobReachesEveryAgent(t *testing.T) {
+	img := readDockerfile(t)
+	objects := k8sObjects(t)
+	job := objectOf(t, objects, "Job/haptic-push-")
+	pod := yamlAt(job, "spec", "template", "spec")
+	push := named(t, pod, "push", "containers")
+	agent := named(t, yamlAt(objectOf(t, objects, "Deployment/haproxy"), "spec", "template", "spec"), "agent", "containers")
+	if push["image"] != agent["image"] || push["command"] != nil {
+		t.Errorf("the push runs image %v command %v, want the agent's image %v and its entrypoint %s", push["image"], push["command"], agent["image"], img.binary)
+	}
+	if yamlAt(pod, "restartPolicy") != "Never" || yamlAt(job, "spec", "backoffLimit") != "0" {
+		t.Errorf("restartPolicy %v backoffLimit %v: a failed push must not run again by itself", yamlAt(pod, "restartPolicy"), yamlAt(job, "spec", "backoffLimit"))
+	}
+
+	args := yamlStrings(t, push, "args")
+	if len(args) == 0 || args[0] != "push" {
+		t.Fatalf("push args %q, want `push [flags] DIR`", args)
+	}
+	fs := flag.NewFlagSet("push", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var f pushFlags
+	f.register(fs)
+	positional, err := parseArgs(fs, args[1:])
+	if err == nil {
+		err = f.validate(positional)
+	}
+	if err != nil {
+		t.Fatalf("push args %q: %v", args, err)
+	}
+	if f.o.canary < 1 {
+		t.Errorf("--canary %d: a bad render would reach every pod at once", f.o.canary)
+	}
+
+	// The fleet: the headless Service's name and API port, every pod in it.
+	u, err := url.Parse(f.dnsURL)
+	if err != nil || u.Scheme != "https" {
+		t.Fatalf("--agents-dns %q, want an https URL", f.dnsURL)
+	}
+	svc := objects["Service/"+u.Hostname()]
+	if svc == nil || yamlAt(svc, "spec", "clusterIP") != "None" || yamlAt(svc, "spec", "publishNotReadyAddresses") != "true" {
+		t.Fatalf("--agents-dns names %q: want a headless Service (clusterIP None) that lists pods not ready yet", u.Hostname())
+	}
+	if p := named(t, svc, "api", "spec", "ports"); yamlAt(p, "port") != u.Port() {
+		t.Errorf("--agents-dns port %s, the Service's api port is %v", u.Port(), yamlAt(p, "port"))
+	}
+	if f.agents.tlsServerName != "" {
+		t.Errorf("--tls-server-name %s: the certificates name the Service, which the URL names already", f.agents.tlsServerName)
+	}
+
+	// The render and the controller's TLS files, from their volumes.
+	volumes := volumesOf(pod)
+	render := volumes[volumeAt(t, push, positional[0])]
+	if yamlAt(render, "configMap", "name") == nil || mountOf(push, render["name"].(string)) != positional[0] {
+		t.Errorf("the render %s is not a ConfigMap volume mounted there", positional[0])
+	}
+	var paths []string
+	for _, item := range yamlAt(render, "configMap", "items").([]any) {
+		paths = append(paths, yamlString(t, item, "path"))
+	}
+	if !slices.Contains(paths, haptic.ConfigFilePath) {
+		t.Errorf("the render's items %q lack %s", paths, haptic.ConfigFilePath)
+	}
+	for _, file := range []string{f.agents.tlsCert, f.agents.tlsKey, f.agents.tlsCA} {
+		v := volumes[volumeAt(t, push, path.Dir(file))]
+		if yamlAt(v, "secret", "secretName") == nil {
+			t.Errorf("%s is not in a Secret volume", file)
 		}
 	}
 }

@@ -84,18 +84,22 @@ func runDiff(ctx context.Context, args []string, s stdio) int {
 	case len(agent.urls) == 0 && !readableVersion(*version):
 		return usageError(fs, "--haproxy-version %q is not a version such as 3.0 or 3.4.3", *version)
 	}
-	next, err := loadPlan(positional[len(positional)-1])
-	if err != nil {
-		fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
+	// Every path is read before any error is reported, so that one run
+	// names each path that is wrong, not only the first.
+	plans := make([]*haptic.Plan, len(positional))
+	failed := false
+	for i, path := range positional {
+		if plans[i], err = loadPlan(path); err != nil {
+			fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
+			failed = true
+		}
+	}
+	if failed {
 		return exitUsage
 	}
+	next := plans[len(plans)-1]
 	if len(agent.urls) == 0 {
-		old, err := loadPlan(positional[0])
-		if err != nil {
-			fmt.Fprintf(s.err, "haptic diff: %s\n", errText(err))
-			return exitUsage
-		}
-		from, decision = old.ID, haptic.Diff(next, offlineBaseline(old, *version))
+		from, decision = plans[0].ID, haptic.Diff(next, offlineBaseline(plans[0], *version))
 	} else {
 		creds := credentialsFrom(s.getenv)
 		start := time.Now()

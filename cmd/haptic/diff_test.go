@@ -122,6 +122,9 @@ func TestDiffCommand(t *testing.T) {
 	}{
 		{"one argument", []string{testDir("shop-v1")}, "want OLD and NEW, got 1 argument\n"},
 		{"missing directory", []string{testDir("shop-v1"), testDir("absent")}, "haptic diff: stat "},
+		// Each path that is wrong is named, not only the first one read.
+		{"both missing", []string{testDir("absent"), testDir("gone")}, "haptic diff: stat " + testDir("absent") + ": " +
+			"no such file or directory\nhaptic diff: stat " + testDir("gone") + ": no such file or directory\n"},
 		{"no config", []string{testDir("no-config"), testDir("shop-v1")}, "no haproxy.cfg"},
 		{"stale plan id", []string{stale, testDir("shop-v1")}, "does not match its content"},
 		{"unknown plan field", []string{unknown, testDir("shop-v1")}, `unknown field "extra"`},

@@ -8,10 +8,14 @@
 //	haptic diff [flags] OLD NEW             does this change reload, and why?
 //	haptic diff --agent URL [flags] DIR     the same, against a live agent
 //	haptic push --agent URL [flags] DIR     push a directory to agents
+//	haptic push --agents-dns URL [flags] DIR
+//	                                        the same, to every agent a DNS name lists
 //	haptic demo [--haproxy PATH]            the whole flow in one process
 //	haptic install DIR                      copy this binary into DIR (an initContainer)
 //
-// Every subcommand is a function of its arguments, its standard streams and
-// the environment it is handed, in a file named for it (state.go holds agent
+// Every subcommand is a function of its arguments, its standard streams, and
+// the environment and name resolver it is handed, in a file named for it (state.go holds agent
 // state and health, prestop.go agent drain and install); main.go dispatches.
+// fleet.go names a fleet by DNS for push and agent state, fleetstate.go
+// prints a fleet's state.
 package main

@@ -104,7 +104,8 @@ func requestStep(ue *url.Error) string {
 		path = u.Path
 	}
 	method := strings.ToUpper(ue.Op)
-	for _, known := range [][2]string{{haptic.PathState, "the state read"}, {haptic.PathApply, "the apply"}, {haptic.PathPlan, "storing the plan"}} {
+	for _, known := range [][2]string{{haptic.PathState, "the state read"}, {haptic.PathApply, "the apply"}, {haptic.PathPlan, "storing the plan"},
+		{haptic.PathHealthz, "the liveness probe"}, {haptic.PathReadyz, "the readiness probe"}} {
 		if strings.HasSuffix(path, known[0]) {
 			return method + " " + known[0] + " (" + known[1] + ")"
 		}

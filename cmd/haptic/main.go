@@ -26,12 +26,13 @@ const (
 	exitUsage   = 2
 )
 
-// stdio is what a subcommand may touch of its process: two writers and the
-// environment.
+// stdio is what a subcommand may touch of its process: two writers, the
+// environment and the name resolver.
 type stdio struct {
 	out, err io.Writer
 	getenv   func(string) string
-	terminal bool // out is a terminal: a command may redraw a progress line in place
+	terminal bool       // out is a terminal: a command may redraw a progress line in place
+	lookup   lookupFunc // resolves --agents-dns; nil is the system's resolver
 }
 
 func main() {
@@ -52,6 +53,8 @@ const usageText = `Usage:
   haptic diff [flags] OLD NEW           what the change from OLD to NEW does to a pod
   haptic diff --agent URL [flags] DIR   what pushing DIR does to a live agent
   haptic push --agent URL [flags] DIR   push DIR to one or many agents
+  haptic push --agents-dns URL [flags] DIR
+                                        push DIR to every agent a DNS name lists (--canary N: N first)
   haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
   haptic install DIR                    copy this binary into DIR, for another container's hooks
 
@@ -103,7 +106,7 @@ func isTerminal(f *os.File) bool {
 }
 
 // newFlagSet returns a flag set that reports to stderr and never exits the
-// process. synopsis is the usage line printed above the flags.
+// process. synopsis is the usage line printed above the flags, for -h.
 func newFlagSet(name, synopsis string, s stdio) *flag.FlagSet {
 	fs := flag.NewFlagSet("haptic "+name, flag.ContinueOnError)
 	fs.SetOutput(s.err)
@@ -117,8 +120,32 @@ func newFlagSet(name, synopsis string, s stdio) *flag.FlagSet {
 // parseArgs parses flags wherever they appear among the arguments, so that
 // `haptic diff OLD NEW --haproxy-version 3.0` works as operators type it,
 // and returns the positional arguments. Everything after "--" is
-// positional. Each round consumes at least one argument, so the loop ends.
+// positional.
+//
+// -h prints the usage with every flag. A bad flag prints its error and one
+// line pointing at -h, never the whole flag list, which would bury the one
+// line that matters: the flag package's own report (the error, then the
+// usage) is held back and replaced.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	positional, err := parseInterleaved(fs, args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+	case err != nil:
+		usageError(fs, "%v", err)
+	}
+	return positional, err
+}
+
+// parseInterleaved parses flags up to the next positional argument, takes
+// it, and goes on. Each round consumes at least one argument, so the loop
+// ends.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -138,8 +165,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // usageStatus is the exit status of a flag parsing error: 0 for -h (the
-// usage was asked for), 2 otherwise (the flag package already printed the
-// error and the usage).
+// usage was asked for), 2 otherwise (parseArgs already printed the error).
 func usageStatus(err error) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -147,11 +173,10 @@ func usageStatus(err error) int {
 	return exitUsage
 }
 
-// usageError prints a usage error of a parsed command with its usage and
-// returns exitUsage.
+// usageError prints a usage error of a command, and the line that points
+// at its -h, and returns exitUsage.
 func usageError(fs *flag.FlagSet, format string, args ...any) int {
-	fmt.Fprintf(fs.Output(), "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
-	fs.Usage()
+	fmt.Fprintf(fs.Output(), "%s: %s\nRun \"%s -h\" for usage.\n", fs.Name(), fmt.Sprintf(format, args...), fs.Name())
 	return exitUsage
 }
 

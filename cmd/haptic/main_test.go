@@ -48,8 +48,15 @@ func runCLI(t testing.TB, env map[string]string, args ...string) cliResult {
 
 func runCLIContext(t testing.TB, ctx context.Context, env map[string]string, args ...string) cliResult {
 	t.Helper()
+	return runCLIResolving(t, ctx, nil, env, args...)
+}
+
+// runCLIResolving runs the command with lookup as its resolver of
+// --agents-dns names.
+func runCLIResolving(t testing.TB, ctx context.Context, lookup lookupFunc, env map[string]string, args ...string) cliResult {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(ctx, args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }})
+	code := run(ctx, args, stdio{out: &out, err: &errOut, getenv: func(k string) string { return env[k] }, lookup: lookup})
 	return cliResult{code: code, out: out.String(), err: errOut.String()}
 }
 
@@ -195,7 +202,8 @@ func TestRunDispatchesAndRefusesUnknownCommands(t *testing.T) {
 		{[]string{"frobnicate"}, exitUsage, `haptic: unknown command "frobnicate"`, ""},
 		{[]string{"help"}, exitOK, "", "haptic push --agent URL"},
 		{[]string{"plan", "-h"}, exitOK, "Usage: haptic plan DIR", ""},
-		{[]string{"plan"}, exitUsage, "want one directory, got 0 arguments", ""},
+		{[]string{"plan"}, exitUsage, "haptic plan: want one directory, got 0 arguments\nRun \"haptic plan -h\" for usage.\n", ""},
+		{[]string{"push", "--frobnicate"}, exitUsage, "haptic push: flag provided but not defined: -frobnicate\nRun \"haptic push -h\" for usage.\n", ""},
 	} {
 		r := runCLI(t, nil, c.args...)
 		if r.code != c.code || !strings.Contains(r.err, c.errPart) || !strings.Contains(r.out, c.outPart) {

@@ -43,6 +43,8 @@ type progress struct {
 	counts      map[string]int       // outcomes so far
 	failedLines []string             // lines of the agents that failed, "url: ..."
 	unexpected  []string             // lines of the agents whose outcome --expect does not list
+	notReady    []string             // lines of the canaries not ready after the push
+	untouched   []string             // agents a canary that did not pass left alone
 	pending     map[string]time.Time // agents in flight → when they started
 	drawn       bool                 // a progress line is on the screen
 
@@ -81,8 +83,9 @@ func (p *progress) started(url string, at time.Time) {
 }
 
 // finished records an agent's outcome and, unless the push is quiet,
-// writes its line above the progress line.
-func (p *progress) finished(url, line, outcome string) {
+// writes its line above the progress line. notReady marks a canary that
+// took the plan and is not ready after it.
+func (p *progress) finished(url, line, outcome string, notReady bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.pending, url)
@@ -94,6 +97,20 @@ func (p *progress) finished(url, line, outcome string) {
 	case p.o.expect != nil && !p.o.expect[outcome]:
 		p.unexpected = append(p.unexpected, line)
 	}
+	if notReady {
+		p.notReady = append(p.notReady, line)
+	}
+	p.sayLocked(line)
+}
+
+// say writes a line of the push's own (not an agent's), as finished does.
+func (p *progress) say(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sayLocked(line)
+}
+
+func (p *progress) sayLocked(line string) {
 	if !p.o.quiet {
 		p.clearLocked()
 		fmt.Fprintln(p.out, line)

@@ -1,9 +1,11 @@
 // push.go owns `haptic push`: a one-off push of a directory of rendered
-// files to one or many agents. Each agent gets its own Deploy (the whole
-// state → diff → apply → resend → re-diff loop), at most --parallel at a
-// time, each within --timeout and all within --deadline. It prints one line
-// per agent as it finishes (what the pod did and why), then a summary by
-// outcome with the agents that failed or did not do what --expect says.
+// files to one or many agents, named one by one or all by one DNS name
+// (fleet.go). Each agent gets its own Deploy (the whole state → diff →
+// apply → resend → re-diff loop), at most --parallel at a time, each within
+// --timeout and all within --deadline; with --canary, a few first and the
+// rest only if those passed. It prints one line per agent as it finishes
+// (what the pod did and why), then a summary by outcome with the agents
+// that failed, did not do what --expect says, or were left untouched.
 // It decides nothing itself: what each pod does is Diff's answer for that
 // pod's own baseline.
 
@@ -12,8 +14,10 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -70,56 +74,88 @@ type pushOptions struct {
 	timeout  time.Duration   // per agent
 	deadline time.Duration   // the whole push
 	expect   map[string]bool // expected outcomes; nil = any
+	canary   int             // agents pushed first, the rest only if they all pass; 0 = none
 	quiet    bool            // only exceptions and the summary
 	terminal bool            // stdout is a terminal: draw progress in place
 	columns  int             // terminal width for the progress line
 }
 
-func runPush(ctx context.Context, args []string, s stdio) int {
-	fs := newFlagSet("push", "haptic push --agent URL [--agent URL ...] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
-		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
-	var agents agentClientFlags
-	agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
-	o := pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}
-	fs.IntVar(&o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
-	fs.DurationVar(&o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
-	fs.DurationVar(&o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
-	expect := fs.String("expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
+// pushFlags are the flags of `haptic push`; the deployment test parses the
+// push Job's arguments with them.
+type pushFlags struct {
+	agents      agentClientFlags
+	dnsURL      string
+	o           pushOptions
+	expect      string
+	epoch       uint64
+	previousDir string
+}
+
+func (f *pushFlags) register(fs *flag.FlagSet) {
+	f.agents.register(fs, "URL of an agent to push to, e.g. https://10.0.0.7:5555; repeatable")
+	fleetFlag(fs, &f.dnsURL)
+	fs.IntVar(&f.o.canary, "canary", 0, "push this many agents first (the first given, or the first addresses of --agents-dns in order); "+
+		"the rest are left untouched unless every one of them took the plan, did what --expect says and is ready after it")
+	fs.IntVar(&f.o.parallel, "parallel", defaultPushParallel, "how many agents are pushed to at the same time")
+	fs.DurationVar(&f.o.timeout, "timeout", defaultPushTimeout, "how long one agent's push may take; each state read within it at most "+pushStateTimeout.String())
+	fs.DurationVar(&f.o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
+	fs.StringVar(&f.expect, "expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
 		"; an agent with another outcome fails the push")
-	fs.BoolVar(&o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
-	epoch := fs.Uint64("leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
-	previousDir := fs.String("previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
+	fs.BoolVar(&f.o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
+	fs.Uint64Var(&f.epoch, "leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
+	fs.StringVar(&f.previousDir, "previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
+}
+
+// validate checks the flags and the arguments after parsing, and fills
+// o.expect. Its error is a usage error.
+func (f *pushFlags) validate(positional []string) error {
+	switch {
+	case len(f.agents.urls) == 0 && f.dnsURL == "":
+		return errors.New("at least one --agent, or --agents-dns, is required")
+	case len(f.agents.urls) > 0 && f.dnsURL != "":
+		return errFleetTwice
+	case f.o.canary < 0:
+		return fmt.Errorf("--canary must not be negative, got %d", f.o.canary)
+	case f.o.parallel < 1:
+		return fmt.Errorf("--parallel must be at least 1, got %d", f.o.parallel)
+	case f.o.timeout <= 0:
+		return fmt.Errorf("--timeout must be positive, got %s", f.o.timeout)
+	case f.o.deadline <= 0:
+		return fmt.Errorf("--deadline must be positive, got %s", f.o.deadline)
+	case len(positional) != 1:
+		return fmt.Errorf("want one directory, got %s", countOf(len(positional), "argument"))
+	}
+	if f.expect != "" {
+		f.o.expect = map[string]bool{}
+		for v := range strings.SplitSeq(f.expect, ",") {
+			if v = strings.TrimSpace(v); !slices.Contains(expectable, v) {
+				return fmt.Errorf("--expect %q is not one of %s", v, strings.Join(expectable, ", "))
+			}
+			f.o.expect[v] = true
+		}
+	}
+	for i, u := range f.agents.urls {
+		// Two Deploys against one pod would fence each other.
+		if slices.Contains(f.agents.urls[:i], u) {
+			return fmt.Errorf("--agent %s is given twice", u)
+		}
+	}
+	return nil
+}
+
+func runPush(ctx context.Context, args []string, s stdio) int {
+	fs := newFlagSet("push", "haptic push (--agent URL [--agent URL ...] | --agents-dns URL) [--canary N] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
+		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
+	f := pushFlags{o: pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}}
+	f.register(fs)
 	positional, err := parseArgs(fs, args)
 	if err != nil {
 		return usageStatus(err)
 	}
-	switch {
-	case len(agents.urls) == 0:
-		return usageError(fs, "at least one --agent is required")
-	case o.parallel < 1:
-		return usageError(fs, "--parallel must be at least 1, got %d", o.parallel)
-	case o.timeout <= 0:
-		return usageError(fs, "--timeout must be positive, got %s", o.timeout)
-	case o.deadline <= 0:
-		return usageError(fs, "--deadline must be positive, got %s", o.deadline)
-	case len(positional) != 1:
-		return usageError(fs, "want one directory, got %s", countOf(len(positional), "argument"))
+	if err := f.validate(positional); err != nil {
+		return usageError(fs, "%v", err)
 	}
-	if *expect != "" {
-		o.expect = map[string]bool{}
-		for v := range strings.SplitSeq(*expect, ",") {
-			if v = strings.TrimSpace(v); !slices.Contains(expectable, v) {
-				return usageError(fs, "--expect %q is not one of %s", v, strings.Join(expectable, ", "))
-			}
-			o.expect[v] = true
-		}
-	}
-	for i, u := range agents.urls {
-		// Two Deploys against one pod would fence each other.
-		if slices.Contains(agents.urls[:i], u) {
-			return usageError(fs, "--agent %s is given twice", u)
-		}
-	}
+	agents, o := &f.agents, f.o
 	// The previous render holds the bytes a patch is cut from: the plan an
 	// agent stores carries no file contents. It is read while the next one
 	// is read and encoded: for a large map each is a parse and a hash of
@@ -129,8 +165,8 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
-		if *previousDir != "" {
-			previous, previousErr = haptic.PlanFromDir(*previousDir)
+		if f.previousDir != "" {
+			previous, previousErr = haptic.PlanFromDir(f.previousDir)
 		}
 	}()
 	// A directory, not a plan file: an agent that lacks a file asks for its
@@ -156,31 +192,62 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		prepared = haptic.PrepareDeploy(previous, next)
 	}
 	tlsConfig, err := agents.tlsConfig()
+	urls := agents.urls
+	if err == nil && f.dnsURL != "" {
+		urls, err = fleetURLs(ctx, s.lookup, f.dnsURL)
+		tlsConfig = fleetTLS(tlsConfig, f.dnsURL)
+	}
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic push: %v\n", err)
 		return exitFailure
 	}
 	creds := credentialsFrom(s.getenv)
 
-	r := pushAll(ctx, s.out, agents.urls, o, func(ctx context.Context, url string) pushResult {
+	r := pushAll(ctx, s.out, urls, o, func(ctx context.Context, url string, canary bool) pushResult {
 		cfg := agents.clientConfig(url, tlsConfig, creds)
 		cfg.Timeout, cfg.PerPodApplyTimeout = min(pushStateTimeout, o.timeout), o.timeout
-		return pushOne(ctx, cfg, next, previous, prepared, blob, *epoch)
+		res := pushOne(ctx, cfg, next, previous, prepared, blob, f.epoch)
+		if canary && res.err == nil && res.result.OK {
+			res.notReady = readiness(ctx, cfg, creds)
+		}
+		return res
 	}, creds)
 	r.printSummary(next.ID)
-	if r.counts[outcomeFailed] > 0 || len(r.unexpected) > 0 {
+	if !r.allAsExpected() {
 		return exitFailure
 	}
 	return exitOK
 }
 
+// readiness asks an agent whether it is ready: "" when it is, else why not
+// (the agent's own words, or why it could not be asked).
+func readiness(ctx context.Context, cfg *haptic.ClientConfig, creds agentCredentials) string {
+	client, err := haptic.NewClient(cfg)
+	if err != nil {
+		return err.Error()
+	}
+	defer client.Close()
+	start := time.Now()
+	err = client.Ready(ctx)
+	var he *haptic.HTTPError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &he) && he.Status == http.StatusServiceUnavailable:
+		return he.Body
+	}
+	return explainErr(err, creds, time.Since(start))
+}
+
 // pushResult is what one agent's push returns: the agent's answer (nil
 // when there is none), the decision the push expects the pod to follow
-// (nil when it could not read the pod's state), and the error.
+// (nil when it could not read the pod's state), and the error; for a
+// canary that took the plan, why it is not ready after it ("" = ready).
 type pushResult struct {
 	result   *haptic.ApplyResult
 	decision *haptic.Decision
 	err      error
+	notReady string
 }
 
 // pushOne deploys next to one agent. It reads the pod's state first, to
@@ -238,13 +305,38 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 // within o.timeout, all within o.deadline, prints one line per agent as it
 // finishes (unless o.quiet), and on a terminal keeps a progress line of
 // the agents still pending below them.
+//
+// With a canary, the first o.canary URLs are pushed first, and the rest
+// only when every canary took the plan, did what --expect says and is
+// ready after it; otherwise the rest are left untouched, so that a bad
+// render HAProxy accepts reaches the canaries and no more.
 func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
-	push func(ctx context.Context, url string) pushResult, creds agentCredentials) *progress {
+	push func(ctx context.Context, url string, canary bool) pushResult, creds agentCredentials) *progress {
 	ctx, cancel := context.WithTimeout(ctx, o.deadline)
 	defer cancel()
 	p := newProgress(out, len(urls), o)
 	defer p.stop()
+	canaries := urls[:min(o.canary, len(urls))]
+	rest := urls[len(canaries):]
+	if len(canaries) > 0 {
+		pushEach(ctx, p, canaries, o, push, true, creds)
+		if len(rest) == 0 {
+			return p
+		}
+		if p.counts[outcomeFailed] > 0 || len(p.unexpected) > 0 || len(p.notReady) > 0 {
+			p.untouched = rest
+			return p
+		}
+		p.say(fmt.Sprintf("canary: passed on %s (took the plan as expected, ready after it); pushing the other %d",
+			countOf(len(canaries), "agent"), len(rest)))
+	}
+	pushEach(ctx, p, rest, o, push, false, creds)
+	return p
+}
 
+// pushEach is one round of pushAll: every URL of urls, canaries or not.
+func pushEach(ctx context.Context, p *progress, urls []string, o pushOptions,
+	push func(ctx context.Context, url string, canary bool) pushResult, canary bool, creds agentCredentials) {
 	jobs := make(chan string)
 	var wg sync.WaitGroup
 	for range min(o.parallel, len(urls)) {
@@ -257,11 +349,14 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 					res.err = errNotReached
 				} else {
 					actx, acancel := context.WithTimeout(ctx, o.timeout)
-					res = push(actx, url)
+					res = push(actx, url, canary)
 					acancel()
 				}
 				outcome, line := describeOutcome(res, creds, time.Since(start), ctx.Err() != nil, o)
-				p.finished(url, url+": "+line, outcome)
+				if res.notReady != "" {
+					line += "; not ready after the push: " + res.notReady
+				}
+				p.finished(url, url+": "+line, outcome, res.notReady != "")
 			}
 		})
 	}
@@ -270,7 +365,6 @@ func pushAll(ctx context.Context, out io.Writer, urls []string, o pushOptions,
 	}
 	close(jobs)
 	wg.Wait()
-	return p
 }
 
 // errNotReached is the error of an agent whose turn came after the
@@ -397,9 +491,39 @@ func (p *progress) printSummary(planID string) {
 		expected := slices.DeleteFunc(slices.Clone(pushOutcomes), func(k string) bool { return !p.o.expect[k] })
 		list("unexpected (--expect "+strings.Join(expected, ",")+")", p.unexpected)
 	}
-	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.total-p.counts[outcomeFailed], p.total)
-	if len(p.unexpected) > 0 {
-		line += fmt.Sprintf(", %d not as --expect says", len(p.unexpected))
+	list("not ready after the push", p.notReady)
+	if len(p.untouched) > 0 {
+		why := nonZero(tally{p.counts[outcomeFailed], "failed"}, tally{len(p.unexpected), "not as --expect says"},
+			tally{len(p.notReady), "not ready after the push"})
+		list(fmt.Sprintf("untouched (the canary of %d stopped the push: %s)", p.done, strings.Join(why, ", ")), p.untouched)
+	}
+	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.done-p.counts[outcomeFailed], p.total)
+	for _, t := range nonZero(tally{len(p.unexpected), "not as --expect says"}, tally{len(p.notReady), "not ready after it"},
+		tally{len(p.untouched), "left untouched"}) {
+		line += ", " + t
 	}
 	fmt.Fprintln(p.out, line)
+}
+
+// allAsExpected reports whether every agent took the plan as --expect
+// says, ready after it where that was asked, and none was left untouched.
+func (p *progress) allAsExpected() bool {
+	return p.counts[outcomeFailed] == 0 && len(p.unexpected) == 0 && len(p.notReady) == 0 && len(p.untouched) == 0
+}
+
+// tally is a count and what it counts.
+type tally struct {
+	n    int
+	what string
+}
+
+// nonZero is "n what" for each tally above zero.
+func nonZero(tallies ...tally) []string {
+	var out []string
+	for _, t := range tallies {
+		if t.n > 0 {
+			out = append(out, fmt.Sprintf("%d %s", t.n, t.what))
+		}
+	}
+	return out
 }

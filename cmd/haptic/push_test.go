@@ -345,7 +345,7 @@ func TestPushAllBoundsParallelism(t *testing.T) {
 		seen := map[string]bool{}
 		var out strings.Builder
 		o := pushOptions{parallel: parallel, timeout: time.Minute, deadline: time.Minute}
-		r := pushAll(context.Background(), &out, urls, o, func(ctx context.Context, url string) pushResult {
+		r := pushAll(context.Background(), &out, urls, o, func(ctx context.Context, url string, _ bool) pushResult {
 			n := running.Add(1)
 			defer running.Add(-1)
 			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
@@ -415,7 +415,12 @@ func TestPushCommandUsage(t *testing.T) {
 		code int
 		err  string
 	}{
-		{"no agent", []string{testDir("shop-v1")}, exitUsage, "at least one --agent is required"},
+		{"no agent", []string{testDir("shop-v1")}, exitUsage, "at least one --agent, or --agents-dns, is required"},
+		{"both ways", []string{"--agent", "http://a:1", "--agents-dns", "http://agents.test:1", testDir("shop-v1")}, exitUsage,
+			"--agent and --agents-dns name the fleet two ways; give one"},
+		{"negative canary", []string{"--agent", "http://a:1", "--canary", "-1", testDir("shop-v1")}, exitUsage, "--canary must not be negative, got -1"},
+		{"not a fleet URL", []string{"--agents-dns", "agents.test:5555", testDir("shop-v1")}, exitFailure,
+			`haptic push: --agents-dns "agents.test:5555" is not a URL such as https://haptic-agent.namespace.svc:5555`},
 		{"no directory", []string{"--agent", "http://a:1"}, exitUsage, "want one directory, got 0 arguments"},
 		{"two directories", []string{"--agent", "http://a:1", "a", "b"}, exitUsage, "want one directory, got 2 arguments"},
 		{"zero parallel", []string{"--agent", "http://a:1", "--parallel", "0", testDir("shop-v1")}, exitUsage, "--parallel must be at least 1"},

@@ -26,15 +26,20 @@ import (
 const healthTimeout = 5 * time.Second
 
 func runAgentState(ctx context.Context, args []string, s stdio) int {
-	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL [--tls-dir DIR]] [--verify] [--files] [--output text|json]", s)
+	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL | --agents-dns URL] "+
+		"[--tls-dir DIR] [--tls-server-name NAME] [--verify] [--files] [--output text|json] [--timeout D]\n"+
+		"With --url or --agents-dns: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
 	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
-	url := fs.String("url", "", "read over TCP instead, e.g. https://pod-ip:5555 (Basic credentials from "+credsHaptic+", else "+credsDataplane+")")
-	tlsDir := fs.String("tls-dir", "", "with an https --url: tls.crt and tls.key are the client identity, ca.crt the roots")
+	url := fs.String("url", "", "read one agent over TCP instead, e.g. https://pod-ip:5555")
+	var dnsURL string
+	fleetFlag(fs, &dnsURL)
+	tlsDir := fs.String("tls-dir", "", "over https: tls.crt and tls.key are the client identity, ca.crt the roots")
+	tlsServerName := fs.String("tls-server-name", "", "over https: the name the agents' serving certificates must carry; default: the URL's host")
 	verify := fs.Bool("verify", false, "make the agent re-hash its files and re-check the HAProxy worker first (verify=1)")
 	files := fs.Bool("files", false, "add the table of held files (text output)")
 	output := fs.String("output", "text", "text or json")
-	timeout := fs.Duration("timeout", 10*time.Second, "deadline of the request")
+	timeout := fs.Duration("timeout", 10*time.Second, "deadline of each request")
 	positional, err := parseArgs(fs, args)
 	if err != nil {
 		return usageStatus(err)
@@ -46,23 +51,31 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return usageError(fs, "--output must be text or json")
 	case *timeout <= 0:
 		return usageError(fs, "--timeout must be positive, got %s", *timeout)
-	case *tlsDir != "" && *url == "":
-		return usageError(fs, "--tls-dir needs an https --url; the admin socket speaks plain HTTP")
+	case *url != "" && dnsURL != "":
+		return usageError(fs, "--url names one agent and --agents-dns a fleet; give one")
+	case dnsURL != "" && (*files || *output != "text"):
+		return usageError(fs, "--agents-dns prints one row per pod; --files and --output json read one agent (--url)")
+	case (*tlsDir != "" || *tlsServerName != "") && *url == "" && dnsURL == "":
+		return usageError(fs, "--tls-dir and --tls-server-name need an https --url or --agents-dns; the admin socket speaks plain HTTP")
 	}
 
-	cfg := &haptic.ClientConfig{BaseURL: "http://localhost", UnixSocket: localPath(*baseDir, *adminSocket), Timeout: *timeout}
 	creds := credentialsFrom(s.getenv)
+	var certFile, keyFile, caFile string
+	if *tlsDir != "" {
+		certFile, keyFile, caFile = filepath.Join(*tlsDir, "tls.crt"), filepath.Join(*tlsDir, "tls.key"), filepath.Join(*tlsDir, "ca.crt")
+	}
+	tlsConfig, err := clientTLS(certFile, keyFile, caFile, *tlsServerName)
+	if err != nil {
+		fmt.Fprintf(s.err, "haptic agent state: --tls-dir: %v\n", err)
+		return exitFailure
+	}
+	read := haptic.StateRead{Verify: *verify}
+	if dnsURL != "" {
+		return runFleetState(ctx, s, dnsURL, fleetTLS(tlsConfig, dnsURL), creds, read, *timeout)
+	}
+	cfg := &haptic.ClientConfig{BaseURL: "http://localhost", UnixSocket: localPath(*baseDir, *adminSocket), Timeout: *timeout}
 	if *url != "" {
-		cfg = &haptic.ClientConfig{BaseURL: *url, Username: creds.user, Password: creds.pass, Timeout: *timeout}
-		if *tlsDir != "" {
-			tlsConfig, err := clientTLS(filepath.Join(*tlsDir, "tls.crt"), filepath.Join(*tlsDir, "tls.key"),
-				filepath.Join(*tlsDir, "ca.crt"), "")
-			if err != nil {
-				fmt.Fprintf(s.err, "haptic agent state: --tls-dir: %v\n", err)
-				return exitFailure
-			}
-			cfg.TLS = tlsConfig
-		}
+		cfg = &haptic.ClientConfig{BaseURL: *url, Username: creds.user, Password: creds.pass, Timeout: *timeout, TLS: tlsConfig}
 	}
 	client, err := haptic.NewClient(cfg)
 	if err != nil {
@@ -71,7 +84,7 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 	}
 	defer client.Close()
 	start := time.Now()
-	state, err := client.State(ctx, haptic.StateRead{Verify: *verify})
+	state, err := client.State(ctx, read)
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic agent state: %s\n", explainErr(err, creds, time.Since(start)))
 		return exitFailure
@@ -115,6 +128,11 @@ func printState(w io.Writer, st *haptic.State, withFiles bool) {
 		return
 	}
 	fmt.Fprint(w, "\n")
+	if len(st.Files) == 0 {
+		// A bare header would read as a table that failed to print.
+		fmt.Fprint(w, "no files held yet\n")
+		return
+	}
 	paths := slices.Sorted(maps.Keys(st.Files))
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprint(tw, "PATH\tSIZE\tDIGEST\tPROOF\n")
@@ -148,12 +166,15 @@ func runAgentHealth(ctx context.Context, args []string, s stdio) int {
 	}
 	client, err := haptic.NewClient(&haptic.ClientConfig{BaseURL: "http://localhost",
 		UnixSocket: localPath(*baseDir, *adminSocket), Timeout: healthTimeout})
-	if err == nil {
-		defer client.Close()
-		err = client.Health(ctx)
-	}
 	if err != nil {
 		fmt.Fprintf(s.err, "haptic agent health: %v\n", err)
+		return exitFailure
+	}
+	defer client.Close()
+	start := time.Now()
+	if err := client.Health(ctx); err != nil {
+		// In the words `agent state` uses for the same socket.
+		fmt.Fprintf(s.err, "haptic agent health: %s\n", explainErr(err, agentCredentials{}, time.Since(start)))
 		return exitFailure
 	}
 	return exitOK

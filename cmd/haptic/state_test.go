@@ -139,6 +139,7 @@ func serveAdminSocket(t *testing.T, h http.Handler) (base string) {
 }
 
 func TestAgentStateCommand(t *testing.T) {
+	absent := t.TempDir()
 	server := &stateServer{state: recordedState()}
 	base := serveAdminSocket(t, server)
 
@@ -213,11 +214,16 @@ func TestAgentStateCommand(t *testing.T) {
 		code int
 		err  string
 	}{
-		{"no agent", []string{"--base-dir", t.TempDir()}, exitFailure, "haptic agent state: "},
+		{"no agent", []string{"--base-dir", absent}, exitFailure, "haptic agent state: " + unreachable("GET /v1/state (the state read)", absent)},
 		{"bad output", []string{"--base-dir", base, "--output", "yaml"}, exitUsage, "--output must be text or json"},
 		{"unknown flag", []string{"--frobnicate"}, exitUsage, "flag provided but not defined"},
 		{"stray argument", []string{"extra"}, exitUsage, `unexpected argument "extra"`},
-		{"tls-dir without url", []string{"--tls-dir", "/nonexistent"}, exitUsage, "--tls-dir needs an https --url"},
+		{"tls-dir without url", []string{"--tls-dir", "/nonexistent"}, exitUsage,
+			"--tls-dir and --tls-server-name need an https --url or --agents-dns; the admin socket speaks plain HTTP"},
+		{"url and agents-dns", []string{"--url", "http://127.0.0.1:1", "--agents-dns", "http://agents.test:1"}, exitUsage,
+			"--url names one agent and --agents-dns a fleet; give one"},
+		{"files of a fleet", []string{"--agents-dns", "http://agents.test:1", "--files"}, exitUsage,
+			"--agents-dns prints one row per pod; --files and --output json read one agent (--url)"},
 		{"unusable tls-dir", []string{"--url", "https://127.0.0.1:1", "--tls-dir", "/nonexistent"}, exitFailure, "haptic agent state: --tls-dir: "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -235,7 +241,7 @@ func TestAgentStateCommand(t *testing.T) {
 			t.Fatalf("code %d stderr %q", r.code, r.err)
 		}
 		for _, line := range []string{"agent: dev (api 1)\n", "generation: 0\n", "applied: - proof - token 0/0\n",
-			"last apply: none\n", "invariant: none\n", "\nPATH  SIZE  DIGEST  PROOF\n"} {
+			"last apply: none\n", "invariant: none\n\nno files held yet\n"} {
 			if !strings.Contains(r.out, line) {
 				t.Errorf("output lacks %q:\n%s", line, r.out)
 			}
@@ -243,7 +249,14 @@ func TestAgentStateCommand(t *testing.T) {
 	})
 }
 
+// unreachable is the phrasing of every client command for an agent that is
+// not there: the request, and the admin socket under base it dialled.
+func unreachable(request, base string) string {
+	return "cannot reach the agent for " + request + ": dial unix " + filepath.Join(base, defaultAdminSocket) + ": "
+}
+
 func TestAgentHealthCommand(t *testing.T) {
+	absent := t.TempDir()
 	healthy := serveAdminSocket(t, &stateServer{})
 	sick := serveAdminSocket(t, &stateServer{health: http.StatusServiceUnavailable})
 	for _, c := range []struct {
@@ -254,7 +267,7 @@ func TestAgentHealthCommand(t *testing.T) {
 	}{
 		{"answers 200", []string{"--base-dir", healthy}, exitOK, ""},
 		{"absolute socket", []string{"--admin-socket", filepath.Join(healthy, defaultAdminSocket)}, exitOK, ""},
-		{"socket absent", []string{"--base-dir", t.TempDir()}, exitFailure, "haptic agent health: "},
+		{"socket absent", []string{"--base-dir", absent}, exitFailure, "haptic agent health: " + unreachable("GET /healthz (the liveness probe)", absent)},
 		{"answers 503", []string{"--base-dir", sick}, exitFailure, "haptic agent health: agent returned HTTP 503"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

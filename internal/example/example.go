@@ -19,7 +19,9 @@ import (
 // Config is the haproxy.cfg both renders share, for a pod whose base
 // directory is /etc/haproxy: only the host map changes between the renders,
 // so the second apply needs no reload. It routes by the Host header through
-// HostMap, so an added entry reaches the running worker as one map_add.
+// HostMap, so an added entry reaches the running worker as one map_add. Its
+// backend answers by itself (http-request return): a request is routed
+// with no server behind HAProxy.
 //
 //go:embed haproxy.cfg
 var Config string
@@ -89,9 +91,14 @@ func StartFake(base string) (*haptic.FakeHAProxy, error) {
 }
 
 // PrintIntro prints the agent and the plan it holds before the first
-// render, and a blank line.
+// render, and a blank line. No plan is "-", as `haptic agent state` prints
+// it.
 func PrintIntro(out io.Writer, state *haptic.State) {
-	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n", state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
+	applied := state.AppliedPlanID
+	if applied == "" {
+		applied = "-"
+	}
+	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %s\n\n", state.AgentVersion, state.HAProxy.Version, applied)
 }
 
 // PrintDecision prints what Diff decided for one render, before it is

@@ -6,13 +6,15 @@
 //
 // It reads the agent's state, lands the files of DIR with a reload, then
 // adds the entry KEY VALUE to the map file MAP (a path in DIR) at runtime,
-// with no reload, and reads the state again to see both land. Credentials
+// with no reload, and reads the state again to see both land. A KEY the map
+// holds already is refused before anything is sent. Credentials
 // come from HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS, as for `haptic push`.
 // It exits 1 on any answer it did not expect.
 
 import { readdir, readFile } from "node:fs/promises";
 import { join, relative, sep } from "node:path";
 import type { components, paths } from "./agent-api.js";
+import { withEntry } from "./mapfile.js";
 import { digest } from "./xxh64.js";
 
 type Schemas = components["schemas"];
@@ -176,17 +178,14 @@ async function main(args: string[]): Promise<void> {
   // The directory, landed by a reload.
   const files = await readTree(dir);
   if (!files.has(mapPath)) throw new Error(`${dir} holds no ${mapPath}`);
+  // A key the map holds already is refused before anything is sent.
+  const grown = withEntry(mapPath, files.get(mapPath)!, key, value);
   let entries = manifestFiles(files);
   expectOK("reload", await agent.apply(manifestFor(state, entries, "reload"), files, heldFiles(state, entries)), "reload");
 
   // One map entry at runtime: only the map travels, the op runs on the
   // worker, and nothing reloads.
   state = await agent.state();
-  const line = new TextEncoder().encode(`${key} ${value}\n`);
-  const map = files.get(mapPath)!;
-  const grown = new Uint8Array(map.length + line.length);
-  grown.set(map);
-  grown.set(line, map.length);
   files.set(mapPath, grown);
   entries = manifestFiles(files);
   const op: Op = { kind: "map_add", path: mapPath, key, value };
