@@ -19,9 +19,7 @@ import (
 // Config is the haproxy.cfg both renders share, for a pod whose base
 // directory is /etc/haproxy: only the host map changes between the renders,
 // so the second apply needs no reload. It routes by the Host header through
-// HostMap, so an added entry reaches the running worker as one map_add. Its
-// backend answers by itself (http-request return): a request is routed
-// with no server behind HAProxy.
+// HostMap, so an added entry reaches the running worker as one map_add.
 //
 //go:embed haproxy.cfg
 var Config string
