@@ -233,7 +233,7 @@ func runExample(t *testing.T, agent *haptic.Agent) string {
 func checkExampleOutput(t *testing.T, out, haproxyVersion string) {
 	t.Helper()
 	want := []string{
-		`Agent dev drives HAProxy ` + haproxyVersion + `, applied plan -`,
+		`Agent dev drives HAProxy ` + haproxyVersion + `, applied plan ""`,
 		``,
 		`Applying plan ` + firstPlanID + `: reload (0 runtime op(s))`,
 		`  reason: no baseline`,

@@ -22,7 +22,7 @@ func checkDemoOutput(t *testing.T, out string) {
 	t.Helper()
 	id := `([0-9a-f]{16})`
 	want := []string{
-		`Agent \S+ drives HAProxy \S+, applied plan -`,
+		`Agent \S+ drives HAProxy \S+, applied plan ""`,
 		``,
 		`Applying plan ` + id + `: reload \(0 runtime op\(s\)\)`,
 		`  reason: no baseline`,

@@ -89,14 +89,9 @@ func StartFake(base string) (*haptic.FakeHAProxy, error) {
 }
 
 // PrintIntro prints the agent and the plan it holds before the first
-// render, and a blank line. No plan is "-", as `haptic agent state` prints
-// it.
+// render, and a blank line.
 func PrintIntro(out io.Writer, state *haptic.State) {
-	applied := state.AppliedPlanID
-	if applied == "" {
-		applied = "-"
-	}
-	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %s\n\n", state.AgentVersion, state.HAProxy.Version, applied)
+	fmt.Fprintf(out, "Agent %s drives HAProxy %s, applied plan %q\n\n", state.AgentVersion, state.HAProxy.Version, state.AppliedPlanID)
 }
 
 // PrintDecision prints what Diff decided for one render, before it is

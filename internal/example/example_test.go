@@ -45,7 +45,7 @@ func TestPrint(t *testing.T) {
 	PrintResult(&out, &haptic.ApplyResult{Error: &haptic.ApplyError{Stage: "reload", Message: "HAProxy refused the config"}})
 	PrintResult(&out, &haptic.ApplyResult{})
 	PrintDone(&out)
-	want := `Agent dev drives HAProxy 3.0.11, applied plan -
+	want := `Agent dev drives HAProxy 3.0.11, applied plan ""
 
 Applying plan p1: reload (0 runtime op(s))
   note: the agent restarted
