@@ -13,6 +13,16 @@
 //   - `haptic agent` running on the same file tree, with base directory
 //     /etc/haproxy.
 //
+// The paths are fixed: the configuration the program pushes names
+// /etc/haproxy for the worker socket and for default-path origin, so it
+// runs only on a pod whose base directory is /etc/haproxy. `haptic demo`
+// runs the same two renders in a temporary directory instead. The
+// configuration is the contract's example, byte for byte (its digest and
+// the plan ids are fixed): it binds *:80 (so HAProxy runs as root), and its
+// one backend names the server 192.168.1.10:80, which nothing here runs, so
+// `curl -H 'Host: shop.example.com' localhost` answers 503 until a server
+// listens there.
+//
 // Configuration, each used only when non-empty: HAPTIC_AGENT_URL (default
 // http://localhost:5555), HAPTIC_AGENT_USER and HAPTIC_AGENT_PASS, else
 // the agent's own DATAPLANE_USERNAME and DATAPLANE_PASSWORD, else admin and
