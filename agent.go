@@ -72,6 +72,7 @@ type AgentConfig struct {
 // Fixed values of the agent's process shape.
 const (
 	defaultStateFile     = ".haptic-agent.json"
+	treeLockFile         = ".haptic-agent.lock" // in the base directory, held for the agent's life
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond
@@ -110,6 +111,7 @@ type Agent struct {
 	pacer    *pacer
 	reads    *readBacks
 	loaded   *loadedLog                // what the log said at startup, until initialise has recovered it
+	treeLock *os.File                  // the tree's lock (lockTree), held until Run returns
 	authFail *authFailures             // failed authentication: counted, logged, budgeted per address
 	limits   map[string]listenerLimits // per listener name; tests shorten them before Run
 
@@ -208,8 +210,12 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
 		ReloadTimeout: cfg.ReloadTimeout})
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
+	if a.treeLock, err = lockTree(files.base); err != nil {
+		return nil, err
+	}
 	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, files.mountID, cfg.Logger)
 	if err != nil {
+		a.treeLock.Close()
 		return nil, err
 	}
 	a.led, a.loaded = led, loaded
@@ -225,7 +231,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.deps.pokePacer = a.pacer.poke
 	a.metrics.generation.set(led.state().Generation)
 	if err := a.bindListeners(); err != nil {
-		led.close()
+		a.close()
 		return nil, err
 	}
 	return a, nil
@@ -455,6 +461,15 @@ func (a *Agent) closeListeners() {
 	}
 }
 
+// close releases what NewAgent took, for an agent that does not Run (Run
+// releases it when it returns): the listeners, the log and the tree's
+// lock.
+func (a *Agent) close() {
+	a.closeListeners()
+	a.led.close()
+	a.treeLock.Close()
+}
+
 // listenUnix binds a local agent socket with localSocketMode, replacing a
 // stale socket file but never a file of another kind.
 func listenUnix(flag, path string) (net.Listener, error) {
@@ -547,6 +562,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.deps.compact()
 	}
 	a.led.close()
+	a.treeLock.Close()
 	a.deps.applyMu.Unlock()
 	if errors.Is(err, context.Canceled) {
 		return nil

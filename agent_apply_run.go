@@ -245,8 +245,15 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 		return fmt.Errorf("%s: %w", msgLogStuck, err)
 	}
 	if d.owed != nil {
-		if d.owed.reload {
-			d.reloadRecovered(ctx)
+		// A worker that started while files were owed (HAProxy restarted)
+		// loaded the tree without them: it must load them now. A reload
+		// that gets no verdict, HAProxy away, is tried again.
+		if d.owed.reload || !d.sameWorker(ctx) {
+			if err := d.reloadRecovered(ctx); err != nil && !errors.Is(err, errReloadRejected) {
+				d.owed.reload, d.owed.err = true, err
+				d.led.fallBehind(fmt.Errorf("HAProxy has not loaded the tree yet: %w", err))
+				return fmt.Errorf("%s: HAProxy has not loaded the tree yet: %w", msgDiskBehind, err)
+			}
 		}
 		d.owed = nil
 		d.led.fallBehind(nil)
@@ -265,9 +272,16 @@ func (d *applyDeps) retry() {
 	}
 }
 
+// sameWorker reports whether the worker that answers now is the one the
+// agent expects.
+func (d *applyDeps) sameWorker(ctx context.Context) bool {
+	info, err := d.rt.info(ctx)
+	return err == nil && d.led.state().Worker.SameWorker(info)
+}
+
 // reloadRecovered reloads the tree recovery put back, and records what
 // the worker then runs: a recovery reload that failed vouches for nothing.
-func (d *applyDeps) reloadRecovered(ctx context.Context) {
+func (d *applyDeps) reloadRecovered(ctx context.Context) error {
 	_, err := d.worker.reload(ctx)
 	if err != nil {
 		d.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
@@ -280,6 +294,7 @@ func (d *applyDeps) reloadRecovered(ctx context.Context) {
 		}
 		clearPending(s)
 	})
+	return err
 }
 
 // retryOwed pays what the disk owes every owedRetryInterval until it is

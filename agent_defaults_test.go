@@ -94,7 +94,7 @@ func TestARelativeBaseResolvesOnceAgainstTheWorkingDirectory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a.closeListeners()
+		a.close()
 		if want := filepath.Join(abs, "haproxy-master.sock"); a.paths.master != want {
 			t.Errorf("master socket %q, want %q", a.paths.master, want)
 		}

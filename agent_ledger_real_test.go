@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -703,5 +705,40 @@ func TestRealStoppedMasterCostsTheReloadTimeout(t *testing.T) {
 	}
 	if got := diskSet(t, e.h.Dir); !sameSet(got, next) {
 		t.Errorf("the tree is not the landed set: %v", got.paths())
+	}
+}
+
+// TestRealAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace: the
+// install of a runtime ACK is owed (its rename fails), and HAProxy is
+// killed and started again in that window, on the tree as the disk holds
+// it. Once the files are in place the agent reloads it: the ACKed entry is
+// served again.
+func TestRealAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace(t *testing.T) {
+	e := startRealLedgerEnv(t, 10*time.Second)
+	e.stopAgent()
+	d := &hookDisk{}
+	e.a, e.stop = launchAgentWith(t, e.cfg, agentOptions{disk: d}, nil, true)
+	e.c = newAgentClient(t, e.a)
+	e.land(t, "plan-1", e.fs)
+	var failing atomic.Bool
+	failing.Store(true)
+	d.setHook(func(op diskOp) error {
+		if failing.Load() && op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
+			return &fs.PathError{Op: "renameat2", Path: op.Path, Err: syscall.EIO}
+		}
+		return nil
+	})
+	next, op := mapEntryChange(e.fs, "owed.example", "be-a")
+	if res := e.c.apply(e.c.manifest("plan-2", next, op), next); !res.OK || res.Error == nil {
+		t.Fatalf("the apply whose install fails: %s", jsonOf(res))
+	}
+	e.h = e.h.restart(t)
+	if slices.Contains(workerMapEntries(t, e.h, "maps/host.map"), "owed.example") {
+		t.Fatal("the restarted worker holds the owed entry: the test did not restart it on the stale tree")
+	}
+	failing.Store(false)
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
+	if !slices.Contains(workerMapEntries(t, e.h, "maps/host.map"), "owed.example") {
+		t.Errorf("the files are in place and the agent is ready, but the worker HAProxy started meanwhile does not serve the ACKed entry\n%s", e.h.Output())
 	}
 }

@@ -861,7 +861,7 @@ func TestADamagedStateIsSetAsideAndTheBaselineForgotten(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	b[len(b)/2] ^= 0x01
 	os.WriteFile(path, b, 0o600)
-	a, _ := launchTestAgent(t, cfg, true)
+	a, stop := launchTestAgent(t, cfg, true)
 	st := newAgentClient(t, a).state("")
 	if st.AppliedPlanID != "" || st.RunningPlanID != "" || st.LKGPlanID != "" || !sameSet(diskSet(t, cfg.BaseDir), seedFiles()) {
 		t.Errorf("after a damaged snapshot: %+v", st)
@@ -879,6 +879,7 @@ func TestADamagedStateIsSetAsideAndTheBaselineForgotten(t *testing.T) {
 	if res := c.apply(reloadManifest(&testEnv{c: c}, "plan-2", fs), fs); !res.OK || res.Mode != ResultReload {
 		t.Errorf("the push after the damage: %+v", res)
 	}
+	stop() // one tree takes one agent
 	os.WriteFile(path, []byte("{not json"), 0o600)
 	if err := newTestAgentOrError(t, cfg); err != nil {
 		t.Errorf("NewAgent over an unparsable state file: %v", err)

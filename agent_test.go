@@ -9,6 +9,7 @@ package haptic
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -179,7 +180,7 @@ func TestNewAgentFillsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.closeListeners()
+	defer a.close()
 	got := a.cfg
 	if got.ReloadTimeout != 60*time.Second || got.DrainQuietPeriod != 2*time.Second || got.DrainMaxWait != 10*time.Second {
 		t.Errorf("durations: %v %v %v", got.ReloadTimeout, got.DrainQuietPeriod, got.DrainMaxWait)
@@ -285,7 +286,7 @@ func TestLocalSocketCannotReplaceRegularFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.adminLn.(interface{ SetUnlinkOnClose(bool) }).SetUnlinkOnClose(false)
-	a.closeListeners()
+	a.close()
 	if fi, err := os.Lstat(cfg.AdminSocket); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("no stale socket left to test with: %v", err)
 	}
@@ -297,7 +298,7 @@ func TestLocalSocketCannotReplaceRegularFiles(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("admin socket mode %v", fi.Mode())
 	}
-	a.closeListeners()
+	a.close()
 }
 
 // ---------------------------------------------------------------------------
@@ -384,5 +385,26 @@ func TestHandlersAnswerExactBodies(t *testing.T) {
 				t.Errorf("got %d %q %q\nwant %d %q %q", code, h.Get("Content-Type"), b, tc.wantCode, tc.wantType, tc.wantBody)
 			}
 		})
+	}
+}
+
+// TestASecondAgentOnTheTreeIsRefused: a second agent on a tree another
+// agent holds exits at once, naming the tree and the holder's pid; once
+// the first stops, the tree takes an agent again.
+func TestASecondAgentOnTheTreeIsRefused(t *testing.T) {
+	fake := startTestFake(t, "")
+	cfg := testAgentConfig(t, fake)
+	_, stop := launchTestAgent(t, cfg, true)
+	second := cfg
+	second.AdminSocket, second.DrainSocket = "", ""
+	err := newTestAgentOrError(t, second)
+	base, _ := filepath.EvalSymlinks(cfg.BaseDir)
+	want := fmt.Sprintf("--base-dir %s: the tree is held by the agent with pid %d", base, os.Getpid())
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("a second agent on the tree: %v, want an error starting %q", err, want)
+	}
+	stop()
+	if err := newTestAgentOrError(t, second); err != nil {
+		t.Errorf("an agent on the tree the first one left: %v", err)
 	}
 }

@@ -616,7 +616,7 @@ func newTestAgentOrError(t testing.TB, cfg AgentConfig) error {
 	t.Helper()
 	a, err := NewAgent(cfg)
 	if err == nil {
-		a.closeListeners()
+		a.close()
 	}
 	return err
 }
