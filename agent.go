@@ -213,7 +213,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if a.treeLock, err = lockTree(files.base); err != nil {
 		return nil, err
 	}
-	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, files.mountID, cfg.Logger)
+	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
 	if err != nil {
 		a.treeLock.Close()
 		return nil, err
@@ -866,6 +866,7 @@ func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
 
 func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	a.metrics.stateLogBroken.set(uint64(boolInt(a.led.brokenBy() != nil)))
+	a.metrics.lateMount.set(uint64(boolInt(a.files.lateMount() != nil)))
 	w.Header().Set("Content-Type", metricsContentType)
 	if err := a.metrics.writeText(w); err != nil {
 		a.logger.Warn("writing metrics failed", "err", err)

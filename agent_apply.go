@@ -37,7 +37,6 @@ const (
 	invJournalOnlyWhileDiverged = "journal_only_while_diverged"
 	invOpsExecutable            = "ops_executable"
 	invRecoveryReload           = "recovery_reload"
-	invMountProbe               = "mount_probe_found_every_mount"
 )
 
 const (
@@ -483,6 +482,9 @@ const (
 	msgLogBroken = "the agent's state log is broken"
 	// msgLogStuck: likewise while a compaction fails (a full disk, say).
 	msgLogStuck = "the agent's state log cannot be compacted"
+	// msgLateMount prefixes readiness once a mount made after the start
+	// refused a push, until the agent restarts.
+	msgLateMount = "a mount appeared under the tree after the agent started"
 	// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
 	// disk would not record.
 	msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"

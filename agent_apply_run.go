@@ -366,16 +366,12 @@ func (run *applyRun) describe(st agentState, tree map[string]FileAt, undo bool) 
 	if err := run.files.linkUndo(changes, tree, link); err != nil {
 		return err
 	}
-	for i, c := range changes {
+	for _, c := range changes {
 		if c.New != nil {
 			if err := run.files.onItsMount(c.Path); err != nil {
 				return err
 			}
 		}
-		changes[i].Mount = run.files.mountID(c.Path)
-	}
-	for i := range same {
-		same[i].Mount = run.files.mountID(same[i].Path)
 	}
 	run.id.changed = len(changes) > 0
 	run.changes, run.same = changes, same
@@ -722,7 +718,6 @@ func (run *applyRun) abort(stage string, cause error, o outcome) outcome {
 	r.Error = &ApplyError{Stage: stage, Message: cause.Error()}
 	r.Rollback = &RollbackInfo{Performed: o.undone}
 	run.logger.Warn("apply failed; putting back what it changed", "plan_id", run.m.PlanID, "stage", stage, "err", cause)
-	run.invariant(!errors.Is(cause, syscall.EXDEV), invMountProbe)
 	touched := o.opsRan || o.reloaded
 	readOnly := errors.Is(cause, syscall.EROFS)
 	if run.seq != 0 {
@@ -836,7 +831,7 @@ func undoOf(changes []fileChange) []fileChange {
 	var out []fileChange
 	for _, c := range changes {
 		if c.Undo != "" {
-			out = append(out, fileChange{Path: c.Path, Old: c.Old, Undo: c.Undo, Mount: c.Mount})
+			out = append(out, fileChange{Path: c.Path, Old: c.Old, Undo: c.Undo})
 		}
 	}
 	return out

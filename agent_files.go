@@ -105,6 +105,8 @@ type fileStore struct {
 	// linked is the size of the files linked aside since the last sweep:
 	// a link keeps an old version's blocks allocated until it goes.
 	linked int64
+	// late: a mount the start did not see refused a push (crossedMount).
+	late error
 }
 
 func (s *fileStore) linkedBytes() int64 {
@@ -257,10 +259,6 @@ func (s *fileStore) abs(rel string) (string, error) {
 	return abs, nil
 }
 
-// mountID names the mount that holds rel now: "" for the base's own.
-func (s *fileStore) mountID(rel string) string {
-	return s.mounts.of(filepath.Join(s.base, filepath.FromSlash(rel))).id
-}
 
 func notRegular(rel string) error {
 	return fmt.Errorf("%w: %q is not a regular file", errInvalidPath, rel)
@@ -640,7 +638,7 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt, lin
 			continue
 		}
 		if c.Undo, err = s.linkAside(abs); err != nil {
-			return crossedMount(c.Path, err)
+			return s.crossedMount(c.Path, err)
 		}
 		s.mu.Lock()
 		s.linked += old.Size
@@ -743,7 +741,7 @@ func (s *fileStore) put(rel, from string) error {
 		s.noteDirty("", filepath.Dir(d))
 	}
 	if err == nil {
-		err = crossedMount(rel, s.replace(from, abs))
+		err = s.crossedMount(rel, s.replace(from, abs))
 	}
 	if err == nil {
 		s.noteDirty(abs, filepath.Dir(abs))
@@ -852,7 +850,8 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 // link, a synced temp file), verified by its digest, to a fresh temp name
 // in abs's mount, ready to be renamed into place: no byte moves, so an
 // undo needs no room on a full disk. It returns "" when no such copy is
-// kept.
+// kept on abs's mount (one on a mount made since the record is copied by
+// the caller).
 func (s *fileStore) linkedCopy(abs string, at FileAt, sources map[FileAt][]source) (string, error) {
 	key := FileAt{Digest: at.Digest, Size: at.Size}
 	for _, src := range sources[key] {
@@ -862,7 +861,10 @@ func (s *fileStore) linkedCopy(abs string, at FileAt, sources map[FileAt][]sourc
 		if got, err := s.digestAbs(src.path); err != nil || got != key {
 			continue
 		}
-		return s.newTemp(abs, func(name string) error { return s.disk.Link(src.path, name) })
+		tmp, err := s.newTemp(abs, func(name string) error { return s.disk.Link(src.path, name) })
+		if !errors.Is(err, syscall.EXDEV) {
+			return tmp, err
+		}
 	}
 	return "", nil
 }

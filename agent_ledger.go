@@ -153,16 +153,14 @@ type ledger struct {
 var errLedgerBroken = errors.New("could not write the agent's state")
 
 // newLedger opens the state at statePath: the snapshot and the log
-// replayed, nothing repaired yet (the agent's start does that). mountOf
-// names the mount that holds a path now: a log whose records name a path
-// on another one is set aside like a damaged one, never acted on.
-func newLedger(d disk, statePath, blobPath string, mountOf func(rel string) string, logger *slog.Logger) (*ledger, *loadedLog, error) {
+// replayed, nothing repaired yet (the agent's start does that). A record
+// that names a path on a volume mounted since is acted on like any other:
+// every byte recovery puts back is checked by its digest, wherever it is
+// found, so an ACK is paid onto the tree as it is mounted now.
+func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger, *loadedLog, error) {
 	loaded, err := loadLog(d, statePath)
 	if err != nil {
 		return nil, nil, err
-	}
-	if p := loaded.movedMount(mountOf); p != "" && loaded.damage == "" {
-		loaded.damage = fmt.Sprintf("%s: a record names %q on a mount that is gone or changed since", logPathFor(statePath), p)
 	}
 	if loaded.damage != "" {
 		// The damaged files are kept for inspection; the log restarts empty

@@ -413,7 +413,7 @@ func TestReplayNeverLetsAnOlderStateOverrideAnApply(t *testing.T) {
 	later := landed
 	later.Running = planRef{}
 	newMap := &FileAt{Digest: "d2", Size: 3}
-	l := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}, mounts: map[string][]string{}}
+	l := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}}
 	l.replay([]logRecord{
 		{Seq: 1, Kind: recordApply, State: &landed, Files: []fileChange{{Path: "maps/host.map", New: newMap, Data: []byte("new")}}},
 		{Seq: 2, Kind: recordState, State: &older, Blob: []byte("plan 1's blob")},

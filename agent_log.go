@@ -119,10 +119,6 @@ type fileChange struct {
 	Patch *FilePatch `json:"patch,omitempty"`
 	Old   *FileAt    `json:"old,omitempty"`
 	Undo  string     `json:"undo,omitempty"` // a link to the old bytes
-	// Mount is the id of the volume that holds the path, its temp file and
-	// its undo, when that is a mount below the base: a start that finds
-	// another volume there cannot reach them, and must not act on them.
-	Mount string `json:"mount,omitempty"`
 }
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -233,8 +229,6 @@ type loadedLog struct {
 	// fresh: there was neither a snapshot nor a log, so nothing was ever
 	// handed out.
 	fresh bool
-	// mounts are the mount ids the records name for each path.
-	mounts map[string][]string
 }
 
 // source is one place that may hold the bytes of a digest: inline bytes
@@ -251,7 +245,7 @@ type source struct {
 // error (guessing could delete files the agent does not own); a damaged one
 // is reported in damage, with what could still be read.
 func loadLog(d disk, statePath string) (*loadedLog, error) {
-	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}, mounts: map[string][]string{}}
+	out := &loadedLog{tree: map[string]FileAt{}, sources: map[FileAt][]source{}}
 	var records, tail []logRecord
 	b, err := readAllLimited(d, statePath, maxRecordBytes+frameHeaderBytes)
 	noSnapshot := errors.Is(err, fs.ErrNotExist)
@@ -374,9 +368,6 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 			seen[f.Path] = true
 			l.touched = append(l.touched, f.Path)
 		}
-		if !slices.Contains(l.mounts[f.Path], f.Mount) {
-			l.mounts[f.Path] = append(l.mounts[f.Path], f.Mount)
-		}
 	}
 	addChangeSources(l.sources, r.Files)
 	for _, list := range [][]journalEntry{r.Journal, stateOf(r).PendingUndo} {
@@ -402,21 +393,6 @@ func addSource(sources map[FileAt][]source, at *FileAt, s source) {
 		key := FileAt{Digest: at.Digest, Size: at.Size}
 		sources[key] = append(sources[key], s)
 	}
-}
-
-// movedMount returns a path a record names on a mount other than the one
-// mountOf finds there now (a volume gone, or another one mounted in its
-// place), or "": the record's undo and temp files are out of reach, and
-// its bytes would land on a volume they were never meant for.
-func (l *loadedLog) movedMount(mountOf func(rel string) string) string {
-	for _, p := range l.touched {
-		for _, id := range l.mounts[p] {
-			if id != mountOf(p) {
-				return p
-			}
-		}
-	}
-	return ""
 }
 
 // raiseNumbers raises the numbers st has handed out to those of s, so that

@@ -47,6 +47,7 @@ type agentMetrics struct {
 	connsRefused        *metricFamily // label listener
 	stateLogBroken      *metricFamily // a gauge, 0 or 1
 	diskBehind          *metricFamily // a gauge, 0 or 1
+	lateMount           *metricFamily // a gauge, 0 or 1
 
 	// families is the exposition order, fixed so that two scrapes of one
 	// agent, or of two agents, diff line by line.
@@ -107,13 +108,15 @@ func newAgentMetrics() *agentMetrics {
 		stateLogBroken: newGauge("haptic_agent_state_log_broken",
 			"1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise."),
 		diskBehind: newGauge("haptic_agent_disk_behind",
-			"1 while the tree does not hold files the agent answered for: installing them after the answer failed, and is retried."),
+			"1 while the tree does not hold files the agent answered for: installing them failed, and is retried."),
+		lateMount: newGauge("haptic_agent_late_mount",
+			"1 once a mount made under the tree after the agent started refused a push: pushes that touch it are refused and /readyz answers 503 until the agent restarts."),
 	}
 	// The agent's own additions follow the contract's families.
 	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures, m.connsRefused, m.stateLogBroken, m.diskBehind,
+		m.authFailures, m.connsRefused, m.stateLogBroken, m.diskBehind, m.lateMount,
 	}
 	return m
 }

@@ -106,9 +106,12 @@ haptic_agent_connections_refused_total{listener="metrics"} 1
 # HELP haptic_agent_state_log_broken 1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise.
 # TYPE haptic_agent_state_log_broken gauge
 haptic_agent_state_log_broken 0
-# HELP haptic_agent_disk_behind 1 while the tree does not hold files the agent answered for: installing them after the answer failed, and is retried.
+# HELP haptic_agent_disk_behind 1 while the tree does not hold files the agent answered for: installing them failed, and is retried.
 # TYPE haptic_agent_disk_behind gauge
 haptic_agent_disk_behind 0
+# HELP haptic_agent_late_mount 1 once a mount made under the tree after the agent started refused a push: pushes that touch it are refused and /readyz answers 503 until the agent restarts.
+# TYPE haptic_agent_late_mount gauge
+haptic_agent_late_mount 0
 `
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -174,6 +177,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total",
 		"haptic_agent_generation", "haptic_agent_auth_failures_total",
 		"haptic_agent_connections_refused_total", "haptic_agent_state_log_broken", "haptic_agent_disk_behind",
+		"haptic_agent_late_mount",
 	}
 	var order []string
 	for _, f := range families {
@@ -215,6 +219,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 			`listener=admin`: 0, `listener=api`: 2, `listener=drain`: 0, `listener=metrics`: 0}},
 		"haptic_agent_state_log_broken": {"gauge", map[string]uint64{``: 1}},
 		"haptic_agent_disk_behind":      {"gauge", map[string]uint64{``: 0}},
+		"haptic_agent_late_mount":       {"gauge", map[string]uint64{``: 0}},
 	}
 	for _, f := range families {
 		w := want[f.name]

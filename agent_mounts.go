@@ -10,7 +10,7 @@
 //
 // It never reads the mount table again after start: a mount that appears
 // later is found by the EXDEV it causes, which fails that apply cleanly
-// (crossedMount), and the next start sees it.
+// and keeps the agent not ready until a restart sees it (crossedMount).
 
 package haptic
 
@@ -37,10 +37,6 @@ const (
 // mount is one filesystem mount the tree spans.
 type mount struct {
 	root string // absolute and resolved: the base directory, or a mount point below it
-	// id names the volume mounted at root (its device and its root within
-	// that device, hashed), so that a record made on one volume is never
-	// acted on over another mounted in its place. The base's own is "".
-	id string
 	// mntID is the kernel's id of the mount root is reached through, 0
 	// where the system cannot tell.
 	mntID uint64
@@ -64,7 +60,7 @@ func probeMounts(mountInfo, base string, d disk) (mounts, error) {
 	}
 	defer f.Close()
 	prefix := strings.TrimSuffix(base, "/") + "/"
-	ids := map[string]string{}
+	points := map[string]bool{}
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for n := 0; n < maxMountInfoLines && sc.Scan(); n++ {
@@ -72,16 +68,14 @@ func probeMounts(mountInfo, base string, d disk) (mounts, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		// A later line for the same point is a mount on top of the earlier
-		// one: the one the agent sees.
 		if p := unescapeMountField(fields[4]); strings.HasPrefix(p, prefix) && len(p) > len(prefix) {
-			ids[strings.TrimSuffix(p, "/")] = DigestString(fields[2] + " " + unescapeMountField(fields[3]))
+			points[strings.TrimSuffix(p, "/")] = true
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", mountInfo, err)
 	}
-	for root, id := range ids {
+	for root := range points {
 		fi, err := d.Lstat(root)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
@@ -91,7 +85,7 @@ func probeMounts(mountInfo, base string, d disk) (mounts, error) {
 		case !fi.IsDir():
 			return nil, fmt.Errorf("%s is a single file mounted inside %s: a file mounted on its own cannot be replaced atomically (a rename onto it fails), so the agent cannot own it; mount the directory that holds it instead", root, base)
 		}
-		out = append(out, mount{root: root, id: id})
+		out = append(out, mount{root: root})
 	}
 	slices.SortFunc(out, func(a, b mount) int { return cmp.Compare(len(b.root), len(a.root)) })
 	for i := range out {
@@ -142,7 +136,7 @@ func (s *fileStore) onItsMount(rel string) error {
 		case errors.Is(err, fs.ErrNotExist) && p != m.root:
 			continue
 		case err == nil && id != m.mntID:
-			return crossedMount(rel, syscall.EXDEV)
+			return s.crossedMount(rel, syscall.EXDEV)
 		}
 		break
 	}
@@ -152,10 +146,51 @@ func (s *fileStore) onItsMount(rel string) error {
 // crossedMount explains an EXDEV: rel lives on a mount the start did not
 // see, so a link or rename between it and its mount's store directories
 // crosses into another filesystem. The apply fails with everything it
-// changed undone; a restart probes the mounts again.
-func crossedMount(rel string, err error) error {
+// changed undone, and the agent is not ready until a restart probes the
+// mounts again. An operator who adds a volume made neither a bug nor a
+// change behind the agent's back: it is logged once, and reported by
+// /readyz and the haptic_agent_late_mount gauge, not as an invariant.
+func (s *fileStore) crossedMount(rel string, err error) error {
 	if !errors.Is(err, syscall.EXDEV) {
 		return err
 	}
-	return fmt.Errorf("%q is on a mount the agent did not see at its start (%w): restart the agent so that it finds the mount", rel, err)
+	point := s.mountPointOf(filepath.Join(s.base, filepath.FromSlash(rel)))
+	late := fmt.Errorf("%q is on a mount the agent did not see at its start (%s; %w): restart the agent so that it finds the mount", rel, point, err)
+	s.mu.Lock()
+	first := s.late == nil
+	s.late = late
+	s.mu.Unlock()
+	if first {
+		s.logger.Warn("a mount appeared under the tree after the agent started; pushes that touch it are refused, and the agent is not ready, until it restarts",
+			"path", rel, "mount", point)
+	}
+	return late
+}
+
+// lateMount is the last push a mount made after the start refused, or nil.
+func (s *fileStore) lateMount() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.late
+}
+
+// mountPointOf names the mount point of the volume that holds abs now (or
+// its nearest existing parent), as the kernel's mount ids tell.
+func (s *fileStore) mountPointOf(abs string) string {
+	p := abs
+	id, err := s.disk.MountID(p)
+	for n := 0; errors.Is(err, fs.ErrNotExist) && p != s.base && n <= maxPathDepth; n++ {
+		p = filepath.Dir(p)
+		id, err = s.disk.MountID(p)
+	}
+	if err != nil || id == 0 {
+		return "the system does not say where it is mounted"
+	}
+	for n := 0; p != s.base && n <= maxPathDepth; n++ {
+		if up, err := s.disk.MountID(filepath.Dir(p)); err != nil || up != id {
+			break
+		}
+		p = filepath.Dir(p)
+	}
+	return "mounted at " + p
 }

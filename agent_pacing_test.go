@@ -878,7 +878,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
 		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_state_log_broken",
-		"haptic_agent_disk_behind"}
+		"haptic_agent_disk_behind", "haptic_agent_late_mount"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {

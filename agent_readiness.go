@@ -132,7 +132,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // not hold files its agent answered for.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	_, lost := a.haproxy.get()
-	broken, behind, stuck := a.led.brokenBy(), a.led.diskBehind(), a.led.compactionFailed()
+	broken, behind, stuck, late := a.led.brokenBy(), a.led.diskBehind(), a.led.compactionFailed(), a.files.lateMount()
 	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
@@ -144,6 +144,8 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusServiceUnavailable, msgDiskBehind+": "+behind.Error())
 	case stuck != nil:
 		writeText(w, http.StatusServiceUnavailable, msgLogStuck+": "+stuck.Error())
+	case late != nil:
+		writeText(w, http.StatusServiceUnavailable, msgLateMount+": "+late.Error())
 	default:
 		writeText(w, http.StatusOK, "ready")
 	}

@@ -321,7 +321,7 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 	if err != nil {
 		return "file store: " + err.Error()
 	}
-	led, loaded, err := newLedger(img, paths.state, paths.planBlob, files.mountID, logger)
+	led, loaded, err := newLedger(img, paths.state, paths.planBlob, logger)
 	if err != nil {
 		return "ledger: " + err.Error()
 	}
