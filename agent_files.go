@@ -259,7 +259,6 @@ func (s *fileStore) abs(rel string) (string, error) {
 	return abs, nil
 }
 
-
 func notRegular(rel string) error {
 	return fmt.Errorf("%w: %q is not a regular file", errInvalidPath, rel)
 }
