@@ -349,6 +349,28 @@ type crashKind struct {
 	// before is stored whole once landed, and the apply carries its plan
 	// as a patch of it, which its record carries instead of a blob.
 	plans []*Plan
+	// uploads: the plan before, once stored, is uploaded this many times
+	// again, as its blob and as a patch that changes nothing, as a
+	// controller that retries its uploads does. Before every writer was
+	// bounded, each wrote a record, and 8,300 made a log the next start
+	// set aside, the warmup's answered change with it.
+	uploads int
+}
+
+// uploadPlanAgain uploads the plan before n times through put.
+func (k crashKind) uploadPlanAgain(t testing.TB, n int, put func(body []byte, contentType string) error) {
+	t.Helper()
+	blob, _ := EncodePlanBlob(k.plans[0])
+	same, _ := json.Marshal(cutPlanPatch(string(k.plans[0].Canonical()), string(k.plans[0].Canonical()), k.plans[0].ID))
+	for i := range n {
+		body, contentType := blob, blobContentType
+		if i%2 == 1 {
+			body, contentType = same, patchContentType
+		}
+		if err := put(body, contentType); err != nil {
+			t.Fatalf("upload %d of the plan before: %v", i, err)
+		}
+	}
 }
 
 // planID is the id the test lands set n under: plan-n, or the real plan's
@@ -484,6 +506,11 @@ func crashKinds() []crashKind {
 		// and a new file, staged whole in synced temp files.
 		{name: "big_whole_parts", before: bigBefore, after: bigWhole, mode: ModeAuto,
 			ops: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "big.example.com", Value: "be-b"}}, wantMode: ResultRuntime},
+		// A runtime change after thousands of uploads of the plan held.
+		{name: "runtime_after_uploads", landed: before, before: runtime, after: second, mode: ModeAuto,
+			plans: []*Plan{planOfSet(runtime), planOfSet(second)}, uploads: 8300,
+			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
+			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, wantMode: ResultRuntime},
 		{name: "refused_runtime", landed: before, before: runtime, after: refused, mode: ModeAuto, wantMode: ResultRejected,
 			warmup: []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example.com", Value: "be-b"}},
 			ops:    []Op{{Kind: OpMapAdd, Path: "maps/host.map", Key: "c.example.com", Value: "be-c"}}, refused: true, rejectOps: true},
@@ -674,6 +701,12 @@ func newCrashEnv(t *testing.T, k crashKind) *crashEnv {
 		if err := a.client(t).PutPlan(context.Background(), st.AppliedPlanID, st.AppliedPlanProof, blob); err != nil {
 			t.Fatalf("storing the plan before: %v", err)
 		}
+		// A thousand over HTTP to the child in each of the many cases; the
+		// power-loss simulation, in process, takes them all.
+		c := a.client(t)
+		k.uploadPlanAgain(t, min(k.uploads, 1000), func(body []byte, contentType string) error {
+			return c.putPlan(context.Background(), st.AppliedPlanID, st.AppliedPlanProof, body, contentType)
+		})
 	}
 	a.kill()
 	return &crashEnv{fake: fake, master: master, cfg: cfg, base: base}

@@ -219,6 +219,12 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 		if code, _, body := c.do("PUT", PathPlan+query, bytes.NewReader(blob), "application/octet-stream"); code != http.StatusOK {
 			t.Fatalf("storing the plan before: %d %s", code, body)
 		}
+		k.uploadPlanAgain(t, k.uploads, func(body []byte, contentType string) error {
+			if code, _, b := c.do("PUT", PathPlan+query, bytes.NewReader(body), contentType); code != http.StatusOK {
+				return fmt.Errorf("%d %s", code, b)
+			}
+			return nil
+		})
 	}
 	st := c.state("")
 	before := struct {
