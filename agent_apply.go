@@ -1,8 +1,9 @@
-// This file owns the admission of one apply, in the order it flows:
-// reading and checking the manifest, the fence, staging the parts, the
-// missing answer, the known-bad cache, last-known-good promotion and role
-// proofs. The run that follows is agent_apply_run.go's; the decisions both
-// follow are agent_apply_steps.go's.
+// This file owns one apply request, in the order it flows: handleApply
+// reads the manifest and checks it, fences it, stages its parts outside the
+// apply lock, and under the lock admits it (what can still refuse it
+// without touching anything: the disk's debts, the fence again, missing
+// parts, the known-bad cache) and runs it (runApply, agent_apply_run.go),
+// then answers before the lock is released.
 //
 // It never decides what HAProxy should do: it executes what the manifest
 // asks, and whenever it cannot, it reloads the files on disk. A failure
@@ -12,12 +13,14 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -109,11 +112,14 @@ func (d *applyDeps) invariant(ok bool, name string) {
 // ---------------------------------------------------------------------------
 // The handler, and reading and checking the manifest.
 
-// handleApply is POST /v1/apply: the manifest is read and checked, the
-// clock starts, the parts are read and staged, and everything that reads
-// or changes the state runs under the apply lock. The answer is written
-// once: at the apply's durable point for an apply answered before its
-// files are installed, at its end otherwise.
+// handleApply is POST /v1/apply, one apply request's life in the order
+// it happens. The manifest is read, taking memory as its bytes arrive, and
+// checked; the fence refuses a stale leader before any part is read; the
+// parts are staged outside the apply lock, so that a slow upload holds up
+// no other apply. Under the lock, admit settles what could still refuse
+// the apply and builds its input, runApply runs it, and the answer goes out
+// before the lock is released: the compaction the release may run never
+// delays it.
 func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -144,18 +150,42 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoDowngrade(m)
-	answered := false
-	respond := func(code int, body any) {
-		if !answered {
-			answered = true
-			writeJSON(w, code, body)
-			http.NewResponseController(w).Flush()
-		}
+	start := a.now()
+	if code, body := a.deps.fence(m); code != 0 {
+		writeJSON(w, code, body)
+		return
 	}
-	run := &applyRun{applyDeps: a.deps, ctx: a.baseCtx, m: m, start: a.now(), staged: map[string]*stagedFile{},
-		unpatched: map[string]bool{}, respond: respond, held: held, takePlan: a.takePlan}
-	defer run.discardStaged()
-	respond(run.admit(mr))
+	p, err := a.stageParts(m, mr, held)
+	defer func() {
+		if !p.kept {
+			p.discard(a.files.disk)
+		}
+	}()
+	if err != nil {
+		a.metrics.applyRejected.inc(StageParts)
+		code := stagingStatus(err)
+		if code >= http.StatusInternalServerError {
+			a.logger.Error("apply failed: the agent could not stage the parts", "plan_id", m.PlanID, "err", err)
+		} else {
+			a.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
+		}
+		writeError(w, code, StageParts, err.Error())
+		return
+	}
+	a.deps.lock()
+	in, code, body := a.deps.admit(a.baseCtx, m, p, start)
+	var done applied
+	if in != nil {
+		done = a.deps.runApply(in)
+		code, body = a.deps.answer(in, done)
+		p.kept = done.keepStaged
+	}
+	writeJSON(w, code, body)
+	http.NewResponseController(w).Flush()
+	if done.readBack != nil {
+		a.reads.start(done.readBack, in.id.ref)
+	}
+	a.deps.unlock()
 }
 
 // stallGuard ends an upload that makes no progress, and one that takes
@@ -351,132 +381,202 @@ func (k *knownBad) lookup(key string, work []byte, now time.Time) (ApplyResult, 
 }
 
 // ---------------------------------------------------------------------------
-// Admission: everything that can still refuse an apply without touching
-// anything.
+// Staging: the parts, read and checked before the apply lock.
 
-// applyRun is one apply in flight.
-type applyRun struct {
-	*applyDeps
-	ctx       context.Context
-	m         *Manifest
-	start     time.Time
-	timing    ApplyTiming
+// parts is what an apply's body brought besides its manifest, checked.
+type parts struct {
 	staged    map[string]*stagedFile
-	unpatched map[string]bool
-	plan      *planUpload // the plan part, checked
-	planGone  bool        // the plan part is a patch of a plan the agent does not hold
-	sawPlan   bool
-	budget    int // inline bytes left for the record
-
-	id             applyIdentity
-	before         agentState
-	tree           map[string]FileAt // the tree the run began with
-	stagedList     []*stagedFile     // the staged files, by path
-	dels           []string          // the paths it deletes
-	invalidations0 uint64
-	result         ApplyResult
-	readBack       *compiledOps
-	reason         string       // why it reloaded
-	seq            uint64       // its record, once written
-	changes        []fileChange // the paths it changes
-	same           []fileChange // parts sent whose bytes the disk already held: only their proofs change
-	// refused: HAProxy itself refused this apply's files, a verdict on
-	// them worth remembering for a minute.
-	refused bool
-	// respond writes the answer once; later calls do nothing.
-	respond func(code int, body any)
-	// held is the request's share of the memory budget, and takePlan checks
-	// a plan part within it.
-	held     *heldBytes
-	takePlan func(held *heldBytes, b []byte, contentType, planID string) (*planUpload, error)
-	// open: its record counts only once a second record closes it ok.
-	open bool
-	// unknown: the disk refused the record of its undo, and its own record
-	// may count at the next start: its outcome is not known until the
-	// agent can write again.
-	unknown error
+	unpatched map[string]bool // paths sent as a patch of a base the agent does not hold
+	plan      *planUpload     // the plan part, checked
+	planGone  bool            // the plan part is a patch of a plan the agent does not hold
+	budget    int             // inline bytes left for the record
+	// kept: the temp files of the staged parts are the sources of files
+	// owed, and stay.
+	kept bool
 }
 
-func (run *applyRun) discardStaged() {
-	for _, f := range run.staged {
-		f.discard(run.files.disk)
+func (p *parts) discard(d disk) {
+	for _, f := range p.staged {
+		f.discard(d)
 	}
 }
 
-// admit fences, stages, checks the parts and the known-bad cache, promotes
-// the LKG, reserves the proofs and runs the apply. The parts are read and
-// staged before the apply lock is taken, so that a slow upload holds up no
-// other apply; everything after runs under it, and the fence is checked
-// again there: it holds only while nothing else can change the state it
-// checked. A fenced apply is refused before its parts are read.
-func (run *applyRun) admit(mr *multipart.Reader) (int, any) {
-	m := run.m
-	if code, body := run.fence(); code != 0 {
-		return code, body
+// stageParts reads every part after the manifest: at most MaxFiles file
+// parts and one plan part, so the loop ends with the body, or with an error
+// at the latest on part MaxFiles+2.
+func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (*parts, error) {
+	p := &parts{staged: map[string]*stagedFile{}, unpatched: map[string]bool{}, budget: maxInlinePerApply}
+	byPath := make(map[string]*ManifestFile, len(m.Files))
+	for i := range m.Files {
+		byPath[m.Files[i].Path] = &m.Files[i]
 	}
-	run.budget = maxInlinePerApply
-	if err := run.stageParts(mr); err != nil {
-		run.metrics.applyRejected.inc(StageParts)
-		code := stagingStatus(err)
-		if code >= http.StatusInternalServerError {
-			run.logger.Error("apply failed: the agent could not stage the parts", "plan_id", m.PlanID, "err", err)
-		} else {
-			run.logger.Info("apply refused: parts", "plan_id", m.PlanID, "err", err)
+	_, tree := a.led.view()
+	sawPlan := false
+	for range MaxFiles + 2 {
+		part, err := mr.NextRawPart()
+		if err == io.EOF {
+			return p, nil
 		}
-		return code, ApplyError{Stage: StageParts, Message: err.Error()}
+		if err != nil {
+			return p, err
+		}
+		_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+		switch {
+		case err != nil:
+			err = fmt.Errorf("part has no usable Content-Disposition: %w", err)
+		case params["name"] != PartPlan:
+			err = a.stageFile(p, params["filename"], part, byPath, tree, held)
+		case sawPlan:
+			err = fmt.Errorf("part %q appears twice", PartPlan)
+		default:
+			sawPlan, err = true, a.stagePlan(m, p, part, held)
+		}
+		part.Close()
+		if err != nil {
+			return p, err
+		}
 	}
-	run.timing.StageMs = run.msSince(run.start)
-	run.lock()
-	defer run.unlock()
-	admitStart := run.now()
-	if err := run.payOwed(run.ctx); err != nil {
-		return owedStatus(err), ApplyError{Stage: StageWrite, Message: err.Error()}
+	return p, fmt.Errorf("more than %d parts", MaxFiles)
+}
+
+// stagePlan checks the plan part; an empty one is no plan.
+func (a *Agent) stagePlan(m *Manifest, p *parts, part *multipart.Part, held *heldBytes) error {
+	b, err := readPlan(held.reader(part))
+	if err != nil || len(b) == 0 {
+		return err
 	}
-	if code, body := run.fence(); code != 0 {
-		return code, body
+	p.plan, err = a.takePlan(held, b, part.Header.Get("Content-Type"), m.PlanID)
+	if errors.Is(err, errPlanBaseGone) {
+		p.planGone, err = true, nil
 	}
-	if err := run.recheckStaged(); err != nil {
-		return stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
+	return err
+}
+
+// stageFile stages the file part for rel, whole or as a patch of the file
+// held.
+func (a *Agent) stageFile(p *parts, rel string, part *multipart.Part, byPath map[string]*ManifestFile, tree map[string]FileAt, held *heldBytes) error {
+	if len(p.staged)+len(p.unpatched) >= MaxFiles { // every file part read so far is one or the other
+		return fmt.Errorf("more than %d parts", MaxFiles)
 	}
-	if missing := run.missing(); len(missing) > 0 {
-		return http.StatusConflict, Missing{Missing: missing}
+	if rel == "" {
+		return errors.New("a file part carries no filename")
+	}
+	mf := byPath[rel]
+	if mf == nil {
+		return fmt.Errorf("part %q is not in the manifest", rel)
+	}
+	if p.staged[rel] != nil || p.unpatched[rel] {
+		return fmt.Errorf("part %q appears twice", rel)
+	}
+	var f *stagedFile
+	var err error
+	var r io.Reader = part
+	if mf.Size <= maxInlineBytes || mf.Patch != nil {
+		r = held.reader(part) // its bytes may stay in memory
+	}
+	if mf.Patch != nil {
+		f, err = a.files.stagePatch(rel, r, mf.Patch, mf.Digest, mf.Size, tree[rel], &p.budget)
+		if errors.Is(err, errPatchBaseMissing) {
+			p.unpatched[rel] = true
+			return nil
+		}
+	} else {
+		f, err = a.files.stage(rel, r, mf.Digest, mf.Size, &p.budget)
+	}
+	if err != nil {
+		f.discard(a.files.disk)
+		return err
+	}
+	f.held = tree[rel]
+	p.staged[rel] = f
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// Admission: everything that can still refuse an apply without touching
+// anything, under the apply lock.
+
+// admit settles, under the apply lock, what can still refuse the apply:
+// what the disk owes is paid first, the fence runs again (it holds only
+// while nothing else can change the state it checked), staging is checked
+// against a tree that may have changed since, missing parts are asked for,
+// and the known-bad cache answers work HAProxy refused a minute ago. Then
+// the last-known-good is promoted, which cannot be undone, and the proofs
+// are reserved. It returns the apply's input, or the answer of a refusal.
+func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time.Time) (*applyInput, int, any) {
+	admitStart := d.now()
+	if err := d.payOwed(ctx); err != nil {
+		return nil, owedStatus(err), ApplyError{Stage: StageWrite, Message: err.Error()}
+	}
+	if code, body := d.fence(m); code != 0 {
+		return nil, code, body
+	}
+	if err := d.recheckStaged(p); err != nil {
+		return nil, stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
+	}
+	if missing := d.missing(m, p); len(missing) > 0 {
+		return nil, http.StatusConflict, Missing{Missing: missing}
 	}
 	work, key, err := workIdentity(m)
 	if err != nil {
-		run.logger.Warn("could not encode the work identity; the known-bad cache is skipped", "err", err)
+		d.logger.Warn("could not encode the work identity; the known-bad cache is skipped", "err", err)
 	}
-	if cached, hit := run.nack.lookup(key, work, run.now()); hit {
-		run.logger.Info("apply answered from the known-bad cache", "plan_id", m.PlanID)
-		return http.StatusOK, cached
+	if cached, hit := d.nack.lookup(key, work, d.now()); hit {
+		d.logger.Info("apply answered from the known-bad cache", "plan_id", m.PlanID)
+		return nil, http.StatusOK, cached
 	}
-	// Promotion runs only after every refusal point, because clearing the
-	// journal cannot be undone.
-	run.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
-	if m.Mode != ModeRevertLKG {
-		if err := run.reserveProofs(); err != nil {
-			return http.StatusInternalServerError, ApplyError{Stage: StageIdentity, Message: err.Error()}
-		}
+	d.promoteLKG(planRef{m.ValidatedPlanID, m.ValidatedPlanProof})
+	id := applyIdentity{token: m.Token, schema: m.PlanSchemaVersion, blob: p.plan != nil}
+	if m.Mode == ModeRevertLKG {
+		id.revert = true
+	} else if id.ref, id.worker, err = d.reserveProofs(m); err != nil {
+		return nil, http.StatusInternalServerError, ApplyError{Stage: StageIdentity, Message: err.Error()}
 	}
-	run.timing.AdmitMs = run.msSince(admitStart)
-	result := run.runApply()
-	if run.refused && len(work) > 0 {
-		run.nack = knownBad{key: key, work: work, until: run.now().Add(nackTTL), result: cloneResult(result)}
-		run.nack.result.Inventory = nil // an inventory delta rides one answer only
+	st, tree := d.led.view()
+	if id.revert {
+		id.ref = st.LKG
 	}
-	// The answer goes out before a compaction the apply made due (unlock):
-	// it must not wait for a snapshot.
-	if run.unknown != nil {
-		run.respond(http.StatusServiceUnavailable, ApplyError{Stage: result.Error.Stage,
-			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, result.Error.Message, run.unknown)})
+	in := &applyInput{ctx: ctx, m: m, plan: p.plan, id: id, before: st, tree: tree, invalidations: d.led.invalidationCount(),
+		steps: decideSteps(&st, m, d.now().Before(d.led.pacingDue(d.reloadIntervalMin))), start: start,
+		timing: ApplyTiming{StageMs: admitStart.Sub(start).Milliseconds(), AdmitMs: d.msSince(admitStart)}}
+	in.staged = slices.SortedFunc(maps.Values(p.staged), func(a, b *stagedFile) int { return cmp.Compare(a.Rel, b.Rel) })
+	return in, 0, nil
+}
+
+// answer is the answer of an apply that ran, and what the known-bad cache
+// keeps of it: a refusal of its files by HAProxy, for a minute. An apply
+// whose undo the disk would not record is of unknown outcome: a 503 says
+// so.
+func (d *applyDeps) answer(in *applyInput, done applied) (int, any) {
+	r := done.result
+	if work, key, _ := workIdentity(in.m); done.refused && len(work) > 0 {
+		d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: cloneResult(r)}
+		d.nack.result.Inventory = nil // an inventory delta rides one answer only
 	}
-	run.respond(http.StatusOK, result)
-	return http.StatusOK, result
+	d.logApply(in, r, done.reason)
+	if done.unknown != nil {
+		return http.StatusServiceUnavailable, ApplyError{Stage: r.Error.Stage,
+			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, r.Error.Message, done.unknown)}
+	}
+	return http.StatusOK, r
+}
+
+func (d *applyDeps) logApply(in *applyInput, r ApplyResult, reason reloadReason) {
+	attrs := []any{"plan_id", in.m.PlanID, "mode", r.Mode, "ok", r.OK,
+		"generation", d.led.state().Generation, "total_ms", r.Timing.TotalMs}
+	if reason != "" {
+		attrs = append(attrs, "reload_reason", reason)
+	}
+	if r.Error != nil {
+		attrs = append(attrs, "error_stage", r.Error.Stage, "error", r.Error.Message)
+	}
+	d.logger.Info("apply", attrs...)
 }
 
 const (
 	// msgDiskBehind prefixes the refusal of an apply, and readiness, while
-	// the tree is not what the agent's state says (an install after the
-	// answer, an undo or a recovery could not write it) and the agent retries.
+	// the tree is not what the agent's state says (an install, an undo or
+	// a recovery could not write it) and the agent retries.
 	msgDiskBehind = "the agent's tree is not yet what its state says"
 	// msgLogBroken: likewise while the state log is broken.
 	msgLogBroken = "the agent's state log is broken"
@@ -492,13 +592,12 @@ const (
 
 // fence applies the fencing rules to the state as it stands: 0, or the 409
 // of a fenced apply.
-func (run *applyRun) fence() (int, any) {
-	m := run.m
-	st := run.led.state()
-	window := run.now().Before(run.led.pacingDue(run.reloadIntervalMin))
+func (d *applyDeps) fence(m *Manifest) (int, any) {
+	st := d.led.state()
+	window := d.now().Before(d.led.pacingDue(d.reloadIntervalMin))
 	if reason := fenceReason(m, &st, inPlaceWillRun(m, st.reloadPending(), window)); reason != "" {
-		run.metrics.applyRejected.inc(rejectedStageFencing)
-		run.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
+		d.metrics.applyRejected.inc(rejectedStageFencing)
+		d.logger.Info("apply fenced", "plan_id", m.PlanID, "reason", reason)
 		return http.StatusConflict, conflictOf(&st, reason)
 	}
 	return 0, nil
@@ -507,115 +606,32 @@ func (run *applyRun) fence() (int, any) {
 // recheckStaged settles, under the apply lock, what staging decided
 // against a tree an apply may have changed since: a part found unchanged
 // is checked again, and a patch whose base moved is asked for whole.
-func (run *applyRun) recheckStaged() error {
-	_, tree := run.led.view()
-	for rel, f := range run.staged {
+func (d *applyDeps) recheckStaged(p *parts) error {
+	_, tree := d.led.view()
+	for rel, f := range p.staged {
 		if tree[rel] == f.held {
 			continue
 		}
 		switch {
 		case f.patch != nil:
-			f.discard(run.files.disk)
-			delete(run.staged, rel)
-			run.unpatched[rel] = true
-		case f.unchanged && !run.files.holds(f.abs, f.Digest, f.Size):
+			f.discard(d.files.disk)
+			delete(p.staged, rel)
+			p.unpatched[rel] = true
+		case f.unchanged && !d.files.holds(f.abs, f.Digest, f.Size):
 			f.unchanged = false
-			if int(f.Size) > run.budget {
+			if int(f.Size) > p.budget {
 				// The record has no room left: its bytes wait, synced, in a
 				// temp file like a large part's.
-				tmp, err := run.files.writeTemp(rel, f.abs, func(w io.Writer) error { _, err := w.Write(f.inline); return err }, true)
+				tmp, err := d.files.writeTemp(rel, f.abs, func(w io.Writer) error { _, err := w.Write(f.inline); return err }, true)
 				if err != nil {
 					return err
 				}
 				f.tmp, f.inline = tmp, nil
 				continue
 			}
-			run.budget -= int(f.Size)
+			p.budget -= int(f.Size)
 		}
 	}
-	return nil
-}
-
-// stageParts reads every part after the manifest: at most MaxFiles file
-// parts and one plan part, so the loop ends with the body, or with an error
-// at the latest on part MaxFiles+2.
-func (run *applyRun) stageParts(mr *multipart.Reader) error {
-	byPath := make(map[string]*ManifestFile, len(run.m.Files))
-	for i := range run.m.Files {
-		byPath[run.m.Files[i].Path] = &run.m.Files[i]
-	}
-	_, tree := run.led.view()
-	for range MaxFiles + 2 {
-		part, err := mr.NextRawPart()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		err = run.stagePart(part, byPath, tree)
-		part.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("more than %d parts", MaxFiles)
-}
-
-func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*ManifestFile, tree map[string]FileAt) error {
-	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
-	if err != nil {
-		return fmt.Errorf("part has no usable Content-Disposition: %w", err)
-	}
-	if params["name"] == PartPlan {
-		if run.sawPlan {
-			return fmt.Errorf("part %q appears twice", PartPlan)
-		}
-		run.sawPlan = true
-		b, err := readPlan(run.held.reader(part))
-		if err != nil || len(b) == 0 {
-			return err // an empty plan part is no plan
-		}
-		run.plan, err = run.takePlan(run.held, b, part.Header.Get("Content-Type"), run.m.PlanID)
-		if errors.Is(err, errPlanBaseGone) {
-			run.planGone, err = true, nil
-		}
-		return err
-	}
-	if len(run.staged)+len(run.unpatched) >= MaxFiles { // every file part read so far is one or the other
-		return fmt.Errorf("more than %d parts", MaxFiles)
-	}
-	rel := params["filename"]
-	if rel == "" {
-		return errors.New("a file part carries no filename")
-	}
-	mf := byPath[rel]
-	if mf == nil {
-		return fmt.Errorf("part %q is not in the manifest", rel)
-	}
-	if run.staged[rel] != nil || run.unpatched[rel] {
-		return fmt.Errorf("part %q appears twice", rel)
-	}
-	var f *stagedFile
-	var r io.Reader = part
-	if mf.Size <= maxInlineBytes || mf.Patch != nil {
-		r = run.held.reader(part) // its bytes may stay in memory
-	}
-	if mf.Patch != nil {
-		f, err = run.files.stagePatch(rel, r, mf.Patch, mf.Digest, mf.Size, tree[rel], &run.budget)
-		if errors.Is(err, errPatchBaseMissing) {
-			run.unpatched[rel] = true
-			return nil
-		}
-	} else {
-		f, err = run.files.stage(rel, r, mf.Digest, mf.Size, &run.budget)
-	}
-	if err != nil {
-		f.discard(run.files.disk)
-		return err
-	}
-	f.held = tree[rel]
-	run.staged[rel] = f
 	return nil
 }
 
@@ -625,18 +641,18 @@ func (run *applyRun) stagePart(part *multipart.Part, byPath map[string]*Manifest
 // a revert lands files the agent keeps itself), and "plan" for a plan patch
 // whose base is not the stored plan, now that the apply holds the lock
 // (another upload may have replaced it since the part was staged).
-func (run *applyRun) missing() []string {
+func (d *applyDeps) missing(m *Manifest, p *parts) []string {
 	var out []string
-	if run.planGone || run.plan != nil && run.plan.patch != nil && run.plan.patch.BaseDigest != run.led.heldPlanID() {
+	if p.planGone || p.plan != nil && p.plan.patch != nil && p.plan.patch.BaseDigest != d.led.heldPlanID() {
 		out = append(out, PartPlan)
 	}
-	if run.m.Mode == ModeRevertLKG {
+	if m.Mode == ModeRevertLKG {
 		return out
 	}
-	_, tree := run.led.view()
-	for _, mf := range run.m.Files {
+	_, tree := d.led.view()
+	for _, mf := range m.Files {
 		held, ok := tree[mf.Path]
-		if run.staged[mf.Path] == nil && (run.unpatched[mf.Path] || !ok || mf.Proof == "" ||
+		if p.staged[mf.Path] == nil && (p.unpatched[mf.Path] || !ok || mf.Proof == "" ||
 			held != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
 			out = append(out, mf.Path)
 		}
@@ -651,10 +667,10 @@ func (run *applyRun) missing() []string {
 // the apply starts links the tree's files as they are, installed perhaps
 // without a sync; until a compaction syncs them, the log holds their bytes,
 // and a start makes a backup a power loss tore again from them.
-func (run *applyRun) promoteLKG(v planRef) {
-	if st := run.led.state(); samePlanRef(v, st.Applied) && st.LKG != v {
-		run.led.promote(v)
-		run.logger.Info("last-known-good promoted", "plan_id", v.ID)
+func (d *applyDeps) promoteLKG(v planRef) {
+	if st := d.led.state(); samePlanRef(v, st.Applied) && st.LKG != v {
+		d.led.promote(v)
+		d.logger.Info("last-known-good promoted", "plan_id", v.ID)
 	}
 }
 
@@ -662,18 +678,18 @@ func (run *applyRun) promoteLKG(v planRef) {
 // ops. The counter reaches the disk with the apply's own record, which is
 // synced before any answer reports a proof, so a proof is never reported
 // twice, not even across a power loss.
-func (run *applyRun) reserveProofs() error {
-	need := uint64(1 + boolInt(len(run.m.InPlaceOps) > 0))
-	run.led.mu.Lock()
-	defer run.led.mu.Unlock()
-	s := &run.led.st
+func (d *applyDeps) reserveProofs(m *Manifest) (ref, worker planRef, err error) {
+	need := uint64(1 + boolInt(len(m.InPlaceOps) > 0))
+	d.led.mu.Lock()
+	defer d.led.mu.Unlock()
+	s := &d.led.st
 	if s.ProofGeneration > ^uint64(0)-need {
-		return errors.New(msgProofsExhausted)
+		return ref, worker, errors.New(msgProofsExhausted)
 	}
-	run.id.ref = planRef{run.m.PlanID, fmt.Sprintf("a:%d", s.ProofGeneration+1)}
+	ref = planRef{m.PlanID, fmt.Sprintf("a:%d", s.ProofGeneration+1)}
 	if need == 2 {
-		run.id.worker = planRef{run.m.WorkerOpsPlanID, fmt.Sprintf("a:%d", s.ProofGeneration+2)}
+		worker = planRef{m.WorkerOpsPlanID, fmt.Sprintf("a:%d", s.ProofGeneration+2)}
 	}
 	s.ProofGeneration += need
-	return nil
+	return ref, worker, nil
 }

@@ -2,45 +2,8 @@
 // the fence, what the written files need from HAProxy, the state an apply
 // records before it touches the tree, and the state each way it can end
 // leaves. They take the state, the manifest and the clock and return values;
-// the executor (agent_apply.go) does the I/O they ask for. Tables test them
-// without a disk or a socket.
-//
-// The order an apply makes things durable, which every recovery rests on:
-//
-//  1. Parts are staged before the apply lock: small ones in memory (their
-//     bytes ride in the record), a patch checked by hashing what it makes
-//     (its replacement rides in the record, its base stays linked), large
-//     whole ones in temp files synced, with their directory, before the
-//     record. The plan part stays in memory: the record carries the blob
-//     or its patch.
-//  2. Paths are linked aside, unsynced: a power loss keeps metadata in the
-//     order it was made, so a rename that survives brings the links made
-//     before it. An apply that reloads links every path it changes (its
-//     undo: HAProxy may refuse the files). One answered at its durable
-//     point (runtime, file_only, noop) links only what must stay reachable
-//     whatever happens: a path's bytes on its first change since the
-//     last-known-good plan (the journal's backup) and a patch's base; its
-//     undo is made only if its ops are refused and it falls back to a
-//     reload.
-//  3. One record names the apply: the state it lands, its files' new bytes
-//     and their undo. It is synced before the first rename. A runtime,
-//     file_only or noop apply counts from then on and is answered once the
-//     record is synced and its ops acknowledged (they may be sent while the
-//     sync runs); a reload apply is open, and counts only once a second
-//     record, synced after its reload took effect, closes it.
-//  4. The files are installed, unsynced (recovery redoes them from the
-//     record): after the answer for an apply answered at its durable
-//     point, before its reload for the others. An install that fails
-//     after the answer is owed, never taken back: the agent is not ready
-//     and retries until the files are in place, and nothing that could
-//     drop their sources runs meanwhile. A failure before the answer is
-//     undone from the links, after a synced record says so.
-//  5. Compaction syncs every file and directory changed since the last
-//     one, then writes the snapshot and makes it durable, and only then
-//     empties the log and sweeps the links.
-//
-// So a runtime apply makes one log sync, a reload apply two, and a
-// promotion to last-known-good none of its own: the next record carries it.
+// runApply (agent_apply_run.go) does the I/O they ask for, in the order
+// its body states. Tables test them without a disk or a socket.
 
 package haptic
 
@@ -63,21 +26,35 @@ const (
 // steps is what one apply will do, decided before it touches anything.
 type steps struct {
 	act    activation
-	reason string // why it reloads
+	reason reloadReason // why it reloads
 	// open: the apply counts only once a record says its reload took
 	// effect, so that a crash before that puts the tree back.
 	open bool
 }
 
-// Reload reasons, logged with every reload decision.
+// countsFromRecord: the apply counts once its record is synced, its files
+// installed after its ops and needing no undo (unless its ops are refused
+// and it falls back to a reload).
+func (s steps) countsFromRecord() bool { return s.act == activateOps || s.act == activateNothing }
+
+// Reload reasons, logged with every reload decision as reload_reason: the
+// agent's own reason, not the controller's. mode: the manifest asked for a
+// reload (Diff's reasons, whatever they were, are the controller's to
+// log); unknown_baseline: the agent holds no applied plan to run ops
+// against; unknown_op, worker_changed, op_rejected and
+// deferred_delete_commit: a runtime apply fell back to a reload because its
+// ops could not be compiled, reached another worker, were refused, or left
+// deletes the queue would not take; revert_lkg: a revert.
+type reloadReason string
+
 const (
-	reasonMode                 = "mode"
-	reasonUnknownBaseline      = "unknown_baseline"
-	reasonUnknownOp            = "unknown_op"
-	reasonWorkerChanged        = "worker_changed"
-	reasonOpRejected           = "op_rejected"
-	reasonDeferredDeleteCommit = "deferred_delete_commit"
-	reasonRevert               = "revert_lkg"
+	reasonMode                 reloadReason = "mode"
+	reasonUnknownBaseline      reloadReason = "unknown_baseline"
+	reasonUnknownOp            reloadReason = "unknown_op"
+	reasonWorkerChanged        reloadReason = "worker_changed"
+	reasonOpRejected           reloadReason = "op_rejected"
+	reasonDeferredDeleteCommit reloadReason = "deferred_delete_commit"
+	reasonRevert               reloadReason = "revert_lkg"
 )
 
 // decideSteps picks what the written files need, first match wins: join a
@@ -85,7 +62,7 @@ const (
 // the manifest asks for it, when the agent has no applied plan to run ops
 // against, or for a revert; otherwise run the ops, if there are any.
 func decideSteps(st *agentState, m *Manifest, windowOpen bool) steps {
-	reload := func(reason string) steps {
+	reload := func(reason reloadReason) steps {
 		if windowOpen {
 			return steps{act: activateSchedule, reason: reason}
 		}
@@ -179,9 +156,24 @@ type outcome struct {
 	// the last-known-good set (lkgRestored).
 	undone, recovered, lkgRestored bool
 	// overtaken: an invalidation happened during the run, after its own
-	// reload if it had one.
+	// reload if it had one; since is the invalidation count it is measured
+	// from, the apply's start or its own reload.
 	overtaken bool
-	result    ApplyResult
+	since     uint64
+	// What the answer reports: set by the step that produced it.
+	seq        uint64 // the record an apply that lands closes
+	opResults  []OpResult
+	reloadInfo *ReloadInfo
+	rollback   *RollbackInfo
+	err        *ApplyError
+	reason     reloadReason  // why it reloaded
+	refused    bool          // HAProxy refused its files
+	unknown    error         // the disk refused the record of its undo
+	readBack   *compiledOps  // a runtime apply's ops
+	keepStaged bool          // its staged temp files are the sources of owed files
+	write, ops time.Duration // writing and syncing; ops, or the reload instead
+	// result is the answer, once end has built it: the state's last_apply.
+	result ApplyResult
 }
 
 // landing is the state an apply records before it touches the tree: the
@@ -361,4 +353,45 @@ func ownedPaths(tree map[string]FileAt, touched []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// failedInvariants returns the names of the after-finish invariants that
+// do not hold, in a fixed order.
+func failedInvariants(r *ApplyResult, m *Manifest, prevGeneration uint64, st *agentState, tree map[string]FileAt) []string {
+	var failed []string
+	check := func(ok bool, name string) {
+		if !ok {
+			failed = append(failed, name)
+		}
+	}
+	if r.OK {
+		check(st.Generation == prevGeneration+1, invGenerationMonotonic)
+		if m.Mode != ModeRevertLKG {
+			check(treeHoldsExactly(tree, m.Files), invDiskIsTheDesiredSet)
+		}
+	}
+	switch r.Mode {
+	case ResultRuntime:
+		check(r.Reload == nil || (!r.Reload.Performed && r.Reload.ScheduledAt == ""), invRuntimeModeDoesNotReload)
+	case ResultReload:
+		check(r.Reload != nil && r.Reload.Performed, invReloadModeReloads)
+	case ResultNoop:
+		check(len(r.OpResults) == 0, invNoopRunsNoOps)
+	}
+	check(len(st.Journal) == 0 || st.Applied != st.LKG, invJournalOnlyWhileDiverged)
+	return failed
+}
+
+// treeHoldsExactly reports whether tree holds exactly files, with equal
+// digest, proof and size.
+func treeHoldsExactly(tree map[string]FileAt, files []ManifestFile) bool {
+	if len(tree) != len(files) {
+		return false
+	}
+	for _, f := range files {
+		if tree[f.Path] != (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}) {
+			return false
+		}
+	}
+	return true
 }

@@ -367,10 +367,13 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 // may count at the next start.
 var errRecordKept = errors.New("the record could not be cut off")
 
-// ending is how an apply ends, as its end record says it.
+// ending is how an apply ends, as its end record says it, and what
+// settles the state it leaves.
 type ending struct {
-	seq  uint64 // the apply's record
-	ok   bool   // it landed
+	// seq is the apply's record the end record closes; 0 records the final
+	// state of an apply that has none, or whose undo closed it already.
+	seq  uint64
+	ok   bool // it landed
 	sync bool
 	// An apply that landed: its tree entries and journal additions (its own
 	// record carries them for replay), whether the journal starts afresh,
@@ -383,18 +386,32 @@ type ending struct {
 	// apply's when it fell back to a reload), which the record cannot name:
 	// the end record does, so that recovery finds the bytes it puts back.
 	undo []fileChange
+	// The state it leaves is settle's over the state as it stands (which
+	// holds whatever else changed meanwhile); reloadOwed: the worker may
+	// hold what the undo took away, so a start before its recovery reloads.
+	before     agentState
+	id         applyIdentity
+	o          outcome
+	now        time.Time
+	reloadOwed bool
 }
 
-// endApply closes an apply with the state change makes of the current one
-// (which holds whatever else changed meanwhile). A failed write still
-// adopts the state: the apply is over either way, and its record, counted
-// or not on replay, tells the rest.
-func (l *ledger) endApply(e ending, change func(*agentState)) error {
+// ended closes an apply with the state its outcome makes. A failed write
+// still adopts the state: the apply is over either way, and its record,
+// counted or not on replay, tells the rest.
+func (l *ledger) ended(e ending) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.applying = false
 	next := l.st.clone()
-	l.changeState(&next, change)
+	l.changeState(&next, func(s *agentState) {
+		*s = settle(*s, e.before, e.id, e.o, e.now)
+		s.ReloadOwed = e.reloadOwed
+	})
+	if e.seq == 0 {
+		l.forgetLocked(func(s *agentState) { *s = next })
+		return nil
+	}
+	l.applying = false
 	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
 	err := l.write(r, e.sync)
 	if e.ok {
@@ -407,6 +424,72 @@ func (l *ledger) endApply(e ending, change func(*agentState)) error {
 	}
 	l.adopt(next, r)
 	return err
+}
+
+// recovered records what the worker runs after a recovery reload: the
+// applied plan once it took effect, nothing the agent can vouch for
+// otherwise.
+func (l *ledger) recovered(ok bool) {
+	l.forget(func(s *agentState) {
+		s.Running, s.WorkerOps = planRef{}, planRef{}
+		if ok && s.Applied.complete() {
+			s.Running, s.WorkerOps = s.Applied, s.Applied
+		}
+		clearPending(s)
+	})
+}
+
+// lkgRestored records that the last-known-good set is on disk and loaded
+// again: the journal, which described the way back to it, starts afresh.
+// The record needs no sync: a start that misses it finds the journal's
+// entries describing the set it holds.
+func (l *ledger) lkgRestored() error {
+	return l.commit(&logRecord{ResetJournal: true}, false, func(*agentState) {})
+}
+
+// repairPending schedules a reload of ref at at, which the pacer fires:
+// the repair of a worker a read-back found diverging, or of a recovery
+// reload that got no verdict.
+func (l *ledger) repairPending(ref planRef, at time.Time) {
+	l.forget(func(s *agentState) { s.Pending, s.PendingAt = ref, at })
+}
+
+// reloadedAs records, synced, that the worker loaded ref by a reload the
+// pacer or a repair made: it runs ref, ref is the last-known-good, and the
+// journal starts afresh. last, when set, is that reload's answer, as a
+// controller polling for a scheduled reload's verdict reads it.
+func (l *ledger) reloadedAs(ref planRef, last *ApplyResult) error {
+	return l.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) {
+		s.Running, s.WorkerOps, s.LKG = ref, ref, ref
+		if last != nil {
+			clearPending(s)
+			s.LastApply = last
+		}
+	})
+}
+
+// scheduledRefused records, synced, a scheduled reload HAProxy refused or
+// gave no verdict on: the tree back as the pending reload's applies found
+// it (tree), the applied pair before them where that worked, the worker's
+// pairs where a reload without a verdict was followed by a recovery
+// reload, and the answer (last).
+func (l *ledger) scheduledRefused(st agentState, tree map[string]*FileAt, restored, noVerdict bool, last ApplyResult, now time.Time) error {
+	return l.commit(&logRecord{Tree: tree}, true, func(s *agentState) {
+		s.Applied = planRef{}
+		if restored {
+			s.Applied = st.PendingBase
+		}
+		if noVerdict {
+			s.Running, s.WorkerOps = planRef{}, planRef{}
+			if last.Rollback.Reloaded {
+				s.Running, s.WorkerOps = s.Applied, s.Applied
+			}
+		}
+		s.TreeChangedAt = now
+		clearPending(s)
+		la := cloneResult(last)
+		s.LastApply = &la
+	})
 }
 
 // compact writes the state as a fresh snapshot and empties the log. The

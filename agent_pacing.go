@@ -80,13 +80,8 @@ func (p *pacer) fire(ctx context.Context) {
 	}
 	if err == nil {
 		result.Timing.TotalMs = d.msSince(start)
-		err := d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) {
-			s.Running, s.WorkerOps, s.LKG = ref, ref, ref
-			clearPending(s)
-			la := cloneResult(result)
-			s.LastApply = &la
-		})
-		if err != nil {
+		la := cloneResult(result)
+		if err := d.led.reloadedAs(ref, &la); err != nil {
 			d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
 		}
 	} else {
@@ -121,40 +116,10 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 	for _, e := range st.PendingUndo {
 		tree[e.Path] = e.At
 	}
-	d.led.commit(&logRecord{Tree: tree}, true, func(s *agentState) {
-		s.Applied = planRef{}
-		if err == nil {
-			s.Applied = st.PendingBase
-		}
-		if reloadWithoutVerdict(cause) {
-			s.Running, s.WorkerOps = planRef{}, planRef{}
-			if result.Rollback.Reloaded {
-				s.Running, s.WorkerOps = s.Applied, s.Applied
-			}
-		}
-		s.TreeChangedAt = d.now()
-		clearPending(s)
-		la := cloneResult(result)
-		s.LastApply = &la
-	})
+	if err := d.led.scheduledRefused(st, tree, err == nil, reloadWithoutVerdict(cause), result, d.now()); err != nil {
+		d.logger.Error("the failed scheduled reload could not be recorded", "plan_id", st.Pending.ID, "err", err)
+	}
 	return result
-}
-
-// reloadDurably reloads HAProxy and makes the tree durable while HAProxy
-// loads it: the reloaded set becomes the last-known-good, whose files the
-// next apply links into its journal, and a link is only as good as the
-// bytes it leads to. The syncs cost nothing beside a reload.
-func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
-	flushed := make(chan struct{})
-	go func() {
-		defer close(flushed)
-		if err := d.files.flush(); err != nil {
-			d.logger.Warn("could not make the tree durable", "err", err) // a later compaction tries again
-		}
-	}()
-	info, err := d.worker.reload(ctx)
-	<-flushed
-	return info, err
 }
 
 // readBacks runs the background read-backs: counted, awaited at shutdown,
@@ -226,7 +191,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d.metrics.mapDivergence.inc()
 	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
 	if due := d.led.pacingDue(d.reloadIntervalMin); d.now().Before(due) {
-		d.led.forget(func(s *agentState) { s.Pending, s.PendingAt = ref, due })
+		d.led.repairPending(ref, due)
 		d.pokePacer()
 		return
 	}
@@ -235,7 +200,9 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 		d.led.invalidate()
 		return
 	}
-	d.led.commit(&logRecord{ResetJournal: true}, true, func(s *agentState) { s.Running, s.WorkerOps, s.LKG = ref, ref, ref })
+	if err := d.led.reloadedAs(ref, nil); err != nil {
+		d.logger.Error("the repair reload could not be recorded", "plan_id", ref.ID, "err", err)
+	}
 }
 
 // listTouched reads what the worker holds of what the batch touched: every

@@ -25,11 +25,15 @@ import (
 	"strings"
 )
 
-// Verdicts (Decision.Verdict).
+// Verdict is what Diff predicts a change needs (Decision.Verdict); `haptic
+// diff` prints it, or noop for an identical render.
+type Verdict = string
+
+// Verdicts.
 const (
-	VerdictRuntime  = "runtime"   // no reload cause and at least one op
-	VerdictFileOnly = "file_only" // no reload cause and no op: the files are written
-	VerdictReload   = "reload"    // at least one reload cause; every op is discarded
+	VerdictRuntime  Verdict = "runtime"   // no reload cause and at least one op
+	VerdictFileOnly Verdict = "file_only" // no reload cause and no op: the files are written
+	VerdictReload   Verdict = "reload"    // at least one reload cause; every op is discarded
 )
 
 const (

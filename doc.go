@@ -55,26 +55,10 @@
 // In-place ops are ops for the worker that keeps serving while a reload
 // waits; "Applies" below says when they run.
 //
-// A verdict, a mode and a result are three words for three moments: what a
-// change needs (Diff's prediction), what the manifest asks of the agent, and
-// what happened. The wire fixes their JSON values, so the sets overlap:
-//
-//	field             produced by     values
-//	Decision.Verdict  Diff            runtime, file_only, reload
-//	Decision.Mode     Diff            auto, reload
-//	Manifest.Mode     NewManifest     auto, reload; the caller's own revert_lkg
-//	ApplyResult.Mode  the agent       runtime, file_only, reload, scheduled, noop, rejected
-//	haptic diff       the command     Diff's verdict, or noop for an identical render
-//	haptic push       the command     the agent's result, or failed for an error or a NACK
-//
-// A result can differ from the verdict: file_only lands as noop when the
-// disk already holds the files, runtime lands as reload when HAProxy refuses
-// an op or the worker changed, any apply lands as scheduled while a reload
-// is pending (a reload too, inside the pacing window), and rejected is a
-// NACK after a rollback. NewManifest asks
-// for reload, whatever the verdict, when the pod reports no proofs to fence
-// on, and the agent turns an auto apply into a reload when it names no
-// worker-ops proof.
+// A verdict, a mode and a result mode are three words for three moments:
+// [Verdict], [Mode] and [ResultMode] say which, and how their sets overlap.
+// Where an apply fails is its [Stage]; why the fence refused one, its
+// [Reason].
 //
 // # The flow of one change
 //
@@ -124,8 +108,11 @@
 // fails (a full or read-only disk) keeps its ACK, which says the files are
 // owed, and the agent is not ready until a retry has put them in place.
 // Parts are read before the apply lock, so a slow upload holds up no other
-// apply, and the whole request has a deadline. agent_apply_steps.go states
-// the order things become durable in.
+// apply, and the whole request has a deadline. One function reads as that
+// order, step by step: runApply in agent_apply_run.go says when an apply
+// is durable, when it is answered, what happens when HAProxy refuses its
+// reload, and when its files reach the disk; handleApply in
+// agent_apply.go is the request around it.
 //
 // In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
 // that keeps serving while a reload waits: one is pending, or this apply
@@ -171,10 +158,12 @@
 //	client.go                 the controller's end of the wire, and Deploy
 //	pathrules.go              the characters a manifest path may hold, shared by both ends
 //	agent.go                  the agent's configuration, listeners, startup and handlers
-//	agent_apply.go            one apply's admission: the manifest, the fence, parts, the known-bad cache
-//	agent_apply_steps.go      the apply's decisions as plain functions, and the order of its durable points
-//	agent_apply_run.go        the run: record, install, ops or reload, the undo of a failure, the end
-//	agent_apply_bounds.go     what an apply may cost before it is admitted
+//	agent_apply.go            one apply request: the manifest, the fence, parts, admission, the answer
+//	agent_apply_run.go        runApply: the apply in its durability order, each step returning what it did
+//	agent_apply_ops.go        an apply's runtime ops: compiled, run on the expected worker, judged
+//	agent_apply_steps.go      the apply's decisions as plain functions over data
+//	agent_apply_bounds.go     what a request may cost: held bytes, decodes, a manifest's measure
+//	agent_owed.go             what the disk and HAProxy owe the state, paid before anything else
 //	agent_ledger.go           the agent's state: one type, every change a named transition
 //	agent_log.go              how the state reaches the disk: the snapshot and the log
 //	agent_files.go            the file store: staging, links aside (undo, journal), install, restore

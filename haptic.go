@@ -44,21 +44,43 @@ const (
 	FileKindGeneral = "general"
 )
 
-// Apply modes (Manifest.Mode).
+// A verdict, a mode and a result mode are three words for three moments:
+// what a change needs (Diff's prediction, [Verdict]), what a manifest asks
+// of the agent ([Mode]), and what happened ([ResultMode]). The wire fixes
+// their JSON values, so the sets overlap, and a result can differ from the
+// verdict: file_only lands as noop when the disk already holds the files,
+// runtime lands as reload when HAProxy refuses an op or the worker changed,
+// any apply lands as scheduled while a reload is pending (a reload too,
+// inside the pacing window), and rejected is a NACK after a rollback. The
+// types are names of string: the fields that carry them are strings on
+// the wire and in Go.
+
+// Mode is what a manifest asks of the agent (Manifest.Mode, and
+// Decision.Mode, which NewManifest copies): auto or reload; revert_lkg
+// only from a caller of its own. NewManifest asks for reload whatever the
+// verdict when the pod reports no proofs to fence on, and the agent turns
+// an auto apply into a reload when it names no worker-ops proof.
+type Mode = string
+
+// Apply modes.
 const (
-	ModeAuto      = "auto"       // run the ops when the baseline matches; the agent decides
-	ModeReload    = "reload"     // write the files and reload; ops are not run
-	ModeRevertLKG = "revert_lkg" // restore the last-known-good set and reload
+	ModeAuto      Mode = "auto"       // run the ops when the baseline matches; the agent decides
+	ModeReload    Mode = "reload"     // write the files and reload; ops are not run
+	ModeRevertLKG Mode = "revert_lkg" // restore the last-known-good set and reload
 )
 
-// Result modes (ApplyResult.Mode).
+// ResultMode is what an apply did (ApplyResult.Mode); `haptic push` prints
+// it, or failed for an error or a NACK.
+type ResultMode = string
+
+// Result modes.
 const (
-	ResultRuntime   = "runtime"   // files written, runtime ops executed, no reload
-	ResultFileOnly  = "file_only" // files written, nothing to run, no reload
-	ResultReload    = "reload"    // files written and HAProxy reloaded
-	ResultScheduled = "scheduled" // files written, a reload is queued for the end of the pacing window
-	ResultNoop      = "noop"      // nothing changed on disk, nothing ran
-	ResultRejected  = "rejected"  // NACK: the apply failed and was rolled back
+	ResultRuntime   ResultMode = "runtime"   // files written, runtime ops executed, no reload
+	ResultFileOnly  ResultMode = "file_only" // files written, nothing to run, no reload
+	ResultReload    ResultMode = "reload"    // files written and HAProxy reloaded
+	ResultScheduled ResultMode = "scheduled" // files written, a reload is queued for the end of the pacing window
+	ResultNoop      ResultMode = "noop"      // nothing changed on disk, nothing ran
+	ResultRejected  ResultMode = "rejected"  // NACK: the apply failed and was rolled back
 )
 
 // Features the agent accepts in addition to its op kinds, in the order the
@@ -70,13 +92,17 @@ const (
 	FeaturePlanPatch      = "plan_patch"      // PlanPatch as the plan part and the PUT /v1/plan body
 )
 
-// Conflict reasons (Conflict.Reason).
+// Reason is why the fence refused a manifest (Conflict.Reason); Manifest
+// lists the rules in the order the agent checks them.
+type Reason = string
+
+// Conflict reasons.
 const (
-	ReasonStaleEpoch           = "stale_epoch"
-	ReasonRevertTargetMismatch = "revert_target_mismatch"
-	ReasonPrevMismatch         = "prev_mismatch"
-	ReasonUnknownBaseline      = "unknown_baseline"
-	ReasonWorkerOpsMismatch    = "worker_ops_mismatch"
+	ReasonStaleEpoch           Reason = "stale_epoch"
+	ReasonRevertTargetMismatch Reason = "revert_target_mismatch"
+	ReasonPrevMismatch         Reason = "prev_mismatch"
+	ReasonUnknownBaseline      Reason = "unknown_baseline"
+	ReasonWorkerOpsMismatch    Reason = "worker_ops_mismatch"
 )
 
 // Server states for server_set_state.
@@ -86,25 +112,29 @@ const (
 	ServerStateDrain = "drain"
 )
 
-// ApplyError stages. The first group is answered as an HTTP error body, the
-// second travels inside an ApplyResult.
-const (
-	StageStartup  = "startup"
-	StageRequest  = "request"
-	StageManifest = "manifest"
-	StageParts    = "parts"
-	StageLKG      = "lkg"
-	StageIdentity = "identity"
-	StageState    = "state"
-	StagePlan     = "plan"
+// Stage is where an apply, an upload or a read failed (ApplyError.Stage).
+// The first group is answered as an HTTP error body, the second travels
+// inside an ApplyResult.
+type Stage = string
 
-	StageInPlace         = "in_place"
-	StageBackup          = "backup"
-	StageWrite           = "write"
-	StageReload          = "reload"
-	StageRevert          = "revert"
-	StageRevertReload    = "revert_reload"
-	StageScheduledReload = "scheduled_reload"
+// Stages.
+const (
+	StageStartup  Stage = "startup"
+	StageRequest  Stage = "request"
+	StageManifest Stage = "manifest"
+	StageParts    Stage = "parts"
+	StageLKG      Stage = "lkg"
+	StageIdentity Stage = "identity"
+	StageState    Stage = "state"
+	StagePlan     Stage = "plan"
+
+	StageInPlace         Stage = "in_place"
+	StageBackup          Stage = "backup"
+	StageWrite           Stage = "write"
+	StageReload          Stage = "reload"
+	StageRevert          Stage = "revert"
+	StageRevertReload    Stage = "revert_reload"
+	StageScheduledReload Stage = "scheduled_reload"
 )
 
 // Drain outcomes (DrainResult.Reason).

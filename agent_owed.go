@@ -1,0 +1,191 @@
+// This file owns what the agent owes its state between applies: files of
+// an acknowledged apply the disk refused, what recovery could not put back
+// at start, the reload HAProxy must then do, and the compaction a long or
+// broken log is due. Every apply pays what is owed first, and so does a
+// loop every owedRetryInterval; while anything is owed the agent is not
+// ready and says why.
+//
+// It never drops what an owed ACK still needs: no compaction (which
+// empties the log the owed files are rebuilt from) runs until they are in
+// place.
+
+package haptic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// owedTree is what the disk owes the tree the ledger records: the files of
+// an answered apply whose install failed, or what recovery could not put
+// back at start. While it is owed the agent is not ready, every apply tries
+// it again first and so does a loop every owedRetryInterval, and nothing
+// that could drop the records or links it needs (a compaction, a sweep)
+// runs.
+type owedTree struct {
+	wants   []want
+	sources map[FileAt][]source
+	// reload: HAProxy must load the tree once it is in place (recovery
+	// changed files a worker may have loaded before the agent started).
+	reload bool
+	err    error // why it is owed
+}
+
+// owedRetryInterval is how often an owed tree is tried again.
+const owedRetryInterval = time.Second
+
+// owe records what the disk owes (beside what it owed already), and
+// starts the retries. The caller holds the apply lock.
+func (d *applyDeps) owe(t *owedTree) {
+	if d.owed == nil {
+		d.owed = &owedTree{sources: map[FileAt][]source{}}
+	}
+	for key, list := range t.sources {
+		d.owed.sources[key] = append(d.owed.sources[key], list...)
+	}
+	d.owed.wants = append(d.owed.wants, t.wants...)
+	d.owed.reload = d.owed.reload || t.reload
+	d.owed.err = t.err
+	d.led.fallBehind(t.err)
+	d.metrics.diskBehind.set(1)
+	d.retry()
+}
+
+// payOwed does, under the apply lock, what the disk owes: the owed tree,
+// then a new snapshot, which mends a broken log and proves the disk takes
+// writes again, and only then the reload HAProxy owes, so that nothing
+// reloads onto a tree the agent cannot write. Every apply and upload calls
+// it before it reads the tree, and so does the retry loop. It returns the
+// error that still stands.
+func (d *applyDeps) payOwed(ctx context.Context) error {
+	if d.owed == nil && d.led.brokenBy() == nil && d.led.compactionFailed() == nil {
+		return nil
+	}
+	var err error
+	if d.owed != nil {
+		if _, err = d.files.restore(d.owed.wants, d.owed.sources); err == nil {
+			d.owed.wants = nil
+		}
+	}
+	if err == nil {
+		err = d.compact()
+	}
+	if err != nil {
+		switch {
+		case d.owed != nil:
+			d.owed.err = err
+			d.led.fallBehind(err)
+			return fmt.Errorf("%s: %w", msgDiskBehind, err)
+		case d.led.brokenBy() != nil:
+			return fmt.Errorf("%s: %w", msgLogBroken, err)
+		}
+		return fmt.Errorf("%s: %w", msgLogStuck, err)
+	}
+	if d.owed != nil {
+		// A worker that started while files were owed (HAProxy restarted)
+		// loaded the tree without them: it must load them now. A reload
+		// that gets no verdict, HAProxy away, is tried again.
+		if d.owed.reload || !d.sameWorker(ctx) {
+			if err := d.reloadRecovered(ctx); err != nil && !errors.Is(err, errReloadRejected) {
+				d.owed.reload, d.owed.err = true, err
+				d.led.fallBehind(fmt.Errorf("HAProxy has not loaded the tree yet: %w", err))
+				return fmt.Errorf("%s: HAProxy has not loaded the tree yet: %w", msgDiskBehind, err)
+			}
+		}
+		d.owed = nil
+		d.led.fallBehind(nil)
+		d.metrics.diskBehind.set(0)
+		d.logger.Info("the tree is what the agent's state says again")
+	}
+	return nil
+}
+
+// retry starts the loop that pays what the disk owes, unless it runs. The
+// caller holds the apply lock.
+func (d *applyDeps) retry() {
+	if !d.retrying {
+		d.retrying = true
+		go d.retryOwed(d.ctx())
+	}
+}
+
+// retryOwed pays what the disk owes every owedRetryInterval until it is
+// paid or the agent stops.
+func (d *applyDeps) retryOwed(ctx context.Context) {
+	t := time.NewTicker(owedRetryInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		d.lock()
+		stop := ctx.Err() != nil || d.payOwed(ctx) == nil
+		d.retrying = !stop
+		d.applyMu.Unlock()
+		if stop {
+			return
+		}
+	}
+}
+
+// sameWorker reports whether the worker that answers now is the one the
+// agent expects.
+func (d *applyDeps) sameWorker(ctx context.Context) bool {
+	info, err := d.rt.info(ctx)
+	return err == nil && d.led.state().Worker.SameWorker(info)
+}
+
+// reloadRecovered reloads the tree recovery put back, and records what
+// the worker then runs: a recovery reload that failed vouches for nothing.
+func (d *applyDeps) reloadRecovered(ctx context.Context) error {
+	_, err := d.worker.reload(ctx)
+	if err != nil {
+		d.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
+		d.invariant(false, invRecoveryReload)
+	}
+	d.led.recovered(err == nil)
+	return err
+}
+
+// compactIfDue writes a new snapshot once the log is long, a write failed,
+// or old versions linked aside take too much room. A compaction that fails
+// is retried every owedRetryInterval, and the agent is not ready
+// meanwhile.
+func (d *applyDeps) compactIfDue() {
+	if d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes {
+		if d.compact() != nil {
+			d.retry()
+		}
+	}
+}
+
+// compact makes the tree durable, rewrites the state as a snapshot, and
+// only then sweeps the links no record will need any more. It is refused
+// while files are owed: the records are what can still rebuild them, so
+// they are paid first.
+func (d *applyDeps) compact() error {
+	if d.owed != nil && len(d.owed.wants) > 0 {
+		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
+	}
+	err := d.files.flush()
+	if err != nil {
+		d.logger.Warn("could not compact the agent's state: the tree is not durable", "err", err)
+	} else {
+		err = d.led.compact()
+	}
+	if d.led.stuck(err); err != nil {
+		return err
+	}
+	st := d.led.state()
+	keep := map[string]bool{}
+	for _, e := range append(st.Journal, st.PendingUndo...) {
+		keep[e.Backup] = true
+	}
+	if err := d.files.sweep(keep); err != nil {
+		d.logger.Warn("could not sweep the agent's links", "err", err)
+	}
+	return nil
+}
