@@ -17,8 +17,8 @@ import (
 )
 
 // applyCountForTheACKRead is how many applies each run reads behind: a
-// third of each kind.
-const applyCountForTheACKRead = 201
+// quarter of each kind.
+const applyCountForTheACKRead = 204
 
 // slowTreeRenames is a disk whose renames into the tree (not the agent's
 // own dot-prefixed directories) take a millisecond longer: an apply that
@@ -50,18 +50,20 @@ func TestRealFilesAreInPlaceAtTheACK(t *testing.T) {
 	readEveryFileAfterEachACK(t, e.c, e.cfg.BaseDir, e.fs)
 }
 
-// readEveryFileAfterEachACK sends a runtime, a file_only and a noop apply
-// in turn, and reads every file of each from the disk as soon as its
-// answer is decoded. The file_only apply changes a file larger than a
-// record carries inline, so that the staged temp file's rename is read
-// behind too.
+// readEveryFileAfterEachACK sends a runtime apply that adds a map entry,
+// a file_only, a noop, and a runtime apply that deletes the entry again in
+// turn, and reads every file of each from the disk as soon as its answer is
+// decoded. The file_only apply changes a file larger than a record carries
+// inline, so that the staged temp file's rename is read behind too; the
+// delete writes a map shorter than the version its install displaces last,
+// whose file it reuses.
 func readEveryFileAfterEachACK(t *testing.T, c *agentClient, base string, fs fileSet) {
 	t.Helper()
 	for i := range applyCountForTheACKRead {
 		id := fmt.Sprintf("ack-%d", i)
 		var res ApplyResult
 		want := ResultRuntime
-		switch i % 3 {
+		switch i % 4 {
 		case 0:
 			var op Op
 			fs, op = mapEntryChange(fs, fmt.Sprintf("k%d.example", i), "be-a")
@@ -82,6 +84,11 @@ func readEveryFileAfterEachACK(t *testing.T, c *agentClient, base string, fs fil
 				t.Fatalf("apply %d: %d %s", i, code, b)
 			}
 			want = ResultNoop
+		case 3:
+			key := fmt.Sprintf("k%d.example", i-3)
+			fs = fs.clone()
+			fs["maps/host.map"] = strings.Replace(fs["maps/host.map"], key+" be-a\n", "", 1)
+			res = c.apply(c.manifest(id, fs, Op{Kind: OpMapDel, Path: "maps/host.map", Key: key}), fs)
 		}
 		if !res.OK || res.Mode != want || res.Error != nil {
 			t.Fatalf("apply %d: want an ok %s without error, got %s", i, want, jsonOf(res))

@@ -14,4 +14,6 @@ import (
 
 func fileOwner(fs.FileInfo) (uid int, ok bool) { return 0, false }
 
+func fileLinks(fs.FileInfo) (n uint64, ok bool) { return 0, false }
+
 func lockTree(string) (*os.File, error) { return nil, nil }

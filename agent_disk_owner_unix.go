@@ -28,6 +28,16 @@ func fileOwner(fi fs.FileInfo) (uid int, ok bool) {
 	return int(st.Uid), true
 }
 
+// fileLinks is the link count of fi; ok is false where the system does not
+// say.
+func fileLinks(fi fs.FileInfo) (n uint64, ok bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return uint64(st.Nlink), true
+}
+
 // lockTree takes an exclusive lock on the tree for the agent's life (it
 // ends when the file is closed, or the process), and writes the agent's
 // pid into the lock file. Two agents on one tree would interleave their

@@ -107,6 +107,13 @@ type fileStore struct {
 	linked int64
 	// late: a mount the start did not see refused a push (crossedMount).
 	late error
+	// spare is, by temp directory, a temp file that holds a version an
+	// install displaced and nothing else links: the next install in that
+	// directory overwrites it instead of creating a file. On ext4 a new
+	// inode costs a small apply more than the rest of its install, and its
+	// metadata burdens the next record's sync; the price is one old version
+	// kept until then.
+	spare map[string]string
 }
 
 func (s *fileStore) linkedBytes() int64 {
@@ -137,7 +144,7 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	}
 	s := &fileStore{base: base, reserved: map[string]bool{}, config: cfg.Config,
 		fileMode: cmp.Or(cfg.FileMode, defaultFileMode), logger: cmp.Or(cfg.Logger, slog.Default()),
-		disk: cmp.Or[disk](cfg.Disk, osDisk{}), dirty: map[string]bool{}, dirtyDirs: map[string]bool{}}
+		disk: cmp.Or[disk](cfg.Disk, osDisk{}), dirty: map[string]bool{}, dirtyDirs: map[string]bool{}, spare: map[string]string{}}
 	s.dirMode = s.fileMode | (s.fileMode&0o444)>>2 // whoever may read the files may enter the directories
 	s.umaskNarrows = s.fileMode&^processUmask() != s.fileMode
 	for _, r := range cfg.Reserved {
@@ -286,16 +293,24 @@ type stagedFile struct {
 	repl  []byte
 	patch *FilePatch
 	tmp   string // a large part's synced temp file
+	// built: an unsynced temp file the patch was spliced into while it was
+	// verified, which the install renames into place (recovery rebuilds it
+	// from the record instead): one pass over a large base, not two.
+	built string
 	// unchanged: the live file already holds exactly these bytes, so the
 	// part is neither installed nor journalled.
 	unchanged bool
 	installed bool
 }
 
-// discard removes the temp file unless it was installed.
+// discard removes the temp files unless they were installed.
 func (f *stagedFile) discard(d disk) {
-	if f != nil && !f.installed && f.tmp != "" {
-		d.Remove(f.tmp)
+	if f != nil && !f.installed {
+		for _, tmp := range []string{f.tmp, f.built} {
+			if tmp != "" {
+				d.Remove(tmp)
+			}
+		}
 	}
 }
 
@@ -372,10 +387,23 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 // body) are returned as they are.
 func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
 	var f diskFile
-	tmp, err := s.newTemp(abs, func(name string) (err error) {
-		f, err = s.disk.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, s.fileMode)
-		return err
-	})
+	var tmp string
+	reused := false
+	if !sync { // a synced temp file is a record's source: always a file of its own
+		tmp, reused = s.takeSpare(abs)
+	}
+	if reused {
+		if f, err = s.disk.OpenFile(tmp, os.O_WRONLY, 0); err != nil {
+			s.disk.Remove(tmp)
+			reused = false
+		}
+	}
+	if !reused {
+		tmp, err = s.newTemp(abs, func(name string) (err error) {
+			f, err = s.disk.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, s.fileMode)
+			return err
+		})
+	}
 	if err != nil {
 		return "", diskFault(rel, err)
 	}
@@ -385,8 +413,14 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 			s.disk.Remove(tmp)
 		}
 	}()
-	if err = fill(faultWriter{rel, f}); err != nil {
+	w := &countingWriter{w: faultWriter{rel, f}, limit: math.MaxInt64}
+	if err = fill(w); err != nil {
 		return "", err
+	}
+	if reused {
+		if err = f.Truncate(w.n); err != nil {
+			return "", diskFault(rel, err)
+		}
 	}
 	if s.umaskNarrows {
 		if err = f.Chmod(s.fileMode); err != nil {
@@ -525,7 +559,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		err = sf.verify(io.Discard, splice(bytes.NewReader(repl.Bytes())))
+		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
 		sf.repl, sf.patch = repl.Bytes(), p
 		*budget -= int(n)
 	} else {
@@ -679,7 +713,7 @@ func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 		if f.unchanged || f.installed {
 			continue
 		}
-		from := f.tmp
+		from := cmp.Or(f.tmp, f.built)
 		if from == "" {
 			var err error
 			if from, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
@@ -757,13 +791,41 @@ func (s *fileStore) replace(tmp, abs string) error {
 	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
 		err := s.disk.Exchange(tmp, abs)
 		if err == nil {
-			return s.disk.Remove(tmp)
+			return s.keepSpare(tmp)
 		}
 		if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) {
 			return err
 		}
 	}
 	return s.disk.Rename(tmp, abs)
+}
+
+// keepSpare keeps tmp, which holds the version an exchange displaced, as
+// the spare of its directory when nothing else links it, and removes it
+// otherwise (an undo or the journal keeps that version through its link).
+func (s *fileStore) keepSpare(tmp string) error {
+	fi, err := s.disk.Lstat(tmp)
+	if n, ok := fileLinks(fi); err != nil || !ok || n != 1 {
+		return s.disk.Remove(tmp)
+	}
+	s.mu.Lock()
+	old := s.spare[filepath.Dir(tmp)]
+	s.spare[filepath.Dir(tmp)] = tmp
+	s.mu.Unlock()
+	if old != "" {
+		return s.disk.Remove(old)
+	}
+	return nil
+}
+
+// takeSpare takes the spare of the temp directory of abs's mount, if any.
+func (s *fileStore) takeSpare(abs string) (string, bool) {
+	dir := filepath.Join(s.mounts.of(abs).root, storeTempDir)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tmp, ok := s.spare[dir]
+	delete(s.spare, dir)
+	return tmp, ok
 }
 
 // noteDirty records a file written without a sync and directories whose
@@ -1064,7 +1126,7 @@ func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 // apply.
 func (s *fileStore) sweep(keep map[string]bool) error {
 	s.mu.Lock()
-	s.linked = 0
+	s.linked, s.spare = 0, map[string]string{}
 	s.mu.Unlock()
 	var errs []error
 	for _, m := range s.mounts {

@@ -8,6 +8,9 @@ package haptic
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -173,4 +176,62 @@ func (e *e2eEnv) applyPatchTimed(b *testing.B, prev, next *Plan, op Op) (time.Du
 	}
 	e.awaitReadBacks() // outside the timed part: the answer does not wait for it
 	return took, res.Timing
+}
+
+// BenchmarkAgentIdleRSSBigMap runs the agent as a process of its own on the
+// fake HAProxy, lands the big map with its plan, changes one entry of it
+// ten times (the map as a patch, the plan as a PlanPatch, as Deploy sends
+// them), lets it idle for two seconds and reports its resident memory
+// (idle-MiB); then kills it, starts it again on the same tree and reports
+// the same once it is ready and idle (restart-MiB). Run it without -race,
+// which multiplies every allocation.
+func BenchmarkAgentIdleRSSBigMap(b *testing.B) {
+	fake := startTestFake(b, "")
+	base := b.TempDir()
+	loadOnReload(fake, base)
+	cfg := agentChildConfig{BaseDir: base, MasterSocket: fake.MasterSocket(), WorkerSocket: fake.WorkerSocket(),
+		AddrFile: filepath.Join(b.TempDir(), "addr")}
+	config := "global\n  maxconn 100\n"
+	sets := [2]fileSet{{ConfigFilePath: config, "maps/host.map": bigMap(-1, "")},
+		{ConfigFilePath: config, "maps/host.map": bigMap(bigMapEntries/2, "backend_moved")}}
+	plans := [2]*Plan{planOfSet(sets[0]), planOfSet(sets[1])}
+	var idle, restarted []float64
+	for b.Loop() {
+		os.RemoveAll(base)
+		os.MkdirAll(base, 0o755)
+		child := startAgentChild(b, cfg)
+		child.land(b, plans[0].ID, sets[0])
+		st := child.state(b)
+		blob, _ := EncodePlanBlob(plans[0])
+		if err := child.client(b).PutPlan(context.Background(), st.AppliedPlanID, st.AppliedPlanProof, blob); err != nil {
+			b.Fatal(err)
+		}
+		for i := range 10 {
+			from, to := i%2, (i+1)%2
+			value := "backend_moved"
+			if to == 0 {
+				value = fmt.Sprintf("backend_%d", (bigMapEntries/2)%32)
+			}
+			op := Op{Kind: OpMapSet, Path: "maps/host.map", Key: bigMapHost(bigMapEntries / 2), Value: value}
+			code, body, err := child.postPatched(child.state(b), plans[to].ID, sets[from], sets[to], planPatchJSON(plans[from], plans[to]), ModeAuto, false, op)
+			if err != nil || code != 200 || !strings.Contains(string(body), `"mode":"runtime"`) {
+				b.Fatalf("change %d: %d %v %s", i, code, err, body)
+			}
+		}
+		time.Sleep(2 * time.Second)
+		idle = append(idle, float64(procStatusKiB(b, child.pid(), "VmRSS"))/1024)
+		child.kill()
+		child = startAgentChild(b, cfg)
+		time.Sleep(2 * time.Second)
+		restarted = append(restarted, float64(procStatusKiB(b, child.pid(), "VmRSS"))/1024)
+		child.kill()
+	}
+	b.ReportMetric(median64(idle), "idle-MiB")
+	b.ReportMetric(median64(restarted), "restart-MiB")
+}
+
+func median64(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
