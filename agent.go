@@ -683,6 +683,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.deps.unlock()
 	close(a.initialized)
+	a.memory.settle() // the start decoded the stored plan
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
 }

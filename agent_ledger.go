@@ -106,18 +106,8 @@ type ledger struct {
 	// blobSaved: the blob file holds blob; otherwise only records do (the
 	// blob, or the patches since it), and the next snapshot writes the file.
 	blobSaved bool
-	// planVersion counts the plans held. Plan splices run one at a time
-	// (spliceMu), and spliced is the held plan the last one read, at
-	// splicedVersion: once the ledger holds another plan nothing reads it
-	// any more, so the next splice writes into it. Megabytes of fresh
-	// memory for every patch cost more in page faults than the splice
-	// itself (BenchmarkRealBigMapEntryApply's cpu-ms).
-	planVersion    uint64
-	spliceMu       sync.Mutex
-	spliced        []byte
-	splicedVersion uint64
-	log            *stateLog
-	seq            uint64
+	log *stateLog
+	seq uint64
 	// resetPending: the journal was emptied (a promotion) and no record has
 	// said so yet; the next one does.
 	resetPending bool
@@ -878,20 +868,13 @@ func (l *ledger) takePlan(b []byte, contentType, planID string) (*planUpload, er
 	if err := json.Unmarshal(b, &patch); err != nil {
 		return nil, fmt.Errorf("plan patch does not decode: %w", err)
 	}
-	l.spliceMu.Lock()
-	defer l.spliceMu.Unlock()
 	l.mu.Lock()
-	id, base, version := l.heldPlanLocked(), l.plan, l.planVersion
+	id, base := l.heldPlanLocked(), l.plan
 	l.mu.Unlock()
 	if id == "" || patch.BaseDigest != id {
 		return nil, errPlanBaseGone
 	}
-	var free []byte
-	if version != l.splicedVersion {
-		free = l.spliced // no longer held, and no other splice runs
-	}
-	l.spliced, l.splicedVersion = base, version
-	js, err := splicePlan(free, base, &patch)
+	js, err := splicePlan(nil, base, &patch)
 	if err != nil {
 		return nil, err
 	}
@@ -944,7 +927,6 @@ func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 // hold makes up the stored plan. The caller holds mu.
 func (l *ledger) hold(up *planUpload) {
 	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
-	l.planVersion++
 }
 
 // heldPlanID is the id of the stored plan, "" when there is none.
