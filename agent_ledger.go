@@ -106,8 +106,8 @@ type ledger struct {
 	// blobSaved: the blob file holds blob; otherwise only records do (the
 	// blob, or the patches since it), and the next snapshot writes the file.
 	blobSaved bool
-	log *stateLog
-	seq uint64
+	log       *stateLog
+	seq       uint64
 	// resetPending: the journal was emptied (a promotion) and no record has
 	// said so yet; the next one does.
 	resetPending bool
