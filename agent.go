@@ -227,7 +227,6 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
 	a.deps.ctx = func() context.Context { return a.baseCtx }
 	a.reads = &readBacks{deps: a.deps}
-	a.deps.readBack = a.reads.start
 	a.deps.pokePacer = a.pacer.poke
 	a.metrics.generation.set(led.state().Generation)
 	if err := a.bindListeners(); err != nil {

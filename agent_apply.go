@@ -90,10 +90,8 @@ type applyDeps struct {
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
 	owed     *owedTree
 	retrying bool
-	// readBack starts the background check of a runtime apply; pokePacer
-	// wakes the pacer once a reload is scheduled; ctx is the agent's
-	// context, which ends when it stops.
-	readBack  func(c *compiledOps, ref planRef)
+	// pokePacer wakes the pacer once a reload is scheduled; ctx is the
+	// agent's context, which ends when it stops.
 	pokePacer func()
 	ctx       func() context.Context
 }
@@ -536,10 +534,10 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 	if id.revert {
 		id.ref = st.LKG
 	}
-	in := &applyInput{ctx: ctx, m: m, plan: p.plan, id: id, before: st, tree: tree, invalidations: d.led.invalidationCount(),
+	staged := slices.SortedFunc(maps.Values(p.staged), func(a, b *stagedFile) int { return cmp.Compare(a.Rel, b.Rel) })
+	in := &applyInput{ctx: ctx, m: m, plan: p.plan, staged: staged, id: id, before: st, tree: tree, invalidations: d.led.invalidationCount(),
 		steps: decideSteps(&st, m, d.now().Before(d.led.pacingDue(d.reloadIntervalMin))), start: start,
 		timing: ApplyTiming{StageMs: admitStart.Sub(start).Milliseconds(), AdmitMs: d.msSince(admitStart)}}
-	in.staged = slices.SortedFunc(maps.Values(p.staged), func(a, b *stagedFile) int { return cmp.Compare(a.Rel, b.Rel) })
 	return in, 0, nil
 }
 
@@ -549,9 +547,11 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 // so.
 func (d *applyDeps) answer(in *applyInput, done applied) (int, any) {
 	r := done.result
-	if work, key, _ := workIdentity(in.m); done.refused && len(work) > 0 {
-		d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: cloneResult(r)}
-		d.nack.result.Inventory = nil // an inventory delta rides one answer only
+	if done.refused {
+		if work, key, _ := workIdentity(in.m); len(work) > 0 {
+			d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: cloneResult(r)}
+			d.nack.result.Inventory = nil // an inventory delta rides one answer only
+		}
 	}
 	d.logApply(in, r, done.reason)
 	if done.unknown != nil {
