@@ -506,8 +506,8 @@ func (w faultWriter) Write(p []byte) (int, error) {
 // not hold (held, the agent's record of the file, is another, or the file
 // is not that size) is errPatchBaseMissing: the path goes into the 409
 // Missing answer. A replacement that fits the inline budget rides in the
-// record and the file is rebuilt on its base at install, so that a change
-// of a few bytes to a large map writes nothing before the answer; a larger
+// record and the file it makes waits unsynced (built), so that a change of
+// a few bytes to a large map syncs nothing but the record; a larger
 // one, or a small result, is staged whole like a part. The base is not
 // hashed up front: the result's digest checks it too, and only a result
 // that does not match is told apart as a base that changed behind the
@@ -762,10 +762,10 @@ func (s *fileStore) put(rel, from string) error {
 }
 
 // replace puts tmp at abs atomically. Over an existing file it swaps the
-// two names and removes the temp name, which then holds the old file (the
-// undo keeps it through its own link): a rename over an existing file makes
-// ext4 flush the new file's data at once, which costs more than the rest
-// of the apply, and the agent's durability comes from its log anyway.
+// two names, and keepSpare settles the temp name, which then holds the old
+// file: a rename over an existing file makes ext4 flush the new file's data
+// at once, which costs more than the rest of the apply, and the agent's
+// durability comes from its log anyway.
 func (s *fileStore) replace(tmp, abs string) error {
 	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
 		err := s.disk.Exchange(tmp, abs)
