@@ -370,11 +370,10 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// writeTemp creates a temp file in the .haptic-tmp of the mount that holds
-// abs (rel's path), with the tree's file mode, fills it, syncs it when
-// asked and closes it. On any error the file is gone. The errors of the
-// agent's own disk are staging faults of rel; fill's own (the client's
-// body) are returned as they are.
+// writeTemp fills a temp file of abs's mount (rel's path), with the tree's
+// file mode, and syncs it when asked; on any error the file is gone. The
+// errors of the agent's own disk are staging faults of rel; fill's own (the
+// client's body) are returned as they are.
 func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
 	var f diskFile
 	tmp, reused := "", false
@@ -565,8 +564,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 
 // spliceOnto writes base[:offset], then at most n+1 bytes of repl, then
 // base[offset+length:] into w, and returns the count. Only repl comes from
-// the client; every other error here is the base's, on the agent's own
-// disk.
+// the client; every other error is the base's, on the agent's own disk.
 func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n int64, rel string) (int64, error) {
 	if _, err := base.Seek(0, io.SeekStart); err != nil {
 		return 0, diskFault(rel, err)
@@ -1098,10 +1096,9 @@ func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 }
 
 // sweep empties every mount's .haptic-tmp and removes the links no record
-// needs any more (every one but keep), at most MaxFiles entries of each
-// directory per call. It runs at start, after recovery, and after each
-// compaction, so that nothing it removes can be needed to redo or undo an
-// apply.
+// needs any more (all but keep), at most MaxFiles entries of each directory
+// per call. It runs at start, after recovery and after each compaction, so
+// that nothing it removes can be needed to redo or undo an apply.
 func (s *fileStore) sweep(keep map[string]bool) error {
 	s.mu.Lock()
 	s.linked, s.spare = 0, map[string]string{}
