@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 )
 
@@ -143,13 +144,13 @@ func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error
 			break
 		}
 	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := d.Mkdir(missing[i], perm); err != nil && !os.IsExist(err) {
-			return created, err
+	slices.Reverse(missing)
+	for i, p := range missing {
+		if err := d.Mkdir(p, perm); err != nil && !os.IsExist(err) {
+			return missing[:i], err
 		}
-		created = append(created, missing[i])
 	}
-	return created, nil
+	return missing, nil
 }
 
 // maxPathDepth bounds mkdirAll's walk: a manifest path of MaxPathBytes

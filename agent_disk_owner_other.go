@@ -12,8 +12,6 @@ import (
 	"os"
 )
 
-func fileOwner(fs.FileInfo) (uid int, ok bool) { return 0, false }
-
-func fileLinks(fs.FileInfo) (n uint64, ok bool) { return 0, false }
+func fileOwner(fs.FileInfo) (uid int, links uint64, ok bool) { return 0, 0, false }
 
 func lockTree(string) (*os.File, error) { return nil, nil }

@@ -18,24 +18,13 @@ import (
 	"syscall"
 )
 
-// fileOwner is the uid that owns fi; ok is false where the system does not
-// say.
-func fileOwner(fi fs.FileInfo) (uid int, ok bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, false
+// fileOwner is the uid that owns fi and its link count; ok is false where
+// the system does not say.
+func fileOwner(fi fs.FileInfo) (uid int, links uint64, ok bool) {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid), uint64(st.Nlink), true
 	}
-	return int(st.Uid), true
-}
-
-// fileLinks is the link count of fi; ok is false where the system does not
-// say.
-func fileLinks(fi fs.FileInfo) (n uint64, ok bool) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, false
-	}
-	return uint64(st.Nlink), true
+	return 0, 0, false
 }
 
 // lockTree takes an exclusive lock on the tree for the agent's life (it

@@ -22,6 +22,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -51,11 +52,10 @@ const (
 	privateFileMode = 0o600 // the agent's own state
 )
 
-// maxInlineBytes is the size up to which a file's new bytes ride inside
-// the apply's record instead of being synced on the apply's path: writing
-// a few kilobytes into a record that is synced anyway is far cheaper than a
-// file and a directory sync, and a typical map or certificate is well below
-// it. maxInlinePerApply bounds one record's share: past it, an apply's
+// maxInlineBytes is the size up to which a file's new bytes ride in the
+// apply's record, which is synced anyway, instead of costing a file and a
+// directory sync; a typical map or certificate is well below it.
+// maxInlinePerApply bounds one record's share: past it, an apply's
 // remaining files are staged synced, like large ones.
 const (
 	maxInlineBytes    = 64 << 10
@@ -88,8 +88,8 @@ type fileStore struct {
 	config   string
 	fileMode fs.FileMode
 	dirMode  fs.FileMode
-	// umaskNarrows: the process's umask takes bits off fileMode, so a file
-	// created with that mode must be given it again.
+	// umaskNarrows: the umask takes bits off fileMode, so a file created
+	// with that mode must be given it again.
 	umaskNarrows bool
 	logger       *slog.Logger
 	disk         disk
@@ -105,8 +105,7 @@ type fileStore struct {
 	// linked is the size of the files linked aside since the last sweep:
 	// a link keeps an old version's blocks allocated until it goes.
 	linked int64
-	// late: a mount the start did not see refused a push (crossedMount).
-	late error
+	late   error // a mount the start did not see refused a push (crossedMount)
 	// spare is, by temp directory, a temp file that holds a version an
 	// install displaced and nothing else links: the next install in that
 	// directory overwrites it instead of creating a file. On ext4 a new
@@ -180,20 +179,17 @@ func ensureStoreDir(d disk, p string) error {
 }
 
 // checkOwnedPath refuses a path the agent keeps for itself (its store's
-// directories, its state file, its log, its plan blob) when it is a
-// symbolic link, is not a directory (wantDir) or a regular file (!wantDir),
-// or is not owned by the agent's effective uid: the agent reads, replaces
-// and deletes these paths, and must do so only on files that are its own.
-// A path that does not exist passes: the agent creates it itself.
+// directories, its state file, its log, its plan blob) unless it is absent
+// (the agent creates it) or a real directory (wantDir) or regular file that
+// the agent's effective uid owns: the agent reads, replaces and deletes
+// these paths, and must do so only on files that are its own.
 func checkOwnedPath(d disk, p string, wantDir bool) error {
 	fi, err := d.Lstat(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return err
 	case fi.Mode()&fs.ModeSymlink != 0:
 		return fmt.Errorf("%s is a symbolic link; the agent's own files and directories must be real ones, so that it never writes, deletes or changes modes elsewhere", p)
 	case wantDir && !fi.IsDir():
@@ -201,16 +197,15 @@ func checkOwnedPath(d disk, p string, wantDir bool) error {
 	case !wantDir && !fi.Mode().IsRegular():
 		return fmt.Errorf("%s is not a regular file", p)
 	}
-	if uid, ok := fileOwner(fi); ok && uid != os.Geteuid() {
+	if uid, _, ok := fileOwner(fi); ok && uid != os.Geteuid() {
 		return fmt.Errorf("%s is owned by uid %d, not by the agent's uid %d", p, uid, os.Geteuid())
 	}
 	return nil
 }
 
-// validatePath applies the manifest path rules: relative, clean, at most
-// MaxPathBytes, no dot-prefixed component (which keeps the agent's own
-// files and directories out of any manifest's reach), and the character
-// rules the client shares (pathProblem).
+// validatePath applies the manifest path rules (manifestPathProblem):
+// relative, clean, at most MaxPathBytes, no dot-prefixed component (which
+// keeps the agent's own files and directories out of any manifest's reach).
 func validatePath(rel string) error {
 	if why := manifestPathProblem(rel, false); why != "" {
 		return fmt.Errorf("%w: %q %s", errInvalidPath, rel, why)
@@ -275,8 +270,8 @@ func notRegular(rel string) error {
 
 // stagedFile is one verified part. A small one is held in memory: its bytes
 // ride in the apply's record and reach the tree only at install. A large
-// one waits, synced, in a temp file of its path's mount. A patch whose
-// replacement rides in the record is rebuilt on its base at install.
+// one waits, synced, in a temp file of its path's mount; a patch whose
+// replacement rides in the record, unsynced (built).
 type stagedFile struct {
 	Rel    string
 	abs    string
@@ -285,21 +280,16 @@ type stagedFile struct {
 	// held is the agent's record of the path when the part was read: the
 	// part was read outside the apply lock, and an apply that landed
 	// meanwhile may have moved what it was checked against.
-	held FileAt
-	// inline holds the bytes of a file no larger than maxInlineBytes.
-	inline []byte
-	// repl and patch: the file is its base (the live file) with repl
-	// spliced in as patch says.
-	repl  []byte
-	patch *FilePatch
-	tmp   string // a large part's synced temp file
-	// built: an unsynced temp file the patch was spliced into while it was
-	// verified, which the install renames into place (recovery rebuilds it
-	// from the record instead): one pass over a large base, not two.
-	built string
-	// unchanged: the live file already holds exactly these bytes, so the
-	// part is neither installed nor journalled.
-	unchanged bool
+	held   FileAt
+	inline []byte // a small part's bytes
+	repl   []byte // with patch: the file is its base (the live file) with repl spliced in
+	patch  *FilePatch
+	tmp    string // a large part's synced temp file
+	// built: the temp file the patch was spliced into while it was
+	// verified (recovery rebuilds it from the record): one pass over a
+	// large base, not two.
+	built     string
+	unchanged bool // the live file already holds these bytes: neither installed nor journalled
 	installed bool
 }
 
@@ -380,15 +370,13 @@ func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	return n, err
 }
 
-// writeTemp creates a temp file in the .haptic-tmp of the mount that holds
-// abs (rel's path), with the tree's file mode, fills it, syncs it when
-// asked and closes it. On any error the file is gone. The errors of the
-// agent's own disk are staging faults of rel; fill's own (the client's
-// body) are returned as they are.
+// writeTemp fills a temp file of abs's mount (rel's path), with the tree's
+// file mode, and syncs it when asked; on any error the file is gone. The
+// errors of the agent's own disk are staging faults of rel; fill's own (the
+// client's body) are returned as they are.
 func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync bool) (_ string, err error) {
 	var f diskFile
-	var tmp string
-	reused := false
+	tmp, reused := "", false
 	if !sync { // a synced temp file is a record's source: always a file of its own
 		tmp, reused = s.takeSpare(abs)
 	}
@@ -418,21 +406,18 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 		return "", err
 	}
 	if reused {
-		if err = f.Truncate(w.n); err != nil {
-			return "", diskFault(rel, err)
-		}
+		err = f.Truncate(w.n)
 	}
-	if s.umaskNarrows {
-		if err = f.Chmod(s.fileMode); err != nil {
-			return "", diskFault(rel, err)
-		}
+	if err == nil && s.umaskNarrows {
+		err = f.Chmod(s.fileMode)
 	}
-	if sync {
-		if err = f.Sync(); err != nil {
-			return "", diskFault(rel, err)
-		}
+	if err == nil && sync {
+		err = f.Sync()
 	}
-	if err = f.Close(); err != nil {
+	if err == nil {
+		err = f.Close()
+	}
+	if err != nil {
 		return "", diskFault(rel, err)
 	}
 	return tmp, nil
@@ -520,8 +505,8 @@ func (w faultWriter) Write(p []byte) (int, error) {
 // not hold (held, the agent's record of the file, is another, or the file
 // is not that size) is errPatchBaseMissing: the path goes into the 409
 // Missing answer. A replacement that fits the inline budget rides in the
-// record and the file is rebuilt on its base at install, so that a change
-// of a few bytes to a large map writes nothing before the answer; a larger
+// record and the file it makes waits unsynced (built), so that a change of
+// a few bytes to a large map syncs nothing but the record; a larger
 // one, or a small result, is staged whole like a part. The base is not
 // hashed up front: the result's digest checks it too, and only a result
 // that does not match is told apart as a base that changed behind the
@@ -579,8 +564,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 
 // spliceOnto writes base[:offset], then at most n+1 bytes of repl, then
 // base[offset+length:] into w, and returns the count. Only repl comes from
-// the client; every other error here is the base's, on the agent's own
-// disk.
+// the client; every other error is the base's, on the agent's own disk.
 func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n int64, rel string) (int64, error) {
 	if _, err := base.Seek(0, io.SeekStart); err != nil {
 		return 0, diskFault(rel, err)
@@ -609,16 +593,11 @@ func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n
 // deletions returns the owned paths the manifest no longer lists, sorted:
 // absence means delete, but only for paths the agent owns.
 func deletions(owned map[string]FileAt, files []ManifestFile) []string {
-	want := make(map[string]bool, len(files))
+	listed := make(map[string]bool, len(files))
 	for _, f := range files {
-		want[f.Path] = true
+		listed[f.Path] = true
 	}
-	var out []string
-	for p := range owned {
-		if !want[p] {
-			out = append(out, p)
-		}
-	}
+	out := slices.DeleteFunc(slices.Collect(maps.Keys(owned)), func(p string) bool { return listed[p] })
 	slices.Sort(out)
 	return out
 }
@@ -688,7 +667,7 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 	s.linkSeq++
 	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, fmt.Sprintf("%d-%s", s.linkSeq, DigestString(abs)))
 	if s.dirty[abs] {
-		s.dirty[link] = true // unsynced behind its link once the path holds another
+		s.dirty[link] = true
 	}
 	s.dirtyDirs[filepath.Dir(link)] = true
 	s.mu.Unlock()
@@ -701,12 +680,10 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 // install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
 // then unlinks the deleted paths. Directories are created as needed and
-// never removed. A file the record carries is written only now: a small
-// part from its bytes, a patch rebuilt on its base (the live file, which
-// describe linked aside so that it stays reachable until the new file is
-// durable); a large part's synced temp file is renamed into place. Nothing
-// is synced: recovery redoes it from the record. A file a failed install
-// already put in place is skipped when it is tried again.
+// never removed. A small part is written from its bytes only now; a temp
+// file (a large part's, or the one a patch was spliced into) is renamed
+// into place. Nothing is synced: recovery redoes it from the record. A file
+// a failed install already put in place is skipped when it is tried again.
 func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
 	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
@@ -783,10 +760,10 @@ func (s *fileStore) put(rel, from string) error {
 }
 
 // replace puts tmp at abs atomically. Over an existing file it swaps the
-// two names and removes the temp name, which then holds the old file (the
-// undo keeps it through its own link): a rename over an existing file makes
-// ext4 flush the new file's data at once, which costs more than the rest
-// of the apply, and the agent's durability comes from its log anyway.
+// two names, and keepSpare settles the temp name, which then holds the old
+// file: a rename over an existing file makes ext4 flush the new file's data
+// at once, which costs more than the rest of the apply, and the agent's
+// durability comes from its log anyway.
 func (s *fileStore) replace(tmp, abs string) error {
 	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
 		err := s.disk.Exchange(tmp, abs)
@@ -805,7 +782,7 @@ func (s *fileStore) replace(tmp, abs string) error {
 // otherwise (an undo or the journal keeps that version through its link).
 func (s *fileStore) keepSpare(tmp string) error {
 	fi, err := s.disk.Lstat(tmp)
-	if n, ok := fileLinks(fi); err != nil || !ok || n != 1 {
+	if _, n, ok := fileOwner(fi); err != nil || !ok || n != 1 {
 		return s.disk.Remove(tmp)
 	}
 	s.mu.Lock()
@@ -1106,24 +1083,22 @@ func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 		if err != nil || !fi.Mode().IsRegular() {
 			continue
 		}
-		at, err := s.digestAbs(abs)
-		switch {
+		switch at, err := s.digestAbs(abs); {
+		case err == nil:
+			tree[rel] = at
 		case errors.Is(err, fs.ErrPermission):
 			s.logger.Warn("a file of the tree cannot be read; it is left out of the tree", "path", rel, "err", err)
-			continue
-		case err != nil:
+		default:
 			return nil, fmt.Errorf("hash %q: %w", rel, err)
 		}
-		tree[rel] = at
 	}
 	return tree, nil
 }
 
 // sweep empties every mount's .haptic-tmp and removes the links no record
-// needs any more (every one but keep), at most MaxFiles entries of each
-// directory per call. It runs at start, after recovery, and after each
-// compaction, so that nothing it removes can be needed to redo or undo an
-// apply.
+// needs any more (all but keep), at most MaxFiles entries of each directory
+// per call. It runs at start, after recovery and after each compaction, so
+// that nothing it removes can be needed to redo or undo an apply.
 func (s *fileStore) sweep(keep map[string]bool) error {
 	s.mu.Lock()
 	s.linked, s.spare = 0, map[string]string{}

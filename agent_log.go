@@ -22,6 +22,7 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -189,10 +190,8 @@ func decodeFrames(b []byte, after uint64) (records, tail []logRecord, good, dama
 			continue
 		}
 		more, end := read(pos)
-		for _, m := range more {
-			if m.Durable > last && damaged < 0 {
-				damaged = good
-			}
+		if damaged < 0 && slices.ContainsFunc(more, func(m logRecord) bool { return m.Durable > last }) {
+			damaged = good
 		}
 		tail, pos = append(tail, more...), end-1
 	}
@@ -223,12 +222,8 @@ type loadedLog struct {
 	// damage names the damaged file and offset; the rest of loadedLog is
 	// then only what could be read, for the ledger to keep what is safe.
 	damage string
-	// torn is how many bytes after the good prefix a crash left: a record
-	// cut in the middle of its write, or lost.
-	torn int64
-	// fresh: there was neither a snapshot nor a log, so nothing was ever
-	// handed out.
-	fresh bool
+	torn   int64 // the bytes a crash left after the good prefix: a record cut short, or lost
+	fresh  bool  // neither a snapshot nor a log: nothing was ever handed out
 }
 
 // source is one place that may hold the bytes of a digest: inline bytes
@@ -280,8 +275,7 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 			out.damage = fmt.Sprintf("%s at offset %d", logPath, damaged)
 		}
 	}
-	snapSeq := out.seq
-	records = slices.DeleteFunc(records, func(r logRecord) bool { return r.Seq <= snapSeq })
+	records = slices.DeleteFunc(records, func(r logRecord) bool { return r.Seq <= out.seq })
 	out.replay(records)
 	// Past damage, records are read only for the paths they name and the
 	// numbers they may have handed out.
@@ -289,9 +283,7 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	for _, r := range tail {
 		out.index(r, seen)
 		out.st.raiseNumbers(stateOf(r))
-		for p := range r.Tree {
-			out.touched = append(out.touched, p)
-		}
+		out.touched = slices.AppendSeq(out.touched, maps.Keys(r.Tree))
 	}
 	return out, nil
 }
@@ -370,10 +362,8 @@ func (l *loadedLog) index(r logRecord, seen map[string]bool) {
 		}
 	}
 	addChangeSources(l.sources, r.Files)
-	for _, list := range [][]journalEntry{r.Journal, stateOf(r).PendingUndo} {
-		for _, e := range list {
-			addSource(l.sources, e.At, source{path: e.Backup})
-		}
+	for _, e := range slices.Concat(r.Journal, stateOf(r).PendingUndo) {
+		addSource(l.sources, e.At, source{path: e.Backup})
 	}
 }
 
