@@ -782,7 +782,10 @@ func (s *fileStore) replace(tmp, abs string) error {
 // otherwise (an undo or the journal keeps that version through its link).
 func (s *fileStore) keepSpare(tmp string) error {
 	fi, err := s.disk.Lstat(tmp)
-	if _, n, ok := fileOwner(fi); err != nil || !ok || n != 1 {
+	if err != nil {
+		return s.disk.Remove(tmp)
+	}
+	if _, n, ok := fileOwner(fi); !ok || n != 1 {
 		return s.disk.Remove(tmp)
 	}
 	s.mu.Lock()
