@@ -138,10 +138,8 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers,
 		}
 		names[i] = s.String()
 	}
-	for _, b := range backends {
-		if err := checkToken("backend", b); err != nil {
-			return nil, nil, err
-		}
+	if err := checkTokens("backend", backends); err != nil {
+		return nil, nil, err
 	}
 	pendingServers, pendingBackends := q.pendingLocked()
 	newServers, newBackends = unseen(pendingServers, names), unseen(pendingBackends, backends)
