@@ -88,10 +88,9 @@ func terminatorFor(version string) string {
 	return ""
 }
 
-// compileOp turns one op into its program. Every word is checked against
-// the token grammar first; a failing field is refused, never sanitised.
-// content returns the held bytes of a file (map_replace, cert_*, ca_*); term
-// is the worker's payload terminator (terminatorFor).
+// compileOp turns one op into its program, every word checked against the
+// token grammar first. content returns the held bytes of a file
+// (map_replace, cert_*, ca_*); term is the worker's payload terminator.
 func compileOp(op *Op, content func(path string) ([]byte, error), term string) (program, error) {
 	p := program{Kind: op.Kind, Terminator: term}
 	var err error
