@@ -229,8 +229,7 @@ func (m *tlsMaterial) read() (tlsTrust, error) {
 	if err != nil {
 		return out, fmt.Errorf("%s: not an RFC 3339 time: %w", path(tlsPreviousUntilFile), err)
 	}
-	overlap := x509.NewCertPool()
-	overlap.AppendCertsFromPEM(caPEM)
+	overlap := pool.Clone()
 	if !overlap.AppendCertsFromPEM(previousPEM) {
 		return out, fmt.Errorf("%s holds no PEM certificate", path(tlsPreviousCAFile))
 	}

@@ -13,6 +13,7 @@ package haptic
 
 import (
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -109,11 +110,7 @@ func (f *authFailures) budgetLocked(r *http.Request, now time.Time) *time.Time {
 	}
 	if len(f.byAddr) >= f.maxAddrs && now.Sub(f.lastPrune) >= authFailPruneEvery {
 		f.lastPrune = now
-		for k, whole := range f.byAddr {
-			if !whole.After(now) {
-				delete(f.byAddr, k)
-			}
-		}
+		maps.DeleteFunc(f.byAddr, func(_ netip.Prefix, whole *time.Time) bool { return !whole.After(now) })
 	}
 	if len(f.byAddr) >= f.maxAddrs {
 		return &f.overflow

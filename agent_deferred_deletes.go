@@ -105,9 +105,8 @@ func (q *deleteQueue) check(servers []serverRef, backends []string) error {
 	return err
 }
 
-// enqueue queues deletes after the inline half succeeded. The worker must
-// be the queue's current worker: deletes meant for an outgoing worker
-// would run against objects the reloaded configuration no longer has.
+// enqueue queues deletes after the inline half succeeded, only for the
+// queue's current worker (an outgoing one's objects are gone on reload).
 func (q *deleteQueue) enqueue(worker HAProxyInfo, servers []serverRef, backends []string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -138,10 +137,8 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers,
 		}
 		names[i] = s.String()
 	}
-	for _, b := range backends {
-		if err := checkToken("backend", b); err != nil {
-			return nil, nil, err
-		}
+	if err := checkTokens("backend", backends); err != nil {
+		return nil, nil, err
 	}
 	pendingServers, pendingBackends := q.pendingLocked()
 	newServers, newBackends = unseen(pendingServers, names), unseen(pendingBackends, backends)
@@ -186,9 +183,8 @@ func notify(ch chan struct{}) {
 
 // setWorker adopts the running worker. For the same worker (pid and start
 // time) nothing changes; a new worker retires everything queued for the
-// old one (counted superseded): the reloaded configuration no longer has
-// those objects. An item in flight finishes on its old connection and is
-// never requeued.
+// old one, counted superseded. An item in flight finishes on its old
+// connection and is never requeued.
 func (q *deleteQueue) setWorker(info HAProxyInfo) {
 	q.mu.Lock()
 	if q.worker.SameWorker(info) {

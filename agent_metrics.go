@@ -157,19 +157,17 @@ func newCounterVec(name, help string, labels []string, closed ...[]string) *metr
 	if len(closed) != len(labels) {
 		return c // an open label set: series appear when first incremented
 	}
-	combos := [][]string{{}}
-	for _, values := range closed {
-		var next [][]string
-		for _, prefix := range combos {
-			for _, v := range values {
-				next = append(next, append(cloneSlice(prefix), v))
-			}
+	var fill func(values []string)
+	fill = func(values []string) {
+		if len(values) == len(labels) {
+			c.lookup(values)
+			return
 		}
-		combos = next
+		for _, v := range closed[len(values)] {
+			fill(append(slices.Clip(values), v))
+		}
 	}
-	for _, values := range combos {
-		c.lookup(values)
-	}
+	fill(nil)
 	return c
 }
 

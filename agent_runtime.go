@@ -32,9 +32,8 @@ import (
 	"unicode"
 )
 
-// Socket constants. The timeouts are the production values; runtimeConfig
-// overrides them so tests can shrink them. show info and show stat travel
-// behind readPrefix alone: they need no experimental mode.
+// Socket constants; runtimeConfig overrides the timeouts in tests. show info
+// and show stat travel behind readPrefix alone: they need no experimental mode.
 const (
 	readPrefix = "set severity-output number;" // show info and show stat
 
@@ -62,10 +61,9 @@ var (
 	errWorkerMoved        = errors.New("the commands reached another HAProxy worker than expected")
 )
 
-// runtimeError is an error with its own text that still matches the errors it
-// stands for under errors.Is, so that a message can say what happened in
-// the operator's terms ("reload: no new worker within 1m0s") without
-// repeating the sentinel's.
+// runtimeError has its own text yet matches the errors it stands for under
+// errors.Is, so that a message can say what happened in the operator's terms
+// ("reload: no new worker within 1m0s") without repeating the sentinel's.
 type runtimeError struct {
 	msg  string
 	kind []error
@@ -74,9 +72,8 @@ type runtimeError struct {
 func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
-// runtimeConfig configures the layer. Zero durations mean the production
-// defaults (the socket constants, and MaxReloadMs for a reload);
-// SessionTimeout and ConnectRetryPause exist so tests can shrink them.
+// runtimeConfig configures the layer; a zero duration is the production
+// default (the socket constants, MaxReloadMs for a reload).
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
@@ -111,22 +108,16 @@ func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
 		reloadTimeout:  cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
 		sessionTimeout: cmp.Or(cfg.SessionTimeout, workerSessionTimeout),
 		retryPause:     cmp.Or(cfg.ConnectRetryPause, connectRetryPause),
-		dial:           dialUnix,
+		dial: func(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
+			return (&net.Dialer{Deadline: deadline}).DialContext(ctx, "unix", path)
+		},
 	}
 }
 
-func dialUnix(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
-	d := net.Dialer{Deadline: deadline}
-	return d.DialContext(ctx, "unix", path)
-}
-
-// Transport: one line, one connection. HAProxy answers a non-interactive
-// worker connection's line and closes it, and 3.0 discards any further line
-// already sent on it, so every exchange dials, writes its one line and
-// reads to EOF.
-
-// roundTrip is one exchange: dial (one retry when the dial fails, since
-// nothing was written), one Write of the whole line, read to EOF, close.
+// roundTrip is one exchange, one line on a connection of its own: HAProxy
+// answers a non-interactive worker connection's line and closes it, and 3.0
+// discards any further line already sent on it. It dials (once more when the
+// dial fails: nothing was written), writes the whole line and reads to EOF.
 // delivered reports whether the write completed: after it, an error means
 // the command may have landed and is never retried.
 func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadline time.Time) (raw []byte, delivered bool, err error) {
@@ -182,15 +173,13 @@ func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget t
 	return raw, err
 }
 
-// Reply framing: HAProxy answers every command of a line, in order, with
-// one response, so a complete reply to k commands is exactly k responses.
-// Counting them is what tells a cut reply from silence.
-
-// responseEnds returns where each whole response of a raw reply ends: a
-// silent command writes a lone '\n', any other lines then an empty line.
-// partial reports a tail that is not a whole response (a connection closed
-// mid-reply, or HAProxy's "command is too big" error, which ends in one
-// '\n').
+// responseEnds returns where each whole response of a raw reply ends.
+// HAProxy answers every command of a line, in order, with one response (a
+// lone '\n' for a silent command, else lines then an empty line), so a
+// complete reply to k commands is exactly k responses: counting them tells a
+// cut reply from silence. partial reports a tail that is not a whole
+// response (a connection closed mid-reply, or HAProxy's "command is too big"
+// error, which ends in one '\n').
 func responseEnds(raw []byte) (ends []int, partial bool) {
 	for pos := 0; pos < len(raw); ends = append(ends, pos) {
 		if raw[pos] == '\n' {
@@ -204,8 +193,7 @@ func responseEnds(raw []byte) (ends []int, partial bool) {
 	return ends, false
 }
 
-// trimReply post-processes a reply before segmentation: one trailing
-// prompt, one trailing '\n', then trailing whitespace.
+// trimReply strips one trailing prompt, one trailing '\n', then whitespace.
 func trimReply(s string) string {
 	s = strings.TrimSuffix(s, workerPrompt)
 	s = strings.TrimSuffix(s, "\n")
@@ -272,19 +260,15 @@ func classify(segment string) error {
 		return errNameCollision
 	case strings.Contains(text, "wait delay expired"):
 		return errWaitExpired
-	case strings.Contains(text, "unknown command"):
+	case strings.Contains(text, "unknown command"), level >= 0 && level <= 3:
 		// HAProxy answers an unknown verb at [6] ("Unknown command: 'add',
 		// but maybe…"), so the level alone would call it a success.
-		return errRejected
-	case level >= 0 && level <= 3:
 		return errRejected
 	case level >= 5:
 		return nil
 	}
-	for _, phrase := range rejectionPhrases {
-		if strings.Contains(text, phrase) {
-			return errRejected
-		}
+	if slices.ContainsFunc(rejectionPhrases, func(p string) bool { return strings.Contains(text, p) }) {
+		return errRejected
 	}
 	return nil
 }
@@ -296,19 +280,16 @@ var prefixEntry = command{Text: strings.TrimSuffix(linePrefix, ";"), Optional: t
 // matchSegments walks the commands with a segment cursor and also returns
 // the segment each command consumed (HAProxy's words for the op result).
 func matchSegments(segments []string, cmds []command) (errs []error, outputs []string) {
-	errs = make([]error, len(cmds))
-	outputs = make([]string, len(cmds))
+	errs, outputs = make([]error, len(cmds)), make([]string, len(cmds))
 	cursor, failed := 0, false
 	for i, c := range cmds {
-		if failed {
-			errs[i] = errUnreadableResponse
-			continue
-		}
 		next, seg, left := nextAnchor(cmds[i+1:]), "", cursor < len(segments)
 		if left {
 			seg = segments[cursor]
 		}
 		switch {
+		case failed:
+			errs[i] = errUnreadableResponse
 		case c.Optional:
 			if left && classify(seg) == nil && !containsFold(seg, next) {
 				outputs[i], cursor = seg, cursor+1
@@ -496,15 +477,6 @@ func (e *execution) all() error {
 	for pi, p := range e.programs {
 		for _, c := range p.Commands {
 			c.Text = strings.ReplaceAll(c.Text, versionPlaceholder, e.version)
-			if c.Repeat {
-				if err := e.send(b.take()); err != nil {
-					return err
-				}
-				if err := e.repeat(pi, c); err != nil {
-					return err
-				}
-				continue
-			}
 			for _, line := range b.add(lineCommand{command: c, prog: pi}) {
 				if err := e.send(line); err != nil {
 					return err
@@ -515,10 +487,14 @@ func (e *execution) all() error {
 	return e.send(b.take())
 }
 
-// send runs one line and records its verdicts.
+// send runs one line and records its verdicts; a repeated command, alone on
+// its line, runs as often as repeat says.
 func (e *execution) send(line []lineCommand) error {
 	if len(line) == 0 {
 		return nil
+	}
+	if c := line[0]; c.Repeat {
+		return e.repeat(c.prog, c.command)
 	}
 	term := e.programs[line[len(line)-1].prog].Terminator
 	raw, err := e.line(renderLine(line, term), lineWaitBudget(line))
@@ -614,24 +590,20 @@ func (e *execution) abort(p program) {
 	}
 }
 
-// Reads: each a complete reply, its own response taken by position; a
-// response tagged [0]: to [3]: is a refusal (errRejected with HAProxy's
-// words), never a listing.
-
 // read sends one read command after prefix and returns its response.
 func (r *haproxyRuntime) read(ctx context.Context, prefix, cmd string) (string, error) {
 	texts, errs := r.readAll(ctx, prefix, []string{cmd})
 	return texts[0], errs[0]
 }
 
-// readAll sends several read commands on one line after prefix and returns
-// each one's response, in order, with a refusal per command; a reply that
-// is cut or a socket that fails is every command's error. One connection
-// instead of one per listing keeps the reads after a reload off the apply's
-// answer as far as HAProxy allows.
+// readAll sends read commands on one line after prefix and returns each
+// one's response, taken by position from a complete reply, or its refusal: a
+// response tagged [0]: to [3]: is errRejected with HAProxy's words, never a
+// listing. A reply that is cut or a socket that fails is every command's
+// error. One connection instead of one per listing keeps the reads after a
+// reload off the apply's answer as far as HAProxy allows.
 func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []string) ([]string, []error) {
-	texts := make([]string, len(cmds))
-	errs := make([]error, len(cmds))
+	texts, errs := make([]string, len(cmds)), make([]error, len(cmds))
 	// One response per prefix command, then the reads' own.
 	skip := strings.Count(prefix, ";")
 	raw, err := r.exchange(ctx, prefix+strings.Join(cmds, ";")+"\n", 0)
@@ -653,8 +625,7 @@ func (r *haproxyRuntime) readAll(ctx context.Context, prefix string, cmds []stri
 	return texts, errs
 }
 
-// info reads the worker's identity with "show info float" and records its
-// version for payload framing.
+// info reads the worker's identity with "show info float" (identify).
 func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
 	text, err := r.read(ctx, readPrefix, identityCommand)
 	if err != nil {
@@ -674,7 +645,6 @@ func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	return info, nil
 }
 
-// terminator is the payload terminator for the worker the last info read.
 func (r *haproxyRuntime) terminator() string {
 	term, _ := r.term.Load().(string)
 	return term
@@ -719,12 +689,8 @@ func parseStartMicros(v string) (int64, bool) {
 		return 0, false
 	}
 	secs, err := strconv.ParseInt(secText, 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	frac = (frac + "000000")[:6]
-	micros, _ := strconv.ParseInt(frac, 10, 64)
-	if secs > (math.MaxInt64-micros)/1_000_000 {
+	micros, _ := strconv.ParseInt((frac + "000000")[:6], 10, 64)
+	if err != nil || secs > (math.MaxInt64-micros)/1_000_000 {
 		return 0, false
 	}
 	total := secs*1_000_000 + micros
@@ -880,10 +846,8 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 				}
 				return log, errReloadRejected
 			}
-			for _, w := range procs.Workers {
-				if !slices.Contains(base.Workers, w) {
-					return reply, nil
-				}
+			if slices.ContainsFunc(procs.Workers, func(w int) bool { return !slices.Contains(base.Workers, w) }) {
+				return reply, nil
 			}
 		}
 		select {
@@ -996,7 +960,8 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 // listedName is the object one listing row names: the file in the
 // parentheses of a show map row, else the first field, less the '*' that
 // marks an object with an open transaction (a crt-list row has none). The
-// system CA store is HAProxy's own, no file of ours.
+// system CA store is HAProxy's own, no file of ours. line is a data line, so
+// it has a first field.
 func listedName(cmd, line string) string {
 	f := strings.Fields(line)
 	switch {
@@ -1007,8 +972,6 @@ func listedName(cmd, line string) string {
 			return ""
 		}
 		return name
-	case len(f) == 0:
-		return ""
 	case cmd == "show ssl crt-list":
 		return f[0]
 	case cmd == "show ssl ca-file" && strings.TrimPrefix(f[0], "*") == systemCA:

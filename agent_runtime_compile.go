@@ -88,10 +88,9 @@ func terminatorFor(version string) string {
 	return ""
 }
 
-// compileOp turns one op into its program. Every word is checked against
-// the token grammar first; a failing field is refused, never sanitised.
-// content returns the held bytes of a file (map_replace, cert_*, ca_*); term
-// is the worker's payload terminator (terminatorFor).
+// compileOp turns one op into its program, every word checked against the
+// token grammar first. content returns the held bytes of a file
+// (map_replace, cert_*, ca_*); term is the worker's payload terminator.
 func compileOp(op *Op, content func(path string) ([]byte, error), term string) (program, error) {
 	p := program{Kind: op.Kind, Terminator: term}
 	var err error
@@ -160,7 +159,7 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpMapAdd:
 		// The payload form carries a value with spaces, which the line form
 		// would cut at the first space.
-		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkPayloadValue("value", op.Value))
+		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkWord(SafePayloadValue(op.Value), "value", op.Value))
 		p.Commands = []command{{Text: "add map " + op.Path, Payload: op.Key + " " + op.Value + "\n"}}
 	case OpMapSet:
 		err = cmp.Or(checkToken("path", op.Path), checkToken("key", op.Key), checkToken("value", op.Value))
@@ -261,12 +260,10 @@ func mapPayload(data []byte) (string, error) {
 // canonicalMapFile reports whether ParseMapEntries would render data back
 // byte for byte: every line ends in '\n' and is canonicalMapLine.
 func canonicalMapFile(data []byte) bool {
-	for len(data) > 0 {
-		end := bytes.IndexByte(data, '\n')
-		if end < 0 || !canonicalMapLine(data[:end]) {
+	for line := range bytes.Lines(data) {
+		if line, ok := bytes.CutSuffix(line, []byte{'\n'}); !ok || !canonicalMapLine(line) {
 			return false
 		}
-		data = data[end+1:]
 	}
 	return true
 }
@@ -373,7 +370,12 @@ func checkToken(field, s string) error {
 	if s == "" {
 		return fmt.Errorf("%w: %s is empty", errUnsafeToken, field)
 	}
-	if !SafeToken(s) {
+	return checkWord(SafeToken(s), field, s)
+}
+
+// checkWord refuses the word s of field unless ok.
+func checkWord(ok bool, field, s string) error {
+	if !ok {
 		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
 	}
 	return nil
@@ -409,22 +411,12 @@ func checkCRTListWords(op *Op) error {
 	return nil
 }
 
-func checkPayloadValue(field, s string) error {
-	if !SafePayloadValue(s) {
-		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
-	}
-	return nil
-}
-
 func checkRef(op *Op) error {
 	return cmp.Or(checkToken("backend", op.Backend), checkToken("server", op.Server))
 }
 
 func checkEnum(field, s string, allowed ...string) error {
-	if !slices.Contains(allowed, s) {
-		return fmt.Errorf("%w: %s %q", errUnsafeToken, field, s)
-	}
-	return nil
+	return checkWord(slices.Contains(allowed, s), field, s)
 }
 
 // checkRange refuses a number outside what HAProxy takes as meant: it
@@ -510,8 +502,9 @@ type lineCommand struct {
 
 // lineBuilder packs commands into lines. Every line, prefix and final '\n'
 // included, stays within MaxCommandLineBytes before its payload framing;
-// payload and capture commands travel alone; one line's wait budget stays
-// within MaxWaitBudgetMs, so one exchange is bounded by IOTimeout + 30s.
+// payload, capture and repeated commands travel alone; one line's wait
+// budget stays within MaxWaitBudgetMs, so one exchange is bounded by
+// IOTimeout + 30s.
 type lineBuilder struct {
 	pending []lineCommand
 	length  int // Σ len(Text)+1 over pending
@@ -522,7 +515,7 @@ type lineBuilder struct {
 // now, in order (none, one or two).
 func (b *lineBuilder) add(c lineCommand) [][]lineCommand {
 	var ready [][]lineCommand
-	solo := c.Payload != "" || c.Capture
+	solo := c.Payload != "" || c.Capture || c.Repeat
 	wait := waitMsOf(c.Text)
 	if len(b.pending) > 0 && (solo || b.length+len(c.Text) >= lineBudget || b.waitMs+wait > MaxWaitBudgetMs) {
 		ready = append(ready, b.take())

@@ -156,10 +156,8 @@ const (
 // "another reload is in progress", or does not answer while it re-executes,
 // so the attempt is repeated until the reload timeout has passed once more.
 // Only HAProxy's own refusal ends it early.
-func (w *workerTracker) reloadToRecover(ctx context.Context) (*ReloadInfo, error) {
+func (w *workerTracker) reloadToRecover(ctx context.Context) (info *ReloadInfo, err error) {
 	deadline := time.Now().Add(w.reloadTimeout)
-	var info *ReloadInfo
-	var err error
 	for range maxRecoveryReloads {
 		info, err = w.reload(ctx)
 		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
