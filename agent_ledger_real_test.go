@@ -17,7 +17,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -27,7 +26,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -720,14 +718,7 @@ func TestRealAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace(t *testing
 	e.a, e.stop = launchAgentWith(t, e.cfg, agentOptions{disk: d}, nil, true)
 	e.c = newAgentClient(t, e.a)
 	e.land(t, "plan-1", e.fs)
-	var failing atomic.Bool
-	failing.Store(true)
-	d.setHook(func(op diskOp) error {
-		if failing.Load() && op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
-			return &fs.PathError{Op: "renameat2", Path: op.Path, Err: syscall.EIO}
-		}
-		return nil
-	})
+	heal := refuseRenamesOnto(d, filepath.Join(e.a.files.base, "maps/host.map"))
 	next, op := mapEntryChange(e.fs, "owed.example", "be-a")
 	if res := e.c.apply(e.c.manifest("plan-2", next, op), next); !res.OK || res.Error == nil {
 		t.Fatalf("the apply whose install fails: %s", jsonOf(res))
@@ -736,7 +727,7 @@ func TestRealAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace(t *testing
 	if slices.Contains(workerMapEntries(t, e.h, "maps/host.map"), "owed.example") {
 		t.Fatal("the restarted worker holds the owed entry: the test did not restart it on the stale tree")
 	}
-	failing.Store(false)
+	heal()
 	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
 	if !slices.Contains(workerMapEntries(t, e.h, "maps/host.map"), "owed.example") {
 		t.Errorf("the files are in place and the agent is ready, but the worker HAProxy started meanwhile does not serve the ACKed entry\n%s", e.h.Output())

@@ -775,22 +775,7 @@ func TestAFailedInstallKeepsTheACKAndSaysSo(t *testing.T) {
 // entry. Once the files are in place, the agent reloads that worker, so
 // that the ACKed entry is served again.
 func TestAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace(t *testing.T) {
-	d := &hookDisk{}
-	e := newTestEnvWithDisk(t, d, nil)
-	set := seedFiles()
-	e.land(t, "plan-1", set)
-	var failing atomic.Bool
-	failing.Store(true)
-	d.setHook(func(op diskOp) error {
-		if failing.Load() && op.Op == "exchange" && strings.HasSuffix(op.Path, "/maps/host.map") {
-			return &fs.PathError{Op: "renameat2", Path: op.Path, Err: syscall.EIO}
-		}
-		return nil
-	})
-	next, op := mapEntryChange(set, "owed.example", "be-a")
-	if res := e.c.apply(e.c.manifest("plan-2", next, op), next); !res.OK || res.Error == nil {
-		t.Fatalf("the apply whose install fails: %s", jsonOf(res))
-	}
+	e, _, heal := ackWithAFailedInstall(t, seedFiles())
 	e.fake.With(func(m *FakeModel) { // HAProxy restarts on the tree as it is
 		m.Pid, m.StartTimeUnixMicros = m.Pid+100, time.Now().UnixMicro()
 		m.OnReload(m)
@@ -798,7 +783,7 @@ func TestAWorkerStartedFromStaleFilesIsReloadedOnceTheyAreInPlace(t *testing.T) 
 	if hasMapKey(e.fake, "maps/host.map", "owed.example") {
 		t.Fatal("the restarted worker holds the owed entry: the test did not restart it on the stale tree")
 	}
-	failing.Store(false)
+	heal()
 	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
 	if !hasMapKey(e.fake, "maps/host.map", "owed.example") {
 		t.Error("the files are in place and the agent is ready, but the worker HAProxy started meanwhile does not serve the ACKed entry")
