@@ -534,6 +534,14 @@ func (l *ledger) compactDue() bool {
 	return !l.applying && (l.log.full() || l.broken != nil || l.stuckBy != nil)
 }
 
+// mustCompact reports a log that must be compacted before anything else
+// writes to it: broken, stuck, or overdue.
+func (l *ledger) mustCompact() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.broken != nil || l.stuckBy != nil || l.log.overdue()
+}
+
 // stuck records how the last compaction ended: err, or nil once one
 // succeeded.
 func (l *ledger) stuck(err error) {

@@ -496,6 +496,14 @@ func (w *stateLog) cutBack(size int64) error {
 // full reports whether the log should be compacted.
 func (w *stateLog) full() bool { return w.bytes >= maxLogBytes || w.count >= maxLogRecords }
 
+// overdue reports a log half way from full to what a start reads: written
+// past a compaction that was due by writers outside the apply lock (a
+// verified state read adopting a worker), it must be compacted before the
+// next apply or upload writes, not after.
+func (w *stateLog) overdue() bool {
+	return w.bytes >= (maxLogBytes+maxLogReadBytes)/2 || w.count >= (maxLogRecords+maxLogReadRecords)/2
+}
+
 // compact writes snap as the new snapshot, makes its rename durable, and
 // only then empties the log: a crash between the two leaves records the
 // snapshot already holds, which replay skips by their sequence numbers,

@@ -172,3 +172,21 @@ func TestAnUploadCompactsTheLogItFills(t *testing.T) {
 		t.Errorf("after the upload that filled it, the log holds %d records, want the compaction's numbers record alone", count)
 	}
 }
+
+// TestAnOverdueLogIsCompactedBeforeTheNextWrite: writers outside the apply
+// lock (a verified state read adopting a worker) may take the log past a
+// compaction that was due; the next apply compacts it first, so that it
+// never meets the bound a start reads.
+func TestAnOverdueLogIsCompactedBeforeTheNextWrite(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	awaitReadBacks(e.a)
+	e.a.deps.led.mu.Lock()
+	e.a.deps.led.log.count = maxLogReadRecords
+	e.a.deps.led.mu.Unlock()
+	next, op := mapEntryChange(set, "after.example", "be-a")
+	if res := e.c.apply(e.c.manifest("plan-2", next, op), next); !res.OK || res.Mode != ResultRuntime {
+		t.Fatalf("the apply after writers filled the log: %s", jsonOf(res))
+	}
+}

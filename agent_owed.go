@@ -60,7 +60,7 @@ func (d *applyDeps) owe(t *owedTree) {
 // it before it reads the tree, and so does the retry loop. It returns the
 // error that still stands.
 func (d *applyDeps) payOwed(ctx context.Context) error {
-	if d.owed == nil && d.led.brokenBy() == nil && d.led.compactionFailed() == nil {
+	if d.owed == nil && !d.led.mustCompact() {
 		return nil
 	}
 	var err error
