@@ -172,7 +172,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	}
 	a.deps.lock()
 	in, code, body := a.deps.admit(a.baseCtx, m, p, start)
-	var done applied
+	var done outcome
 	if in != nil {
 		done = a.deps.runApply(in)
 		code, body = a.deps.answer(in, done)
@@ -545,7 +545,7 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 // keeps of it: a refusal of its files by HAProxy, for a minute. An apply
 // whose undo the disk would not record is of unknown outcome: a 503 says
 // so.
-func (d *applyDeps) answer(in *applyInput, done applied) (int, any) {
+func (d *applyDeps) answer(in *applyInput, done outcome) (int, any) {
 	r := done.result
 	if done.refused {
 		if work, key, _ := workIdentity(in.m); len(work) > 0 {

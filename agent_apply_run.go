@@ -44,24 +44,6 @@ type applyInput struct {
 	timing        ApplyTiming // staging and admission
 }
 
-// applied is how an apply ended: its answer, and what the agent keeps of
-// it.
-type applied struct {
-	result ApplyResult
-	// refused: HAProxy itself refused this apply's files, a verdict on
-	// them the known-bad cache keeps for a minute.
-	refused bool
-	// unknown: the disk refused the record of its undo, and its own
-	// record may count at the next start: its outcome is not known until
-	// the agent can write again.
-	unknown error
-	// readBack: a runtime apply's ops, for the read-back to check.
-	readBack *compiledOps
-	// keepStaged: its staged temp files are the sources of files owed.
-	keepStaged bool
-	reason     reloadReason // why it reloaded, "" when it did not decide to
-}
-
 // runApply is one admitted apply, in the order it becomes durable, which
 // every recovery rests on:
 //
@@ -85,11 +67,11 @@ type applied struct {
 //  5. The end record lands the state the outcome makes; it is synced where
 //     the apply reloaded.
 //
-// The caller answers with applied.result, and only then releases the apply
-// lock, which compacts a log the apply made due: the answer never waits
-// for a snapshot. So a runtime apply makes one log sync, a reload apply
+// The caller answers with the outcome's result, and only then releases the
+// apply lock, which compacts a log the apply made due: the answer never
+// waits for a snapshot. So a runtime apply makes one log sync, a reload apply
 // two, and a promotion to last-known-good none of its own.
-func (d *applyDeps) runApply(in *applyInput) applied {
+func (d *applyDeps) runApply(in *applyInput) outcome {
 	ch, err := d.linkChanges(in)
 	if err != nil {
 		return d.end(in, ch, d.fail(in, ch, 0, linkStage(err), err, outcome{undone: true, since: in.invalidations}))
@@ -461,7 +443,7 @@ const msgFilesOwed = "acknowledged, but its files are not in place yet: the agen
 // the apply reloaded: that is when an open apply starts to count. A failed
 // apply's undo wrote its end record already: only its final state is
 // recorded.
-func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) applied {
+func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) outcome {
 	start := d.now()
 	o.overtaken = d.led.invalidationCount() != o.since
 	if o.overtaken && o.ok {
@@ -495,11 +477,8 @@ func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) applied {
 	for _, name := range failedInvariants(&r, in.m, in.before.Generation, &st, tree) {
 		d.invariant(false, name)
 	}
-	a := applied{result: r, refused: o.refused, unknown: o.unknown, keepStaged: o.keepStaged, reason: o.reason}
-	if r.OK && r.Mode == ResultRuntime {
-		a.readBack = o.readBack
-	}
-	return a
+	o.result = r
+	return o
 }
 
 // journalAdditions are the entries of undo for paths journal lacks.
