@@ -1,13 +1,8 @@
-// This file owns one apply request, in the order it flows: handleApply
-// reads the manifest and checks it, fences it, stages its parts outside the
-// apply lock, and under the lock admits it (what can still refuse it
-// without touching anything: the disk's debts, the fence again, missing
-// parts, the known-bad cache) and runs it (runApply, agent_apply_run.go),
-// then answers before the lock is released.
+// This file owns one apply request, from its manifest to its answer
+// (handleApply), and what can refuse it before it runs.
 //
 // It never decides what HAProxy should do: it executes what the manifest
-// asks, and whenever it cannot, it reloads the files on disk. A failure
-// undoes exactly its own apply, never one that was answered.
+// asks, and whenever it cannot, it reloads the files on disk.
 
 package haptic
 

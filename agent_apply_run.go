@@ -1,10 +1,5 @@
-// This file owns the run of one admitted apply: runApply reads top to
-// bottom in the order the apply becomes durable, and every step below it
-// takes what the step before returned and returns what it did. The apply's
-// input never changes once admitted; its outcome is returned, never left on
-// a receiver for a later step to read. Its ops are agent_apply_ops.go's;
-// the decisions it follows (which activation, the state each end leaves)
-// are plain functions in agent_apply_steps.go.
+// This file owns the run of one admitted apply (runApply), step by step:
+// each step takes what the one before returned and returns what it did.
 //
 // It never takes back an apply that counts: a failure puts back only what
 // this run changed, and reloads the worker only where this run may have
