@@ -69,14 +69,14 @@ type applyInput struct {
 func (d *applyDeps) runApply(in *applyInput) outcome {
 	ch, err := d.linkChanges(in)
 	if err != nil {
-		return d.end(in, ch, d.fail(in, ch, 0, linkStage(err), err, outcome{undone: true, since: in.invalidations}))
+		return d.end(in, ch, d.fail(in, ch, linkStage(err), err, outcome{undone: true, since: in.invalidations}))
 	}
-	rec, err := d.record(in, ch)
+	o, ops, err := d.record(in, ch)
 	if err != nil {
-		return d.end(in, ch, d.fail(in, ch, rec.seq, StageBackup, err,
-			outcome{undone: true, opsRan: rec.ops.ran, write: rec.took, since: in.invalidations}))
+		o.undone = true // nothing was installed
+		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
 	}
-	o := d.activate(in, ch, rec)
+	o = d.activate(in, ch, ops, o)
 	if o.ok && !o.installed && len(ch.changes) > 0 {
 		o = d.installCounted(in, ch, o)
 	}
@@ -193,22 +193,16 @@ func linkStage(err error) string {
 // ---------------------------------------------------------------------------
 // 2. The record.
 
-// recorded is an apply whose record is synced: its sequence, how its
-// runtime ops went, and how long the record took beside them.
-type recorded struct {
-	seq  uint64
-	ops  opsOutcome
-	took time.Duration
-}
-
 // record writes the apply's record, with the state it lands if it ends as
 // planned, and makes it durable. A runtime apply sends its ops while the
 // sync runs, which hides one round trip to HAProxy inside it (the ledger's
 // beginApply says why that is safe). A sync that fails leaves no record
 // (unless the disk would not even cut it off: seq then names it), and the
-// worker alone may hold the apply.
-func (d *applyDeps) record(in *applyInput, ch changeSet) (recorded, error) {
+// worker alone may hold the apply. It returns the outcome so far (the
+// record's sequence, whether ops ran, the time each took) and the ops'.
+func (d *applyDeps) record(in *applyInput, ch changeSet) (outcome, opsOutcome, error) {
 	start := d.now()
+	o := outcome{since: in.invalidations}
 	id := in.identity(ch)
 	s := in.steps
 	r := &logRecord{Files: append(slices.Clip(ch.changes), ch.same...), Open: s.open, Journal: journalAdditions(in.before.Journal, id.undo)}
@@ -218,18 +212,18 @@ func (d *applyDeps) record(in *applyInput, ch changeSet) (recorded, error) {
 	r.State = &landed
 	durable, err := d.led.beginApply(r)
 	if err != nil {
-		return recorded{}, err
+		return o, opsOutcome{}, err
 	}
-	rec := recorded{seq: r.Seq}
+	var ops opsOutcome
 	if s.act == activateOps {
-		rec.ops = d.runtimeOps(in, ch)
+		ops = d.runtimeOps(in, ch)
 	}
 	err = durable()
-	rec.took = d.now().Sub(start) - rec.ops.took
-	if err != nil && !errors.Is(err, errRecordKept) {
-		rec.seq = 0
+	o.opsRan, o.ops, o.write = ops.ran, ops.took, d.now().Sub(start)-ops.took
+	if err == nil || errors.Is(err, errRecordKept) {
+		o.seq = r.Seq
 	}
-	return rec, err
+	return o, ops, err
 }
 
 // ---------------------------------------------------------------------------
@@ -237,15 +231,14 @@ func (d *applyDeps) record(in *applyInput, ch changeSet) (recorded, error) {
 
 // activate does what the apply's files need from HAProxy, as its steps
 // say, and returns how it went.
-func (d *applyDeps) activate(in *applyInput, ch changeSet, rec recorded) outcome {
-	o := outcome{seq: rec.seq, opsRan: rec.ops.ran, write: rec.took, ops: rec.ops.took, since: in.invalidations}
+func (d *applyDeps) activate(in *applyInput, ch changeSet, ops opsOutcome, o outcome) outcome {
 	switch in.steps.act {
 	case activateOps:
-		return d.judgeOps(in, ch, rec, o)
+		return d.judgeOps(in, ch, ops, o)
 	case activateNothing:
 		return settled(ch, o)
 	}
-	o, ok := d.installNow(in, ch, rec.seq, o)
+	o, ok := d.installNow(in, ch, o)
 	switch {
 	case !ok:
 		return o
@@ -253,7 +246,7 @@ func (d *applyDeps) activate(in *applyInput, ch changeSet, rec recorded) outcome
 		o.due = in.before.PendingAt
 		return d.schedule(in, o, true)
 	}
-	return d.reload(in, ch, rec.seq, in.steps.reason, o)
+	return d.reload(in, ch, in.steps.reason, o)
 }
 
 // settled ends an apply that needs nothing from HAProxy: file_only when
@@ -269,15 +262,14 @@ func settled(ch changeSet, o outcome) outcome {
 // judgeOps finishes a runtime apply. A batch that could not be compiled,
 // was refused, or reached another worker (which is adopted) falls back to
 // a reload of the desired set; a good one hands its deletes to the queue.
-func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, rec recorded, o outcome) outcome {
-	ops := rec.ops
+func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o outcome) outcome {
 	switch {
 	case ops.compileErr != nil:
 		// Diff keeps out what the worker's version cannot take; one that
 		// arrives anyway is that version's limit, not a broken invariant.
 		d.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
-		return d.fallback(in, ch, rec, reasonUnknownOp, o)
+		return d.fallback(in, ch, reasonUnknownOp, o)
 	case ops.c.empty():
 		return settled(ch, o)
 	}
@@ -285,15 +277,15 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, rec recorded, o outco
 	switch {
 	case errors.Is(ops.err, errWorkerMoved):
 		d.logger.Warn("the ops reached another worker", "err", ops.err)
-		return d.fallback(in, ch, rec, reasonWorkerChanged, o)
+		return d.fallback(in, ch, reasonWorkerChanged, o)
 	case ops.err != nil:
 		d.metrics.opErrors.inc(firstFailedKind(ops.results))
 		d.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", in.m.PlanID, "err", ops.err)
-		return d.fallback(in, ch, rec, reasonOpRejected, o)
+		return d.fallback(in, ch, reasonOpRejected, o)
 	}
 	if err := d.enqueueDeletes(ops.worker, ops.c); err != nil {
 		d.logger.Warn("deferred deletes could not be queued", "err", err)
-		return d.fallback(in, ch, rec, reasonDeferredDeleteCommit, o)
+		return d.fallback(in, ch, reasonDeferredDeleteCommit, o)
 	}
 	d.led.foldCreated(ops.c.certs, ops.c.caFiles)
 	o.ok, o.mode, o.readBack = true, ResultRuntime, ops.c
@@ -303,22 +295,22 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, rec recorded, o outco
 // fallback reloads the desired set of a runtime apply whose ops did not
 // land: its files are installed first, with their undo, since HAProxy may
 // refuse them.
-func (d *applyDeps) fallback(in *applyInput, ch changeSet, rec recorded, reason reloadReason, o outcome) outcome {
-	o, ok := d.installNow(in, ch, rec.seq, o)
+func (d *applyDeps) fallback(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
+	o, ok := d.installNow(in, ch, o)
 	if !ok {
 		return o
 	}
-	return d.reload(in, ch, rec.seq, reason, o)
+	return d.reload(in, ch, reason, o)
 }
 
 // installNow installs the apply's files before it activates them: every
 // path it changes is linked aside first (its undo), since HAProxy may
 // refuse them. A revert puts the journal's set back instead. A failure
 // fails the apply: ok is false.
-func (d *applyDeps) installNow(in *applyInput, ch changeSet, seq uint64, o outcome) (_ outcome, ok bool) {
+func (d *applyDeps) installNow(in *applyInput, ch changeSet, o outcome) (_ outcome, ok bool) {
 	start := d.now()
 	if err := d.files.linkUndo(ch.changes, in.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
-		return d.fail(in, ch, seq, StageBackup, err, o), false
+		return d.fail(in, ch, StageBackup, err, o), false
 	}
 	o.installed = len(ch.changes) > 0
 	stage, err := StageWrite, error(nil)
@@ -329,7 +321,7 @@ func (d *applyDeps) installNow(in *applyInput, ch changeSet, seq uint64, o outco
 	}
 	o.write += d.now().Sub(start)
 	if err != nil {
-		return d.fail(in, ch, seq, stage, err, o), false
+		return d.fail(in, ch, stage, err, o), false
 	}
 	return o, true
 }
@@ -340,7 +332,7 @@ func (d *applyDeps) installNow(in *applyInput, ch changeSet, seq uint64, o outco
 // HAProxy loads it: the reloaded set becomes the last-known-good, whose
 // files the next apply links into its journal, and a link is only as good
 // as the bytes it leads to; the syncs cost nothing beside a reload.
-func (d *applyDeps) reload(in *applyInput, ch changeSet, seq uint64, reason reloadReason, o outcome) outcome {
+func (d *applyDeps) reload(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
 	o.reason = reason
 	due := d.led.pacingDue(d.reloadIntervalMin)
 	open := d.now().Before(due) && !in.id.revert
@@ -358,7 +350,7 @@ func (d *applyDeps) reload(in *applyInput, ch changeSet, seq uint64, reason relo
 		// still take effect.
 		o.reloaded = reloadWithoutVerdict(err)
 		o.refused = errors.Is(err, errReloadRejected) && !o.opsRan
-		return d.fail(in, ch, seq, StageReload, err, o)
+		return d.fail(in, ch, StageReload, err, o)
 	}
 	// The new worker loaded the whole set: what invalidated the baseline
 	// before it no longer matters.
@@ -495,7 +487,7 @@ func journalAdditions(journal, undo []journalEntry) []journalEntry {
 // undid (its ops ran, its reload took effect or may have), the worker
 // reloads the restored tree; only if HAProxy refuses that tree too does the
 // agent restore and reload the last-known-good set. The record that says
-// the apply is undone (seq names the apply's own, 0 for none) is durable
+// the apply is undone (o.seq names the apply's own, 0 for none) is durable
 // before any file moves, so that a crash in between finishes the undo
 // instead of redoing the apply.
 //
@@ -506,7 +498,7 @@ func journalAdditions(journal, undo []journalEntry) []journalEntry {
 // cannot even keep its socket in a read-only directory, and exits): what
 // could not be put back or reloaded is owed, and done once the disk takes
 // writes again.
-func (d *applyDeps) fail(in *applyInput, ch changeSet, seq uint64, stage string, cause error, o outcome) outcome {
+func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error, o outcome) outcome {
 	d.metrics.applyRejected.inc(stage)
 	d.metrics.rollbacks.inc()
 	o.ok, o.mode = false, ResultRejected
@@ -514,8 +506,8 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, seq uint64, stage string,
 	d.logger.Warn("apply failed; putting back what it changed", "plan_id", in.m.PlanID, "stage", stage, "err", cause)
 	touched := o.opsRan || o.reloaded
 	readOnly := errors.Is(cause, syscall.EROFS)
-	if seq != 0 {
-		err := d.led.ended(ending{seq: seq, sync: true, undo: undoOf(ch.changes), before: in.before, id: in.identity(ch), o: o,
+	if o.seq != 0 {
+		err := d.led.ended(ending{seq: o.seq, sync: true, undo: undoOf(ch.changes), before: in.before, id: in.identity(ch), o: o,
 			now: d.now(), reloadOwed: touched})
 		if err != nil {
 			d.logger.Error("the failed apply could not be recorded; putting its files back anyway", "err", err)
