@@ -140,10 +140,10 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, false, transportError(ctx, err)
+	if err = conn.SetDeadline(deadline); err == nil {
+		_, err = io.WriteString(conn, line)
 	}
-	if _, err := io.WriteString(conn, line); err != nil {
+	if err != nil {
 		return nil, false, transportError(ctx, err)
 	}
 	var buf bytes.Buffer
@@ -264,10 +264,7 @@ func classify(segment string) error {
 		// HAProxy answers an unknown verb at [6] ("Unknown command: 'add',
 		// but maybe…"), so the level alone would call it a success.
 		return errRejected
-	case level >= 5:
-		return nil
-	}
-	if slices.ContainsFunc(rejectionPhrases, func(p string) bool { return strings.Contains(text, p) }) {
+	case level < 5 && slices.ContainsFunc(rejectionPhrases, func(p string) bool { return strings.Contains(text, p) }):
 		return errRejected
 	}
 	return nil
@@ -409,10 +406,7 @@ func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expe
 	}
 	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1, expect: expected}
 	err = run.all()
-	if errors.Is(err, errWorkerMoved) {
-		return results, run.observed, err
-	}
-	if err != nil && run.failedProg >= 0 {
+	if err != nil && run.failedProg >= 0 && !errors.Is(err, errWorkerMoved) {
 		failed := programs[run.failedProg]
 		if failed.Kind == OpMapReplace {
 			// No abort exists (compileMapReplace): the prepared version stays
