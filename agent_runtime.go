@@ -32,10 +32,9 @@ import (
 	"unicode"
 )
 
-// Socket constants; runtimeConfig overrides the timeouts in tests. show info
-// and show stat travel behind readPrefix alone: they need no experimental mode.
+// Socket constants; runtimeConfig overrides the timeouts in tests.
 const (
-	readPrefix = "set severity-output number;" // show info and show stat
+	readPrefix = "set severity-output number;" // show info and show stat: they need no experimental mode
 
 	runtimeIOTimeout     = 30 * time.Second
 	connectRetryPause    = 100 * time.Millisecond
@@ -72,8 +71,7 @@ type runtimeError struct {
 func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
-// runtimeConfig configures the layer; a zero duration is the production
-// default (the socket constants, MaxReloadMs for a reload).
+// runtimeConfig configures the layer; a zero duration is the default.
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
@@ -166,8 +164,7 @@ func transportError(ctx context.Context, err error) error {
 	return fmt.Errorf("runtime socket: %w", err)
 }
 
-// exchange sends one line to the worker under the deadline
-// now + IOTimeout + the line's wait budget.
+// exchange sends one line to the worker, allowing IOTimeout + its wait budget.
 func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget time.Duration) ([]byte, error) {
 	raw, _, err := r.roundTrip(ctx, r.workerSocket, line, time.Now().Add(r.ioTimeout+waitBudget))
 	return raw, err
@@ -334,9 +331,8 @@ type lineVerdict struct {
 // Completeness decides before the segments do: a cut reply is never read as
 // silence, so commands past the last whole response are outcome unknown.
 func judgeLine(raw []byte, cmds []command) lineVerdict {
-	k := 2 + len(cmds)
 	ends, partial := responseEnds(raw)
-	n := len(ends)
+	k, n := 2+len(cmds), len(ends)
 	errs, outputs := matchSegments(splitSegments(trimReply(string(raw))), slices.Concat([]command{prefixEntry}, cmds))
 	v := lineVerdict{Errs: errs[1:], Outputs: outputs[1:]}
 	for i, c := range cmds {
@@ -693,8 +689,7 @@ func parseStartMicros(v string) (int64, bool) {
 
 func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
-// procList is what the agent reads of the master's show proc table: the
-// failed-reload counter and the pids of the current and the old workers.
+// procList is what the agent reads of the master's show proc table.
 type procList struct {
 	FailedReloads       int
 	Workers, OldWorkers []int
@@ -872,10 +867,7 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
 	inv, err := r.inventory(ctx, 1)
-	if err != nil {
-		return HAProxyInfo{}, Inventory{}, err
-	}
-	return info, inv, nil
+	return info, inv, err
 }
 
 // dataLines returns a listing's data lines (blank and '#' lines dropped),
@@ -914,12 +906,12 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 		into *[]string
 	}{{"show map", &inv.Maps}, {"show ssl cert", &inv.Certs}, {"show ssl ca-file", &inv.CAFiles},
 		{"show ssl crl-file", &inv.CRLFiles}, {"show ssl crt-list", &inv.CRTLists}}
-	var cmds []string
-	if withIdentity {
-		cmds = append(cmds, identityCommand)
-	}
+	cmds := []string{identityCommand}
 	for _, l := range listings {
 		cmds = append(cmds, l.cmd)
+	}
+	if !withIdentity {
+		cmds = cmds[1:]
 	}
 	texts, readErrs := r.readAll(ctx, linePrefix, cmds)
 	var info HAProxyInfo
@@ -1071,8 +1063,7 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 }
 
 // workerSession is one prompt-mode connection to one worker, so that
-// show info, wait, shutdown sessions and del run on the same worker. It
-// never reconnects: a new connection could reach a new worker.
+// show info, wait, shutdown sessions and del run on the same worker.
 type workerSession struct {
 	ctx     context.Context
 	conn    net.Conn
