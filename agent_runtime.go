@@ -84,10 +84,7 @@ type runtimeConfig struct {
 // every line and every read dials its own, so it needs no lock around
 // exchanges; the agent's apply lock keeps a single apply-path writer.
 type haproxyRuntime struct {
-	workerSocket, masterSocket string
-	logger                     *slog.Logger
-
-	ioTimeout, reloadTimeout, sessionTimeout, retryPause time.Duration
+	runtimeConfig // every default filled in
 
 	// dial opens one unix connection; tests replace it to count dials.
 	dial func(ctx context.Context, path string, deadline time.Time) (net.Conn, error)
@@ -98,14 +95,13 @@ type haproxyRuntime struct {
 // newHAProxyRuntime builds the layer. It dials nothing: the agent starts
 // before HAProxy answers, and readiness is probed later (probe).
 func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.IOTimeout = cmp.Or(cfg.IOTimeout, runtimeIOTimeout)
+	cfg.ReloadTimeout = cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond)
+	cfg.SessionTimeout = cmp.Or(cfg.SessionTimeout, workerSessionTimeout)
+	cfg.ConnectRetryPause = cmp.Or(cfg.ConnectRetryPause, connectRetryPause)
 	return &haproxyRuntime{
-		workerSocket:   cfg.WorkerSocket,
-		masterSocket:   cfg.MasterSocket,
-		logger:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		ioTimeout:      cmp.Or(cfg.IOTimeout, runtimeIOTimeout),
-		reloadTimeout:  cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
-		sessionTimeout: cmp.Or(cfg.SessionTimeout, workerSessionTimeout),
-		retryPause:     cmp.Or(cfg.ConnectRetryPause, connectRetryPause),
+		runtimeConfig: cfg,
 		dial: func(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
 			return (&net.Dialer{Deadline: deadline}).DialContext(ctx, "unix", path)
 		},
@@ -126,7 +122,7 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	if err != nil && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-		case <-time.After(r.retryPause):
+		case <-time.After(r.ConnectRetryPause):
 		}
 		if ctx.Err() == nil {
 			conn, err = r.dial(ctx, path, deadline)
@@ -166,7 +162,7 @@ func transportError(ctx context.Context, err error) error {
 
 // exchange sends one line to the worker, allowing IOTimeout + its wait budget.
 func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget time.Duration) ([]byte, error) {
-	raw, _, err := r.roundTrip(ctx, r.workerSocket, line, time.Now().Add(r.ioTimeout+waitBudget))
+	raw, _, err := r.roundTrip(ctx, r.WorkerSocket, line, time.Now().Add(r.IOTimeout+waitBudget))
 	return raw, err
 }
 
@@ -407,7 +403,7 @@ func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expe
 		if failed.Kind == OpMapReplace {
 			// No abort exists (compileMapReplace): the prepared version stays
 			// behind, uncommitted and harmless.
-			r.logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
+			r.Logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
 		}
 		run.abort(failed)
 	}
@@ -575,7 +571,7 @@ func (e *execution) abort(p program) {
 			err = judgeLine(raw, []command{c}).Errs[0]
 		}
 		if err != nil {
-			e.r.logger.Warn("cleanup command failed", "command", c.Text, "error", err)
+			e.r.Logger.Warn("cleanup command failed", "command", c.Text, "error", err)
 		}
 	}
 }
@@ -700,7 +696,7 @@ type procList struct {
 // The master CLI keeps a connection open after a command unless told to
 // quit: without ";quit" show proc would hang until the deadline.
 func (r *haproxyRuntime) showProc(ctx context.Context) (procList, error) {
-	raw, _, err := r.roundTrip(ctx, r.masterSocket, "show proc;quit\n", time.Now().Add(r.ioTimeout))
+	raw, _, err := r.roundTrip(ctx, r.MasterSocket, "show proc;quit\n", time.Now().Add(r.IOTimeout))
 	if err != nil {
 		return procList{}, fmt.Errorf("show proc: %w", err)
 	}
@@ -772,7 +768,7 @@ func failedCount(line string) (int, bool) {
 // master that stopped answering must cost the apply the configured reload
 // timeout, not the socket's own I/O timeout.
 func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
-	deadline := time.Now().Add(r.reloadTimeout)
+	deadline := time.Now().Add(r.ReloadTimeout)
 	bctx, cancel := context.WithDeadline(ctx, deadline)
 	base, err := r.showProc(bctx)
 	cancel()
@@ -780,11 +776,11 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 		if ctx.Err() == nil && time.Now().After(deadline) {
 			// The reload was never sent: a master that does not answer is
 			// no verdict on anything, and nothing may still take effect.
-			return "", fmt.Errorf("reload: the master did not answer show proc within %v", r.reloadTimeout)
+			return "", fmt.Errorf("reload: the master did not answer show proc within %v", r.ReloadTimeout)
 		}
 		return "", err
 	}
-	raw, delivered, err := r.roundTrip(ctx, r.masterSocket, "reload;quit\n", deadline)
+	raw, delivered, err := r.roundTrip(ctx, r.MasterSocket, "reload;quit\n", deadline)
 	if err != nil {
 		switch {
 		case !delivered, ctx.Err() != nil:
@@ -792,7 +788,7 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 			return "", err
 		case len(raw) == 0 && errors.Is(err, os.ErrDeadlineExceeded):
 			// A reload that hangs: no verdict from HAProxy, not a rejection.
-			return "", &runtimeError{msg: fmt.Sprintf("reload: no reply within %v", r.reloadTimeout), kind: []error{errReloadTimeout}}
+			return "", &runtimeError{msg: fmt.Sprintf("reload: no reply within %v", r.ReloadTimeout), kind: []error{errReloadTimeout}}
 		}
 		// Any other read error after delivery: the master may be
 		// re-executing; judge what arrived, else poll show proc.
@@ -844,7 +840,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 			if ctx.Err() != nil {
 				return reply, fmt.Errorf("reload: %w", ctx.Err())
 			}
-			return reply, &runtimeError{msg: fmt.Sprintf("reload: no new worker within %v", r.reloadTimeout), kind: []error{errReloadTimeout}}
+			return reply, &runtimeError{msg: fmt.Sprintf("reload: no new worker within %v", r.ReloadTimeout), kind: []error{errReloadTimeout}}
 		case <-tick.C:
 		}
 	}
@@ -1078,11 +1074,11 @@ func (r *haproxyRuntime) openWorker(ctx context.Context, expected HAProxyInfo) (
 	if !expected.HasWorkerIdentity() {
 		return nil, fmt.Errorf("%w: no worker identity to bind the session to", errWorkerGone)
 	}
-	conn, err := r.dial(ctx, r.workerSocket, time.Now().Add(r.sessionTimeout))
+	conn, err := r.dial(ctx, r.WorkerSocket, time.Now().Add(r.SessionTimeout))
 	if err != nil {
 		return nil, transportError(ctx, err)
 	}
-	s := &workerSession{ctx: ctx, conn: conn, timeout: r.sessionTimeout}
+	s := &workerSession{ctx: ctx, conn: conn, timeout: r.SessionTimeout}
 	s.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	var got HAProxyInfo
 	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on", identityCommand} {

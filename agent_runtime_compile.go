@@ -451,8 +451,7 @@ func checkCommand(c command, term string) error {
 	// HAProxy matches the terminator against whole lines; with the default
 	// (empty) terminator this refuses any blank line, so a PEM with a blank
 	// line goes by reload on an HAProxy without custom terminators.
-	body := strings.TrimSuffix(c.Payload, "\n")
-	for line := range strings.SplitSeq(body, "\n") {
+	for line := range strings.SplitSeq(strings.TrimSuffix(c.Payload, "\n"), "\n") {
 		switch {
 		case strings.TrimSuffix(line, "\r") != term:
 		case term == "":
