@@ -266,8 +266,7 @@ func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
 		return false
 	}
 	it := (*list)[0]
-	*list = (*list)[1:]
-	q.inFlight = it
+	*list, q.inFlight = (*list)[1:], it
 	q.mu.Unlock()
 
 	err := q.run(ctx, it)

@@ -214,9 +214,8 @@ func incompleteReply(n, k int) error {
 // splitSegments cuts a post-processed reply into the non-empty responses.
 // A silent command yields no segment.
 func splitSegments(text string) []string {
-	text = strings.ReplaceAll(text, "\r\n", "\n")
 	var segs []string
-	for piece := range strings.SplitSeq(text, "\n\n") {
+	for piece := range strings.SplitSeq(strings.ReplaceAll(text, "\r\n", "\n"), "\n\n") {
 		piece = strings.TrimRight(strings.TrimLeft(piece, "\n"), " \n")
 		if piece != "" {
 			segs = append(segs, piece)
@@ -624,11 +623,10 @@ func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
 // decides the payload framing of the lines that follow.
 func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	info, err := parseWorkerInfo(text)
-	if err != nil {
-		return HAProxyInfo{}, err
+	if err == nil {
+		r.term.Store(terminatorFor(info.Version))
 	}
-	r.term.Store(terminatorFor(info.Version))
-	return info, nil
+	return info, err
 }
 
 func (r *haproxyRuntime) terminator() string {
