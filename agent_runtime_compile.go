@@ -229,8 +229,7 @@ func compileMapReplace(path string, content func(string) ([]byte, error)) ([]com
 }
 
 // mapPayload renders a map file's entries as one payload, "key value\n"
-// each. A file whose every line already reads that way (printable ASCII,
-// no comment, the key then one space then a value with nothing to trim)
+// each. A file whose every line already reads that way (canonicalMapFile)
 // is its own payload: a rendered map of 10,000 entries then costs one scan
 // instead of ten thousand parsed entries, which on this path is most of
 // the agent's own time in a map replace. Any other file is parsed entry by
@@ -289,8 +288,7 @@ func chunkLines(payload string, max int) ([]string, error) {
 			line, _, _ := strings.Cut(payload, "\n")
 			return nil, fmt.Errorf("%w: map line of %d bytes exceeds the %d-byte payload limit", errUnsafeToken, len(line)+1, max)
 		}
-		chunks = append(chunks, payload[:cut])
-		payload = payload[cut:]
+		chunks, payload = append(chunks, payload[:cut]), payload[cut:]
 	}
 	return chunks, nil
 }
