@@ -219,8 +219,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	a.led, a.loaded = led, loaded
-	a.worker = &workerTracker{rt: a.rt, led: led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger,
-		reloadTimeout: cfg.ReloadTimeout, now: a.now}
+	a.worker = &workerTracker{rt: a.rt, led: led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
 	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin}

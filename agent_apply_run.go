@@ -591,7 +591,7 @@ func (d *applyDeps) scheduleRepair(ctx context.Context) {
 		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
 		return
 	}
-	d.led.repairPending(st.Applied, d.now().Add(d.worker.reloadTimeout))
+	d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
 	d.pokePacer()
 }
 

@@ -76,7 +76,6 @@ type deleteQueue struct {
 	logger *slog.Logger
 	count  func(kind, outcome string)
 	wakeup chan struct{}
-	tick   time.Duration
 
 	mu         sync.Mutex
 	worker     HAProxyInfo
@@ -92,7 +91,7 @@ func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, ou
 	if count == nil {
 		count = func(string, string) {}
 	}
-	return &deleteQueue{rt: rt, logger: cmp.Or(logger, slog.New(slog.DiscardHandler)), count: count, wakeup: make(chan struct{}, 1), tick: deferredQueueTick}
+	return &deleteQueue{rt: rt, logger: cmp.Or(logger, slog.New(slog.DiscardHandler)), count: count, wakeup: make(chan struct{}, 1)}
 }
 
 // check accepts deletes before anything executes: every name passes the
@@ -229,7 +228,7 @@ func (q *deleteQueue) pendingLocked() (servers, backends []string) {
 
 // start drains the queue on every wake-up and every tick until ctx ends.
 func (q *deleteQueue) start(ctx context.Context) {
-	tick := time.NewTicker(q.tick)
+	tick := time.NewTicker(deferredQueueTick)
 	defer tick.Stop()
 	for {
 		select {
@@ -267,8 +266,7 @@ func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
 		return false
 	}
 	it := (*list)[0]
-	*list = (*list)[1:]
-	q.inFlight = it
+	*list, q.inFlight = (*list)[1:], it
 	q.mu.Unlock()
 
 	err := q.run(ctx, it)

@@ -5,9 +5,7 @@
 //
 // The single-flight lock is a leaf, so it can never take part in a
 // deadlock: it guards only which run is in flight, is never held while the
-// counter is read, and no other lock is taken under it. A caller that
-// leaves (its request ended) never cancels the run the other callers still
-// wait for; only the agent stopping does.
+// counter is read, and no other lock is taken under it.
 
 package haptic
 
@@ -84,8 +82,7 @@ func (d *drainer) drain(ctx context.Context) DrainResult {
 
 // watch is the drain loop. Its reads carry a context that ends at the bound
 // or when the agent stops, so a worker that hangs on show stat cannot hold
-// the preStop hook past DrainMaxWait. The loop ends at the latest when the
-// bound timer fires, DrainMaxWait after the start.
+// the preStop hook past DrainMaxWait.
 func (d *drainer) watch(r *drainRun) DrainResult {
 	ctx, cancel := context.WithDeadline(context.Background(), r.start.Add(d.maxWait))
 	defer cancel()

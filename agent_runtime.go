@@ -32,10 +32,9 @@ import (
 	"unicode"
 )
 
-// Socket constants; runtimeConfig overrides the timeouts in tests. show info
-// and show stat travel behind readPrefix alone: they need no experimental mode.
+// Socket constants; runtimeConfig overrides the timeouts in tests.
 const (
-	readPrefix = "set severity-output number;" // show info and show stat
+	readPrefix = "set severity-output number;" // show info and show stat: they need no experimental mode
 
 	runtimeIOTimeout     = 30 * time.Second
 	connectRetryPause    = 100 * time.Millisecond
@@ -72,8 +71,7 @@ type runtimeError struct {
 func (e *runtimeError) Error() string   { return e.msg }
 func (e *runtimeError) Unwrap() []error { return e.kind }
 
-// runtimeConfig configures the layer; a zero duration is the production
-// default (the socket constants, MaxReloadMs for a reload).
+// runtimeConfig configures the layer; a zero duration is the default.
 type runtimeConfig struct {
 	WorkerSocket, MasterSocket string
 	Logger                     *slog.Logger
@@ -86,10 +84,7 @@ type runtimeConfig struct {
 // every line and every read dials its own, so it needs no lock around
 // exchanges; the agent's apply lock keeps a single apply-path writer.
 type haproxyRuntime struct {
-	workerSocket, masterSocket string
-	logger                     *slog.Logger
-
-	ioTimeout, reloadTimeout, sessionTimeout, retryPause time.Duration
+	runtimeConfig // every default filled in
 
 	// dial opens one unix connection; tests replace it to count dials.
 	dial func(ctx context.Context, path string, deadline time.Time) (net.Conn, error)
@@ -100,14 +95,13 @@ type haproxyRuntime struct {
 // newHAProxyRuntime builds the layer. It dials nothing: the agent starts
 // before HAProxy answers, and readiness is probed later (probe).
 func newHAProxyRuntime(cfg runtimeConfig) *haproxyRuntime {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.IOTimeout = cmp.Or(cfg.IOTimeout, runtimeIOTimeout)
+	cfg.ReloadTimeout = cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond)
+	cfg.SessionTimeout = cmp.Or(cfg.SessionTimeout, workerSessionTimeout)
+	cfg.ConnectRetryPause = cmp.Or(cfg.ConnectRetryPause, connectRetryPause)
 	return &haproxyRuntime{
-		workerSocket:   cfg.WorkerSocket,
-		masterSocket:   cfg.MasterSocket,
-		logger:         cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
-		ioTimeout:      cmp.Or(cfg.IOTimeout, runtimeIOTimeout),
-		reloadTimeout:  cmp.Or(cfg.ReloadTimeout, MaxReloadMs*time.Millisecond),
-		sessionTimeout: cmp.Or(cfg.SessionTimeout, workerSessionTimeout),
-		retryPause:     cmp.Or(cfg.ConnectRetryPause, connectRetryPause),
+		runtimeConfig: cfg,
 		dial: func(ctx context.Context, path string, deadline time.Time) (net.Conn, error) {
 			return (&net.Dialer{Deadline: deadline}).DialContext(ctx, "unix", path)
 		},
@@ -128,7 +122,7 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	if err != nil && ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
-		case <-time.After(r.retryPause):
+		case <-time.After(r.ConnectRetryPause):
 		}
 		if ctx.Err() == nil {
 			conn, err = r.dial(ctx, path, deadline)
@@ -140,10 +134,10 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, false, transportError(ctx, err)
+	if err = conn.SetDeadline(deadline); err == nil {
+		_, err = io.WriteString(conn, line)
 	}
-	if _, err := io.WriteString(conn, line); err != nil {
+	if err != nil {
 		return nil, false, transportError(ctx, err)
 	}
 	var buf bytes.Buffer
@@ -166,10 +160,9 @@ func transportError(ctx context.Context, err error) error {
 	return fmt.Errorf("runtime socket: %w", err)
 }
 
-// exchange sends one line to the worker under the deadline
-// now + IOTimeout + the line's wait budget.
+// exchange sends one line to the worker, allowing IOTimeout + its wait budget.
 func (r *haproxyRuntime) exchange(ctx context.Context, line string, waitBudget time.Duration) ([]byte, error) {
-	raw, _, err := r.roundTrip(ctx, r.workerSocket, line, time.Now().Add(r.ioTimeout+waitBudget))
+	raw, _, err := r.roundTrip(ctx, r.WorkerSocket, line, time.Now().Add(r.IOTimeout+waitBudget))
 	return raw, err
 }
 
@@ -221,9 +214,8 @@ func incompleteReply(n, k int) error {
 // splitSegments cuts a post-processed reply into the non-empty responses.
 // A silent command yields no segment.
 func splitSegments(text string) []string {
-	text = strings.ReplaceAll(text, "\r\n", "\n")
 	var segs []string
-	for piece := range strings.SplitSeq(text, "\n\n") {
+	for piece := range strings.SplitSeq(strings.ReplaceAll(text, "\r\n", "\n"), "\n\n") {
 		piece = strings.TrimRight(strings.TrimLeft(piece, "\n"), " \n")
 		if piece != "" {
 			segs = append(segs, piece)
@@ -264,10 +256,7 @@ func classify(segment string) error {
 		// HAProxy answers an unknown verb at [6] ("Unknown command: 'add',
 		// but maybe…"), so the level alone would call it a success.
 		return errRejected
-	case level >= 5:
-		return nil
-	}
-	if slices.ContainsFunc(rejectionPhrases, func(p string) bool { return strings.Contains(text, p) }) {
+	case level < 5 && slices.ContainsFunc(rejectionPhrases, func(p string) bool { return strings.Contains(text, p) }):
 		return errRejected
 	}
 	return nil
@@ -337,9 +326,8 @@ type lineVerdict struct {
 // Completeness decides before the segments do: a cut reply is never read as
 // silence, so commands past the last whole response are outcome unknown.
 func judgeLine(raw []byte, cmds []command) lineVerdict {
-	k := 2 + len(cmds)
 	ends, partial := responseEnds(raw)
-	n := len(ends)
+	k, n := 2+len(cmds), len(ends)
 	errs, outputs := matchSegments(splitSegments(trimReply(string(raw))), slices.Concat([]command{prefixEntry}, cmds))
 	v := lineVerdict{Errs: errs[1:], Outputs: outputs[1:]}
 	for i, c := range cmds {
@@ -409,15 +397,12 @@ func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expe
 	}
 	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1, expect: expected}
 	err = run.all()
-	if errors.Is(err, errWorkerMoved) {
-		return results, run.observed, err
-	}
-	if err != nil && run.failedProg >= 0 {
+	if err != nil && run.failedProg >= 0 && !errors.Is(err, errWorkerMoved) {
 		failed := programs[run.failedProg]
 		if failed.Kind == OpMapReplace {
 			// No abort exists (compileMapReplace): the prepared version stays
 			// behind, uncommitted and harmless.
-			r.logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
+			r.Logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
 		}
 		run.abort(failed)
 	}
@@ -585,7 +570,7 @@ func (e *execution) abort(p program) {
 			err = judgeLine(raw, []command{c}).Errs[0]
 		}
 		if err != nil {
-			e.r.logger.Warn("cleanup command failed", "command", c.Text, "error", err)
+			e.r.Logger.Warn("cleanup command failed", "command", c.Text, "error", err)
 		}
 	}
 }
@@ -638,11 +623,10 @@ func (r *haproxyRuntime) info(ctx context.Context) (HAProxyInfo, error) {
 // decides the payload framing of the lines that follow.
 func (r *haproxyRuntime) identify(text string) (HAProxyInfo, error) {
 	info, err := parseWorkerInfo(text)
-	if err != nil {
-		return HAProxyInfo{}, err
+	if err == nil {
+		r.term.Store(terminatorFor(info.Version))
 	}
-	r.term.Store(terminatorFor(info.Version))
-	return info, nil
+	return info, err
 }
 
 func (r *haproxyRuntime) terminator() string {
@@ -699,8 +683,7 @@ func parseStartMicros(v string) (int64, bool) {
 
 func allDigits(s string) bool { return s != "" && strings.Trim(s, "0123456789") == "" }
 
-// procList is what the agent reads of the master's show proc table: the
-// failed-reload counter and the pids of the current and the old workers.
+// procList is what the agent reads of the master's show proc table.
 type procList struct {
 	FailedReloads       int
 	Workers, OldWorkers []int
@@ -711,7 +694,7 @@ type procList struct {
 // The master CLI keeps a connection open after a command unless told to
 // quit: without ";quit" show proc would hang until the deadline.
 func (r *haproxyRuntime) showProc(ctx context.Context) (procList, error) {
-	raw, _, err := r.roundTrip(ctx, r.masterSocket, "show proc;quit\n", time.Now().Add(r.ioTimeout))
+	raw, _, err := r.roundTrip(ctx, r.MasterSocket, "show proc;quit\n", time.Now().Add(r.IOTimeout))
 	if err != nil {
 		return procList{}, fmt.Errorf("show proc: %w", err)
 	}
@@ -783,7 +766,7 @@ func failedCount(line string) (int, bool) {
 // master that stopped answering must cost the apply the configured reload
 // timeout, not the socket's own I/O timeout.
 func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
-	deadline := time.Now().Add(r.reloadTimeout)
+	deadline := time.Now().Add(r.ReloadTimeout)
 	bctx, cancel := context.WithDeadline(ctx, deadline)
 	base, err := r.showProc(bctx)
 	cancel()
@@ -791,11 +774,11 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 		if ctx.Err() == nil && time.Now().After(deadline) {
 			// The reload was never sent: a master that does not answer is
 			// no verdict on anything, and nothing may still take effect.
-			return "", fmt.Errorf("reload: the master did not answer show proc within %v", r.reloadTimeout)
+			return "", fmt.Errorf("reload: the master did not answer show proc within %v", r.ReloadTimeout)
 		}
 		return "", err
 	}
-	raw, delivered, err := r.roundTrip(ctx, r.masterSocket, "reload;quit\n", deadline)
+	raw, delivered, err := r.roundTrip(ctx, r.MasterSocket, "reload;quit\n", deadline)
 	if err != nil {
 		switch {
 		case !delivered, ctx.Err() != nil:
@@ -803,7 +786,7 @@ func (r *haproxyRuntime) reload(ctx context.Context) (string, error) {
 			return "", err
 		case len(raw) == 0 && errors.Is(err, os.ErrDeadlineExceeded):
 			// A reload that hangs: no verdict from HAProxy, not a rejection.
-			return "", &runtimeError{msg: fmt.Sprintf("reload: no reply within %v", r.reloadTimeout), kind: []error{errReloadTimeout}}
+			return "", &runtimeError{msg: fmt.Sprintf("reload: no reply within %v", r.ReloadTimeout), kind: []error{errReloadTimeout}}
 		}
 		// Any other read error after delivery: the master may be
 		// re-executing; judge what arrived, else poll show proc.
@@ -855,7 +838,7 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 			if ctx.Err() != nil {
 				return reply, fmt.Errorf("reload: %w", ctx.Err())
 			}
-			return reply, &runtimeError{msg: fmt.Sprintf("reload: no new worker within %v", r.reloadTimeout), kind: []error{errReloadTimeout}}
+			return reply, &runtimeError{msg: fmt.Sprintf("reload: no new worker within %v", r.ReloadTimeout), kind: []error{errReloadTimeout}}
 		case <-tick.C:
 		}
 	}
@@ -878,10 +861,7 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
 	inv, err := r.inventory(ctx, 1)
-	if err != nil {
-		return HAProxyInfo{}, Inventory{}, err
-	}
-	return info, inv, nil
+	return info, inv, err
 }
 
 // dataLines returns a listing's data lines (blank and '#' lines dropped),
@@ -920,12 +900,12 @@ func (r *haproxyRuntime) listWorker(ctx context.Context, generation uint64, with
 		into *[]string
 	}{{"show map", &inv.Maps}, {"show ssl cert", &inv.Certs}, {"show ssl ca-file", &inv.CAFiles},
 		{"show ssl crl-file", &inv.CRLFiles}, {"show ssl crt-list", &inv.CRTLists}}
-	var cmds []string
-	if withIdentity {
-		cmds = append(cmds, identityCommand)
-	}
+	cmds := []string{identityCommand}
 	for _, l := range listings {
 		cmds = append(cmds, l.cmd)
+	}
+	if !withIdentity {
+		cmds = cmds[1:]
 	}
 	texts, readErrs := r.readAll(ctx, linePrefix, cmds)
 	var info HAProxyInfo
@@ -1077,8 +1057,7 @@ func parseFrontendConnections(text string, ignore map[string]bool) (uint64, erro
 }
 
 // workerSession is one prompt-mode connection to one worker, so that
-// show info, wait, shutdown sessions and del run on the same worker. It
-// never reconnects: a new connection could reach a new worker.
+// show info, wait, shutdown sessions and del run on the same worker.
 type workerSession struct {
 	ctx     context.Context
 	conn    net.Conn
@@ -1093,11 +1072,11 @@ func (r *haproxyRuntime) openWorker(ctx context.Context, expected HAProxyInfo) (
 	if !expected.HasWorkerIdentity() {
 		return nil, fmt.Errorf("%w: no worker identity to bind the session to", errWorkerGone)
 	}
-	conn, err := r.dial(ctx, r.workerSocket, time.Now().Add(r.sessionTimeout))
+	conn, err := r.dial(ctx, r.WorkerSocket, time.Now().Add(r.SessionTimeout))
 	if err != nil {
 		return nil, transportError(ctx, err)
 	}
-	s := &workerSession{ctx: ctx, conn: conn, timeout: r.sessionTimeout}
+	s := &workerSession{ctx: ctx, conn: conn, timeout: r.SessionTimeout}
 	s.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	var got HAProxyInfo
 	for _, cmd := range []string{"prompt", "set severity-output number", "experimental-mode on", identityCommand} {

@@ -207,9 +207,6 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 // no-op on 3.4 (a later commit would install it), so a failed chunk leaves
 // an uncommitted version behind, which is harmless.
 func compileMapReplace(path string, content func(string) ([]byte, error)) ([]command, error) {
-	if err := checkToken("path", path); err != nil {
-		return nil, err
-	}
 	data, err := readContent(content, path)
 	if err != nil {
 		return nil, err
@@ -232,8 +229,7 @@ func compileMapReplace(path string, content func(string) ([]byte, error)) ([]com
 }
 
 // mapPayload renders a map file's entries as one payload, "key value\n"
-// each. A file whose every line already reads that way (printable ASCII,
-// no comment, the key then one space then a value with nothing to trim)
+// each. A file whose every line already reads that way (canonicalMapFile)
 // is its own payload: a rendered map of 10,000 entries then costs one scan
 // instead of ten thousand parsed entries, which on this path is most of
 // the agent's own time in a map replace. Any other file is parsed entry by
@@ -258,27 +254,21 @@ func mapPayload(data []byte) (string, error) {
 }
 
 // canonicalMapFile reports whether ParseMapEntries would render data back
-// byte for byte: every line ends in '\n' and is canonicalMapLine.
+// byte for byte: every line ends in '\n' and is a key, one space, a value
+// that neither starts nor ends with a space, all of it printable ASCII. No
+// byte is then whitespace to trim, a tab or a control character, and the
+// line is no comment.
 func canonicalMapFile(data []byte) bool {
 	for line := range bytes.Lines(data) {
-		if line, ok := bytes.CutSuffix(line, []byte{'\n'}); !ok || !canonicalMapLine(line) {
+		line, ok := bytes.CutSuffix(line, []byte{'\n'})
+		sep := bytes.IndexByte(line, ' ')
+		if !ok || sep <= 0 || line[0] == '#' || sep+1 == len(line) || line[sep+1] == ' ' || line[len(line)-1] == ' ' {
 			return false
 		}
-	}
-	return true
-}
-
-// canonicalMapLine: a key, one space, a value that neither starts nor ends
-// with a space, all of it printable ASCII. No byte is then whitespace to
-// trim, a tab or a control character, and the line is no comment.
-func canonicalMapLine(line []byte) bool {
-	sep := bytes.IndexByte(line, ' ')
-	if sep <= 0 || line[0] == '#' || sep+1 == len(line) || line[sep+1] == ' ' || line[len(line)-1] == ' ' {
-		return false
-	}
-	for _, c := range line {
-		if c < ' ' || c > '~' {
-			return false
+		for _, c := range line {
+			if c < ' ' || c > '~' {
+				return false
+			}
 		}
 	}
 	return true
@@ -298,8 +288,7 @@ func chunkLines(payload string, max int) ([]string, error) {
 			line, _, _ := strings.Cut(payload, "\n")
 			return nil, fmt.Errorf("%w: map line of %d bytes exceeds the %d-byte payload limit", errUnsafeToken, len(line)+1, max)
 		}
-		chunks = append(chunks, payload[:cut])
-		payload = payload[cut:]
+		chunks, payload = append(chunks, payload[:cut]), payload[cut:]
 	}
 	return chunks, nil
 }
@@ -309,9 +298,6 @@ func chunkLines(payload string, max int) ([]string, error) {
 // holds one open transaction per store and refuses any other object's
 // until it ends, so the program carries the abort that closes it on failure.
 func compileTransaction(op *Op, content func(string) ([]byte, error), store, newExpect string) (cmds, abort []command, err error) {
-	if err := checkToken("path", op.Path); err != nil {
-		return nil, nil, err
-	}
 	pem, err := readContent(content, op.Path)
 	if err != nil {
 		return nil, nil, err
@@ -328,7 +314,11 @@ func compileTransaction(op *Op, content func(string) ([]byte, error), store, new
 	return cmds, []command{{Text: "abort ssl " + store + " " + op.Path}}, nil
 }
 
+// readContent checks path against the token grammar, then reads its held bytes.
 func readContent(content func(string) ([]byte, error), path string) ([]byte, error) {
+	if err := checkToken("path", path); err != nil {
+		return nil, err
+	}
 	if content == nil {
 		return nil, fmt.Errorf("reading %s: no file reader", path)
 	}
@@ -459,8 +449,7 @@ func checkCommand(c command, term string) error {
 	// HAProxy matches the terminator against whole lines; with the default
 	// (empty) terminator this refuses any blank line, so a PEM with a blank
 	// line goes by reload on an HAProxy without custom terminators.
-	body := strings.TrimSuffix(c.Payload, "\n")
-	for line := range strings.SplitSeq(body, "\n") {
+	for line := range strings.SplitSeq(strings.TrimSuffix(c.Payload, "\n"), "\n") {
 		switch {
 		case strings.TrimSuffix(line, "\r") != term:
 		case term == "":

@@ -36,13 +36,12 @@ func reloadWithoutVerdict(err error) bool {
 
 // workerTracker checks, adopts and reloads the worker.
 type workerTracker struct {
-	rt            *haproxyRuntime
-	led           *ledger
-	queue         *deleteQueue
-	metrics       *agentMetrics
-	logger        *slog.Logger
-	reloadTimeout time.Duration
-	now           func() time.Time
+	rt      *haproxyRuntime
+	led     *ledger
+	queue   *deleteQueue
+	metrics *agentMetrics
+	logger  *slog.Logger
+	now     func() time.Time
 
 	// beforeReload lets internal tests act just before a master reload.
 	beforeReload func()
@@ -126,7 +125,7 @@ func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
 		return info, err
 	}
 	w.metrics.reloads.inc("ok")
-	wctx, cancel := context.WithDeadline(ctx, start.Add(w.reloadTimeout))
+	wctx, cancel := context.WithDeadline(ctx, start.Add(w.rt.ReloadTimeout))
 	worker, inv, err := w.awaitNewWorker(wctx, prev)
 	cancel()
 	info.TookMs = time.Since(start).Milliseconds()
@@ -157,7 +156,7 @@ const (
 // so the attempt is repeated until the reload timeout has passed once more.
 // Only HAProxy's own refusal ends it early.
 func (w *workerTracker) reloadToRecover(ctx context.Context) (info *ReloadInfo, err error) {
-	deadline := time.Now().Add(w.reloadTimeout)
+	deadline := time.Now().Add(w.rt.ReloadTimeout)
 	for range maxRecoveryReloads {
 		info, err = w.reload(ctx)
 		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
