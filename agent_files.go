@@ -154,28 +154,25 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	if s.mounts, err = probeMounts(cmp.Or(cfg.MountInfo, defaultMountInfo), base, s.disk); err != nil {
 		return nil, err
 	}
+	// The agent deletes and links entries in its store's directories, so a
+	// link planted in the place of one would carry those deletes and links to
+	// wherever it points: such a directory is refused, never followed.
 	for _, m := range s.mounts {
 		for _, name := range []string{storeTempDir, storeLinkDir} {
-			if err := ensureStoreDir(s.disk, filepath.Join(m.root, name)); err != nil {
+			p := filepath.Join(m.root, name)
+			err := s.disk.Mkdir(p, 0o700)
+			if err == nil || errors.Is(err, fs.ErrExist) {
+				err = checkOwnedPath(s.disk, p, true)
+			}
+			if err == nil {
+				err = s.disk.Chmod(p, 0o700)
+			}
+			if err != nil {
 				return nil, err
 			}
 		}
 	}
 	return s, nil
-}
-
-// ensureStoreDir creates one of the store's own directories, or checks the
-// one already there. The agent deletes and links entries in them, so a link
-// planted in their place would carry those deletes and links to wherever it
-// points: such a directory is refused, never followed.
-func ensureStoreDir(d disk, p string) error {
-	if err := d.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	if err := checkOwnedPath(d, p, true); err != nil {
-		return err
-	}
-	return d.Chmod(p, 0o700)
 }
 
 // checkOwnedPath refuses a path the agent keeps for itself (its store's
@@ -378,7 +375,11 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 	var f diskFile
 	tmp, reused := "", false
 	if !sync { // a synced temp file is a record's source: always a file of its own
-		tmp, reused = s.takeSpare(abs)
+		dir := filepath.Join(s.mounts.of(abs).root, storeTempDir)
+		s.mu.Lock()
+		tmp, reused = s.spare[dir]
+		delete(s.spare, dir)
+		s.mu.Unlock()
 	}
 	if reused {
 		if f, err = s.disk.OpenFile(tmp, os.O_WRONLY, 0); err != nil {
@@ -536,19 +537,17 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 	}
 	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
 	n := size - (p.BaseSize - p.Length)
-	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
-		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
-	}
+	splice := func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, r, n, rel) } // r as it is when called
 	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
 		var repl bytes.Buffer
 		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
-		sf.repl, sf.patch = repl.Bytes(), p
+		r, sf.repl, sf.patch = bytes.NewReader(repl.Bytes()), repl.Bytes(), p
+		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice) }, false)
 		*budget -= int(n)
 	} else {
-		err = s.stageWhole(sf, budget, splice(r))
+		err = s.stageWhole(sf, budget, splice)
 	}
 	if errors.Is(err, errDigestMismatch) {
 		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
@@ -566,25 +565,21 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 // base[offset+length:] into w, and returns the count. Only repl comes from
 // the client; every other error is the base's, on the agent's own disk.
 func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n int64, rel string) (int64, error) {
-	if _, err := base.Seek(0, io.SeekStart); err != nil {
-		return 0, diskFault(rel, err)
+	var head, mid, tail int64
+	_, err := base.Seek(0, io.SeekStart)
+	if err == nil {
+		head, err = copyAtMost(w, base, p.Offset)
 	}
-	head, err := copyAtMost(w, base, p.Offset)
-	if err != nil {
-		return 0, diskFault(rel, err)
+	if err == nil {
+		if mid, err = copyAtMostOneMore(w, repl, n); err != nil {
+			return 0, err
+		}
+		_, err = base.Seek(p.Offset+p.Length, io.SeekStart)
 	}
-	mid, err := copyAtMostOneMore(w, repl, n)
-	if err != nil {
-		return 0, err
+	if err == nil {
+		tail, err = copyBytes(w, base)
 	}
-	if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
-		return 0, diskFault(rel, err)
-	}
-	tail, err := copyBytes(w, base)
-	if err != nil {
-		return 0, diskFault(rel, err)
-	}
-	return head + mid + tail, nil
+	return head + mid + tail, diskFault(rel, err)
 }
 
 // ---------------------------------------------------------------------------
@@ -781,11 +776,11 @@ func (s *fileStore) replace(tmp, abs string) error {
 // the spare of its directory when nothing else links it, and removes it
 // otherwise (an undo or the journal keeps that version through its link).
 func (s *fileStore) keepSpare(tmp string) error {
-	fi, err := s.disk.Lstat(tmp)
-	if err != nil {
-		return s.disk.Remove(tmp)
+	links := uint64(0) // where the system does not say, as if something else linked it
+	if fi, err := s.disk.Lstat(tmp); err == nil {
+		_, links, _ = fileOwner(fi)
 	}
-	if _, n, ok := fileOwner(fi); !ok || n != 1 {
+	if links != 1 {
 		return s.disk.Remove(tmp)
 	}
 	s.mu.Lock()
@@ -796,16 +791,6 @@ func (s *fileStore) keepSpare(tmp string) error {
 		return s.disk.Remove(old)
 	}
 	return nil
-}
-
-// takeSpare takes the spare of the temp directory of abs's mount, if any.
-func (s *fileStore) takeSpare(abs string) (string, bool) {
-	dir := filepath.Join(s.mounts.of(abs).root, storeTempDir)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	tmp, ok := s.spare[dir]
-	delete(s.spare, dir)
-	return tmp, ok
 }
 
 // noteDirty records a file written without a sync and directories whose
@@ -882,9 +867,9 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 		}
 	}
 	if err != nil {
-		return true, fmt.Errorf("restore %q: %w", w.Path, err)
+		err = fmt.Errorf("restore %q: %w", w.Path, err)
 	}
-	return true, nil
+	return true, err
 }
 
 // linkedCopy links a copy of at's bytes kept as a file (an undo or journal
