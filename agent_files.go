@@ -1,16 +1,13 @@
 // This file owns the agent's file tree on disk: where a manifest path may
-// lead, staging and verifying parts (whole or patched), what an apply
-// changes and how each path looked before it, installing, putting bytes back
-// from wherever they are kept, making the tree durable, hashing it, and
-// sweeping the store's own directories.
+// lead, staging parts, what an apply changes, installing, putting bytes
+// back, making the tree durable, hashing it, and sweeping.
 //
 // It never decides anything about HAProxy or the agent's state, and never
 // touches a path outside the base directory: every disk path it builds is
 // the base joined with a validated manifest path, or one of its own
-// dot-prefixed directories, which no manifest path can name. A directory of
-// the tree may be a volume of its own (agent_mounts.go): every temp file and
-// link is made in the store directories of the mount that holds its path,
-// so that no rename or link ever crosses a mount.
+// dot-prefixed directories (those of the mount that holds the path, so that
+// no rename or link crosses a mount: agent_mounts.go), which no manifest
+// path can name.
 
 package haptic
 
@@ -88,11 +85,10 @@ type fileStore struct {
 	config   string
 	fileMode fs.FileMode
 	dirMode  fs.FileMode
-	// umaskNarrows: the umask takes bits off fileMode, so a file created
-	// with that mode must be given it again.
+	logger   *slog.Logger
+	disk     disk
+	// umaskNarrows: the umask takes bits off fileMode, so a file created with that mode must be given it again
 	umaskNarrows bool
-	logger       *slog.Logger
-	disk         disk
 
 	// dirty are the files installed or restored without a sync, and the
 	// directories whose entries changed without one: flush makes them
@@ -102,10 +98,8 @@ type fileStore struct {
 	dirtyDirs map[string]bool
 	linkSeq   uint64
 	tempSeq   uint64
-	// linked is the size of the files linked aside since the last sweep:
-	// a link keeps an old version's blocks allocated until it goes.
-	linked int64
-	late   error // a mount the start did not see refused a push (crossedMount)
+	linked    int64 // bytes linked aside since the last sweep: a link keeps an old version's blocks allocated
+	late      error // a mount the start did not see refused a push (crossedMount)
 	// spare is, by temp directory, a temp file that holds a version an
 	// install displaced and nothing else links: the next install in that
 	// directory overwrites it instead of creating a file. On ext4 a new
@@ -200,9 +194,7 @@ func checkOwnedPath(d disk, p string, wantDir bool) error {
 	return nil
 }
 
-// validatePath applies the manifest path rules (manifestPathProblem):
-// relative, clean, at most MaxPathBytes, no dot-prefixed component (which
-// keeps the agent's own files and directories out of any manifest's reach).
+// validatePath applies the manifest path rules (manifestPathProblem).
 func validatePath(rel string) error {
 	if why := manifestPathProblem(rel, false); why != "" {
 		return fmt.Errorf("%w: %q %s", errInvalidPath, rel, why)
@@ -274,19 +266,15 @@ type stagedFile struct {
 	abs    string
 	Digest string
 	Size   int64
-	// held is the agent's record of the path when the part was read: the
-	// part was read outside the apply lock, and an apply that landed
-	// meanwhile may have moved what it was checked against.
-	held   FileAt
-	inline []byte // a small part's bytes
-	repl   []byte // with patch: the file is its base (the live file) with repl spliced in
-	patch  *FilePatch
-	tmp    string // a large part's synced temp file
-	// built: the temp file the patch was spliced into while it was
-	// verified (recovery rebuilds it from the record): one pass over a
-	// large base, not two.
-	built     string
-	unchanged bool // the live file already holds these bytes: neither installed nor journalled
+	// held is the agent's record of the path when the part was read, outside
+	// the apply lock: an apply that landed meanwhile may have moved it.
+	held      FileAt
+	inline    []byte // a small part's bytes
+	repl      []byte // with patch: the file is its base (the live file) with repl spliced in
+	patch     *FilePatch
+	tmp       string // a large part's synced temp file
+	built     string // the temp file the patch was spliced into while verified: one pass over a large base, not two
+	unchanged bool   // the live file already holds these bytes: neither installed nor journalled
 	installed bool
 }
 
@@ -526,11 +514,10 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		return nil, errPatchBaseMissing
 	}
 	defer base.Close()
-	// The fit rule, written so that no sum can overflow: offset + length >
-	// base_size with offset 1 and length MaxInt64 wraps negative and would
-	// pass. The held file is base_size bytes, so the base bytes that
-	// survive, base_size - length, are within [0, base_size] once offset and
-	// length fit; the replacement length is computed only then.
+	// The fit rule has no sum that can overflow (offset + length wraps
+	// negative for a length near MaxInt64, and would pass): once offset and
+	// length fit, base_size - length is within [0, base_size], and only then
+	// is the replacement's length computed.
 	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
 		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
@@ -588,13 +575,11 @@ func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n
 // deletions returns the owned paths the manifest no longer lists, sorted:
 // absence means delete, but only for paths the agent owns.
 func deletions(owned map[string]FileAt, files []ManifestFile) []string {
-	listed := make(map[string]bool, len(files))
+	gone := maps.Clone(owned)
 	for _, f := range files {
-		listed[f.Path] = true
+		delete(gone, f.Path)
 	}
-	out := slices.DeleteFunc(slices.Collect(maps.Keys(owned)), func(p string) bool { return listed[p] })
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(gone))
 }
 
 // journalEntry is how one path looked when the last-known-good plan became
@@ -674,11 +659,9 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 
 // install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
-// then unlinks the deleted paths. Directories are created as needed and
-// never removed. A small part is written from its bytes only now; a temp
-// file (a large part's, or the one a patch was spliced into) is renamed
-// into place. Nothing is synced: recovery redoes it from the record. A file
-// a failed install already put in place is skipped when it is tried again.
+// then unlinks the deleted paths; directories are created as needed and
+// never removed. Nothing is synced: recovery redoes it from the record. A
+// file a failed install already put in place is skipped when tried again.
 func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
 	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
@@ -816,8 +799,7 @@ type want struct {
 }
 
 // restore makes every path hold what its want says, the config last, taking
-// the bytes from the first source that holds them (each is verified by its
-// digest before use, so a link to bytes a power loss tore is passed over).
+// the bytes from the first source that holds them (linkedCopy, contentOf).
 // A path that already holds them is left alone. It reports whether it
 // changed anything, and joins the errors of the paths it could not restore:
 // those keep their current content.
