@@ -278,14 +278,14 @@ type stagedFile struct {
 	installed bool
 }
 
-// discard removes the temp files unless they were installed.
+// discard removes the temp file unless it was installed: a staged file has
+// one at most (tmp, of a part staged whole, or built, of one that is not).
 func (f *stagedFile) discard(d disk) {
-	if f != nil && !f.installed {
-		for _, tmp := range []string{f.tmp, f.built} {
-			if tmp != "" {
-				d.Remove(tmp)
-			}
-		}
+	if f == nil || f.installed {
+		return
+	}
+	if tmp := cmp.Or(f.tmp, f.built); tmp != "" {
+		d.Remove(tmp)
 	}
 }
 
@@ -323,8 +323,7 @@ func fitsInline(size int64, budget int) bool {
 	return size >= 0 && size <= maxInlineBytes && int(size) <= budget
 }
 
-// verify writes sf's bytes into w with fill and checks their count and
-// digest against the manifest's.
+// verify writes sf's bytes into w with fill and checks them against the manifest.
 func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) error {
 	h := newDigestHasher()
 	n, err := fill(io.MultiWriter(w, h))
@@ -491,15 +490,14 @@ func (w faultWriter) Write(p []byte) (int, error) {
 
 // stagePatch verifies a patch: the held base with the replacement bytes in
 // r spliced in must hash to the manifest's digest. A base the agent does
-// not hold (held, the agent's record of the file, is another, or the file
-// is not that size) is errPatchBaseMissing: the path goes into the 409
-// Missing answer. A replacement that fits the inline budget rides in the
-// record and the file it makes waits unsynced (built), so that a change of
-// a few bytes to a large map syncs nothing but the record; a larger
-// one, or a small result, is staged whole like a part. The base is not
-// hashed up front: the result's digest checks it too, and only a result
-// that does not match is told apart as a base that changed behind the
-// agent's back (Missing) or a wrong replacement.
+// not hold (held, its record of the file, is another, or the file is not
+// that size) is errPatchBaseMissing: the path goes into the 409 Missing
+// answer. A replacement that fits the inline budget rides in the record and
+// the file it makes waits unsynced (built), so that a change of a few bytes
+// to a large map syncs nothing but the record; otherwise the result is
+// staged whole like a part. The base is not hashed up front: the result's
+// digest checks it too, and only a mismatch is told apart as a base that
+// changed behind the agent's back (Missing) or a wrong replacement.
 func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
@@ -776,8 +774,7 @@ func (s *fileStore) keepSpare(tmp string) error {
 	return nil
 }
 
-// noteDirty records a file written without a sync and directories whose
-// entries changed without one, until flush makes them durable.
+// noteDirty records a file and directories for flush to make durable.
 func (s *fileStore) noteDirty(file string, dirs ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
