@@ -736,27 +736,21 @@ func (s *fileStore) put(rel, from string) error {
 }
 
 // replace puts tmp at abs atomically. Over an existing file it swaps the
-// two names, and keepSpare settles the temp name, which then holds the old
-// file: a rename over an existing file makes ext4 flush the new file's data
-// at once, which costs more than the rest of the apply, and the agent's
-// durability comes from its log anyway.
-func (s *fileStore) replace(tmp, abs string) error {
-	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
-		err := s.disk.Exchange(tmp, abs)
-		if err == nil {
-			return s.keepSpare(tmp)
-		}
-		if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) {
-			return err
-		}
-	}
-	return s.disk.Rename(tmp, abs)
-}
-
-// keepSpare keeps tmp, which holds the version an exchange displaced, as
-// the spare of its directory when nothing else links it, and removes it
+// two names: a rename over an existing file makes ext4 flush the new file's
+// data at once, which costs more than the rest of the apply, and the agent's
+// durability comes from its log anyway. tmp then holds the old version: it
+// is kept as its directory's spare when nothing else links it, and removed
 // otherwise (an undo or the journal keeps that version through its link).
-func (s *fileStore) keepSpare(tmp string) error {
+func (s *fileStore) replace(tmp, abs string) error {
+	if fi, err := s.disk.Lstat(abs); err != nil || !fi.Mode().IsRegular() {
+		return s.disk.Rename(tmp, abs)
+	}
+	switch err := s.disk.Exchange(tmp, abs); {
+	case errors.Is(err, syscall.ENOSYS), errors.Is(err, syscall.EINVAL):
+		return s.disk.Rename(tmp, abs)
+	case err != nil:
+		return err
+	}
 	links := uint64(0) // where the system does not say, as if something else linked it
 	if fi, err := s.disk.Lstat(tmp); err == nil {
 		_, links, _ = fileOwner(fi)
@@ -977,10 +971,15 @@ func (s *fileStore) flush() error {
 	s.dirty, s.dirtyDirs = map[string]bool{}, map[string]bool{}
 	s.mu.Unlock()
 	var errs []error
-	for f := range files {
-		if err := syncFile(s.disk, f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for name := range files {
+		f, err := s.disk.OpenFile(name, os.O_RDONLY, 0)
+		if err == nil {
+			err = f.Sync()
+			f.Close()
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
-			s.noteDirty(f)
+			s.noteDirty(name)
 		}
 	}
 	for d := range dirs {
@@ -995,15 +994,6 @@ func (s *fileStore) flush() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func syncFile(d disk, name string) error {
-	f, err := d.OpenFile(name, os.O_RDONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // readHeld reads a written file by its manifest path, for the ops that
