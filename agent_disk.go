@@ -126,8 +126,7 @@ func (osDisk) SyncDir(name string) error {
 // mkdirAll creates dir and its missing parents on d, like os.MkdirAll, and
 // returns the directories it created, outermost first, so that a caller can
 // make their entries durable.
-func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error) {
-	var missing []string
+func mkdirAll(d disk, dir string, perm fs.FileMode) (missing []string, err error) {
 	for p := dir; ; p = filepath.Dir(p) {
 		fi, err := d.Lstat(p)
 		if err == nil {
