@@ -343,11 +343,7 @@ func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) e
 // nor the reader is asked for more. The limit saturates at MaxInt64 and a
 // negative want copies nothing.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
-	limit := max(want, -1)
-	if limit < math.MaxInt64 {
-		limit++
-	}
-	n, err := copyAtMost(w, r, limit)
+	n, err := copyAtMost(w, r, min(max(want, -1), math.MaxInt64-1)+1)
 	if err == io.EOF {
 		err = nil
 	}
