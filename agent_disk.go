@@ -126,8 +126,7 @@ func (osDisk) SyncDir(name string) error {
 // mkdirAll creates dir and its missing parents on d, like os.MkdirAll, and
 // returns the directories it created, outermost first, so that a caller can
 // make their entries durable.
-func mkdirAll(d disk, dir string, perm fs.FileMode) (created []string, err error) {
-	var missing []string
+func mkdirAll(d disk, dir string, perm fs.FileMode) (missing []string, err error) {
 	for p := dir; ; p = filepath.Dir(p) {
 		fi, err := d.Lstat(p)
 		if err == nil {
@@ -174,11 +173,9 @@ func readAllLimited(d disk, name string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// replaceFile writes r to a temp file beside dst (pattern names it), sets
-// its mode, syncs it and renames it over dst, so that dst is either the old
-// file or the whole new one. On any failure the temp file is removed. The
-// rename itself is durable only once the directory is synced, which is the
-// caller's to decide.
+// replaceFile replaces dst with r's bytes through a synced temp file beside
+// it (pattern names it), so that dst is either the old file or the whole new
+// one. The rename is durable only once the caller syncs the directory.
 func replaceFile(d disk, dst, pattern string, mode fs.FileMode, r io.Reader) (err error) {
 	f, err := d.CreateTemp(filepath.Dir(dst), pattern)
 	if err != nil {

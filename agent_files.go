@@ -1,16 +1,13 @@
 // This file owns the agent's file tree on disk: where a manifest path may
-// lead, staging and verifying parts (whole or patched), what an apply
-// changes and how each path looked before it, installing, putting bytes back
-// from wherever they are kept, making the tree durable, hashing it, and
-// sweeping the store's own directories.
+// lead, staging parts, what an apply changes, installing, putting bytes
+// back, making the tree durable, hashing it, and sweeping.
 //
 // It never decides anything about HAProxy or the agent's state, and never
 // touches a path outside the base directory: every disk path it builds is
 // the base joined with a validated manifest path, or one of its own
-// dot-prefixed directories, which no manifest path can name. A directory of
-// the tree may be a volume of its own (agent_mounts.go): every temp file and
-// link is made in the store directories of the mount that holds its path,
-// so that no rename or link ever crosses a mount.
+// dot-prefixed directories (those of the mount that holds the path, so that
+// no rename or link crosses a mount: agent_mounts.go), which no manifest
+// path can name.
 
 package haptic
 
@@ -88,11 +85,10 @@ type fileStore struct {
 	config   string
 	fileMode fs.FileMode
 	dirMode  fs.FileMode
-	// umaskNarrows: the umask takes bits off fileMode, so a file created
-	// with that mode must be given it again.
+	logger   *slog.Logger
+	disk     disk
+	// umaskNarrows: the umask takes bits off fileMode, so a file created with that mode must be given it again
 	umaskNarrows bool
-	logger       *slog.Logger
-	disk         disk
 
 	// dirty are the files installed or restored without a sync, and the
 	// directories whose entries changed without one: flush makes them
@@ -102,10 +98,8 @@ type fileStore struct {
 	dirtyDirs map[string]bool
 	linkSeq   uint64
 	tempSeq   uint64
-	// linked is the size of the files linked aside since the last sweep:
-	// a link keeps an old version's blocks allocated until it goes.
-	linked int64
-	late   error // a mount the start did not see refused a push (crossedMount)
+	linked    int64 // bytes linked aside since the last sweep: a link keeps an old version's blocks allocated
+	late      error // a mount the start did not see refused a push (crossedMount)
 	// spare is, by temp directory, a temp file that holds a version an
 	// install displaced and nothing else links: the next install in that
 	// directory overwrites it instead of creating a file. On ext4 a new
@@ -154,28 +148,25 @@ func newFileStore(cfg fileStoreConfig) (*fileStore, error) {
 	if s.mounts, err = probeMounts(cmp.Or(cfg.MountInfo, defaultMountInfo), base, s.disk); err != nil {
 		return nil, err
 	}
+	// The agent deletes and links entries in its store's directories, so a
+	// link planted in the place of one would carry those deletes and links to
+	// wherever it points: such a directory is refused, never followed.
 	for _, m := range s.mounts {
 		for _, name := range []string{storeTempDir, storeLinkDir} {
-			if err := ensureStoreDir(s.disk, filepath.Join(m.root, name)); err != nil {
+			p := filepath.Join(m.root, name)
+			err := s.disk.Mkdir(p, 0o700)
+			if err == nil || errors.Is(err, fs.ErrExist) {
+				err = checkOwnedPath(s.disk, p, true)
+			}
+			if err == nil {
+				err = s.disk.Chmod(p, 0o700)
+			}
+			if err != nil {
 				return nil, err
 			}
 		}
 	}
 	return s, nil
-}
-
-// ensureStoreDir creates one of the store's own directories, or checks the
-// one already there. The agent deletes and links entries in them, so a link
-// planted in their place would carry those deletes and links to wherever it
-// points: such a directory is refused, never followed.
-func ensureStoreDir(d disk, p string) error {
-	if err := d.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
-	}
-	if err := checkOwnedPath(d, p, true); err != nil {
-		return err
-	}
-	return d.Chmod(p, 0o700)
 }
 
 // checkOwnedPath refuses a path the agent keeps for itself (its store's
@@ -203,9 +194,7 @@ func checkOwnedPath(d disk, p string, wantDir bool) error {
 	return nil
 }
 
-// validatePath applies the manifest path rules (manifestPathProblem):
-// relative, clean, at most MaxPathBytes, no dot-prefixed component (which
-// keeps the agent's own files and directories out of any manifest's reach).
+// validatePath applies the manifest path rules (manifestPathProblem).
 func validatePath(rel string) error {
 	if why := manifestPathProblem(rel, false); why != "" {
 		return fmt.Errorf("%w: %q %s", errInvalidPath, rel, why)
@@ -277,30 +266,26 @@ type stagedFile struct {
 	abs    string
 	Digest string
 	Size   int64
-	// held is the agent's record of the path when the part was read: the
-	// part was read outside the apply lock, and an apply that landed
-	// meanwhile may have moved what it was checked against.
-	held   FileAt
-	inline []byte // a small part's bytes
-	repl   []byte // with patch: the file is its base (the live file) with repl spliced in
-	patch  *FilePatch
-	tmp    string // a large part's synced temp file
-	// built: the temp file the patch was spliced into while it was
-	// verified (recovery rebuilds it from the record): one pass over a
-	// large base, not two.
-	built     string
-	unchanged bool // the live file already holds these bytes: neither installed nor journalled
+	// held is the agent's record of the path when the part was read, outside
+	// the apply lock: an apply that landed meanwhile may have moved it.
+	held      FileAt
+	inline    []byte // a small part's bytes
+	repl      []byte // with patch: the file is its base (the live file) with repl spliced in
+	patch     *FilePatch
+	tmp       string // a large part's synced temp file
+	built     string // the temp file the patch was spliced into while verified: one pass over a large base, not two
+	unchanged bool   // the live file already holds these bytes: neither installed nor journalled
 	installed bool
 }
 
-// discard removes the temp files unless they were installed.
+// discard removes the temp file unless it was installed: a staged file has
+// one at most (tmp, of a part staged whole, or built, of one that is not).
 func (f *stagedFile) discard(d disk) {
-	if f != nil && !f.installed {
-		for _, tmp := range []string{f.tmp, f.built} {
-			if tmp != "" {
-				d.Remove(tmp)
-			}
-		}
+	if f == nil || f.installed {
+		return
+	}
+	if tmp := cmp.Or(f.tmp, f.built); tmp != "" {
+		d.Remove(tmp)
 	}
 }
 
@@ -338,8 +323,7 @@ func fitsInline(size int64, budget int) bool {
 	return size >= 0 && size <= maxInlineBytes && int(size) <= budget
 }
 
-// verify writes sf's bytes into w with fill and checks their count and
-// digest against the manifest's.
+// verify writes sf's bytes into w with fill and checks them against the manifest.
 func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) error {
 	h := newDigestHasher()
 	n, err := fill(io.MultiWriter(w, h))
@@ -359,11 +343,7 @@ func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) e
 // nor the reader is asked for more. The limit saturates at MaxInt64 and a
 // negative want copies nothing.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
-	limit := max(want, -1)
-	if limit < math.MaxInt64 {
-		limit++
-	}
-	n, err := copyAtMost(w, r, limit)
+	n, err := copyAtMost(w, r, min(max(want, -1), math.MaxInt64-1)+1)
 	if err == io.EOF {
 		err = nil
 	}
@@ -378,7 +358,11 @@ func (s *fileStore) writeTemp(rel, abs string, fill func(io.Writer) error, sync 
 	var f diskFile
 	tmp, reused := "", false
 	if !sync { // a synced temp file is a record's source: always a file of its own
-		tmp, reused = s.takeSpare(abs)
+		dir := filepath.Join(s.mounts.of(abs).root, storeTempDir)
+		s.mu.Lock()
+		tmp, reused = s.spare[dir]
+		delete(s.spare, dir)
+		s.mu.Unlock()
 	}
 	if reused {
 		if f, err = s.disk.OpenFile(tmp, os.O_WRONLY, 0); err != nil {
@@ -502,15 +486,14 @@ func (w faultWriter) Write(p []byte) (int, error) {
 
 // stagePatch verifies a patch: the held base with the replacement bytes in
 // r spliced in must hash to the manifest's digest. A base the agent does
-// not hold (held, the agent's record of the file, is another, or the file
-// is not that size) is errPatchBaseMissing: the path goes into the 409
-// Missing answer. A replacement that fits the inline budget rides in the
-// record and the file it makes waits unsynced (built), so that a change of
-// a few bytes to a large map syncs nothing but the record; a larger
-// one, or a small result, is staged whole like a part. The base is not
-// hashed up front: the result's digest checks it too, and only a result
-// that does not match is told apart as a base that changed behind the
-// agent's back (Missing) or a wrong replacement.
+// not hold (held, its record of the file, is another, or the file is not
+// that size) is errPatchBaseMissing: the path goes into the 409 Missing
+// answer. A replacement that fits the inline budget rides in the record and
+// the file it makes waits unsynced (built), so that a change of a few bytes
+// to a large map syncs nothing but the record; otherwise the result is
+// staged whole like a part. The base is not hashed up front: the result's
+// digest checks it too, and only a mismatch is told apart as a base that
+// changed behind the agent's back (Missing) or a wrong replacement.
 func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
@@ -525,30 +508,27 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		return nil, errPatchBaseMissing
 	}
 	defer base.Close()
-	// The fit rule, written so that no sum can overflow: offset + length >
-	// base_size with offset 1 and length MaxInt64 wraps negative and would
-	// pass. The held file is base_size bytes, so the base bytes that
-	// survive, base_size - length, are within [0, base_size] once offset and
-	// length fit; the replacement length is computed only then.
+	// The fit rule has no sum that can overflow (offset + length wraps
+	// negative for a length near MaxInt64, and would pass): once offset and
+	// length fit, base_size - length is within [0, base_size], and only then
+	// is the replacement's length computed.
 	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
 		size < p.BaseSize-p.Length {
 		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
 	}
 	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
 	n := size - (p.BaseSize - p.Length)
-	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
-		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
-	}
+	splice := func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, r, n, rel) } // r as it is when called
 	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
 		var repl bytes.Buffer
 		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
-		sf.repl, sf.patch = repl.Bytes(), p
+		r, sf.repl, sf.patch = bytes.NewReader(repl.Bytes()), repl.Bytes(), p
+		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice) }, false)
 		*budget -= int(n)
 	} else {
-		err = s.stageWhole(sf, budget, splice(r))
+		err = s.stageWhole(sf, budget, splice)
 	}
 	if errors.Is(err, errDigestMismatch) {
 		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
@@ -566,25 +546,21 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 // base[offset+length:] into w, and returns the count. Only repl comes from
 // the client; every other error is the base's, on the agent's own disk.
 func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n int64, rel string) (int64, error) {
-	if _, err := base.Seek(0, io.SeekStart); err != nil {
-		return 0, diskFault(rel, err)
+	var head, mid, tail int64
+	_, err := base.Seek(0, io.SeekStart)
+	if err == nil {
+		head, err = copyAtMost(w, base, p.Offset)
 	}
-	head, err := copyAtMost(w, base, p.Offset)
-	if err != nil {
-		return 0, diskFault(rel, err)
+	if err == nil {
+		if mid, err = copyAtMostOneMore(w, repl, n); err != nil {
+			return 0, err
+		}
+		_, err = base.Seek(p.Offset+p.Length, io.SeekStart)
 	}
-	mid, err := copyAtMostOneMore(w, repl, n)
-	if err != nil {
-		return 0, err
+	if err == nil {
+		tail, err = copyBytes(w, base)
 	}
-	if _, err := base.Seek(p.Offset+p.Length, io.SeekStart); err != nil {
-		return 0, diskFault(rel, err)
-	}
-	tail, err := copyBytes(w, base)
-	if err != nil {
-		return 0, diskFault(rel, err)
-	}
-	return head + mid + tail, nil
+	return head + mid + tail, diskFault(rel, err)
 }
 
 // ---------------------------------------------------------------------------
@@ -593,13 +569,11 @@ func spliceOnto(w io.Writer, base io.ReadSeeker, p *FilePatch, repl io.Reader, n
 // deletions returns the owned paths the manifest no longer lists, sorted:
 // absence means delete, but only for paths the agent owns.
 func deletions(owned map[string]FileAt, files []ManifestFile) []string {
-	listed := make(map[string]bool, len(files))
+	gone := maps.Clone(owned)
 	for _, f := range files {
-		listed[f.Path] = true
+		delete(gone, f.Path)
 	}
-	out := slices.DeleteFunc(slices.Collect(maps.Keys(owned)), func(p string) bool { return listed[p] })
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(gone))
 }
 
 // journalEntry is how one path looked when the last-known-good plan became
@@ -679,11 +653,9 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 
 // install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
-// then unlinks the deleted paths. Directories are created as needed and
-// never removed. A small part is written from its bytes only now; a temp
-// file (a large part's, or the one a patch was spliced into) is renamed
-// into place. Nothing is synced: recovery redoes it from the record. A file
-// a failed install already put in place is skipped when it is tried again.
+// then unlinks the deleted paths; directories are created as needed and
+// never removed. Nothing is synced: recovery redoes it from the record. A
+// file a failed install already put in place is skipped when tried again.
 func (s *fileStore) install(staged []*stagedFile, dels []string) error {
 	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
 	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
@@ -760,32 +732,26 @@ func (s *fileStore) put(rel, from string) error {
 }
 
 // replace puts tmp at abs atomically. Over an existing file it swaps the
-// two names, and keepSpare settles the temp name, which then holds the old
-// file: a rename over an existing file makes ext4 flush the new file's data
-// at once, which costs more than the rest of the apply, and the agent's
-// durability comes from its log anyway.
-func (s *fileStore) replace(tmp, abs string) error {
-	if fi, err := s.disk.Lstat(abs); err == nil && fi.Mode().IsRegular() {
-		err := s.disk.Exchange(tmp, abs)
-		if err == nil {
-			return s.keepSpare(tmp)
-		}
-		if !errors.Is(err, syscall.ENOSYS) && !errors.Is(err, syscall.EINVAL) {
-			return err
-		}
-	}
-	return s.disk.Rename(tmp, abs)
-}
-
-// keepSpare keeps tmp, which holds the version an exchange displaced, as
-// the spare of its directory when nothing else links it, and removes it
+// two names: a rename over an existing file makes ext4 flush the new file's
+// data at once, which costs more than the rest of the apply, and the agent's
+// durability comes from its log anyway. tmp then holds the old version: it
+// is kept as its directory's spare when nothing else links it, and removed
 // otherwise (an undo or the journal keeps that version through its link).
-func (s *fileStore) keepSpare(tmp string) error {
-	fi, err := s.disk.Lstat(tmp)
-	if err != nil {
-		return s.disk.Remove(tmp)
+func (s *fileStore) replace(tmp, abs string) error {
+	if fi, err := s.disk.Lstat(abs); err != nil || !fi.Mode().IsRegular() {
+		return s.disk.Rename(tmp, abs)
 	}
-	if _, n, ok := fileOwner(fi); !ok || n != 1 {
+	switch err := s.disk.Exchange(tmp, abs); {
+	case errors.Is(err, syscall.ENOSYS), errors.Is(err, syscall.EINVAL):
+		return s.disk.Rename(tmp, abs)
+	case err != nil:
+		return err
+	}
+	links := uint64(0) // where the system does not say, as if something else linked it
+	if fi, err := s.disk.Lstat(tmp); err == nil {
+		_, links, _ = fileOwner(fi)
+	}
+	if links != 1 {
 		return s.disk.Remove(tmp)
 	}
 	s.mu.Lock()
@@ -798,18 +764,7 @@ func (s *fileStore) keepSpare(tmp string) error {
 	return nil
 }
 
-// takeSpare takes the spare of the temp directory of abs's mount, if any.
-func (s *fileStore) takeSpare(abs string) (string, bool) {
-	dir := filepath.Join(s.mounts.of(abs).root, storeTempDir)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	tmp, ok := s.spare[dir]
-	delete(s.spare, dir)
-	return tmp, ok
-}
-
-// noteDirty records a file written without a sync and directories whose
-// entries changed without one, until flush makes them durable.
+// noteDirty records a file and directories for flush to make durable.
 func (s *fileStore) noteDirty(file string, dirs ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -831,8 +786,7 @@ type want struct {
 }
 
 // restore makes every path hold what its want says, the config last, taking
-// the bytes from the first source that holds them (each is verified by its
-// digest before use, so a link to bytes a power loss tore is passed over).
+// the bytes from the first source that holds them (linkedCopy, contentOf).
 // A path that already holds them is left alone. It reports whether it
 // changed anything, and joins the errors of the paths it could not restore:
 // those keep their current content.
@@ -882,9 +836,9 @@ func (s *fileStore) restoreOne(w want, sources map[FileAt][]source) (bool, error
 		}
 	}
 	if err != nil {
-		return true, fmt.Errorf("restore %q: %w", w.Path, err)
+		err = fmt.Errorf("restore %q: %w", w.Path, err)
 	}
-	return true, nil
+	return true, err
 }
 
 // linkedCopy links a copy of at's bytes kept as a file (an undo or journal
@@ -1013,10 +967,15 @@ func (s *fileStore) flush() error {
 	s.dirty, s.dirtyDirs = map[string]bool{}, map[string]bool{}
 	s.mu.Unlock()
 	var errs []error
-	for f := range files {
-		if err := syncFile(s.disk, f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	for name := range files {
+		f, err := s.disk.OpenFile(name, os.O_RDONLY, 0)
+		if err == nil {
+			err = f.Sync()
+			f.Close()
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
-			s.noteDirty(f)
+			s.noteDirty(name)
 		}
 	}
 	for d := range dirs {
@@ -1031,15 +990,6 @@ func (s *fileStore) flush() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func syncFile(d disk, name string) error {
-	f, err := d.OpenFile(name, os.O_RDONLY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // readHeld reads a written file by its manifest path, for the ops that

@@ -36,10 +36,8 @@ const (
 
 // mount is one filesystem mount the tree spans.
 type mount struct {
-	root string // absolute and resolved: the base directory, or a mount point below it
-	// mntID is the kernel's id of the mount root is reached through, 0
-	// where the system cannot tell.
-	mntID uint64
+	root  string // absolute and resolved: the base directory, or a mount point below it
+	mntID uint64 // the kernel's id of the mount root is reached through; 0 where the system cannot tell
 }
 
 // mounts are the tree's mounts, the deepest root first and the base last,
@@ -145,11 +143,10 @@ func (s *fileStore) onItsMount(rel string) error {
 
 // crossedMount explains an EXDEV: rel lives on a mount the start did not
 // see, so a link or rename between it and its mount's store directories
-// crosses into another filesystem. The apply fails with everything it
-// changed undone, and the agent is not ready until a restart probes the
-// mounts again. An operator who adds a volume made neither a bug nor a
-// change behind the agent's back: it is logged once, and reported by
-// /readyz and the haptic_agent_late_mount gauge, not as an invariant.
+// crosses into another filesystem. An operator who adds a volume made
+// neither a bug nor a change behind the agent's back: it is logged once,
+// and reported by /readyz and the haptic_agent_late_mount gauge, not as an
+// invariant.
 func (s *fileStore) crossedMount(rel string, err error) error {
 	if !errors.Is(err, syscall.EXDEV) {
 		return err
