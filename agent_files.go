@@ -281,11 +281,12 @@ type stagedFile struct {
 // discard removes the temp file unless it was installed: a staged file has
 // one at most (tmp, of a part staged whole, or built, of one that is not).
 func (f *stagedFile) discard(d disk) {
-	if f == nil || f.installed {
-		return
-	}
-	if tmp := cmp.Or(f.tmp, f.built); tmp != "" {
-		d.Remove(tmp)
+	if f != nil && !f.installed {
+		for _, tmp := range []string{f.tmp, f.built} {
+			if tmp != "" {
+				d.Remove(tmp)
+			}
+		}
 	}
 }
 
@@ -343,7 +344,11 @@ func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) e
 // nor the reader is asked for more. The limit saturates at MaxInt64 and a
 // negative want copies nothing.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
-	n, err := copyAtMost(w, r, min(max(want, -1), math.MaxInt64-1)+1)
+	limit := max(want, -1)
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	n, err := copyAtMost(w, r, limit)
 	if err == io.EOF {
 		err = nil
 	}
