@@ -523,17 +523,19 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 	}
 	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
 	n := size - (p.BaseSize - p.Length)
-	splice := func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, r, n, rel) } // r as it is when called
+	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
+		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
+	}
 	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
 		var repl bytes.Buffer
 		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
 			return nil, err
 		}
-		r, sf.repl, sf.patch = bytes.NewReader(repl.Bytes()), repl.Bytes(), p
-		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice) }, false)
+		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
+		sf.repl, sf.patch = repl.Bytes(), p
 		*budget -= int(n)
 	} else {
-		err = s.stageWhole(sf, budget, splice)
+		err = s.stageWhole(sf, budget, splice(r))
 	}
 	if errors.Is(err, errDigestMismatch) {
 		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
