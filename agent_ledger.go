@@ -409,7 +409,7 @@ func (l *ledger) ended(e ending) error {
 		applyTreeDelta(l.tree, e.landed)
 		l.treeVersion++
 		if e.plan != nil {
-			l.hold(e.plan)
+			l.plan, l.blob, l.blobSaved = e.plan.json, e.plan.blob, false
 		}
 	}
 	l.adopt(next, r)
@@ -500,8 +500,7 @@ func (l *ledger) compact() error {
 		}
 		l.blobSaved = true
 	}
-	st := l.st.clone()
-	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &st, Journal: st.Journal, Tree: map[string]*FileAt{}}
+	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: map[string]*FileAt{}}
 	for p, at := range l.tree {
 		snap.Tree[p] = &at
 	}
@@ -799,22 +798,18 @@ func (l *ledger) observed() ([]string, uint64) {
 // refreshed adopts a verified read's observation unless the tree changed
 // since version or an apply is in flight (its end records the tree it
 // leaves). Entries whose bytes did not change keep their proofs.
-func (l *ledger) refreshed(fresh map[string]FileAt, version uint64) bool {
+func (l *ledger) refreshed(fresh map[string]FileAt, version uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.treeVersion != version || l.applying || l.behind != nil {
-		return false
+		return
 	}
 	keepProofs(l.tree, fresh)
-	delta := treeDelta(l.tree, fresh)
-	if len(delta) == 0 {
-		return true
+	if delta := treeDelta(l.tree, fresh); len(delta) > 0 {
+		l.tree = fresh
+		l.treeVersion++
+		l.write(&logRecord{Kind: recordState, State: &l.st, Tree: delta}, false)
 	}
-	l.tree = fresh
-	l.treeVersion++
-	st := l.st.clone()
-	l.write(&logRecord{Kind: recordState, State: &st, Tree: delta}, false)
-	return true
 }
 
 // treeDelta is what turns old into fresh.
@@ -927,14 +922,9 @@ func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	if err := l.write(r, true); err != nil {
 		return moved, err
 	}
-	l.hold(up)
+	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
 	l.adopt(next, r)
 	return moved, nil
-}
-
-// hold makes up the stored plan. The caller holds mu.
-func (l *ledger) hold(up *planUpload) {
-	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
 }
 
 // heldPlanID is the id of the stored plan, "" when there is none.
