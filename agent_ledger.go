@@ -238,9 +238,8 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	return nil
 }
 
-// breakLog stops the log after a failed sync: the kernel may have dropped
-// what the unsynced records before it held, so none written after it could
-// be trusted on replay. The caller holds mu.
+// breakLog stops the log after a failed sync (see broken). The caller holds
+// mu.
 func (l *ledger) breakLog(err error) {
 	l.broken = err
 	l.logger.Error("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written", "err", err)
@@ -340,9 +339,7 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 			return nil
 		}
 		// The apply fails and nothing was renamed: its record is cut off,
-		// so that no start redoes an apply that was refused. The kernel may
-		// have dropped unsynced records before it too, so the log is not
-		// trusted until a compaction rewrites the state.
+		// so that no start redoes an apply that was refused.
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
 		l.breakLog(err)
 		if cutErr := l.log.cutBack(start); cutErr != nil {
@@ -363,9 +360,8 @@ type ending struct {
 	// seq is the apply's record the end record closes; 0 records the final
 	// state of an apply that has none, or whose undo closed it already.
 	seq  uint64
-	ok   bool // it landed
 	sync bool
-	// An apply that landed: its tree entries and journal additions (its own
+	// An apply that landed (o.ok): its tree entries and journal additions (its own
 	// record carries them for replay), whether the journal starts afresh,
 	// and its plan blob.
 	landed       map[string]*FileAt
@@ -402,9 +398,9 @@ func (l *ledger) ended(e ending) error {
 		return nil
 	}
 	l.applying = false
-	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
+	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.o.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
 	err := l.write(r, e.sync)
-	if e.ok {
+	if e.o.ok {
 		next.Journal = append(next.Journal, e.journal...)
 		applyTreeDelta(l.tree, e.landed)
 		l.treeVersion++
@@ -549,13 +545,6 @@ func (l *ledger) stuck(err error) {
 	l.stuckBy = err
 }
 
-// compactionFailed is why the last compaction failed, or nil.
-func (l *ledger) compactionFailed() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.stuckBy
-}
-
 // fallBehind records that the tree does not hold what an answered apply
 // landed (err), or, with nil, that it does again.
 func (l *ledger) fallBehind(err error) {
@@ -564,12 +553,12 @@ func (l *ledger) fallBehind(err error) {
 	l.behind = err
 }
 
-// diskBehind is why the tree does not hold what the agent answered for, or
-// nil.
-func (l *ledger) diskBehind() error {
+// faults are what keeps the agent from being ready, each nil when it does
+// not: the broken log, the tree behind the state, the failed compaction.
+func (l *ledger) faults() (broken, behind, stuck error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.behind
+	return l.broken, l.behind, l.stuckBy
 }
 
 func (l *ledger) close() {
