@@ -375,7 +375,7 @@ func (k *knownBad) lookup(key string, work []byte, now time.Time) (ApplyResult, 
 	if k.work == nil || len(work) == 0 || now.After(k.until) || k.key != key || !bytes.Equal(k.work, work) {
 		return ApplyResult{}, false
 	}
-	return cloneResult(k.result), true
+	return *cloneResult(&k.result), true
 }
 
 // ---------------------------------------------------------------------------
@@ -549,7 +549,7 @@ func (d *applyDeps) answer(in *applyInput, done applied) (int, any) {
 	r := done.result
 	if done.refused {
 		if work, key, _ := workIdentity(in.m); len(work) > 0 {
-			d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: cloneResult(r)}
+			d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: *cloneResult(&r)}
 			d.nack.result.Inventory = nil // an inventory delta rides one answer only
 		}
 	}

@@ -81,10 +81,7 @@ func (s *agentState) reloadPending() bool { return !s.PendingAt.IsZero() }
 // clone copies s deeply enough that a change of one never shows in the other.
 func (s agentState) clone() agentState {
 	s.Journal, s.PendingUndo = slices.Clone(s.Journal), slices.Clone(s.PendingUndo)
-	if s.LastApply != nil {
-		la := cloneResult(*s.LastApply)
-		s.LastApply = &la
-	}
+	s.LastApply = cloneResult(s.LastApply)
 	return s
 }
 
@@ -288,8 +285,7 @@ func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 	change(next)
 	if la := next.LastApply; la != nil && la != prev {
 		fillBaseline(la, next)
-		inv := cloneInventory(l.inventory)
-		la.Inventory = &inv
+		la.Inventory = cloneInventory(&l.inventory)
 	}
 }
 
@@ -473,8 +469,7 @@ func (l *ledger) scheduledRefused(st agentState, tree map[string]*FileAt, restor
 		}
 		s.TreeChangedAt = now
 		clearPending(s)
-		la := cloneResult(last)
-		s.LastApply = &la
+		s.LastApply = cloneResult(&last)
 	})
 }
 
@@ -629,8 +624,8 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 		WorkerOpsPlanID: s.WorkerOps.ID, WorkerOpsPlanProof: s.WorkerOps.Proof,
 		AppliedToken: s.Token, LKGPlanID: s.LKG.ID, LKGPlanProof: s.LKG.Proof,
 		AppliedPlanStored: s.Blob.complete() && s.Blob == s.Applied,
-		Files:             maps.Clone(l.tree), Inventory: cloneInventory(l.inventory),
-		PendingDeletes: pending, InvariantViolation: l.lastInvariant,
+		Files:             maps.Clone(l.tree), Inventory: *cloneInventory(&l.inventory),
+		PendingDeletes: pending, InvariantViolation: l.lastInvariant, LastApply: cloneResult(s.LastApply),
 	}
 	if out.AppliedPlanStored && withPlan {
 		// A blob that does not encode is left out: the reader then sees
@@ -639,10 +634,6 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 	}
 	if s.reloadPending() {
 		out.ReloadPendingAt = s.PendingAt.UTC().Format(time.RFC3339Nano)
-	}
-	if s.LastApply != nil {
-		la := cloneResult(*s.LastApply)
-		out.LastApply = &la
 	}
 	return out
 }
@@ -654,18 +645,16 @@ func (l *ledger) fillResult(r *ApplyResult) {
 	defer l.mu.Unlock()
 	fillBaseline(r, &l.st)
 	if l.inventory.Generation > l.inventoryReported {
-		inv := cloneInventory(l.inventory)
-		r.Inventory = &inv
+		r.Inventory = cloneInventory(&l.inventory)
 		l.inventoryReported = l.inventory.Generation
 	}
 }
 
 func fillBaseline(r *ApplyResult, s *agentState) {
-	c := conflictOf(s, "")
-	r.AppliedPlanID, r.AppliedPlanProof, r.AppliedToken = c.AppliedPlanID, c.AppliedPlanProof, c.AppliedToken
-	r.RunningPlanID, r.RunningPlanProof = c.RunningPlanID, c.RunningPlanProof
-	r.WorkerOpsPlanID, r.WorkerOpsPlanProof = c.WorkerOpsPlanID, c.WorkerOpsPlanProof
-	r.LKGPlanID, r.LKGPlanProof = c.LKGPlanID, c.LKGPlanProof
+	r.AppliedPlanID, r.AppliedPlanProof, r.AppliedToken = s.Applied.ID, s.Applied.Proof, s.Token
+	r.RunningPlanID, r.RunningPlanProof = s.Running.ID, s.Running.Proof
+	r.WorkerOpsPlanID, r.WorkerOpsPlanProof = s.WorkerOps.ID, s.WorkerOps.Proof
+	r.LKGPlanID, r.LKGPlanProof = s.LKG.ID, s.LKG.Proof
 	r.HAProxy = s.Worker
 }
 
@@ -718,19 +707,15 @@ func (l *ledger) foldCreated(certs, caFiles []string) {
 	defer l.mu.Unlock()
 	inv := &l.inventory
 	changed := false
-	add := func(list []string, v string) []string {
-		if slices.Contains(list, v) {
-			return list
+	add := func(list *[]string, created []string) {
+		for _, v := range created {
+			if !slices.Contains(*list, v) {
+				*list, changed = slices.Sorted(slices.Values(append(slices.Clone(*list), v))), true
+			}
 		}
-		changed = true
-		return slices.Sorted(slices.Values(append(slices.Clone(list), v)))
 	}
-	for _, p := range certs {
-		inv.Certs = add(inv.Certs, p)
-	}
-	for _, p := range caFiles {
-		inv.CAFiles = add(inv.CAFiles, p)
-	}
+	add(&inv.Certs, certs)
+	add(&inv.CAFiles, caFiles)
 	if changed {
 		inv.Generation++
 	}
@@ -948,23 +933,27 @@ func (l *ledger) storedBlob() ([]byte, error) {
 	return l.blob, nil
 }
 
-func cloneInventory(inv Inventory) Inventory {
-	return Inventory{Generation: inv.Generation, Maps: slices.Clone(inv.Maps), Certs: slices.Clone(inv.Certs),
+// cloneInventory and cloneResult copy deeply enough that the copy shares
+// nothing mutable with the original; nil stays nil.
+func cloneInventory(inv *Inventory) *Inventory {
+	if inv == nil {
+		return nil
+	}
+	return &Inventory{Generation: inv.Generation, Maps: slices.Clone(inv.Maps), Certs: slices.Clone(inv.Certs),
 		CAFiles: slices.Clone(inv.CAFiles), CRLFiles: slices.Clone(inv.CRLFiles), CRTLists: slices.Clone(inv.CRTLists)}
 }
 
-// cloneResult copies a result deeply enough that the copy shares nothing
-// mutable with the original.
-func cloneResult(r ApplyResult) ApplyResult {
-	r.OpResults = slices.Clone(r.OpResults)
-	clonePtr(&r.Reload)
-	clonePtr(&r.Rollback)
-	clonePtr(&r.Error)
-	if r.Inventory != nil {
-		v := cloneInventory(*r.Inventory)
-		r.Inventory = &v
+func cloneResult(r *ApplyResult) *ApplyResult {
+	if r == nil {
+		return nil
 	}
-	return r
+	c := *r
+	c.OpResults = slices.Clone(c.OpResults)
+	clonePtr(&c.Reload)
+	clonePtr(&c.Rollback)
+	clonePtr(&c.Error)
+	c.Inventory = cloneInventory(c.Inventory)
+	return &c
 }
 
 func clonePtr[T any](p **T) {
