@@ -39,8 +39,7 @@ type planRef struct {
 
 func (p planRef) complete() bool { return p.ID != "" && p.Proof != "" }
 
-// samePlanRef is the exact-identity comparison: both proofs non-empty, ids
-// equal, proofs equal.
+// samePlanRef is exact identity, which a pair without a proof never has.
 func samePlanRef(a, b planRef) bool { return a.Proof != "" && a == b }
 
 // agentState is the persisted state: what every record carries, and with
@@ -868,14 +867,11 @@ func (up *planUpload) carry(r *logRecord) {
 	}
 }
 
-// errPlanMoved reports that a plan was offered for a pair that is no
-// longer the applied pair.
 var errPlanMoved = errors.New("the plan is no longer the applied plan")
 
 // storePlan stores the plan of the applied pair: a synced record carries
 // it, whole or as its patch, until the next snapshot writes its blob's
 // file. A patch whose base is no longer the held plan is errPlanBaseGone.
-// The plan the agent holds for the pair already writes nothing.
 func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -908,8 +904,7 @@ func (l *ledger) heldPlanID() string {
 	return l.heldPlanLocked()
 }
 
-// heldPlanLocked is the id of the stored plan, "" when there is none. The
-// caller holds mu.
+// heldPlanLocked is heldPlanID for a caller that holds mu.
 func (l *ledger) heldPlanLocked() string {
 	if !l.st.Blob.complete() || l.plan == nil {
 		return ""
