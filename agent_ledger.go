@@ -14,14 +14,12 @@
 package haptic
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"mime"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -87,7 +85,6 @@ func (s agentState) clone() agentState {
 // ledger is the one owner of the agent's state.
 type ledger struct {
 	logger   *slog.Logger
-	disk     disk
 	blobPath string
 
 	mu   sync.Mutex
@@ -162,7 +159,7 @@ func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the state log: %w", err)
 	}
-	l := &ledger{logger: logger, disk: d, blobPath: blobPath, st: loaded.st, tree: loaded.tree, log: w, seq: loaded.seq}
+	l := &ledger{logger: logger, blobPath: blobPath, st: loaded.st, tree: loaded.tree, log: w, seq: loaded.seq}
 	if l.st.Blob.complete() {
 		base, saved := loaded.blob, loaded.blob == nil
 		if saved {
@@ -480,10 +477,7 @@ func (l *ledger) compact() error {
 	if l.st.Blob.complete() && !l.blobSaved {
 		blob, err := l.storedBlob()
 		if err == nil {
-			err = replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(blob))
-		}
-		if err == nil {
-			err = l.disk.SyncDir(filepath.Dir(l.blobPath))
+			err = l.log.replace(l.blobPath, blob)
 		}
 		if err != nil {
 			return fmt.Errorf("write the plan blob: %w", err)
