@@ -353,9 +353,9 @@ type ending struct {
 	// state of an apply that has none, or whose undo closed it already.
 	seq  uint64
 	sync bool
-	// An apply that landed (o.ok): its tree entries and journal additions (its own
-	// record carries them for replay), whether the journal starts afresh,
-	// and its plan blob.
+	// An apply that landed (o.ok): its tree entries and journal additions
+	// (its own record carries them for replay), whether the journal starts
+	// afresh, and its plan blob.
 	landed       map[string]*FileAt
 	journal      []journalEntry
 	resetJournal bool
