@@ -541,8 +541,8 @@ func (l *ledger) fallBehind(err error) {
 	l.behind = err
 }
 
-// faults are what keeps the agent from being ready, each nil when it does
-// not: the broken log, the tree behind the state, the failed compaction.
+// faults are the ledger's reasons not to be ready, each nil when it does not
+// hold: the broken log, the tree behind the state, the failed compaction.
 func (l *ledger) faults() (broken, behind, stuck error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
