@@ -370,7 +370,7 @@ func (k *knownBad) lookup(key string, work []byte, now time.Time) (ApplyResult, 
 	if k.work == nil || len(work) == 0 || now.After(k.until) || k.key != key || !bytes.Equal(k.work, work) {
 		return ApplyResult{}, false
 	}
-	return cloneResult(k.result), true
+	return *cloneResult(&k.result), true
 }
 
 // ---------------------------------------------------------------------------
@@ -544,7 +544,7 @@ func (d *applyDeps) answer(in *applyInput, done outcome) (int, any) {
 	r := done.result
 	if done.refused {
 		if work, key, _ := workIdentity(in.m); len(work) > 0 {
-			d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: cloneResult(r)}
+			d.nack = knownBad{key: key, work: work, until: d.now().Add(nackTTL), result: *cloneResult(&r)}
 			d.nack.result.Inventory = nil // an inventory delta rides one answer only
 		}
 	}

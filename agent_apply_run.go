@@ -443,7 +443,7 @@ func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) outcome {
 	o.result = r
 	e := ending{before: in.before, id: in.identity(ch), o: o, now: d.now()}
 	if o.ok {
-		e.seq, e.ok, e.sync, e.plan = o.seq, true, o.reloaded || in.steps.open, in.plan
+		e.seq, e.sync, e.plan = o.seq, o.reloaded || in.steps.open, in.plan
 		e.landed = map[string]*FileAt{}
 		for _, c := range append(slices.Clip(ch.changes), ch.same...) {
 			e.landed[c.Path] = c.New

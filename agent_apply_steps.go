@@ -212,9 +212,8 @@ func settle(cur, before agentState, id applyIdentity, o outcome, now time.Time) 
 	next := cur.clone()
 	next.ReloadOwed = false
 	if o.result.PlanID != "" {
-		last := cloneResult(o.result)
-		last.Inventory = nil
-		next.LastApply = &last
+		next.LastApply = cloneResult(&o.result)
+		next.LastApply.Inventory = nil
 	}
 	// A worker that started after this moment loaded the tree the run left:
 	// an OK apply records its set (whether or not the disk already held it),

@@ -14,14 +14,12 @@
 package haptic
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"mime"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -39,8 +37,7 @@ type planRef struct {
 
 func (p planRef) complete() bool { return p.ID != "" && p.Proof != "" }
 
-// samePlanRef is the exact-identity comparison: both proofs non-empty, ids
-// equal, proofs equal.
+// samePlanRef is exact identity, which a pair without a proof never has.
 func samePlanRef(a, b planRef) bool { return a.Proof != "" && a == b }
 
 // agentState is the persisted state: what every record carries, and with
@@ -81,17 +78,13 @@ func (s *agentState) reloadPending() bool { return !s.PendingAt.IsZero() }
 // clone copies s deeply enough that a change of one never shows in the other.
 func (s agentState) clone() agentState {
 	s.Journal, s.PendingUndo = slices.Clone(s.Journal), slices.Clone(s.PendingUndo)
-	if s.LastApply != nil {
-		la := cloneResult(*s.LastApply)
-		s.LastApply = &la
-	}
+	s.LastApply = cloneResult(s.LastApply)
 	return s
 }
 
 // ledger is the one owner of the agent's state.
 type ledger struct {
 	logger   *slog.Logger
-	disk     disk
 	blobPath string
 
 	mu   sync.Mutex
@@ -166,7 +159,7 @@ func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the state log: %w", err)
 	}
-	l := &ledger{logger: logger, disk: d, blobPath: blobPath, st: loaded.st, tree: loaded.tree, log: w, seq: loaded.seq}
+	l := &ledger{logger: logger, blobPath: blobPath, st: loaded.st, tree: loaded.tree, log: w, seq: loaded.seq}
 	if l.st.Blob.complete() {
 		base, saved := loaded.blob, loaded.blob == nil
 		if saved {
@@ -238,9 +231,8 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	return nil
 }
 
-// breakLog stops the log after a failed sync: the kernel may have dropped
-// what the unsynced records before it held, so none written after it could
-// be trusted on replay. The caller holds mu.
+// breakLog stops the log after a failed sync (see broken). The caller holds
+// mu.
 func (l *ledger) breakLog(err error) {
 	l.broken = err
 	l.logger.Error("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written", "err", err)
@@ -289,8 +281,7 @@ func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 	change(next)
 	if la := next.LastApply; la != nil && la != prev {
 		fillBaseline(la, next)
-		inv := cloneInventory(l.inventory)
-		la.Inventory = &inv
+		la.Inventory = cloneInventory(&l.inventory)
 	}
 }
 
@@ -340,9 +331,7 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 			return nil
 		}
 		// The apply fails and nothing was renamed: its record is cut off,
-		// so that no start redoes an apply that was refused. The kernel may
-		// have dropped unsynced records before it too, so the log is not
-		// trusted until a compaction rewrites the state.
+		// so that no start redoes an apply that was refused.
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
 		l.breakLog(err)
 		if cutErr := l.log.cutBack(start); cutErr != nil {
@@ -363,11 +352,10 @@ type ending struct {
 	// seq is the apply's record the end record closes; 0 records the final
 	// state of an apply that has none, or whose undo closed it already.
 	seq  uint64
-	ok   bool // it landed
 	sync bool
-	// An apply that landed: its tree entries and journal additions (its own
-	// record carries them for replay), whether the journal starts afresh,
-	// and its plan blob.
+	// An apply that landed (o.ok): its tree entries and journal additions
+	// (its own record carries them for replay), whether the journal starts
+	// afresh, and its plan blob.
 	landed       map[string]*FileAt
 	journal      []journalEntry
 	resetJournal bool
@@ -402,14 +390,14 @@ func (l *ledger) ended(e ending) error {
 		return nil
 	}
 	l.applying = false
-	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
+	r := &logRecord{Kind: recordEnd, End: e.seq, OK: e.o.ok, State: &next, ResetJournal: e.resetJournal, Files: e.undo}
 	err := l.write(r, e.sync)
-	if e.ok {
+	if e.o.ok {
 		next.Journal = append(next.Journal, e.journal...)
 		applyTreeDelta(l.tree, e.landed)
 		l.treeVersion++
 		if e.plan != nil {
-			l.hold(e.plan)
+			l.plan, l.blob, l.blobSaved = e.plan.json, e.plan.blob, false
 		}
 	}
 	l.adopt(next, r)
@@ -477,8 +465,7 @@ func (l *ledger) scheduledRefused(st agentState, tree map[string]*FileAt, restor
 		}
 		s.TreeChangedAt = now
 		clearPending(s)
-		la := cloneResult(last)
-		s.LastApply = &la
+		s.LastApply = cloneResult(&last)
 	})
 }
 
@@ -490,18 +477,14 @@ func (l *ledger) compact() error {
 	if l.st.Blob.complete() && !l.blobSaved {
 		blob, err := l.storedBlob()
 		if err == nil {
-			err = replaceFile(l.disk, l.blobPath, stateTempPattern, privateFileMode, bytes.NewReader(blob))
-		}
-		if err == nil {
-			err = l.disk.SyncDir(filepath.Dir(l.blobPath))
+			err = l.log.replace(l.blobPath, blob)
 		}
 		if err != nil {
 			return fmt.Errorf("write the plan blob: %w", err)
 		}
 		l.blobSaved = true
 	}
-	st := l.st.clone()
-	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &st, Journal: st.Journal, Tree: map[string]*FileAt{}}
+	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: map[string]*FileAt{}}
 	for p, at := range l.tree {
 		snap.Tree[p] = &at
 	}
@@ -550,13 +533,6 @@ func (l *ledger) stuck(err error) {
 	l.stuckBy = err
 }
 
-// compactionFailed is why the last compaction failed, or nil.
-func (l *ledger) compactionFailed() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.stuckBy
-}
-
 // fallBehind records that the tree does not hold what an answered apply
 // landed (err), or, with nil, that it does again.
 func (l *ledger) fallBehind(err error) {
@@ -565,12 +541,12 @@ func (l *ledger) fallBehind(err error) {
 	l.behind = err
 }
 
-// diskBehind is why the tree does not hold what the agent answered for, or
-// nil.
-func (l *ledger) diskBehind() error {
+// faults are the ledger's reasons not to be ready, each nil when it does not
+// hold: the broken log, the tree behind the state, the failed compaction.
+func (l *ledger) faults() (broken, behind, stuck error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.behind
+	return l.broken, l.behind, l.stuckBy
 }
 
 func (l *ledger) close() {
@@ -641,8 +617,8 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 		WorkerOpsPlanID: s.WorkerOps.ID, WorkerOpsPlanProof: s.WorkerOps.Proof,
 		AppliedToken: s.Token, LKGPlanID: s.LKG.ID, LKGPlanProof: s.LKG.Proof,
 		AppliedPlanStored: s.Blob.complete() && s.Blob == s.Applied,
-		Files:             maps.Clone(l.tree), Inventory: cloneInventory(l.inventory),
-		PendingDeletes: pending, InvariantViolation: l.lastInvariant,
+		Files:             maps.Clone(l.tree), Inventory: *cloneInventory(&l.inventory),
+		PendingDeletes: pending, InvariantViolation: l.lastInvariant, LastApply: cloneResult(s.LastApply),
 	}
 	if out.AppliedPlanStored && withPlan {
 		// A blob that does not encode is left out: the reader then sees
@@ -651,10 +627,6 @@ func (l *ledger) stateAnswer(agentVersion string, withPlan bool, pending Pending
 	}
 	if s.reloadPending() {
 		out.ReloadPendingAt = s.PendingAt.UTC().Format(time.RFC3339Nano)
-	}
-	if s.LastApply != nil {
-		la := cloneResult(*s.LastApply)
-		out.LastApply = &la
 	}
 	return out
 }
@@ -666,18 +638,16 @@ func (l *ledger) fillResult(r *ApplyResult) {
 	defer l.mu.Unlock()
 	fillBaseline(r, &l.st)
 	if l.inventory.Generation > l.inventoryReported {
-		inv := cloneInventory(l.inventory)
-		r.Inventory = &inv
+		r.Inventory = cloneInventory(&l.inventory)
 		l.inventoryReported = l.inventory.Generation
 	}
 }
 
 func fillBaseline(r *ApplyResult, s *agentState) {
-	c := conflictOf(s, "")
-	r.AppliedPlanID, r.AppliedPlanProof, r.AppliedToken = c.AppliedPlanID, c.AppliedPlanProof, c.AppliedToken
-	r.RunningPlanID, r.RunningPlanProof = c.RunningPlanID, c.RunningPlanProof
-	r.WorkerOpsPlanID, r.WorkerOpsPlanProof = c.WorkerOpsPlanID, c.WorkerOpsPlanProof
-	r.LKGPlanID, r.LKGPlanProof = c.LKGPlanID, c.LKGPlanProof
+	r.AppliedPlanID, r.AppliedPlanProof, r.AppliedToken = s.Applied.ID, s.Applied.Proof, s.Token
+	r.RunningPlanID, r.RunningPlanProof = s.Running.ID, s.Running.Proof
+	r.WorkerOpsPlanID, r.WorkerOpsPlanProof = s.WorkerOps.ID, s.WorkerOps.Proof
+	r.LKGPlanID, r.LKGPlanProof = s.LKG.ID, s.LKG.Proof
 	r.HAProxy = s.Worker
 }
 
@@ -730,19 +700,15 @@ func (l *ledger) foldCreated(certs, caFiles []string) {
 	defer l.mu.Unlock()
 	inv := &l.inventory
 	changed := false
-	add := func(list []string, v string) []string {
-		if slices.Contains(list, v) {
-			return list
+	add := func(list *[]string, created []string) {
+		for _, v := range created {
+			if !slices.Contains(*list, v) {
+				*list, changed = slices.Sorted(slices.Values(append(slices.Clone(*list), v))), true
+			}
 		}
-		changed = true
-		return slices.Sorted(slices.Values(append(slices.Clone(list), v)))
 	}
-	for _, p := range certs {
-		inv.Certs = add(inv.Certs, p)
-	}
-	for _, p := range caFiles {
-		inv.CAFiles = add(inv.CAFiles, p)
-	}
+	add(&inv.Certs, certs)
+	add(&inv.CAFiles, caFiles)
 	if changed {
 		inv.Generation++
 	}
@@ -799,22 +765,18 @@ func (l *ledger) observed() ([]string, uint64) {
 // refreshed adopts a verified read's observation unless the tree changed
 // since version or an apply is in flight (its end records the tree it
 // leaves). Entries whose bytes did not change keep their proofs.
-func (l *ledger) refreshed(fresh map[string]FileAt, version uint64) bool {
+func (l *ledger) refreshed(fresh map[string]FileAt, version uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.treeVersion != version || l.applying || l.behind != nil {
-		return false
+		return
 	}
 	keepProofs(l.tree, fresh)
-	delta := treeDelta(l.tree, fresh)
-	if len(delta) == 0 {
-		return true
+	if delta := treeDelta(l.tree, fresh); len(delta) > 0 {
+		l.tree = fresh
+		l.treeVersion++
+		l.write(&logRecord{Kind: recordState, State: &l.st, Tree: delta}, false)
 	}
-	l.tree = fresh
-	l.treeVersion++
-	st := l.st.clone()
-	l.write(&logRecord{Kind: recordState, State: &st, Tree: delta}, false)
-	return true
 }
 
 // treeDelta is what turns old into fresh.
@@ -899,14 +861,11 @@ func (up *planUpload) carry(r *logRecord) {
 	}
 }
 
-// errPlanMoved reports that a plan was offered for a pair that is no
-// longer the applied pair.
 var errPlanMoved = errors.New("the plan is no longer the applied plan")
 
 // storePlan stores the plan of the applied pair: a synced record carries
 // it, whole or as its patch, until the next snapshot writes its blob's
 // file. A patch whose base is no longer the held plan is errPlanBaseGone.
-// The plan the agent holds for the pair already writes nothing.
 func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -927,14 +886,9 @@ func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	if err := l.write(r, true); err != nil {
 		return moved, err
 	}
-	l.hold(up)
+	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
 	l.adopt(next, r)
 	return moved, nil
-}
-
-// hold makes up the stored plan. The caller holds mu.
-func (l *ledger) hold(up *planUpload) {
-	l.plan, l.blob, l.blobSaved = up.json, up.blob, false
 }
 
 // heldPlanID is the id of the stored plan, "" when there is none.
@@ -944,8 +898,7 @@ func (l *ledger) heldPlanID() string {
 	return l.heldPlanLocked()
 }
 
-// heldPlanLocked is the id of the stored plan, "" when there is none. The
-// caller holds mu.
+// heldPlanLocked is heldPlanID for a caller that holds mu.
 func (l *ledger) heldPlanLocked() string {
 	if !l.st.Blob.complete() || l.plan == nil {
 		return ""
@@ -969,23 +922,27 @@ func (l *ledger) storedBlob() ([]byte, error) {
 	return l.blob, nil
 }
 
-func cloneInventory(inv Inventory) Inventory {
-	return Inventory{Generation: inv.Generation, Maps: slices.Clone(inv.Maps), Certs: slices.Clone(inv.Certs),
+// cloneInventory and cloneResult copy deeply enough that the copy shares
+// nothing mutable with the original; nil stays nil.
+func cloneInventory(inv *Inventory) *Inventory {
+	if inv == nil {
+		return nil
+	}
+	return &Inventory{Generation: inv.Generation, Maps: slices.Clone(inv.Maps), Certs: slices.Clone(inv.Certs),
 		CAFiles: slices.Clone(inv.CAFiles), CRLFiles: slices.Clone(inv.CRLFiles), CRTLists: slices.Clone(inv.CRTLists)}
 }
 
-// cloneResult copies a result deeply enough that the copy shares nothing
-// mutable with the original.
-func cloneResult(r ApplyResult) ApplyResult {
-	r.OpResults = slices.Clone(r.OpResults)
-	clonePtr(&r.Reload)
-	clonePtr(&r.Rollback)
-	clonePtr(&r.Error)
-	if r.Inventory != nil {
-		v := cloneInventory(*r.Inventory)
-		r.Inventory = &v
+func cloneResult(r *ApplyResult) *ApplyResult {
+	if r == nil {
+		return nil
 	}
-	return r
+	c := *r
+	c.OpResults = slices.Clone(c.OpResults)
+	clonePtr(&c.Reload)
+	clonePtr(&c.Rollback)
+	clonePtr(&c.Error)
+	c.Inventory = cloneInventory(c.Inventory)
+	return &c
 }
 
 func clonePtr[T any](p **T) {

@@ -2,11 +2,11 @@
 // state file, rewritten whole only at compaction) and an append-only log
 // beside it, and how the two are read back at start. Both are made of
 // frames: a magic number, the payload's length, its CRC-32C and the payload,
-// one JSON record. A frame cut short at the end of the log, with nothing
-// valid after it, is what a crash in the middle of an append leaves: it is
-// cut off. A frame that fails its checksum with a valid frame after it, or a
-// snapshot that fails its own, is damage, and a damaged history is never
-// acted on (loadLog reports it; the ledger forgets what it cannot trust).
+// one JSON record. A break in the log is a torn tail, cut off, unless a
+// valid frame after it says the record at the break had been synced: that,
+// or a snapshot that fails its checksum, is damage, and a damaged history
+// is never acted on (loadLog reports it; the ledger forgets what it cannot
+// trust).
 //
 // It never decides what a record means beyond replaying it, and never syncs
 // unless asked: syncing is what makes an apply slow.
@@ -515,10 +515,7 @@ func (w *stateLog) compact(snap *logRecord) error {
 	if err != nil {
 		return err
 	}
-	if err := replaceFile(w.disk, w.statePath, stateTempPattern, privateFileMode, bytes.NewReader(b)); err != nil {
-		return err
-	}
-	if err := w.disk.SyncDir(filepath.Dir(w.statePath)); err != nil {
+	if err := w.replace(w.statePath, b); err != nil {
 		return err
 	}
 	if err := w.f.Truncate(0); err != nil {
@@ -531,6 +528,14 @@ func (w *stateLog) compact(snap *logRecord) error {
 	st := snap.State
 	return w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
 		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true)
+}
+
+// replace writes b over path, its rename made durable.
+func (w *stateLog) replace(path string, b []byte) error {
+	if err := replaceFile(w.disk, path, stateTempPattern, privateFileMode, bytes.NewReader(b)); err != nil {
+		return err
+	}
+	return w.disk.SyncDir(filepath.Dir(path))
 }
 
 func (w *stateLog) close() error { return w.f.Close() }

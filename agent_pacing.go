@@ -80,8 +80,7 @@ func (p *pacer) fire(ctx context.Context) {
 	}
 	if err == nil {
 		result.Timing.TotalMs = d.msSince(start)
-		la := cloneResult(result)
-		if err := d.led.reloadedAs(ref, &la); err != nil {
+		if err := d.led.reloadedAs(ref, cloneResult(&result)); err != nil {
 			d.logger.Error("the scheduled reload could not be recorded", "plan_id", ref.ID, "err", err)
 		}
 	} else {

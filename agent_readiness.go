@@ -132,7 +132,8 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // not hold files its agent answered for.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 	_, lost := a.haproxy.get()
-	broken, behind, stuck, late := a.led.brokenBy(), a.led.diskBehind(), a.led.compactionFailed(), a.files.lateMount()
+	broken, behind, stuck := a.led.faults()
+	late := a.files.lateMount()
 	switch {
 	case !a.Ready():
 		writeText(w, http.StatusServiceUnavailable, "initialising")
