@@ -132,9 +132,8 @@ type Agent struct {
 
 // agentOptions are what internal tests may replace before an agent is
 // built: the disk (to count syncs, stop the process between two file
-// operations, or record what a power loss would keep) and the mount table
-// (to describe mounts without making them). Production uses the zero
-// value.
+// operations, or record what a power loss would keep) and the mount table.
+// Production uses the zero value.
 type agentOptions struct {
 	disk      disk
 	mountInfo string
@@ -144,9 +143,6 @@ func (a *Agent) now() time.Time {
 	return time.Now().Add(time.Duration(a.clockOffset.Load()))
 }
 
-// ---------------------------------------------------------------------------
-// Construction.
-
 // NewAgent validates cfg, builds the file store, loads the state and binds
 // the listeners. It does not contact HAProxy: the agent must start before
 // HAProxy answers.
@@ -155,9 +151,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 }
 
 func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	fillAgentDefaults(&cfg)
 	if err := validateAgentConfig(&cfg); err != nil {
 		return nil, err
@@ -267,10 +261,8 @@ func fillAgentDefaults(cfg *AgentConfig) {
 }
 
 // validateAgentConfig checks a filled configuration before anything on
-// disk is touched: the base directory and config path, the reload interval
-// and timeout within their wire limits, the drain window, and exactly one
-// way to authenticate (or an explicit --insecure-no-auth), so that a
-// misconfigured agent fails at start instead of at its first apply.
+// disk is touched, so that a misconfigured agent fails at start instead of
+// at its first apply.
 func validateAgentConfig(cfg *AgentConfig) error {
 	pathErr := validatePath(cfg.ConfigFile)
 	maxTimeout := MaxReloadMs * time.Millisecond
@@ -508,9 +500,6 @@ func (a *Agent) Ready() bool {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Run.
-
 // Run serves until ctx ends, then shuts every server down with its grace,
 // waits for background read-backs and returns. A cancelled Run returns nil;
 // an error from initialisation ends Run with that error.
@@ -586,7 +575,6 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
 		a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
-	admin, drain := a.paths.admin, a.paths.drain
 	var out []agentServer
 	for _, s := range []agentServer{
 		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil, nil},
@@ -596,10 +584,10 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
 			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil, nil},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(admin) }, nil},
+			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }, nil},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(drain) }, nil},
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }, nil},
 	} {
 		if s.ln == nil {
 			continue
@@ -646,14 +634,10 @@ func removeSocketFile(path string) {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Startup.
-
-// initialise brings the agent to readiness: put the tree back as the log
-// says it must be (or, with a damaged log, keep it as it stands and forget
-// the baseline), hash it and keep what it still proves, probe HAProxy
-// until it answers and keep what the worker still proves, reload when the
-// worker may hold what no record explains, and start a fresh snapshot.
+// initialise brings the agent to readiness: recover the disk (recoverDisk),
+// probe HAProxy until it answers and keep what the worker still proves,
+// reload when the worker may hold what no record explains, and start a
+// fresh snapshot.
 func (a *Agent) initialise(ctx context.Context) error {
 	st, hashed, reload, owed, err := recoverDisk(a.files, a.led, a.loaded, a.logger, a.now())
 	a.loaded = nil
@@ -753,18 +737,16 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	if err != nil {
 		return st, nil, false, nil, err
 	}
-	st = treeAtStart(st, recorded, hashed)
-	return st, hashed, reload, nil, nil
+	return treeAtStart(st, recorded, hashed), hashed, reload, nil, nil
 }
 
-// msgStartupCompactFailed is the start's warning when it cannot write a
-// new snapshot of its state.
-const msgStartupCompactFailed = "could not compact the agent's state at startup"
-
-// msgLogEndedTorn is the start's warning about a log whose last record was
-// cut off: normal after a crash in the middle of a write, and the only trace
-// of a disk that lost a synced one.
-const msgLogEndedTorn = "the agent's log ended torn: the bytes after its last whole record are cut off; a change written there was never answered, or, on a disk that lost a synced write, was answered and is lost"
+// The start's warnings: it cannot write a new snapshot of its state, and its
+// log's last record was cut off (normal after a crash in the middle of a
+// write, and the only trace of a disk that lost a synced one).
+const (
+	msgStartupCompactFailed = "could not compact the agent's state at startup"
+	msgLogEndedTorn         = "the agent's log ended torn: the bytes after its last whole record are cut off; a change written there was never answered, or, on a disk that lost a synced write, was answered and is lost"
+)
 
 // sweepStateTemps removes the temp files a crash in the middle of writing
 // the state snapshot or the plan blob left beside them.
@@ -962,18 +944,17 @@ func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 	return js, nil
 }
 
-// readPlan reads a plan part or body of at most MaxPlanBlobBytes.
-func readPlan(r io.Reader) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, MaxPlanBlobBytes+1))
-	if err == nil && len(b) > MaxPlanBlobBytes {
-		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+// readPlan reads a plan part or body of at most MaxPlanBlobBytes, checks it
+// in a decode slot, and holds its JSON in the request's share of the memory
+// budget. An empty one is no plan: nil, nil.
+func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID string) (up *planUpload, err error) {
+	b, err := io.ReadAll(io.LimitReader(held.reader(r), MaxPlanBlobBytes+1))
+	switch {
+	case err != nil || len(b) == 0:
+		return nil, err
+	case len(b) > MaxPlanBlobBytes:
+		return nil, fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	return b, err
-}
-
-// takePlan checks a plan body in a decode slot (takePlan), and holds its
-// JSON in the request's share of the memory budget.
-func (a *Agent) takePlan(held *heldBytes, b []byte, contentType, planID string) (up *planUpload, err error) {
 	err = held.decode(func() error {
 		up, err = a.led.takePlan(b, contentType, planID)
 		return err
@@ -1009,13 +990,9 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	}
 	held := &heldBytes{budget: a.memory, ctx: r.Context()}
 	defer held.release()
-	b, err := readPlan(held.reader(r.Body))
-	if err == nil && len(b) == 0 {
+	up, err := a.readPlan(held, r.Body, r.Header.Get("Content-Type"), ref.ID)
+	if err == nil && up == nil {
 		err = errors.New("plan blob is empty")
-	}
-	var up *planUpload
-	if err == nil {
-		up, err = a.takePlan(held, b, r.Header.Get("Content-Type"), ref.ID)
 	}
 	if errors.Is(err, errPlanBaseGone) {
 		writeJSON(w, http.StatusConflict, Missing{Missing: []string{PartPlan}})
