@@ -68,11 +68,9 @@ func (p *pacer) fire(ctx context.Context) {
 	if d.payOwed(ctx) != nil {
 		return // HAProxy would load a tree that is not the one the state names
 	}
-	ref := st.Pending
-	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
-	start := d.now()
+	ref, start := st.Pending, d.now()
 	info, err := d.reloadDurably(ctx)
-	result.Reload = info
+	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: start.UTC().Format(time.RFC3339), Reload: info}
 	result.Timing.OpsMs = d.msSince(start)
 	if err != nil && ctx.Err() != nil && !errors.Is(err, errReloadRejected) {
 		d.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
