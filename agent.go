@@ -523,22 +523,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
-	servers := a.buildServers(gctx)
 	wg.Go(func() { a.queue.start(gctx) })
 	wg.Go(func() { a.pacer.run(gctx) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
-	for _, s := range servers {
-		wg.Go(func() {
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fail(fmt.Errorf("%s server: %w", s.name, err))
-			}
-		})
-	}
-	wg.Go(func() {
-		<-gctx.Done()
-		a.shutdownServers(servers)
-	})
+	a.serve(gctx, &wg, fail)
 	wg.Wait()
 
 	a.reads.stop()
@@ -558,36 +547,33 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// agentServer is one listener with its server and shutdown behaviour.
-type agentServer struct {
-	name  string
-	ln    net.Listener
-	mux   *http.ServeMux
-	grace time.Duration
-	after func()       // runs once the server has shut down
-	srv   *http.Server // built from the rest by buildServers
-}
-
-// buildServers builds the servers of the bound listeners, each with its own
+// serve starts, on wg, a server on each bound listener, each with its own
 // limits and each listener capped on its own (agent_listeners.go), so that
-// no listener's clients can take another's connections.
-func (a *Agent) buildServers(gctx context.Context) []agentServer {
+// no listener's clients can take another's connections; once gctx ends,
+// each shuts down with its own grace and then runs its after hook. A server
+// that fails fails the run.
+func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)) {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
 		a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
-	var out []agentServer
-	for _, s := range []agentServer{
-		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil, nil},
+	for _, s := range []struct {
+		name  string
+		ln    net.Listener
+		mux   *http.ServeMux
+		grace time.Duration
+		after func() // runs once the server has shut down
+	}{
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
-			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil, nil},
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }, nil},
+			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }, nil},
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }},
 	} {
 		if s.ln == nil {
 			continue
@@ -602,30 +588,25 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		if s.name == listenerAPI && a.tls != nil {
 			s.ln = tls.NewListener(s.ln, a.tls.serverConfig()) // under the cap, so that a handshake holds a slot too
 		}
-		s.srv = a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
-		out = append(out, s)
-	}
-	return out
-}
-
-// shutdownServers shuts every server down with its own grace, in parallel,
-// then runs its after hook.
-func (a *Agent) shutdownServers(servers []agentServer) {
-	var wg sync.WaitGroup
-	for _, s := range servers {
+		srv := a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
 		wg.Go(func() {
+			if err := srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fail(fmt.Errorf("%s server: %w", s.name, err))
+			}
+		})
+		wg.Go(func() {
+			<-gctx.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), s.grace)
 			defer cancel()
-			if err := s.srv.Shutdown(ctx); err != nil {
+			if err := srv.Shutdown(ctx); err != nil {
 				a.logger.Warn("server did not stop within its grace", "server", s.name, "err", err)
-				s.srv.Close()
+				srv.Close()
 			}
 			if s.after != nil {
 				s.after()
 			}
 		})
 	}
-	wg.Wait()
 }
 
 func removeSocketFile(path string) {
