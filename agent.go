@@ -171,12 +171,11 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		stallTimeout: uploadStallTimeout,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
+	var err error
 	if cfg.TLSDir != "" {
-		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now)
-		if err != nil {
+		if a.tls, err = loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now); err != nil {
 			return nil, fmt.Errorf("--tls-dir: %w", err)
 		}
-		a.tls = m
 	}
 	a.warnAboutAuth()
 	paths, err := resolveAgentPaths(&cfg)
@@ -184,7 +183,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	a.paths = paths
-	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
+	a.files, err = newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
 		Logger: cfg.Logger, Disk: opts.disk, MountInfo: opts.mountInfo,
 		// The admin and drain socket names `haptic agent` binds by default
 		// are reserved too, even on an agent that binds other paths or
@@ -195,7 +194,6 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
-	a.files = files
 	for _, p := range []string{paths.state, paths.planBlob, paths.log} {
 		if err := checkOwnedPath(opts.disk, p, false); err != nil {
 			return nil, fmt.Errorf("--state-file: %w", err)
@@ -204,25 +202,23 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
 		ReloadTimeout: cfg.ReloadTimeout})
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
-	if a.treeLock, err = lockTree(files.base); err != nil {
+	if a.treeLock, err = lockTree(a.files.base); err != nil {
 		return nil, err
 	}
-	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
-	if err != nil {
+	if a.led, a.loaded, err = newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger); err != nil {
 		a.treeLock.Close()
 		return nil, err
 	}
-	a.led, a.loaded = led, loaded
-	a.worker = &workerTracker{rt: a.rt, led: led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger,
+	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger,
 		reloadTimeout: cfg.ReloadTimeout, now: a.now}
-	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
+	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin}
 	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
 	a.deps.ctx = func() context.Context { return a.baseCtx }
 	a.reads = &readBacks{deps: a.deps}
 	a.deps.pokePacer = a.pacer.poke
-	a.metrics.generation.set(led.state().Generation)
+	a.metrics.generation.set(a.led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		a.close()
 		return nil, err
