@@ -78,6 +78,7 @@ const (
 	probeInterval        = 200 * time.Millisecond
 	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
+	stateIdentityTimeout = time.Second // a worker that does not answer a state read's question within it is not vouched for
 	msgAgentInitialising = "agent is initialising"
 )
 
@@ -449,8 +450,7 @@ func (a *Agent) closeListeners() {
 }
 
 // close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns): the listeners, the log and the tree's
-// lock.
+// releases it when it returns).
 func (a *Agent) close() {
 	a.closeListeners()
 	a.led.close()
@@ -769,10 +769,7 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Handlers: the API (state, apply, plan, probes), the admin socket and
-// the metrics listener.
-
+// apiMux routes the network API; serve routes the other listeners.
 func (a *Agent) apiMux() *http.ServeMux {
 	return muxOf(map[string]http.HandlerFunc{
 		"GET " + PathHealthz: a.handleHealthz,
@@ -879,10 +876,6 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, st)
 }
-
-// stateIdentityTimeout bounds a state read's question to the worker: a
-// worker that does not answer within it is not vouched for.
-const stateIdentityTimeout = time.Second
 
 // refreshTree re-hashes the ownership set and adopts the observation,
 // keeping the proof of every entry whose digest and size did not change. It

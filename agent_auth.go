@@ -196,8 +196,7 @@ func (m *tlsMaterial) stat() ([len(tlsFiles)]fileStamp, error) {
 	return out, nil
 }
 
-func (m *tlsMaterial) read() (tlsTrust, error) {
-	var out tlsTrust
+func (m *tlsMaterial) read() (out tlsTrust, err error) {
 	path := func(name string) string { return filepath.Join(m.dir, name) }
 	cert, err := tls.LoadX509KeyPair(path(tlsCertFile), path(tlsKeyFile))
 	if err != nil {

@@ -30,7 +30,6 @@ type pacer struct {
 	wake  chan struct{}
 }
 
-// poke wakes the pacer at once.
 func (p *pacer) poke() { notify(p.wake) }
 
 // run wakes every 100 ms, or at once when poked, until ctx ends.

@@ -154,8 +154,7 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 // once while HAProxy does not answer the startup probe, after
 // stateInitGrace otherwise. ok is false when the request ended first.
 func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) {
-	grace := time.NewTimer(stateInitGrace)
-	defer grace.Stop()
+	grace := time.After(stateInitGrace)
 	tick := time.NewTicker(stateInitPoll)
 	defer tick.Stop()
 	for {
@@ -167,7 +166,7 @@ func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) 
 			return "", true
 		case <-ctx.Done():
 			return "", false
-		case <-grace.C:
+		case <-grace:
 			return msgAgentInitialising, true
 		case <-tick.C:
 		}
