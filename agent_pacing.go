@@ -165,13 +165,10 @@ const maxReadBackBytes = 1 << 20
 // stopping.
 func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d := b.deps
-	b.mu.Lock()
-	stopping := b.stopping
-	b.mu.Unlock()
-	if stopping {
+	ctx := d.ctx()
+	if ctx.Err() != nil { // Run ends its context before it stops the read-backs
 		return
 	}
-	ctx := d.ctx()
 	_, tree := d.led.view()
 	running, err := listTouched(ctx, d.rt, c, tree)
 	d.lock()
