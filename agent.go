@@ -543,11 +543,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// serve starts, on wg, a server on each bound listener, each with its own
-// limits and each listener capped on its own (agent_listeners.go), so that
-// no listener's clients can take another's connections; once gctx ends,
-// each shuts down with its own grace and then runs its after hook. A server
-// that fails fails the run.
+// serve starts, on wg, a server on each bound listener with its own limits
+// and connection cap (agent_listeners.go); once gctx ends, each shuts down
+// with its own grace and then runs its after hook. A server that fails fails
+// the run.
 func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)) {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
