@@ -78,6 +78,7 @@ const (
 	probeInterval        = 200 * time.Millisecond
 	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
+	stateIdentityTimeout = time.Second // a worker that does not answer a state read's question within it is not vouched for
 	msgAgentInitialising = "agent is initialising"
 )
 
@@ -132,9 +133,8 @@ type Agent struct {
 
 // agentOptions are what internal tests may replace before an agent is
 // built: the disk (to count syncs, stop the process between two file
-// operations, or record what a power loss would keep) and the mount table
-// (to describe mounts without making them). Production uses the zero
-// value.
+// operations, or record what a power loss would keep) and the mount table.
+// Production uses the zero value.
 type agentOptions struct {
 	disk      disk
 	mountInfo string
@@ -144,9 +144,6 @@ func (a *Agent) now() time.Time {
 	return time.Now().Add(time.Duration(a.clockOffset.Load()))
 }
 
-// ---------------------------------------------------------------------------
-// Construction.
-
 // NewAgent validates cfg, builds the file store, loads the state and binds
 // the listeners. It does not contact HAProxy: the agent must start before
 // HAProxy answers.
@@ -155,9 +152,7 @@ func NewAgent(cfg AgentConfig) (*Agent, error) {
 }
 
 func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	fillAgentDefaults(&cfg)
 	if err := validateAgentConfig(&cfg); err != nil {
 		return nil, err
@@ -177,12 +172,11 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		stallTimeout: uploadStallTimeout,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
+	var err error
 	if cfg.TLSDir != "" {
-		m, err := loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now)
-		if err != nil {
+		if a.tls, err = loadTLSMaterial(cfg.TLSDir, cfg.Logger, a.now); err != nil {
 			return nil, fmt.Errorf("--tls-dir: %w", err)
 		}
-		a.tls = m
 	}
 	a.warnAboutAuth()
 	paths, err := resolveAgentPaths(&cfg)
@@ -190,7 +184,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		return nil, err
 	}
 	a.paths = paths
-	files, err := newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
+	a.files, err = newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
 		Logger: cfg.Logger, Disk: opts.disk, MountInfo: opts.mountInfo,
 		// The admin and drain socket names `haptic agent` binds by default
 		// are reserved too, even on an agent that binds other paths or
@@ -201,7 +195,6 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--base-dir: %w", err)
 	}
-	a.files = files
 	for _, p := range []string{paths.state, paths.planBlob, paths.log} {
 		if err := checkOwnedPath(opts.disk, p, false); err != nil {
 			return nil, fmt.Errorf("--state-file: %w", err)
@@ -210,24 +203,22 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
 		ReloadTimeout: cfg.ReloadTimeout})
 	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
-	if a.treeLock, err = lockTree(files.base); err != nil {
+	if a.treeLock, err = lockTree(a.files.base); err != nil {
 		return nil, err
 	}
-	led, loaded, err := newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger)
-	if err != nil {
+	if a.led, a.loaded, err = newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger); err != nil {
 		a.treeLock.Close()
 		return nil, err
 	}
-	a.led, a.loaded = led, loaded
-	a.worker = &workerTracker{rt: a.rt, led: led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
-	a.deps = &applyDeps{led: led, files: files, worker: a.worker, rt: a.rt, queue: a.queue,
+	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
+	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin}
 	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
 	a.deps.ctx = func() context.Context { return a.baseCtx }
 	a.reads = &readBacks{deps: a.deps}
 	a.deps.pokePacer = a.pacer.poke
-	a.metrics.generation.set(led.state().Generation)
+	a.metrics.generation.set(a.led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		a.close()
 		return nil, err
@@ -266,10 +257,8 @@ func fillAgentDefaults(cfg *AgentConfig) {
 }
 
 // validateAgentConfig checks a filled configuration before anything on
-// disk is touched: the base directory and config path, the reload interval
-// and timeout within their wire limits, the drain window, and exactly one
-// way to authenticate (or an explicit --insecure-no-auth), so that a
-// misconfigured agent fails at start instead of at its first apply.
+// disk is touched, so that a misconfigured agent fails at start instead of
+// at its first apply.
 func validateAgentConfig(cfg *AgentConfig) error {
 	pathErr := validatePath(cfg.ConfigFile)
 	maxTimeout := MaxReloadMs * time.Millisecond
@@ -460,8 +449,7 @@ func (a *Agent) closeListeners() {
 }
 
 // close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns): the listeners, the log and the tree's
-// lock.
+// releases it when it returns).
 func (a *Agent) close() {
 	a.closeListeners()
 	a.led.close()
@@ -507,9 +495,6 @@ func (a *Agent) Ready() bool {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Run.
-
 // Run serves until ctx ends, then shuts every server down with its grace,
 // waits for background read-backs and returns. A cancelled Run returns nil;
 // an error from initialisation ends Run with that error.
@@ -533,22 +518,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
-	servers := a.buildServers(gctx)
 	wg.Go(func() { a.queue.start(gctx) })
 	wg.Go(func() { a.pacer.run(gctx) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
-	for _, s := range servers {
-		wg.Go(func() {
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				fail(fmt.Errorf("%s server: %w", s.name, err))
-			}
-		})
-	}
-	wg.Go(func() {
-		<-gctx.Done()
-		a.shutdownServers(servers)
-	})
+	a.serve(gctx, &wg, fail)
 	wg.Wait()
 
 	a.reads.stop()
@@ -568,37 +542,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// agentServer is one listener with its server and shutdown behaviour.
-type agentServer struct {
-	name  string
-	ln    net.Listener
-	mux   *http.ServeMux
-	grace time.Duration
-	after func()       // runs once the server has shut down
-	srv   *http.Server // built from the rest by buildServers
-}
-
-// buildServers builds the servers of the bound listeners, each with its own
-// limits and each listener capped on its own (agent_listeners.go), so that
-// no listener's clients can take another's connections.
-func (a *Agent) buildServers(gctx context.Context) []agentServer {
+// serve starts, on wg, a server on each bound listener with its own limits
+// and connection cap (agent_listeners.go); once gctx ends, each shuts down
+// with its own grace and then runs its after hook. A server that fails fails
+// the run.
+func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)) {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
 		a.cfg.DrainQuietPeriod, a.cfg.DrainMaxWait, a.drainStop)
-	admin, drain := a.paths.admin, a.paths.drain
-	var out []agentServer
-	for _, s := range []agentServer{
-		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil, nil},
+	for _, s := range []struct {
+		name  string
+		ln    net.Listener
+		mux   *http.ServeMux
+		grace time.Duration
+		after func() // runs once the server has shut down
+	}{
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
-			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil, nil},
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(admin) }, nil},
+			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(drain) }, nil},
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }},
 	} {
 		if s.ln == nil {
 			continue
@@ -613,30 +582,25 @@ func (a *Agent) buildServers(gctx context.Context) []agentServer {
 		if s.name == listenerAPI && a.tls != nil {
 			s.ln = tls.NewListener(s.ln, a.tls.serverConfig()) // under the cap, so that a handshake holds a slot too
 		}
-		s.srv = a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
-		out = append(out, s)
-	}
-	return out
-}
-
-// shutdownServers shuts every server down with its own grace, in parallel,
-// then runs its after hook.
-func (a *Agent) shutdownServers(servers []agentServer) {
-	var wg sync.WaitGroup
-	for _, s := range servers {
+		srv := a.newServer(s.name, s.mux, func(net.Listener) context.Context { return base })
 		wg.Go(func() {
+			if err := srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				fail(fmt.Errorf("%s server: %w", s.name, err))
+			}
+		})
+		wg.Go(func() {
+			<-gctx.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), s.grace)
 			defer cancel()
-			if err := s.srv.Shutdown(ctx); err != nil {
+			if err := srv.Shutdown(ctx); err != nil {
 				a.logger.Warn("server did not stop within its grace", "server", s.name, "err", err)
-				s.srv.Close()
+				srv.Close()
 			}
 			if s.after != nil {
 				s.after()
 			}
 		})
 	}
-	wg.Wait()
 }
 
 func removeSocketFile(path string) {
@@ -645,14 +609,10 @@ func removeSocketFile(path string) {
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Startup.
-
-// initialise brings the agent to readiness: put the tree back as the log
-// says it must be (or, with a damaged log, keep it as it stands and forget
-// the baseline), hash it and keep what it still proves, probe HAProxy
-// until it answers and keep what the worker still proves, reload when the
-// worker may hold what no record explains, and start a fresh snapshot.
+// initialise brings the agent to readiness: recover the disk (recoverDisk),
+// probe HAProxy until it answers and keep what the worker still proves,
+// reload when the worker may hold what no record explains, and start a
+// fresh snapshot.
 func (a *Agent) initialise(ctx context.Context) error {
 	st, hashed, reload, owed, err := recoverDisk(a.files, a.led, a.loaded, a.logger, a.now())
 	a.loaded = nil
@@ -752,18 +712,16 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 	if err != nil {
 		return st, nil, false, nil, err
 	}
-	st = treeAtStart(st, recorded, hashed)
-	return st, hashed, reload, nil, nil
+	return treeAtStart(st, recorded, hashed), hashed, reload, nil, nil
 }
 
-// msgStartupCompactFailed is the start's warning when it cannot write a
-// new snapshot of its state.
-const msgStartupCompactFailed = "could not compact the agent's state at startup"
-
-// msgLogEndedTorn is the start's warning about a log whose last record was
-// cut off: normal after a crash in the middle of a write, and the only trace
-// of a disk that lost a synced one.
-const msgLogEndedTorn = "the agent's log ended torn: the bytes after its last whole record are cut off; a change written there was never answered, or, on a disk that lost a synced write, was answered and is lost"
+// The start's warnings: it cannot write a new snapshot of its state, and its
+// log's last record was cut off (normal after a crash in the middle of a
+// write, and the only trace of a disk that lost a synced one).
+const (
+	msgStartupCompactFailed = "could not compact the agent's state at startup"
+	msgLogEndedTorn         = "the agent's log ended torn: the bytes after its last whole record are cut off; a change written there was never answered, or, on a disk that lost a synced write, was answered and is lost"
+)
 
 // sweepStateTemps removes the temp files a crash in the middle of writing
 // the state snapshot or the plan blob left beside them.
@@ -809,10 +767,7 @@ func (a *Agent) probeUntilReady(ctx context.Context) (HAProxyInfo, Inventory, er
 	}
 }
 
-// ---------------------------------------------------------------------------
-// Handlers: the API (state, apply, plan, probes), the admin socket and
-// the metrics listener.
-
+// apiMux routes the network API; serve routes the other listeners.
 func (a *Agent) apiMux() *http.ServeMux {
 	return muxOf(map[string]http.HandlerFunc{
 		"GET " + PathHealthz: a.handleHealthz,
@@ -920,10 +875,6 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
-// stateIdentityTimeout bounds a state read's question to the worker: a
-// worker that does not answer within it is not vouched for.
-const stateIdentityTimeout = time.Second
-
 // refreshTree re-hashes the ownership set and adopts the observation,
 // keeping the proof of every entry whose digest and size did not change. It
 // holds the apply lock: an apply installs its files after its answer, and
@@ -961,18 +912,17 @@ func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 	return js, nil
 }
 
-// readPlan reads a plan part or body of at most MaxPlanBlobBytes.
-func readPlan(r io.Reader) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, MaxPlanBlobBytes+1))
-	if err == nil && len(b) > MaxPlanBlobBytes {
-		err = fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
+// readPlan reads a plan part or body of at most MaxPlanBlobBytes, checks it
+// in a decode slot, and holds its JSON in the request's share of the memory
+// budget. An empty one is no plan: nil, nil.
+func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID string) (up *planUpload, err error) {
+	b, err := io.ReadAll(io.LimitReader(held.reader(r), MaxPlanBlobBytes+1))
+	switch {
+	case err != nil || len(b) == 0:
+		return nil, err
+	case len(b) > MaxPlanBlobBytes:
+		return nil, fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	return b, err
-}
-
-// takePlan checks a plan body in a decode slot (takePlan), and holds its
-// JSON in the request's share of the memory budget.
-func (a *Agent) takePlan(held *heldBytes, b []byte, contentType, planID string) (up *planUpload, err error) {
 	err = held.decode(func() error {
 		up, err = a.led.takePlan(b, contentType, planID)
 		return err
@@ -1008,13 +958,9 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	}
 	held := &heldBytes{budget: a.memory, ctx: r.Context()}
 	defer held.release()
-	b, err := readPlan(held.reader(r.Body))
-	if err == nil && len(b) == 0 {
+	up, err := a.readPlan(held, r.Body, r.Header.Get("Content-Type"), ref.ID)
+	if err == nil && up == nil {
 		err = errors.New("plan blob is empty")
-	}
-	var up *planUpload
-	if err == nil {
-		up, err = a.takePlan(held, b, r.Header.Get("Content-Type"), ref.ID)
 	}
 	if errors.Is(err, errPlanBaseGone) {
 		writeJSON(w, http.StatusConflict, Missing{Missing: []string{PartPlan}})

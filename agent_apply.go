@@ -433,12 +433,8 @@ func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (
 }
 
 // stagePlan checks the plan part; an empty one is no plan.
-func (a *Agent) stagePlan(m *Manifest, p *parts, part *multipart.Part, held *heldBytes) error {
-	b, err := readPlan(held.reader(part))
-	if err != nil || len(b) == 0 {
-		return err
-	}
-	p.plan, err = a.takePlan(held, b, part.Header.Get("Content-Type"), m.PlanID)
+func (a *Agent) stagePlan(m *Manifest, p *parts, part *multipart.Part, held *heldBytes) (err error) {
+	p.plan, err = a.readPlan(held, part, part.Header.Get("Content-Type"), m.PlanID)
 	if errors.Is(err, errPlanBaseGone) {
 		p.planGone, err = true, nil
 	}

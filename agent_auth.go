@@ -153,8 +153,7 @@ type tlsMaterial struct {
 	tlsTrust          // what the files held at stamps
 	overlapEnded bool // the end of the overlap was logged
 	stamps       [len(tlsFiles)]fileStamp
-	failedAt     [len(tlsFiles)]fileStamp // the last change whose reload failed, logged once
-	haveFailed   bool
+	failedAt     *[len(tlsFiles)]fileStamp // the last change whose reload failed, logged once
 }
 
 // tlsTrust is what one read of --tls-dir yields.
@@ -197,8 +196,7 @@ func (m *tlsMaterial) stat() ([len(tlsFiles)]fileStamp, error) {
 	return out, nil
 }
 
-func (m *tlsMaterial) read() (tlsTrust, error) {
-	var out tlsTrust
+func (m *tlsMaterial) read() (out tlsTrust, err error) {
 	path := func(name string) string { return filepath.Join(m.dir, name) }
 	cert, err := tls.LoadX509KeyPair(path(tlsCertFile), path(tlsKeyFile))
 	if err != nil {
@@ -238,7 +236,7 @@ func (m *tlsMaterial) read() (tlsTrust, error) {
 }
 
 func (m *tlsMaterial) adoptLocked(t tlsTrust, stamps [len(tlsFiles)]fileStamp) {
-	m.tlsTrust, m.stamps, m.overlapEnded = t, stamps, false
+	m.tlsTrust, m.stamps, m.overlapEnded, m.failedAt = t, stamps, false, nil
 	if t.overlap != nil {
 		m.logger.Info("trusting the previous client CA beside the current one", "dir", m.dir, "until", t.previousUntil)
 	}
@@ -257,15 +255,14 @@ func (m *tlsMaterial) refresh() {
 		var t tlsTrust
 		if t, err = m.read(); err == nil {
 			m.adoptLocked(t, stamps)
-			m.haveFailed = false
 			m.logger.Info("reloaded the TLS material", "dir", m.dir)
 			return
 		}
 	}
-	if m.haveFailed && stamps == m.failedAt {
+	if m.failedAt != nil && *m.failedAt == stamps {
 		return
 	}
-	m.haveFailed, m.failedAt = true, stamps
+	m.failedAt = &stamps
 	m.logger.Error("could not reload the TLS material; keeping the previous one", "dir", m.dir, "err", err)
 }
 
@@ -274,13 +271,10 @@ func (m *tlsMaterial) refresh() {
 func (m *tlsMaterial) current(now time.Time) (*tls.Certificate, *x509.CertPool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.overlap == nil {
-		return m.cert, m.pool
-	}
-	if now.Before(m.previousUntil) {
+	if m.overlap != nil && now.Before(m.previousUntil) {
 		return m.cert, m.overlap
 	}
-	if !m.overlapEnded {
+	if m.overlap != nil && !m.overlapEnded {
 		m.overlapEnded = true
 		m.logger.Info("the previous client CA is no longer trusted", "dir", m.dir, "until", m.previousUntil)
 	}
@@ -294,10 +288,6 @@ func (m *tlsMaterial) current(now time.Time) (*tls.Certificate, *x509.CertPool) 
 // and the CA pool trusted at this moment (the overlap ends on time); the
 // outer configuration only hands it over. Session tickets are off: a
 // resumed session would skip that verification.
-//
-// Probes cannot present a client certificate, so the API port serves them
-// nothing; /healthz and /readyz are also served on --metrics-listen, which
-// is where a kubelet's probes go.
 func (m *tlsMaterial) serverConfig() *tls.Config {
 	return &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		m.refresh()

@@ -3,10 +3,10 @@
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
 //
-// The metrics lock is a leaf, so it can never take part in a deadlock: it is
-// held only to read or bump a number, never across I/O, and no other lock is
-// taken under it, so any part of the agent may count while holding its own
-// locks. Nothing here panics, whatever the caller passes.
+// The metrics lock is a leaf: held only to read or bump a number, never
+// across I/O, and no other lock is taken under it, so any part of the agent
+// may count while holding its own locks. Nothing here panics, whatever the
+// caller passes.
 
 package haptic
 
@@ -18,7 +18,6 @@ import (
 	"sync"
 )
 
-// metricsContentType is the Content-Type of GET /metrics.
 const metricsContentType = "text/plain; version=0.0.4; charset=utf-8"
 
 // maxSeriesPerFamily caps the series of one family, so that a bug feeding
@@ -217,13 +216,12 @@ func (c *metricFamily) appendText(b []byte) []byte {
 	})
 	b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", c.name, helpEscaper.Replace(c.help), c.name, c.typ)
 	for _, s := range snapshot {
-		pairs := make([]string, len(c.labels))
-		for i, label := range c.labels {
-			pairs[i] = label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
-		}
 		labels := ""
-		if len(pairs) > 0 {
-			labels = "{" + strings.Join(pairs, ",") + "}"
+		for i, label := range c.labels {
+			labels += "," + label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
+		}
+		if labels != "" {
+			labels = "{" + labels[1:] + "}"
 		}
 		b = fmt.Appendf(b, "%s%s %d\n", c.name, labels, s.value)
 	}

@@ -30,7 +30,6 @@ type pacer struct {
 	wake  chan struct{}
 }
 
-// poke wakes the pacer at once.
 func (p *pacer) poke() { notify(p.wake) }
 
 // run wakes every 100 ms, or at once when poked, until ctx ends.
@@ -68,11 +67,9 @@ func (p *pacer) fire(ctx context.Context) {
 	if d.payOwed(ctx) != nil {
 		return // HAProxy would load a tree that is not the one the state names
 	}
-	ref := st.Pending
-	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: d.now().UTC().Format(time.RFC3339)}
-	start := d.now()
+	ref, start := st.Pending, d.now()
 	info, err := d.reloadDurably(ctx)
-	result.Reload = info
+	result := ApplyResult{PlanID: ref.ID, OK: true, Mode: ResultReload, At: start.UTC().Format(time.RFC3339), Reload: info}
 	result.Timing.OpsMs = d.msSince(start)
 	if err != nil && ctx.Err() != nil && !errors.Is(err, errReloadRejected) {
 		d.logger.Warn("the scheduled reload was cut short by shutdown; the accepted files stay", "plan_id", ref.ID, "err", err)
@@ -167,13 +164,10 @@ const maxReadBackBytes = 1 << 20
 // stopping.
 func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d := b.deps
-	b.mu.Lock()
-	stopping := b.stopping
-	b.mu.Unlock()
-	if stopping {
+	ctx := d.ctx()
+	if ctx.Err() != nil { // Run ends its context before it stops the read-backs
 		return
 	}
-	ctx := d.ctx()
 	_, tree := d.led.view()
 	running, err := listTouched(ctx, d.rt, c, tree)
 	d.lock()

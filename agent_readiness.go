@@ -32,14 +32,12 @@ const (
 	// failures at one-second intervals turn readiness off within about two
 	// seconds of HAProxy going away; one success turns it back on.
 	haproxyLostAfter = 2
-	// stateInitGrace is how long a state read that arrives during
-	// initialisation waits for it while HAProxy answers (the agent is
-	// hashing its files or recovering): a controller that reads right
-	// after a restart gets the state, not an error. While HAProxy does not
-	// answer, the read is answered at once with what the agent waits for.
+	// stateInitGrace is how long a state read waits for an initialisation
+	// that HAProxy does not hold up (the agent is hashing its files or
+	// recovering): a controller that reads right after a restart gets the
+	// state, not an error.
 	stateInitGrace = 2 * time.Second
-	// stateInitPoll is how often such a read looks again.
-	stateInitPoll = 50 * time.Millisecond
+	stateInitPoll  = 50 * time.Millisecond // how often such a read looks again
 )
 
 // haproxyWatch is what the agent knows about reaching HAProxy. Its mutex
@@ -157,8 +155,7 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 // once while HAProxy does not answer the startup probe, after
 // stateInitGrace otherwise. ok is false when the request ended first.
 func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) {
-	grace := time.NewTimer(stateInitGrace)
-	defer grace.Stop()
+	grace := time.After(stateInitGrace)
 	tick := time.NewTicker(stateInitPoll)
 	defer tick.Stop()
 	for {
@@ -170,7 +167,7 @@ func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) 
 			return "", true
 		case <-ctx.Done():
 			return "", false
-		case <-grace.C:
+		case <-grace:
 			return msgAgentInitialising, true
 		case <-tick.C:
 		}
