@@ -519,7 +519,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	wg.Go(func() { a.queue.start(gctx) })
-	wg.Go(func() { a.pacer.run(gctx) })
+	wg.Go(func() { every(gctx, pacerInterval, a.pacer.wake, func() { a.pacer.fire(gctx) }) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
 	a.serve(gctx, &wg, fail)

@@ -228,17 +228,7 @@ func (q *deleteQueue) pendingLocked() (servers, backends []string) {
 
 // start drains the queue on every wake-up and every tick until ctx ends.
 func (q *deleteQueue) start(ctx context.Context) {
-	tick := time.NewTicker(deferredQueueTick)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-q.wakeup:
-		case <-tick.C:
-		}
-		q.drain(ctx)
-	}
+	every(ctx, deferredQueueTick, q.wakeup, func() { q.drain(ctx) })
 }
 
 // drain processes, one at a time in FIFO order, as many servers and then

@@ -32,18 +32,20 @@ type pacer struct {
 
 func (p *pacer) poke() { notify(p.wake) }
 
-// run wakes every 100 ms, or at once when poked, until ctx ends.
-func (p *pacer) run(ctx context.Context) {
-	t := time.NewTicker(pacerInterval)
+// every calls f every interval, and at once on each wake (a nil wake
+// never fires), until ctx ends: the loop of the pacer, the delete queue and
+// the HAProxy watch.
+func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		case <-p.wake:
+		case <-wake:
 		}
-		p.fire(ctx)
+		f()
 	}
 }
 

@@ -91,14 +91,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	t := time.NewTicker(haproxyWatchInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, haproxyWatchInterval, nil, func() {
 		err := a.probeSockets(ctx)
 		if ctx.Err() != nil {
 			return
@@ -118,7 +111,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 		case was != "" && now == "":
 			a.logger.Info("HAProxy is reachable again; /readyz answers 200")
 		}
-	}
+	})
 }
 
 // handleReadyz answers 200 "ready" once initialised while HAProxy answers,
