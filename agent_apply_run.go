@@ -655,7 +655,8 @@ func journalSources(j []journalEntry) map[FileAt][]source {
 func (d *applyDeps) stagedContent(in *applyInput, dels []string) func(rel string) ([]byte, error) {
 	return func(rel string) ([]byte, error) {
 		i, ok := slices.BinarySearchFunc(in.staged, rel, func(f *stagedFile, rel string) int { return cmp.Compare(f.Rel, rel) })
-		if f := in.staged[min(i, len(in.staged)-1)]; ok && !f.unchanged {
+		if ok && !in.staged[i].unchanged {
+			f := in.staged[i]
 			if f.tmp != "" {
 				return readAllLimited(d.files.disk, f.tmp, MaxApplyBodyBytes)
 			}
