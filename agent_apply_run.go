@@ -238,15 +238,7 @@ func (d *applyDeps) activate(in *applyInput, ch changeSet, ops opsOutcome, o out
 	case activateNothing:
 		return settled(ch, o)
 	}
-	o, ok := d.installNow(in, ch, o)
-	switch {
-	case !ok:
-		return o
-	case in.steps.act == activateJoin:
-		o.due = in.before.PendingAt
-		return d.schedule(in, o, true)
-	}
-	return d.reload(in, ch, in.steps.reason, o)
+	return d.installThenReload(in, ch, in.steps.reason, o)
 }
 
 // settled ends an apply that needs nothing from HAProxy: file_only when
@@ -269,7 +261,7 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 		// arrives anyway is that version's limit, not a broken invariant.
 		d.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
-		return d.fallback(in, ch, reasonUnknownOp, o)
+		return d.installThenReload(in, ch, reasonUnknownOp, o)
 	case ops.c.empty():
 		return settled(ch, o)
 	}
@@ -277,40 +269,29 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 	switch {
 	case errors.Is(ops.err, errWorkerMoved):
 		d.logger.Warn("the ops reached another worker", "err", ops.err)
-		return d.fallback(in, ch, reasonWorkerChanged, o)
+		return d.installThenReload(in, ch, reasonWorkerChanged, o)
 	case ops.err != nil:
 		d.metrics.opErrors.inc(firstFailedKind(ops.results))
 		d.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", in.m.PlanID, "err", ops.err)
-		return d.fallback(in, ch, reasonOpRejected, o)
+		return d.installThenReload(in, ch, reasonOpRejected, o)
 	}
 	if err := d.enqueueDeletes(ops.worker, ops.c); err != nil {
 		d.logger.Warn("deferred deletes could not be queued", "err", err)
-		return d.fallback(in, ch, reasonDeferredDeleteCommit, o)
+		return d.installThenReload(in, ch, reasonDeferredDeleteCommit, o)
 	}
 	d.led.foldCreated(ops.c.certs, ops.c.caFiles)
 	o.ok, o.mode, o.readBack = true, ResultRuntime, ops.c
 	return o
 }
 
-// fallback reloads the desired set of a runtime apply whose ops did not
-// land: its files are installed first, with their undo, since HAProxy may
-// refuse them.
-func (d *applyDeps) fallback(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
-	o, ok := d.installNow(in, ch, o)
-	if !ok {
-		return o
-	}
-	return d.reload(in, ch, reason, o)
-}
-
-// installNow installs the apply's files before it activates them: every
-// path it changes is linked aside first (its undo), since HAProxy may
-// refuse them. A revert puts the journal's set back instead. A failure
-// fails the apply: ok is false.
-func (d *applyDeps) installNow(in *applyInput, ch changeSet, o outcome) (_ outcome, ok bool) {
+// installThenReload installs the apply's files before HAProxy loads them:
+// every path it changes is linked aside first (its undo), since HAProxy may
+// refuse them. A revert puts the journal's set back instead. Then it
+// reloads, or joins the pending reload.
+func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
 	start := d.now()
 	if err := d.files.linkUndo(ch.changes, in.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
-		return d.fail(in, ch, StageBackup, err, o), false
+		return d.fail(in, ch, StageBackup, err, o)
 	}
 	o.installed = len(ch.changes) > 0
 	stage, err := StageWrite, error(nil)
@@ -321,9 +302,13 @@ func (d *applyDeps) installNow(in *applyInput, ch changeSet, o outcome) (_ outco
 	}
 	o.write += d.now().Sub(start)
 	if err != nil {
-		return d.fail(in, ch, stage, err, o), false
+		return d.fail(in, ch, stage, err, o)
 	}
-	return o, true
+	if in.steps.act == activateJoin {
+		o.due = in.before.PendingAt
+		return d.schedule(in, o, true)
+	}
+	return d.reload(in, ch, reason, o)
 }
 
 // reload reloads now, or schedules the reload when the pacing window is
