@@ -110,7 +110,7 @@ func (ch changeSet) undo() []journalEntry {
 // identity is the apply's identity with what it changes.
 func (in *applyInput) identity(ch changeSet) applyIdentity {
 	id := in.id
-	id.changed, id.undo = len(ch.changes) > 0, ch.undo()
+	id.undo = ch.undo()
 	return id
 }
 

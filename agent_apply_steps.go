@@ -128,14 +128,13 @@ func inPlaceWillRun(m *Manifest, reloadPending, windowOpen bool) bool {
 
 // applyIdentity is what an apply records about itself.
 type applyIdentity struct {
-	ref     planRef // the applied pair it lands: its plan and applied proof, or the LKG for a revert
-	worker  planRef // the worker pair its in-place ops reach
-	token   Token
-	schema  int
-	blob    bool // it carried its plan blob
-	revert  bool
-	changed bool           // it changed files
-	undo    []journalEntry // how each path it changed looked before it
+	ref    planRef // the applied pair it lands: its plan and applied proof, or the LKG for a revert
+	worker planRef // the worker pair its in-place ops reach
+	token  Token
+	schema int
+	blob   bool // it carried its plan blob
+	revert bool
+	undo   []journalEntry // how each path it changed looked before it
 }
 
 // outcome is how a run ended.
@@ -181,7 +180,7 @@ type outcome struct {
 // ops may reach the worker before the apply closes, so that a start that
 // reads this record with nothing after it reloads.
 func landing(cur agentState, id applyIdentity, s steps, opsMayRun bool, now time.Time) agentState {
-	o := outcome{ok: true, installed: id.changed, opsRan: s.act == activateOps, reloaded: s.act == activateReload}
+	o := outcome{ok: true, opsRan: s.act == activateOps, reloaded: s.act == activateReload}
 	if o.opsRan {
 		o.mode = ResultRuntime
 	}
