@@ -453,17 +453,6 @@ func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) outcome {
 	return o
 }
 
-// journalAdditions are the entries of undo for paths journal lacks.
-func journalAdditions(journal, undo []journalEntry) []journalEntry {
-	var out []journalEntry
-	for _, e := range undo {
-		if !slices.ContainsFunc(journal, func(j journalEntry) bool { return j.Path == e.Path }) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // ---------------------------------------------------------------------------
 // Failure.
 

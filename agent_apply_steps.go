@@ -256,7 +256,7 @@ func settle(cur, before agentState, id applyIdentity, o outcome, now time.Time) 
 			next.PendingBase = before.Applied
 		}
 		next.Pending, next.PendingAt = id.ref, o.due
-		next.PendingUndo = addFirstTouches(next.PendingUndo, id.undo)
+		next.PendingUndo = append(next.PendingUndo, journalAdditions(next.PendingUndo, id.undo)...)
 	}
 	if o.overtaken {
 		next.Applied, next.WorkerOps = planRef{}, planRef{}
@@ -283,15 +283,17 @@ func clearPending(s *agentState) {
 	s.Pending, s.PendingAt, s.PendingUndo, s.PendingBase = planRef{}, time.Time{}, nil, planRef{}
 }
 
-// addFirstTouches adds the entries for paths list does not hold yet: the
-// first entry for a path wins, so list keeps the oldest version.
-func addFirstTouches(list, entries []journalEntry) []journalEntry {
-	for _, e := range entries {
-		if !slices.ContainsFunc(list, func(x journalEntry) bool { return x.Path == e.Path }) {
-			list = append(list, e)
+// journalAdditions are the entries of undo for paths journal lacks, the
+// first for each path: a journal keeps a path's oldest version.
+func journalAdditions(journal, undo []journalEntry) []journalEntry {
+	var out []journalEntry
+	for _, e := range undo {
+		has := func(j journalEntry) bool { return j.Path == e.Path }
+		if !slices.ContainsFunc(journal, has) && !slices.ContainsFunc(out, has) {
+			out = append(out, e)
 		}
 	}
-	return list
+	return out
 }
 
 // workerAtStart is what the worker the start finds says about the pairs.
