@@ -8,6 +8,7 @@
 package haptic
 
 import (
+	"maps"
 	"slices"
 	"time"
 )
@@ -348,10 +349,7 @@ func damagedAtStart(read agentState) agentState {
 
 // ownedPaths is the sorted union of the tree's paths and those touched.
 func ownedPaths(tree map[string]FileAt, touched []string) []string {
-	out := slices.Clone(touched)
-	for p := range tree {
-		out = append(out, p)
-	}
+	out := slices.AppendSeq(slices.Clone(touched), maps.Keys(tree))
 	slices.Sort(out)
 	return slices.Compact(out)
 }
@@ -368,7 +366,11 @@ func failedInvariants(r *ApplyResult, m *Manifest, prevGeneration uint64, st *ag
 	if r.OK {
 		check(st.Generation == prevGeneration+1, invGenerationMonotonic)
 		if m.Mode != ModeRevertLKG {
-			check(treeHoldsExactly(tree, m.Files), invDiskIsTheDesiredSet)
+			exact := len(tree) == len(m.Files)
+			for _, f := range m.Files {
+				exact = exact && tree[f.Path] == (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size})
+			}
+			check(exact, invDiskIsTheDesiredSet)
 		}
 	}
 	switch r.Mode {
@@ -381,18 +383,4 @@ func failedInvariants(r *ApplyResult, m *Manifest, prevGeneration uint64, st *ag
 	}
 	check(len(st.Journal) == 0 || st.Applied != st.LKG, invJournalOnlyWhileDiverged)
 	return failed
-}
-
-// treeHoldsExactly reports whether tree holds exactly files, with equal
-// digest, proof and size.
-func treeHoldsExactly(tree map[string]FileAt, files []ManifestFile) bool {
-	if len(tree) != len(files) {
-		return false
-	}
-	for _, f := range files {
-		if tree[f.Path] != (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}) {
-			return false
-		}
-	}
-	return true
 }
