@@ -124,7 +124,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
 		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
 	mr, err := r.MultipartReader()
-	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
+	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mediaType != "multipart/form-data" {
 		// MultipartReader also takes multipart/mixed; the apply body is a
 		// form, and only a form's parts carry the names it is read by.
 		err = http.ErrNotMultipart
@@ -210,11 +210,6 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-func isFormData(contentType string) bool {
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "multipart/form-data"
 }
 
 // readManifest reads the first part, which must be the manifest, into the
