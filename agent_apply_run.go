@@ -529,7 +529,8 @@ func (d *applyDeps) restore(in *applyInput, wants []want, sources map[FileAt][]s
 // recover reloads the restored tree, once the worker may hold what the
 // undo took away; if HAProxy refuses it, the last-known-good set is
 // restored and reloaded. A reload without a verdict is tried again by the
-// pacer, a bounded number of times.
+// pacer, a bounded number of times: a master still busy with a slow reload
+// may be serving the set the undo took away.
 func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 	if _, err := d.worker.reloadToRecover(in.ctx); err == nil {
 		o.recovered = true
@@ -544,29 +545,20 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 			}
 		}
 	}
-	if !o.recovered && !o.lkgRestored {
-		d.invariant(false, invRecoveryReload)
-		d.logger.Error("the recovery reload failed; the running plan is unknown", "plan_id", in.m.PlanID)
-		d.scheduleRepair(in.ctx)
+	if o.recovered || o.lkgRestored {
+		return o
+	}
+	d.invariant(false, invRecoveryReload)
+	d.logger.Error("the recovery reload failed; the running plan is unknown", "plan_id", in.m.PlanID)
+	switch st := d.led.state(); {
+	case !st.Applied.complete() || in.ctx.Err() != nil: // no plan to reload, or the agent stops
+	case !d.led.takeRepair():
+		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
+	default:
+		d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
+		d.pokePacer()
 	}
 	return o
-}
-
-// scheduleRepair asks the pacer to reload the tree once more after a
-// recovery reload that got no verdict: a master still busy with a slow
-// reload may be serving the set the undo took away, and the agent keeps
-// trying, a bounded number of times, until it serves the restored one.
-func (d *applyDeps) scheduleRepair(ctx context.Context) {
-	st := d.led.state()
-	if !st.Applied.complete() || ctx.Err() != nil {
-		return
-	}
-	if !d.led.takeRepair() {
-		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
-		return
-	}
-	d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
-	d.pokePacer()
 }
 
 // ---------------------------------------------------------------------------
