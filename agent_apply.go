@@ -543,24 +543,20 @@ func (d *applyDeps) answer(in *applyInput, done outcome) (int, any) {
 			d.nack.result.Inventory = nil // an inventory delta rides one answer only
 		}
 	}
-	d.logApply(in, r, done.reason)
-	if done.unknown != nil {
-		return http.StatusServiceUnavailable, ApplyError{Stage: r.Error.Stage,
-			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, r.Error.Message, done.unknown)}
-	}
-	return http.StatusOK, r
-}
-
-func (d *applyDeps) logApply(in *applyInput, r ApplyResult, reason reloadReason) {
 	attrs := []any{"plan_id", in.m.PlanID, "mode", r.Mode, "ok", r.OK,
 		"generation", d.led.state().Generation, "total_ms", r.Timing.TotalMs}
-	if reason != "" {
-		attrs = append(attrs, "reload_reason", reason)
+	if done.reason != "" {
+		attrs = append(attrs, "reload_reason", done.reason)
 	}
 	if r.Error != nil {
 		attrs = append(attrs, "error_stage", r.Error.Stage, "error", r.Error.Message)
 	}
 	d.logger.Info("apply", attrs...)
+	if done.unknown != nil {
+		return http.StatusServiceUnavailable, ApplyError{Stage: r.Error.Stage,
+			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, r.Error.Message, done.unknown)}
+	}
+	return http.StatusOK, r
 }
 
 const (
