@@ -105,11 +105,9 @@ func fenceReason(m *Manifest, s *agentState, inPlaceRuns bool) string {
 			return ReasonUnknownBaseline
 		}
 		return ReasonPrevMismatch
-	case m.ExpectedPrevToken != s.Token:
-		return ReasonPrevMismatch
-	case exact && m.Mode != ModeReload && (m.ExpectedPrevPlanProof == "" || m.ExpectedPrevPlanProof != s.Applied.Proof):
-		return ReasonPrevMismatch
-	case exact && m.Mode == ModeReload && s.Applied.Proof != "" && m.ExpectedPrevPlanProof != s.Applied.Proof:
+	case m.ExpectedPrevToken != s.Token,
+		exact && m.Mode != ModeReload && (m.ExpectedPrevPlanProof == "" || m.ExpectedPrevPlanProof != s.Applied.Proof),
+		exact && m.Mode == ModeReload && s.Applied.Proof != "" && m.ExpectedPrevPlanProof != s.Applied.Proof:
 		return ReasonPrevMismatch
 	case (m.Mode == ModeAuto || inPlaceRuns) &&
 		!samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, s.WorkerOps):
