@@ -39,29 +39,23 @@ type steps struct {
 func (s steps) countsFromRecord() bool { return s.act == activateOps || s.act == activateNothing }
 
 // Reload reasons, logged with every reload decision as reload_reason: the
-// agent's own reason, not the controller's. mode: the manifest asked for a
-// reload (Diff's reasons, whatever they were, are the controller's to
-// log); unknown_baseline: the agent holds no applied plan to run ops
-// against; unknown_op, worker_changed, op_rejected and
-// deferred_delete_commit: a runtime apply fell back to a reload because its
-// ops could not be compiled, reached another worker, were refused, or left
-// deletes the queue would not take; revert_lkg: a revert.
+// agent's own reason, not the controller's (Diff's reasons, whatever they
+// were, are the controller's to log). A fallback is a runtime apply's
+// reload once its ops did not land.
 type reloadReason string
 
 const (
-	reasonMode                 reloadReason = "mode"
-	reasonUnknownBaseline      reloadReason = "unknown_baseline"
-	reasonUnknownOp            reloadReason = "unknown_op"
-	reasonWorkerChanged        reloadReason = "worker_changed"
-	reasonOpRejected           reloadReason = "op_rejected"
-	reasonDeferredDeleteCommit reloadReason = "deferred_delete_commit"
-	reasonRevert               reloadReason = "revert_lkg"
+	reasonMode                 reloadReason = "mode"                   // the manifest asked for a reload
+	reasonUnknownBaseline      reloadReason = "unknown_baseline"       // the agent holds no applied plan to run ops against
+	reasonUnknownOp            reloadReason = "unknown_op"             // fallback: the ops could not be compiled
+	reasonWorkerChanged        reloadReason = "worker_changed"         // fallback: they reached another worker
+	reasonOpRejected           reloadReason = "op_rejected"            // fallback: HAProxy refused one
+	reasonDeferredDeleteCommit reloadReason = "deferred_delete_commit" // fallback: the queue would not take their deletes
+	reasonRevert               reloadReason = "revert_lkg"             // a revert
 )
 
-// decideSteps picks what the written files need, first match wins: join a
-// pending reload, reload (now, or at the end of an open pacing window) when
-// the manifest asks for it, when the agent has no applied plan to run ops
-// against, or for a revert; otherwise run the ops, if there are any.
+// decideSteps picks what the written files need, first match wins. A reload
+// waits for the end of an open pacing window, except a revert's.
 func decideSteps(st *agentState, m *Manifest, windowOpen bool) steps {
 	reload := func(reason reloadReason) steps {
 		if windowOpen {
