@@ -96,21 +96,15 @@ type changeSet struct {
 	dels    []string
 }
 
-// undo is how each changed path looked before the apply, and where those
-// bytes are kept: the journal's additions, the pending reload's undo and
-// the undo of a refusal are made of it.
-func (ch changeSet) undo() []journalEntry {
-	var out []journalEntry
-	for _, c := range ch.changes {
-		out = append(out, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
-	}
-	return out
-}
-
-// identity is the apply's identity with what it changes.
+// identity is the apply's identity with its undo: how each changed path
+// looked before the apply, and where those bytes are kept (the journal's
+// additions, the pending reload's undo and the undo of a refusal are made
+// of it). Admission leaves id.undo nil, so the input is never appended to.
 func (in *applyInput) identity(ch changeSet) applyIdentity {
 	id := in.id
-	id.undo = ch.undo()
+	for _, c := range ch.changes {
+		id.undo = append(id.undo, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
+	}
 	return id
 }
 
