@@ -149,11 +149,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := a.stageParts(m, mr, held)
-	defer func() {
-		if !p.kept {
-			p.discard(a.files.disk)
-		}
-	}()
+	defer p.discard(a.files.disk)
 	if err != nil {
 		a.metrics.applyRejected.inc(StageParts)
 		code := stagingStatus(err)
@@ -383,7 +379,11 @@ type parts struct {
 	kept bool
 }
 
+// discard removes the parts' temp files, unless they are kept.
 func (p *parts) discard(d disk) {
+	if p.kept {
+		return
+	}
 	for _, f := range p.staged {
 		f.discard(d)
 	}
