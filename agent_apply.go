@@ -574,6 +574,9 @@ const (
 	// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
 	// disk would not record.
 	msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"
+	// msgFilesOwed prefixes the error of an acknowledged apply whose files
+	// could not be installed.
+	msgFilesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
 )
 
 // fence applies the fencing rules to the state as it stands: 0, or the 409

@@ -396,10 +396,6 @@ func (d *applyDeps) installCounted(in *applyInput, ch changeSet, o outcome) outc
 	return o
 }
 
-// msgFilesOwed prefixes the error of an acknowledged apply whose files
-// could not be installed.
-const msgFilesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
-
 // ---------------------------------------------------------------------------
 // 5. The end.
 
