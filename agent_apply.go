@@ -283,10 +283,8 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
-		if _, err := abs(f.Path); err != nil {
-			return err
-		}
-		if err := checkRuntimePath(f.Kind, f.Path); err != nil {
+		_, err := abs(f.Path)
+		if err = cmp.Or(err, checkRuntimePath(f.Kind, f.Path)); err != nil {
 			return err
 		}
 		if seen[f.Path] {
@@ -639,10 +637,9 @@ func (d *applyDeps) missing(m *Manifest, p *parts) []string {
 		return out
 	}
 	_, tree := d.led.view()
-	for _, mf := range m.Files {
-		held, ok := tree[mf.Path]
-		if p.staged[mf.Path] == nil && (p.unpatched[mf.Path] || !ok || mf.Proof == "" ||
-			held != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
+	for _, mf := range m.Files { // a path the tree lacks holds no digest, and validation refused an empty one
+		if p.staged[mf.Path] == nil && (p.unpatched[mf.Path] || mf.Proof == "" ||
+			tree[mf.Path] != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
 			out = append(out, mf.Path)
 		}
 	}
