@@ -152,10 +152,8 @@ func (d *applyDeps) reloadRecovered(ctx context.Context) error {
 // is retried every owedRetryInterval, and the agent is not ready
 // meanwhile.
 func (d *applyDeps) compactIfDue() {
-	if d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes {
-		if d.compact() != nil {
-			d.retry()
-		}
+	if (d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes) && d.compact() != nil {
+		d.retry()
 	}
 }
 
