@@ -124,7 +124,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
 		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
 	mr, err := r.MultipartReader()
-	if err == nil && !isFormData(r.Header.Get("Content-Type")) {
+	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mediaType != "multipart/form-data" {
 		// MultipartReader also takes multipart/mixed; the apply body is a
 		// form, and only a form's parts carry the names it is read by.
 		err = http.ErrNotMultipart
@@ -149,11 +149,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := a.stageParts(m, mr, held)
-	defer func() {
-		if !p.kept {
-			p.discard(a.files.disk)
-		}
-	}()
+	defer p.discard(a.files.disk)
 	if err != nil {
 		a.metrics.applyRejected.inc(StageParts)
 		code := stagingStatus(err)
@@ -210,11 +206,6 @@ func (g *stallGuard) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-func isFormData(contentType string) bool {
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "multipart/form-data"
 }
 
 // readManifest reads the first part, which must be the manifest, into the
@@ -292,10 +283,8 @@ func validateManifest(m *Manifest, config string, abs func(string) (string, erro
 	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
-		if _, err := abs(f.Path); err != nil {
-			return err
-		}
-		if err := checkRuntimePath(f.Kind, f.Path); err != nil {
+		_, err := abs(f.Path)
+		if err = cmp.Or(err, checkRuntimePath(f.Kind, f.Path)); err != nil {
 			return err
 		}
 		if seen[f.Path] {
@@ -388,7 +377,11 @@ type parts struct {
 	kept bool
 }
 
+// discard removes the parts' temp files, unless they are kept.
 func (p *parts) discard(d disk) {
+	if p.kept {
+		return
+	}
 	for _, f := range p.staged {
 		f.discard(d)
 	}
@@ -544,24 +537,20 @@ func (d *applyDeps) answer(in *applyInput, done outcome) (int, any) {
 			d.nack.result.Inventory = nil // an inventory delta rides one answer only
 		}
 	}
-	d.logApply(in, r, done.reason)
-	if done.unknown != nil {
-		return http.StatusServiceUnavailable, ApplyError{Stage: r.Error.Stage,
-			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, r.Error.Message, done.unknown)}
-	}
-	return http.StatusOK, r
-}
-
-func (d *applyDeps) logApply(in *applyInput, r ApplyResult, reason reloadReason) {
 	attrs := []any{"plan_id", in.m.PlanID, "mode", r.Mode, "ok", r.OK,
 		"generation", d.led.state().Generation, "total_ms", r.Timing.TotalMs}
-	if reason != "" {
-		attrs = append(attrs, "reload_reason", reason)
+	if done.reason != "" {
+		attrs = append(attrs, "reload_reason", done.reason)
 	}
 	if r.Error != nil {
 		attrs = append(attrs, "error_stage", r.Error.Stage, "error", r.Error.Message)
 	}
 	d.logger.Info("apply", attrs...)
+	if done.unknown != nil {
+		return http.StatusServiceUnavailable, ApplyError{Stage: r.Error.Stage,
+			Message: fmt.Sprintf("%s: %s (%v)", msgOutcomeUnknown, r.Error.Message, done.unknown)}
+	}
+	return http.StatusOK, r
 }
 
 const (
@@ -579,6 +568,9 @@ const (
 	// msgOutcomeUnknown prefixes the answer of a failed apply whose undo the
 	// disk would not record.
 	msgOutcomeUnknown = "the apply's outcome is unknown until the agent can write its disk again: it failed, and the disk refused the record of its undo"
+	// msgFilesOwed prefixes the error of an acknowledged apply whose files
+	// could not be installed.
+	msgFilesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
 )
 
 // fence applies the fencing rules to the state as it stands: 0, or the 409
@@ -641,10 +633,9 @@ func (d *applyDeps) missing(m *Manifest, p *parts) []string {
 		return out
 	}
 	_, tree := d.led.view()
-	for _, mf := range m.Files {
-		held, ok := tree[mf.Path]
-		if p.staged[mf.Path] == nil && (p.unpatched[mf.Path] || !ok || mf.Proof == "" ||
-			held != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
+	for _, mf := range m.Files { // a path the tree lacks holds no digest, and validation refused an empty one
+		if p.staged[mf.Path] == nil && (p.unpatched[mf.Path] || mf.Proof == "" ||
+			tree[mf.Path] != FileAt{Digest: mf.Digest, Proof: mf.Proof, Size: mf.Size}) {
 			out = append(out, mf.Path)
 		}
 	}

@@ -7,6 +7,8 @@
 package haptic
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -121,9 +123,7 @@ type heldReader struct {
 func (r heldReader) Read(p []byte) (int, error) {
 	n, err := r.r.Read(p)
 	if n > 0 {
-		if terr := r.h.take(n); terr != nil {
-			return n, terr
-		}
+		err = cmp.Or(r.h.take(n), err) // a refusal wins over the reader's own error
 	}
 	return n, err
 }
@@ -247,11 +247,8 @@ func (l *listShape) UnmarshalJSON(data []byte) error {
 // whole document before it calls an Unmarshaler. The walk allocates nothing
 // but its container stack, whose depth encoding/json bounds.
 func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
-	i := 0
-	for i < len(data) && isJSONSpace(data[i]) {
-		i++
-	}
-	if i == len(data) || data[i] != '[' {
+	data = bytes.TrimLeft(data, " \t\n\r")
+	if len(data) == 0 || data[0] != '[' {
 		return 0, 0, inner
 	}
 	var isList []bool // the open containers, outermost first: true for a list
@@ -267,7 +264,7 @@ func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
 		}
 	}
 	firstPending := false // just after '[': the next value, if any, is an element
-	for ; i < len(data); i++ {
+	for i := 0; i < len(data); i++ {
 		c := data[i]
 		if isJSONSpace(c) {
 			continue

@@ -30,13 +30,10 @@ type opsOutcome struct {
 // puts in place and runs them on the worker the agent expects.
 func (d *applyDeps) runtimeOps(in *applyInput, ch changeSet) opsOutcome {
 	start := d.now()
-	c, err := d.compile(in.m.RuntimeOps(), d.stagedContent(in, ch.dels))
-	if err != nil {
-		return opsOutcome{compileErr: err, took: d.now().Sub(start)}
-	}
-	out := opsOutcome{c: c}
-	if !c.empty() {
-		out.worker, out.results, out.ran, out.err = d.execute(in, c.programs)
+	var out opsOutcome
+	out.c, out.compileErr = d.compile(in.m.RuntimeOps(), d.stagedContent(in, ch.dels))
+	if out.compileErr == nil && !out.c.empty() {
+		out.worker, out.results, out.ran, out.err = d.execute(in, out.c.programs)
 	}
 	out.took = d.now().Sub(start)
 	return out

@@ -96,21 +96,15 @@ type changeSet struct {
 	dels    []string
 }
 
-// undo is how each changed path looked before the apply, and where those
-// bytes are kept: the journal's additions, the pending reload's undo and
-// the undo of a refusal are made of it.
-func (ch changeSet) undo() []journalEntry {
-	var out []journalEntry
-	for _, c := range ch.changes {
-		out = append(out, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
-	}
-	return out
-}
-
-// identity is the apply's identity with what it changes.
+// identity is the apply's identity with its undo: how each changed path
+// looked before the apply, and where those bytes are kept (the journal's
+// additions, the pending reload's undo and the undo of a refusal are made
+// of it). Admission leaves id.undo nil, so the input is never appended to.
 func (in *applyInput) identity(ch changeSet) applyIdentity {
 	id := in.id
-	id.changed, id.undo = len(ch.changes) > 0, ch.undo()
+	for _, c := range ch.changes {
+		id.undo = append(id.undo, journalEntry{Path: c.Path, At: c.Old, Backup: c.Undo})
+	}
 	return id
 }
 
@@ -238,15 +232,7 @@ func (d *applyDeps) activate(in *applyInput, ch changeSet, ops opsOutcome, o out
 	case activateNothing:
 		return settled(ch, o)
 	}
-	o, ok := d.installNow(in, ch, o)
-	switch {
-	case !ok:
-		return o
-	case in.steps.act == activateJoin:
-		o.due = in.before.PendingAt
-		return d.schedule(in, o, true)
-	}
-	return d.reload(in, ch, in.steps.reason, o)
+	return d.installThenReload(in, ch, in.steps.reason, o)
 }
 
 // settled ends an apply that needs nothing from HAProxy: file_only when
@@ -269,7 +255,7 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 		// arrives anyway is that version's limit, not a broken invariant.
 		d.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
-		return d.fallback(in, ch, reasonUnknownOp, o)
+		return d.installThenReload(in, ch, reasonUnknownOp, o)
 	case ops.c.empty():
 		return settled(ch, o)
 	}
@@ -277,40 +263,29 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 	switch {
 	case errors.Is(ops.err, errWorkerMoved):
 		d.logger.Warn("the ops reached another worker", "err", ops.err)
-		return d.fallback(in, ch, reasonWorkerChanged, o)
+		return d.installThenReload(in, ch, reasonWorkerChanged, o)
 	case ops.err != nil:
 		d.metrics.opErrors.inc(firstFailedKind(ops.results))
 		d.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", in.m.PlanID, "err", ops.err)
-		return d.fallback(in, ch, reasonOpRejected, o)
+		return d.installThenReload(in, ch, reasonOpRejected, o)
 	}
 	if err := d.enqueueDeletes(ops.worker, ops.c); err != nil {
 		d.logger.Warn("deferred deletes could not be queued", "err", err)
-		return d.fallback(in, ch, reasonDeferredDeleteCommit, o)
+		return d.installThenReload(in, ch, reasonDeferredDeleteCommit, o)
 	}
 	d.led.foldCreated(ops.c.certs, ops.c.caFiles)
 	o.ok, o.mode, o.readBack = true, ResultRuntime, ops.c
 	return o
 }
 
-// fallback reloads the desired set of a runtime apply whose ops did not
-// land: its files are installed first, with their undo, since HAProxy may
-// refuse them.
-func (d *applyDeps) fallback(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
-	o, ok := d.installNow(in, ch, o)
-	if !ok {
-		return o
-	}
-	return d.reload(in, ch, reason, o)
-}
-
-// installNow installs the apply's files before it activates them: every
-// path it changes is linked aside first (its undo), since HAProxy may
-// refuse them. A revert puts the journal's set back instead. A failure
-// fails the apply: ok is false.
-func (d *applyDeps) installNow(in *applyInput, ch changeSet, o outcome) (_ outcome, ok bool) {
+// installThenReload installs the apply's files before HAProxy loads them:
+// every path it changes is linked aside first (its undo), since HAProxy may
+// refuse them. A revert puts the journal's set back instead. Then it
+// reloads, or joins the pending reload.
+func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
 	start := d.now()
 	if err := d.files.linkUndo(ch.changes, in.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
-		return d.fail(in, ch, StageBackup, err, o), false
+		return d.fail(in, ch, StageBackup, err, o)
 	}
 	o.installed = len(ch.changes) > 0
 	stage, err := StageWrite, error(nil)
@@ -321,9 +296,13 @@ func (d *applyDeps) installNow(in *applyInput, ch changeSet, o outcome) (_ outco
 	}
 	o.write += d.now().Sub(start)
 	if err != nil {
-		return d.fail(in, ch, stage, err, o), false
+		return d.fail(in, ch, stage, err, o)
 	}
-	return o, true
+	if in.steps.act == activateJoin {
+		o.due = in.before.PendingAt
+		return d.schedule(in, o, true)
+	}
+	return d.reload(in, ch, reason, o)
 }
 
 // reload reloads now, or schedules the reload when the pacing window is
@@ -417,10 +396,6 @@ func (d *applyDeps) installCounted(in *applyInput, ch changeSet, o outcome) outc
 	return o
 }
 
-// msgFilesOwed prefixes the error of an acknowledged apply whose files
-// could not be installed.
-const msgFilesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
-
 // ---------------------------------------------------------------------------
 // 5. The end.
 
@@ -466,17 +441,6 @@ func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) outcome {
 	}
 	o.result = r
 	return o
-}
-
-// journalAdditions are the entries of undo for paths journal lacks.
-func journalAdditions(journal, undo []journalEntry) []journalEntry {
-	var out []journalEntry
-	for _, e := range undo {
-		if !slices.ContainsFunc(journal, func(j journalEntry) bool { return j.Path == e.Path }) {
-			out = append(out, e)
-		}
-	}
-	return out
 }
 
 // ---------------------------------------------------------------------------
@@ -555,7 +519,8 @@ func (d *applyDeps) restore(in *applyInput, wants []want, sources map[FileAt][]s
 // recover reloads the restored tree, once the worker may hold what the
 // undo took away; if HAProxy refuses it, the last-known-good set is
 // restored and reloaded. A reload without a verdict is tried again by the
-// pacer, a bounded number of times.
+// pacer, a bounded number of times: a master still busy with a slow reload
+// may be serving the set the undo took away.
 func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 	if _, err := d.worker.reloadToRecover(in.ctx); err == nil {
 		o.recovered = true
@@ -570,29 +535,20 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 			}
 		}
 	}
-	if !o.recovered && !o.lkgRestored {
-		d.invariant(false, invRecoveryReload)
-		d.logger.Error("the recovery reload failed; the running plan is unknown", "plan_id", in.m.PlanID)
-		d.scheduleRepair(in.ctx)
+	if o.recovered || o.lkgRestored {
+		return o
+	}
+	d.invariant(false, invRecoveryReload)
+	d.logger.Error("the recovery reload failed; the running plan is unknown", "plan_id", in.m.PlanID)
+	switch st := d.led.state(); {
+	case !st.Applied.complete() || in.ctx.Err() != nil: // no plan to reload, or the agent stops
+	case !d.led.takeRepair():
+		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
+	default:
+		d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
+		d.pokePacer()
 	}
 	return o
-}
-
-// scheduleRepair asks the pacer to reload the tree once more after a
-// recovery reload that got no verdict: a master still busy with a slow
-// reload may be serving the set the undo took away, and the agent keeps
-// trying, a bounded number of times, until it serves the restored one.
-func (d *applyDeps) scheduleRepair(ctx context.Context) {
-	st := d.led.state()
-	if !st.Applied.complete() || ctx.Err() != nil {
-		return
-	}
-	if !d.led.takeRepair() {
-		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
-		return
-	}
-	d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
-	d.pokePacer()
 }
 
 // ---------------------------------------------------------------------------
@@ -655,7 +611,8 @@ func journalSources(j []journalEntry) map[FileAt][]source {
 func (d *applyDeps) stagedContent(in *applyInput, dels []string) func(rel string) ([]byte, error) {
 	return func(rel string) ([]byte, error) {
 		i, ok := slices.BinarySearchFunc(in.staged, rel, func(f *stagedFile, rel string) int { return cmp.Compare(f.Rel, rel) })
-		if f := in.staged[min(i, len(in.staged)-1)]; ok && !f.unchanged {
+		if ok && !in.staged[i].unchanged {
+			f := in.staged[i]
 			if f.tmp != "" {
 				return readAllLimited(d.files.disk, f.tmp, MaxApplyBodyBytes)
 			}

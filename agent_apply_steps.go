@@ -8,6 +8,7 @@
 package haptic
 
 import (
+	"maps"
 	"slices"
 	"time"
 )
@@ -38,29 +39,23 @@ type steps struct {
 func (s steps) countsFromRecord() bool { return s.act == activateOps || s.act == activateNothing }
 
 // Reload reasons, logged with every reload decision as reload_reason: the
-// agent's own reason, not the controller's. mode: the manifest asked for a
-// reload (Diff's reasons, whatever they were, are the controller's to
-// log); unknown_baseline: the agent holds no applied plan to run ops
-// against; unknown_op, worker_changed, op_rejected and
-// deferred_delete_commit: a runtime apply fell back to a reload because its
-// ops could not be compiled, reached another worker, were refused, or left
-// deletes the queue would not take; revert_lkg: a revert.
+// agent's own reason, not the controller's (Diff's reasons, whatever they
+// were, are the controller's to log). A fallback is a runtime apply's
+// reload once its ops did not land.
 type reloadReason string
 
 const (
-	reasonMode                 reloadReason = "mode"
-	reasonUnknownBaseline      reloadReason = "unknown_baseline"
-	reasonUnknownOp            reloadReason = "unknown_op"
-	reasonWorkerChanged        reloadReason = "worker_changed"
-	reasonOpRejected           reloadReason = "op_rejected"
-	reasonDeferredDeleteCommit reloadReason = "deferred_delete_commit"
-	reasonRevert               reloadReason = "revert_lkg"
+	reasonMode                 reloadReason = "mode"                   // the manifest asked for a reload
+	reasonUnknownBaseline      reloadReason = "unknown_baseline"       // the agent holds no applied plan to run ops against
+	reasonUnknownOp            reloadReason = "unknown_op"             // fallback: the ops could not be compiled
+	reasonWorkerChanged        reloadReason = "worker_changed"         // fallback: they reached another worker
+	reasonOpRejected           reloadReason = "op_rejected"            // fallback: HAProxy refused one
+	reasonDeferredDeleteCommit reloadReason = "deferred_delete_commit" // fallback: the queue would not take their deletes
+	reasonRevert               reloadReason = "revert_lkg"             // a revert
 )
 
-// decideSteps picks what the written files need, first match wins: join a
-// pending reload, reload (now, or at the end of an open pacing window) when
-// the manifest asks for it, when the agent has no applied plan to run ops
-// against, or for a revert; otherwise run the ops, if there are any.
+// decideSteps picks what the written files need, first match wins. A reload
+// waits for the end of an open pacing window, except a revert's.
 func decideSteps(st *agentState, m *Manifest, windowOpen bool) steps {
 	reload := func(reason reloadReason) steps {
 		if windowOpen {
@@ -104,11 +99,9 @@ func fenceReason(m *Manifest, s *agentState, inPlaceRuns bool) string {
 			return ReasonUnknownBaseline
 		}
 		return ReasonPrevMismatch
-	case m.ExpectedPrevToken != s.Token:
-		return ReasonPrevMismatch
-	case exact && m.Mode != ModeReload && (m.ExpectedPrevPlanProof == "" || m.ExpectedPrevPlanProof != s.Applied.Proof):
-		return ReasonPrevMismatch
-	case exact && m.Mode == ModeReload && s.Applied.Proof != "" && m.ExpectedPrevPlanProof != s.Applied.Proof:
+	case m.ExpectedPrevToken != s.Token,
+		exact && m.Mode != ModeReload && (m.ExpectedPrevPlanProof == "" || m.ExpectedPrevPlanProof != s.Applied.Proof),
+		exact && m.Mode == ModeReload && s.Applied.Proof != "" && m.ExpectedPrevPlanProof != s.Applied.Proof:
 		return ReasonPrevMismatch
 	case (m.Mode == ModeAuto || inPlaceRuns) &&
 		!samePlanRef(planRef{m.ExpectedWorkerOpsPlanID, m.ExpectedWorkerOpsPlanProof}, s.WorkerOps):
@@ -128,14 +121,13 @@ func inPlaceWillRun(m *Manifest, reloadPending, windowOpen bool) bool {
 
 // applyIdentity is what an apply records about itself.
 type applyIdentity struct {
-	ref     planRef // the applied pair it lands: its plan and applied proof, or the LKG for a revert
-	worker  planRef // the worker pair its in-place ops reach
-	token   Token
-	schema  int
-	blob    bool // it carried its plan blob
-	revert  bool
-	changed bool           // it changed files
-	undo    []journalEntry // how each path it changed looked before it
+	ref    planRef // the applied pair it lands: its plan and applied proof, or the LKG for a revert
+	worker planRef // the worker pair its in-place ops reach
+	token  Token
+	schema int
+	blob   bool // it carried its plan blob
+	revert bool
+	undo   []journalEntry // how each path it changed looked before it
 }
 
 // outcome is how a run ended.
@@ -181,7 +173,7 @@ type outcome struct {
 // ops may reach the worker before the apply closes, so that a start that
 // reads this record with nothing after it reloads.
 func landing(cur agentState, id applyIdentity, s steps, opsMayRun bool, now time.Time) agentState {
-	o := outcome{ok: true, installed: id.changed, opsRan: s.act == activateOps, reloaded: s.act == activateReload}
+	o := outcome{ok: true, opsRan: s.act == activateOps, reloaded: s.act == activateReload}
 	if o.opsRan {
 		o.mode = ResultRuntime
 	}
@@ -256,7 +248,7 @@ func settle(cur, before agentState, id applyIdentity, o outcome, now time.Time) 
 			next.PendingBase = before.Applied
 		}
 		next.Pending, next.PendingAt = id.ref, o.due
-		next.PendingUndo = addFirstTouches(next.PendingUndo, id.undo)
+		next.PendingUndo = append(next.PendingUndo, journalAdditions(next.PendingUndo, id.undo)...)
 	}
 	if o.overtaken {
 		next.Applied, next.WorkerOps = planRef{}, planRef{}
@@ -283,15 +275,17 @@ func clearPending(s *agentState) {
 	s.Pending, s.PendingAt, s.PendingUndo, s.PendingBase = planRef{}, time.Time{}, nil, planRef{}
 }
 
-// addFirstTouches adds the entries for paths list does not hold yet: the
-// first entry for a path wins, so list keeps the oldest version.
-func addFirstTouches(list, entries []journalEntry) []journalEntry {
-	for _, e := range entries {
-		if !slices.ContainsFunc(list, func(x journalEntry) bool { return x.Path == e.Path }) {
-			list = append(list, e)
+// journalAdditions are the entries of undo for paths journal lacks, the
+// first for each path: a journal keeps a path's oldest version.
+func journalAdditions(journal, undo []journalEntry) []journalEntry {
+	var out []journalEntry
+	for _, e := range undo {
+		has := func(j journalEntry) bool { return j.Path == e.Path }
+		if !slices.ContainsFunc(journal, has) && !slices.ContainsFunc(out, has) {
+			out = append(out, e)
 		}
 	}
-	return list
+	return out
 }
 
 // workerAtStart is what the worker the start finds says about the pairs.
@@ -346,10 +340,7 @@ func damagedAtStart(read agentState) agentState {
 
 // ownedPaths is the sorted union of the tree's paths and those touched.
 func ownedPaths(tree map[string]FileAt, touched []string) []string {
-	out := slices.Clone(touched)
-	for p := range tree {
-		out = append(out, p)
-	}
+	out := slices.AppendSeq(slices.Clone(touched), maps.Keys(tree))
 	slices.Sort(out)
 	return slices.Compact(out)
 }
@@ -366,7 +357,11 @@ func failedInvariants(r *ApplyResult, m *Manifest, prevGeneration uint64, st *ag
 	if r.OK {
 		check(st.Generation == prevGeneration+1, invGenerationMonotonic)
 		if m.Mode != ModeRevertLKG {
-			check(treeHoldsExactly(tree, m.Files), invDiskIsTheDesiredSet)
+			exact := len(tree) == len(m.Files)
+			for _, f := range m.Files {
+				exact = exact && tree[f.Path] == (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size})
+			}
+			check(exact, invDiskIsTheDesiredSet)
 		}
 	}
 	switch r.Mode {
@@ -379,18 +374,4 @@ func failedInvariants(r *ApplyResult, m *Manifest, prevGeneration uint64, st *ag
 	}
 	check(len(st.Journal) == 0 || st.Applied != st.LKG, invJournalOnlyWhileDiverged)
 	return failed
-}
-
-// treeHoldsExactly reports whether tree holds exactly files, with equal
-// digest, proof and size.
-func treeHoldsExactly(tree map[string]FileAt, files []ManifestFile) bool {
-	if len(tree) != len(files) {
-		return false
-	}
-	for _, f := range files {
-		if tree[f.Path] != (FileAt{Digest: f.Digest, Proof: f.Proof, Size: f.Size}) {
-			return false
-		}
-	}
-	return true
 }

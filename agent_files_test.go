@@ -451,8 +451,8 @@ func TestTheJournalKeepsTheFirstVersionOfAPath(t *testing.T) {
 	if got := journalAdditions(journal, undo); len(got) != 1 || got[0].Path != "b" {
 		t.Errorf("journalAdditions = %+v", got)
 	}
-	if got := addFirstTouches(journal, undo); len(got) != 2 || got[0].Backup != "/l/1" || got[1].Backup != "/l/6" {
-		t.Errorf("addFirstTouches = %+v", got)
+	if got := append(journal, journalAdditions(journal, undo)...); len(got) != 2 || got[0].Backup != "/l/1" || got[1].Backup != "/l/6" {
+		t.Errorf("journal + journalAdditions = %+v", got)
 	}
 }
 

@@ -497,7 +497,7 @@ func TestSettle(t *testing.T) {
 	pending := base
 	pending.Pending, pending.PendingAt, pending.PendingBase = p1, time.Unix(9, 0), planRef{"p0", "a:0"}
 	pending.PendingUndo = []journalEntry{{Path: "a"}}
-	id := applyIdentity{ref: p2, worker: w2, token: Token{1, 5}, schema: 1, changed: true,
+	id := applyIdentity{ref: p2, worker: w2, token: Token{1, 5}, schema: 1,
 		undo: []journalEntry{{Path: "a", Backup: "/l/2"}, {Path: "b", Backup: "/l/3"}}}
 	now := time.Unix(100, 0)
 	type pairs struct {
@@ -602,7 +602,7 @@ func TestSettle(t *testing.T) {
 func TestLandingIsWhatACrashRightAfterTheRecordFinds(t *testing.T) {
 	p1, p2 := planRef{"p1", "a:1"}, planRef{"p2", "a:2"}
 	base := agentState{Generation: 5, Applied: p1, Running: p1, WorkerOps: p1, Token: Token{1, 4}}
-	id := applyIdentity{ref: p2, token: Token{1, 5}, changed: true}
+	id := applyIdentity{ref: p2, token: Token{1, 5}}
 	now := time.Unix(100, 0)
 	ops := landing(base, id, steps{act: activateOps}, true, now)
 	if ops.Generation != 6 || ops.Applied != p2 || ops.WorkerOps != p2 || ops.Running != p1 || !ops.ReloadOwed {

@@ -20,10 +20,7 @@ import (
 
 // owedTree is what the disk owes the tree the ledger records: the files of
 // an answered apply whose install failed, or what recovery could not put
-// back at start. While it is owed the agent is not ready, every apply tries
-// it again first and so does a loop every owedRetryInterval, and nothing
-// that could drop the records or links it needs (a compaction, a sweep)
-// runs.
+// back at start.
 type owedTree struct {
 	wants   []want
 	sources map[FileAt][]source
@@ -155,10 +152,8 @@ func (d *applyDeps) reloadRecovered(ctx context.Context) error {
 // is retried every owedRetryInterval, and the agent is not ready
 // meanwhile.
 func (d *applyDeps) compactIfDue() {
-	if d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes {
-		if d.compact() != nil {
-			d.retry()
-		}
+	if (d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes) && d.compact() != nil {
+		d.retry()
 	}
 }
 
