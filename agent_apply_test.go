@@ -1278,6 +1278,20 @@ func TestAnOpOnAPathTheApplyDeletesIsNeverSent(t *testing.T) {
 	}
 }
 
+// TestAnOpOnAHeldFileCompilesWithNoPartStaged: an apply whose files are
+// all held sends no part, and its runtime op reads the held file. Looking
+// the path up among no staged parts once indexed before the search's
+// verdict, panicked, and left the apply lock held.
+func TestAnOpOnAHeldFileCompilesWithNoPartStaged(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	code, b := e.c.post(applyRequest{manifest: e.c.manifest("plan-2", fs, Op{Kind: OpMapReplace, Path: "maps/host.map"})})
+	var res ApplyResult
+	if code != http.StatusOK || json.Unmarshal(b, &res) != nil || res.Mode != ResultRuntime {
+		t.Fatalf("%d %s", code, b)
+	}
+	e.land(t, "plan-3", fs) // the apply lock was released
+}
+
 // TestAReloadReadsTheNewWorkerAndItsInventoryInOneExchange pins the
 // reload's tail: once the master answers, one worker connection reads the
 // new worker's identity and its inventory together, and the answer carries
