@@ -60,8 +60,6 @@ func (d *applyDeps) runInPlace(in *applyInput) ([]OpResult, *ApplyError) {
 	worker, results, _, err := d.execute(in, c.programs)
 	if err == nil {
 		err = d.enqueueDeletes(worker, c)
-	} else if !errors.Is(err, errWorkerMoved) {
-		d.metrics.opErrors.inc(firstFailedKind(results))
 	}
 	if err != nil {
 		return results, fail(err)
@@ -125,12 +123,12 @@ func appendUnique(s []string, v string) []string {
 }
 
 // execute runs the programs MaxOpsPerApply at a time on the expected
-// worker, stopping at the first failing chunk, and returns the worker they
-// ran on and whether any line reached it. A batch of deletes alone sends
-// no line, so the worker is checked on its own. A worker other than the
-// expected one is adopted (which invalidates the baseline) and reported as
-// errWorkerMoved, and so is a worker a concurrent verified read adopted
-// while the ops ran.
+// worker, stopping at the first failing chunk (counted by its first failed
+// op's kind), and returns the worker they ran on and whether any line
+// reached it. A batch of deletes alone sends no line, so the worker is
+// checked on its own. A worker other than the expected one is adopted
+// (which invalidates the baseline) and reported as errWorkerMoved, and so
+// is a worker a concurrent verified read adopted while the ops ran.
 func (d *applyDeps) execute(in *applyInput, programs []program) (HAProxyInfo, []OpResult, bool, error) {
 	expected := d.led.state().Worker
 	if len(programs) == 0 {
@@ -150,6 +148,7 @@ func (d *applyDeps) execute(in *applyInput, programs []program) (HAProxyInfo, []
 		}
 		results = append(results, res...)
 		if err != nil {
+			d.metrics.opErrors.inc(firstFailedKind(results))
 			return observed, results, true, err
 		}
 	}

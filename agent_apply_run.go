@@ -265,7 +265,6 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 		d.logger.Warn("the ops reached another worker", "err", ops.err)
 		return d.installThenReload(in, ch, reasonWorkerChanged, o)
 	case ops.err != nil:
-		d.metrics.opErrors.inc(firstFailedKind(ops.results))
 		d.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", in.m.PlanID, "err", ops.err)
 		return d.installThenReload(in, ch, reasonOpRejected, o)
 	}
