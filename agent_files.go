@@ -66,7 +66,6 @@ const maxTempNameTries = 10000
 // ---------------------------------------------------------------------------
 // The store and where a path may lead.
 
-// fileStoreConfig configures newFileStore.
 type fileStoreConfig struct {
 	Base      string      // the base directory, as configured
 	Reserved  []string    // absolute paths no manifest path may resolve to

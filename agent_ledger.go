@@ -484,10 +484,7 @@ func (l *ledger) compact() error {
 		}
 		l.blobSaved = true
 	}
-	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: map[string]*FileAt{}}
-	for p, at := range l.tree {
-		snap.Tree[p] = &at
-	}
+	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: treeDelta(nil, l.tree)}
 	if err := l.log.compact(snap); err != nil {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err

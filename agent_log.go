@@ -62,7 +62,6 @@ const (
 	damagedSuffix          = ".damaged"
 )
 
-// Record kinds.
 const (
 	recordSnapshot = "snapshot" // the state file: the whole state, tree and journal
 	recordApply    = "apply"    // one apply: the state it lands, its files and their undo
@@ -125,7 +124,6 @@ type fileChange struct {
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// encodeFrame frames one record.
 func encodeFrame(r *logRecord) ([]byte, error) {
 	payload, err := json.Marshal(r)
 	if err != nil {
