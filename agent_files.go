@@ -39,8 +39,7 @@ var (
 	errTooLarge         = errors.New("file exceeds the size the agent reads whole")
 )
 
-// Names and modes the store keeps for itself. Every name starts with a dot,
-// so the path rules keep manifests away from them.
+// Names and modes the store keeps for itself.
 const (
 	storeTempDir    = ".haptic-tmp" // staged parts and restore copies
 	storeLinkDir    = ".haptic-lkg" // links to bytes an undo or the journal needs
@@ -542,7 +541,6 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 		}
 	}
 	if err != nil {
-		sf.discard(s.disk)
 		return nil, err
 	}
 	return sf, nil

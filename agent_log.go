@@ -256,7 +256,6 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 			out.st.Journal = snap.Journal
 			applyTreeDelta(out.tree, snap.Tree)
 			out.index(snap)
-			out.touched = nil
 		}
 	}
 	logPath := logPathFor(statePath)
