@@ -540,10 +540,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 			return nil, errPatchBaseMissing
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	return sf, nil
+	return sf, err
 }
 
 // spliceOnto writes base[:offset], then at most n+1 bytes of repl, then
