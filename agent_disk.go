@@ -45,7 +45,6 @@ type disk interface {
 	MountID(name string) (uint64, error)
 }
 
-// diskFile is an open file of a disk.
 type diskFile interface {
 	io.Reader
 	io.Writer

@@ -39,8 +39,7 @@ var (
 	errTooLarge         = errors.New("file exceeds the size the agent reads whole")
 )
 
-// Names and modes the store keeps for itself. Every name starts with a dot,
-// so the path rules keep manifests away from them.
+// Names and modes the store keeps for itself.
 const (
 	storeTempDir    = ".haptic-tmp" // staged parts and restore copies
 	storeLinkDir    = ".haptic-lkg" // links to bytes an undo or the journal needs
@@ -66,7 +65,6 @@ const maxTempNameTries = 10000
 // ---------------------------------------------------------------------------
 // The store and where a path may lead.
 
-// fileStoreConfig configures newFileStore.
 type fileStoreConfig struct {
 	Base      string      // the base directory, as configured
 	Reserved  []string    // absolute paths no manifest path may resolve to
@@ -542,11 +540,7 @@ func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest str
 			return nil, errPatchBaseMissing
 		}
 	}
-	if err != nil {
-		sf.discard(s.disk)
-		return nil, err
-	}
-	return sf, nil
+	return sf, err
 }
 
 // spliceOnto writes base[:offset], then at most n+1 bytes of repl, then

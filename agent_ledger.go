@@ -168,12 +168,11 @@ func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger
 		if err == nil {
 			l.plan, err = heldPlanOf(base, loaded.patches, l.st.Blob.ID)
 		}
-		if len(loaded.patches) == 0 {
-			l.blob, l.blobSaved = base, saved
-		}
 		if err != nil {
 			logger.Warn("could not read the stored plan; it is forgotten", "path", blobPath, "err", err)
-			l.st.Blob, l.plan, l.blob, l.blobSaved = planRef{}, nil, nil, false
+			l.st.Blob = planRef{}
+		} else if len(loaded.patches) == 0 {
+			l.blob, l.blobSaved = base, saved
 		}
 	}
 	return l, loaded, nil
@@ -484,10 +483,7 @@ func (l *ledger) compact() error {
 		}
 		l.blobSaved = true
 	}
-	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: map[string]*FileAt{}}
-	for p, at := range l.tree {
-		snap.Tree[p] = &at
-	}
+	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: treeDelta(nil, l.tree)}
 	if err := l.log.compact(snap); err != nil {
 		l.logger.Error("could not compact the agent's state log", "err", err)
 		return err

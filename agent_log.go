@@ -15,6 +15,7 @@ package haptic
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -61,7 +62,6 @@ const (
 	damagedSuffix          = ".damaged"
 )
 
-// Record kinds.
 const (
 	recordSnapshot = "snapshot" // the state file: the whole state, tree and journal
 	recordApply    = "apply"    // one apply: the state it lands, its files and their undo
@@ -124,7 +124,6 @@ type fileChange struct {
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-// encodeFrame frames one record.
 func encodeFrame(r *logRecord) ([]byte, error) {
 	payload, err := json.Marshal(r)
 	if err != nil {
@@ -256,8 +255,7 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 			out.st, out.seq = *snap.State, snap.Seq
 			out.st.Journal = snap.Journal
 			applyTreeDelta(out.tree, snap.Tree)
-			out.index(snap, map[string]bool{})
-			out.touched = nil
+			out.index(snap)
 		}
 	}
 	logPath := logPathFor(statePath)
@@ -279,9 +277,8 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	out.replay(records)
 	// Past damage, records are read only for the paths they name and the
 	// numbers they may have handed out.
-	seen := map[string]bool{}
 	for _, r := range tail {
-		out.index(r, seen)
+		out.index(r)
 		out.st.raiseNumbers(stateOf(r))
 		out.touched = slices.AppendSeq(out.touched, maps.Keys(r.Tree))
 	}
@@ -303,7 +300,6 @@ func (l *loadedLog) replay(records []logRecord) {
 			counts[r.End], closed[r.End] = r.OK, true
 		}
 	}
-	seen := map[string]bool{}
 	for _, r := range records {
 		l.seq, l.count = r.Seq, l.count+1
 		if r.Kind == recordNumbers {
@@ -311,7 +307,7 @@ func (l *loadedLog) replay(records []logRecord) {
 			continue
 		}
 		if r.Kind == recordApply || r.Kind == recordEnd {
-			l.index(r, seen)
+			l.index(r)
 		}
 		if r.ResetJournal {
 			// A promotion rides the next record, whatever becomes of it.
@@ -351,15 +347,13 @@ func (l *loadedLog) replay(records []logRecord) {
 	}
 	l.reload = l.reload || l.st.ReloadOwed
 	slices.Sort(l.touched)
+	l.touched = slices.Compact(l.touched)
 }
 
 // index notes the paths an apply touched and every place it names bytes in.
-func (l *loadedLog) index(r logRecord, seen map[string]bool) {
+func (l *loadedLog) index(r logRecord) {
 	for _, f := range r.Files {
-		if !seen[f.Path] {
-			seen[f.Path] = true
-			l.touched = append(l.touched, f.Path)
-		}
+		l.touched = append(l.touched, f.Path)
 	}
 	addChangeSources(l.sources, r.Files)
 	for _, e := range slices.Concat(r.Journal, stateOf(r).PendingUndo) {
@@ -436,22 +430,20 @@ func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, e
 	if err != nil {
 		return nil, err
 	}
+	w := &stateLog{disk: d, statePath: statePath, f: f, count: count}
 	if errors.Is(statErr, fs.ErrNotExist) {
 		// A record synced into a log whose own name is not durable could
 		// vanish with it.
 		err = d.SyncDir(filepath.Dir(logPath))
 	}
 	if err == nil {
-		err = f.Truncate(good)
-	}
-	if err == nil {
-		_, err = f.Seek(good, io.SeekStart)
+		err = w.cutBack(good)
 	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
-	return &stateLog{disk: d, statePath: statePath, f: f, bytes: good, count: count}, nil
+	return w, nil
 }
 
 // errLogFull refuses a record the next start would not read.
@@ -488,9 +480,9 @@ func (w *stateLog) append(r *logRecord, sync bool) error {
 // written past size then stays.
 func (w *stateLog) cutBack(size int64) error {
 	err := w.f.Truncate(size)
-	w.f.Seek(size, io.SeekStart)
+	_, seekErr := w.f.Seek(size, io.SeekStart)
 	w.bytes = size
-	return err
+	return cmp.Or(err, seekErr)
 }
 
 // full reports whether the log should be compacted.
@@ -518,13 +510,10 @@ func (w *stateLog) compact(snap *logRecord) error {
 	if err := w.replace(w.statePath, b); err != nil {
 		return err
 	}
-	if err := w.f.Truncate(0); err != nil {
+	if err := w.cutBack(0); err != nil {
 		return err
 	}
-	if _, err := w.f.Seek(0, io.SeekStart); err != nil {
-		return err
-	}
-	w.bytes, w.count = 0, 0
+	w.count = 0
 	st := snap.State
 	return w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
 		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true)

@@ -92,22 +92,10 @@ func probeMounts(mountInfo, base string, d disk) (mounts, error) {
 	return out, nil
 }
 
-// unescapeMountField decodes the kernel's octal escapes (\040 space, \011
-// tab, \012 newline, \134 backslash); anything else stays as written.
-func unescapeMountField(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+// unescapeMountField decodes the octal escapes the kernel writes into a
+// mount point, the only four it writes (a backslash in a name is itself
+// escaped); anything else stays as written.
+var unescapeMountField = strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace
 
 // of returns the mount that holds abs: the deepest whose root is abs or a
 // parent of it.
