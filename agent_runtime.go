@@ -728,9 +728,11 @@ func parseShowProc(text string) (procList, error) {
 		}
 		pid, err1 := strconv.Atoi(fields[0])
 		_, err2 := strconv.Atoi(fields[2])
-		failed, ok := failedCount(line)
+		_, rest, _ := strings.Cut(line, "[failed: ")
+		digits, _, closed := strings.Cut(rest, "]")
+		failed, err3 := strconv.Atoi(digits)
 		master := section == "" && fields[1] == "master"
-		if err1 != nil || err2 != nil || master && !ok {
+		if err1 != nil || err2 != nil || master && (!closed || err3 != nil) {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
 		switch {
@@ -746,14 +748,6 @@ func parseShowProc(text string) (procList, error) {
 		return procList{}, errors.New("show proc: no master row")
 	}
 	return list, nil
-}
-
-// failedCount reads "[failed: N]" from the master row.
-func failedCount(line string) (int, bool) {
-	_, rest, _ := strings.Cut(line, "[failed: ")
-	digits, _, ok := strings.Cut(rest, "]")
-	n, err := strconv.Atoi(digits)
-	return n, ok && err == nil
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
