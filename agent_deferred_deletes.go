@@ -354,8 +354,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 // prints in it the messages earlier commands left on the worker thread (a
 // del server's "Server deleted."), so only its severity is read.
 func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
-	be := it.name
-	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
+	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+it.name)
 	if err != nil {
 		return err
 	}
@@ -365,7 +364,7 @@ func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
 	if err := sessionVerdict(reply, command{Text: "wait", Expect: expectDone}); err != nil {
 		return err
 	}
-	reply, err = q.send(s, it, "del backend "+be)
+	reply, err = q.send(s, it, "del backend "+it.name)
 	if err != nil {
 		return err
 	}
@@ -374,12 +373,12 @@ func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
 			return fmt.Errorf("%w: %s", err, seg)
 		}
 	}
-	reply, err = q.send(s, it, "wait 1 be-removable "+be)
+	reply, err = q.send(s, it, "wait 1 be-removable "+it.name)
 	if err != nil {
 		return err
 	}
 	if reply != backendAlreadyGone {
-		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, be, reply)
+		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, it.name, reply)
 	}
 	return nil
 }

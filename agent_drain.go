@@ -172,14 +172,12 @@ func drainResult(reason string, start time.Time, connections uint64) DrainResult
 // (a trailing comma) are dropped.
 func drainIgnoreSet(values []string) map[string]bool {
 	var set map[string]bool
-	for _, v := range values {
-		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				if set == nil {
-					set = map[string]bool{}
-				}
-				set[name] = true
+	for name := range strings.SplitSeq(strings.Join(values, ","), ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			if set == nil {
+				set = map[string]bool{}
 			}
+			set[name] = true
 		}
 	}
 	return set

@@ -1109,20 +1109,18 @@ func (s *workerSession) execute(cmd string) (string, error) {
 	}
 	var buf []byte
 	var chunk [4096]byte
-	for err == nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
-		if len(buf) > maxSessionReplyBytes {
-			return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
-		}
+	for err == nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) && len(buf) <= maxSessionReplyBytes {
 		n, readErr := s.conn.Read(chunk[:])
 		buf, err = append(buf, chunk[:n]...), readErr
 	}
-	if !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+	reply, ok := bytes.CutSuffix(buf, []byte(workerPrompt))
+	switch {
+	case !ok && err != nil:
 		return "", fmt.Errorf("incomplete worker reply: %w", cmp.Or(s.ctx.Err(), err))
-	}
-	if len(buf) > maxSessionReplyBytes+len(workerPrompt) {
+	case !ok, len(reply) > maxSessionReplyBytes: // without a prompt, the loop stopped at the size
 		return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 	}
-	return strings.TrimSpace(string(buf[:len(buf)-len(workerPrompt)])), nil
+	return strings.TrimSpace(string(reply)), nil
 }
 
 func (s *workerSession) Close() error {
