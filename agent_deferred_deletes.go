@@ -25,8 +25,6 @@ import (
 // serverRef names one server.
 type serverRef struct{ Backend, Server string }
 
-func (s serverRef) String() string { return s.Backend + "/" + s.Server }
-
 // splitDeletes divides an apply's ops: server_del and backend_del are
 // deferred, the waits and shutdown_sessions are dropped (the queue issues
 // its own, after the inline half stopped the traffic), the rest stays
@@ -134,7 +132,7 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers,
 		if err := cmp.Or(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
 			return nil, nil, err
 		}
-		names[i] = s.String()
+		names[i] = s.Backend + "/" + s.Server
 	}
 	if err := checkTokens("backend", backends); err != nil {
 		return nil, nil, err

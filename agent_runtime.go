@@ -119,14 +119,8 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		deadline = ctxDeadline
 	}
 	conn, err := r.dial(ctx, path, deadline)
-	if err != nil && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(r.ConnectRetryPause):
-		}
-		if ctx.Err() == nil {
-			conn, err = r.dial(ctx, path, deadline)
-		}
+	if err != nil && pause(ctx, r.ConnectRetryPause) {
+		conn, err = r.dial(ctx, path, deadline)
 	}
 	if err != nil {
 		return nil, false, transportError(ctx, err)
@@ -149,6 +143,15 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		err = transportError(ctx, err)
 	}
 	return buf.Bytes(), true, err
+}
+
+// pause waits d unless ctx ends first, and reports whether ctx is still live.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	return ctx.Err() == nil
 }
 
 // transportError reports a socket failure; a cancelled context is reported
@@ -365,11 +368,8 @@ func judgeLine(raw []byte, cmds []command) lineVerdict {
 // after the last ':', which must be a uint64.
 func mapVersion(segment string) (string, bool) {
 	i := strings.LastIndexByte(segment, ':')
-	if i < 0 {
-		return "", false
-	}
 	v := strings.TrimSpace(segment[i+1:])
-	if _, err := strconv.ParseUint(v, 10, 64); err != nil {
+	if _, err := strconv.ParseUint(v, 10, 64); i < 0 || err != nil {
 		return "", false
 	}
 	return v, true
@@ -940,12 +940,11 @@ func listedName(cmd, line string) string {
 	f := strings.Fields(line)
 	switch {
 	case cmd == "show map":
-		_, rest, ok := strings.Cut(line, "(")
-		name, _, closed := strings.Cut(rest, ")")
-		if !ok || !closed {
-			return ""
+		_, rest, _ := strings.Cut(line, "(")
+		if name, _, closed := strings.Cut(rest, ")"); closed {
+			return name
 		}
-		return name
+		return ""
 	case cmd == "show ssl crt-list":
 		return f[0]
 	case cmd == "show ssl ca-file" && strings.TrimPrefix(f[0], "*") == systemCA:
