@@ -121,13 +121,12 @@ func (d *drainer) watch(r *drainRun) DrainResult {
 
 	poll := time.NewTicker(d.pollInterval)
 	defer poll.Stop()
-	bound := time.NewTimer(time.Until(r.start.Add(d.maxWait)))
-	defer bound.Stop()
 	for {
 		select {
-		case <-d.stop:
-			return end(DrainReasonCancelled, last)
-		case <-bound.C:
+		case <-ctx.Done(): // at the bound, or when the agent stops
+			if stopped() {
+				return end(DrainReasonCancelled, last)
+			}
 			return end(DrainReasonBound, last)
 		case <-poll.C:
 		}
