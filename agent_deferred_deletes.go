@@ -25,8 +25,6 @@ import (
 // serverRef names one server.
 type serverRef struct{ Backend, Server string }
 
-func (s serverRef) String() string { return s.Backend + "/" + s.Server }
-
 // splitDeletes divides an apply's ops: server_del and backend_del are
 // deferred, the waits and shutdown_sessions are dropped (the queue issues
 // its own, after the inline half stopped the traffic), the rest stays
@@ -134,7 +132,7 @@ func (q *deleteQueue) admit(servers []serverRef, backends []string) (newServers,
 		if err := cmp.Or(checkToken("backend", s.Backend), checkToken("server", s.Server)); err != nil {
 			return nil, nil, err
 		}
-		names[i] = s.String()
+		names[i] = s.Backend + "/" + s.Server
 	}
 	if err := checkTokens("backend", backends); err != nil {
 		return nil, nil, err
@@ -354,8 +352,7 @@ func (q *deleteQueue) deleteServer(s *workerSession, it *deleteItem) error {
 // prints in it the messages earlier commands left on the worker thread (a
 // del server's "Server deleted."), so only its severity is read.
 func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
-	be := it.name
-	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+be)
+	reply, err := q.send(s, it, "wait "+strconv.Itoa(deferredWaitMs)+" be-removable "+it.name)
 	if err != nil {
 		return err
 	}
@@ -365,7 +362,7 @@ func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
 	if err := sessionVerdict(reply, command{Text: "wait", Expect: expectDone}); err != nil {
 		return err
 	}
-	reply, err = q.send(s, it, "del backend "+be)
+	reply, err = q.send(s, it, "del backend "+it.name)
 	if err != nil {
 		return err
 	}
@@ -374,12 +371,12 @@ func (q *deleteQueue) deleteBackend(s *workerSession, it *deleteItem) error {
 			return fmt.Errorf("%w: %s", err, seg)
 		}
 	}
-	reply, err = q.send(s, it, "wait 1 be-removable "+be)
+	reply, err = q.send(s, it, "wait 1 be-removable "+it.name)
 	if err != nil {
 		return err
 	}
 	if reply != backendAlreadyGone {
-		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, be, reply)
+		return fmt.Errorf("%w: backend %s still present after del backend: %q", errUnreadableResponse, it.name, reply)
 	}
 	return nil
 }

@@ -121,13 +121,12 @@ func (d *drainer) watch(r *drainRun) DrainResult {
 
 	poll := time.NewTicker(d.pollInterval)
 	defer poll.Stop()
-	bound := time.NewTimer(time.Until(r.start.Add(d.maxWait)))
-	defer bound.Stop()
 	for {
 		select {
-		case <-d.stop:
-			return end(DrainReasonCancelled, last)
-		case <-bound.C:
+		case <-ctx.Done(): // at the bound, or when the agent stops
+			if stopped() {
+				return end(DrainReasonCancelled, last)
+			}
 			return end(DrainReasonBound, last)
 		case <-poll.C:
 		}
@@ -172,14 +171,12 @@ func drainResult(reason string, start time.Time, connections uint64) DrainResult
 // (a trailing comma) are dropped.
 func drainIgnoreSet(values []string) map[string]bool {
 	var set map[string]bool
-	for _, v := range values {
-		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				if set == nil {
-					set = map[string]bool{}
-				}
-				set[name] = true
+	for name := range strings.SplitSeq(strings.Join(values, ","), ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			if set == nil {
+				set = map[string]bool{}
 			}
+			set[name] = true
 		}
 	}
 	return set

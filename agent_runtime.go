@@ -119,14 +119,8 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		deadline = ctxDeadline
 	}
 	conn, err := r.dial(ctx, path, deadline)
-	if err != nil && ctx.Err() == nil {
-		select {
-		case <-ctx.Done():
-		case <-time.After(r.ConnectRetryPause):
-		}
-		if ctx.Err() == nil {
-			conn, err = r.dial(ctx, path, deadline)
-		}
+	if err != nil && pause(ctx, r.ConnectRetryPause) {
+		conn, err = r.dial(ctx, path, deadline)
 	}
 	if err != nil {
 		return nil, false, transportError(ctx, err)
@@ -149,6 +143,15 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 		err = transportError(ctx, err)
 	}
 	return buf.Bytes(), true, err
+}
+
+// pause waits d unless ctx ends first, and reports whether ctx is still live.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	return ctx.Err() == nil
 }
 
 // transportError reports a socket failure; a cancelled context is reported
@@ -365,11 +368,8 @@ func judgeLine(raw []byte, cmds []command) lineVerdict {
 // after the last ':', which must be a uint64.
 func mapVersion(segment string) (string, bool) {
 	i := strings.LastIndexByte(segment, ':')
-	if i < 0 {
-		return "", false
-	}
 	v := strings.TrimSpace(segment[i+1:])
-	if _, err := strconv.ParseUint(v, 10, 64); err != nil {
+	if _, err := strconv.ParseUint(v, 10, 64); i < 0 || err != nil {
 		return "", false
 	}
 	return v, true
@@ -728,9 +728,11 @@ func parseShowProc(text string) (procList, error) {
 		}
 		pid, err1 := strconv.Atoi(fields[0])
 		_, err2 := strconv.Atoi(fields[2])
-		failed, ok := failedCount(line)
+		_, rest, _ := strings.Cut(line, "[failed: ")
+		digits, _, closed := strings.Cut(rest, "]")
+		failed, err3 := strconv.Atoi(digits)
 		master := section == "" && fields[1] == "master"
-		if err1 != nil || err2 != nil || master && !ok {
+		if err1 != nil || err2 != nil || master && (!closed || err3 != nil) {
 			return procList{}, fmt.Errorf("show proc: unreadable row %q", line)
 		}
 		switch {
@@ -746,14 +748,6 @@ func parseShowProc(text string) (procList, error) {
 		return procList{}, errors.New("show proc: no master row")
 	}
 	return list, nil
-}
-
-// failedCount reads "[failed: N]" from the master row.
-func failedCount(line string) (int, bool) {
-	_, rest, _ := strings.Cut(line, "[failed: ")
-	digits, _, ok := strings.Cut(rest, "]")
-	n, err := strconv.Atoi(digits)
-	return n, ok && err == nil
 }
 
 // reload asks the master to reload and judges the outcome. On HAProxy
@@ -946,12 +940,11 @@ func listedName(cmd, line string) string {
 	f := strings.Fields(line)
 	switch {
 	case cmd == "show map":
-		_, rest, ok := strings.Cut(line, "(")
-		name, _, closed := strings.Cut(rest, ")")
-		if !ok || !closed {
-			return ""
+		_, rest, _ := strings.Cut(line, "(")
+		if name, _, closed := strings.Cut(rest, ")"); closed {
+			return name
 		}
-		return name
+		return ""
 	case cmd == "show ssl crt-list":
 		return f[0]
 	case cmd == "show ssl ca-file" && strings.TrimPrefix(f[0], "*") == systemCA:
@@ -1115,20 +1108,18 @@ func (s *workerSession) execute(cmd string) (string, error) {
 	}
 	var buf []byte
 	var chunk [4096]byte
-	for err == nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) {
-		if len(buf) > maxSessionReplyBytes {
-			return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
-		}
+	for err == nil && !bytes.HasSuffix(buf, []byte(workerPrompt)) && len(buf) <= maxSessionReplyBytes {
 		n, readErr := s.conn.Read(chunk[:])
 		buf, err = append(buf, chunk[:n]...), readErr
 	}
-	if !bytes.HasSuffix(buf, []byte(workerPrompt)) {
+	reply, ok := bytes.CutSuffix(buf, []byte(workerPrompt))
+	switch {
+	case !ok && err != nil:
 		return "", fmt.Errorf("incomplete worker reply: %w", cmp.Or(s.ctx.Err(), err))
-	}
-	if len(buf) > maxSessionReplyBytes+len(workerPrompt) {
+	case !ok, len(reply) > maxSessionReplyBytes: // without a prompt, the loop stopped at the size
 		return "", fmt.Errorf("worker reply exceeds %d bytes", maxSessionReplyBytes)
 	}
-	return strings.TrimSpace(string(buf[:len(buf)-len(workerPrompt)])), nil
+	return strings.TrimSpace(string(reply)), nil
 }
 
 func (s *workerSession) Close() error {

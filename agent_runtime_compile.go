@@ -319,9 +319,6 @@ func readContent(content func(string) ([]byte, error), path string) ([]byte, err
 	if err := checkToken("path", path); err != nil {
 		return nil, err
 	}
-	if content == nil {
-		return nil, fmt.Errorf("reading %s: no file reader", path)
-	}
 	data, err := content(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
@@ -425,11 +422,9 @@ func checkWeight(w *int) error {
 	return checkRange("weight", *w, 0, 256)
 }
 
-// checkCommand enforces the size limits and payload framing rules on one
-// built command: its text fits the line budget, so it fits a line with the
-// prefix; its payload fits MaxPayloadBytes, since HAProxy applies nothing of
-// a payload over its buffer; the framed command stays under the framed
-// limit; and no payload line can end the payload early.
+// checkCommand enforces one built command's limits: its text fits a line
+// with the prefix, its payload HAProxy's buffer (see chunkLines) and, framed,
+// maxFramedPayloadCommand; and no payload line can end the payload early.
 func checkCommand(c command, term string) error {
 	if len(c.Text) > lineBudget {
 		return fmt.Errorf("command of %d bytes exceeds the %d-byte line limit", len(c.Text), lineBudget)

@@ -159,13 +159,8 @@ func (w *workerTracker) reloadToRecover(ctx context.Context) (info *ReloadInfo, 
 	deadline := time.Now().Add(w.rt.ReloadTimeout)
 	for range maxRecoveryReloads {
 		info, err = w.reload(ctx)
-		if err == nil || errors.Is(err, errReloadRejected) || ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || errors.Is(err, errReloadRejected) || time.Now().After(deadline) || !pause(ctx, recoveryReloadPause) {
 			return info, err
-		}
-		select {
-		case <-ctx.Done():
-			return info, err
-		case <-time.After(recoveryReloadPause):
 		}
 	}
 	return info, err
