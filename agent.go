@@ -157,9 +157,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if err := validateAgentConfig(&cfg); err != nil {
 		return nil, err
 	}
-	if opts.disk == nil {
-		opts.disk = osDisk{}
-	}
+	opts.disk = cmp.Or[disk](opts.disk, osDisk{})
 	a := &Agent{
 		cfg:          cfg,
 		logger:       cfg.Logger,
@@ -213,9 +211,8 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
 	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
-		reloadIntervalMin: cfg.ReloadIntervalMin}
+		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: func() context.Context { return a.baseCtx }}
 	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
-	a.deps.ctx = func() context.Context { return a.baseCtx }
 	a.reads = &readBacks{deps: a.deps}
 	a.deps.pokePacer = a.pacer.poke
 	a.metrics.generation.set(a.led.state().Generation)
@@ -332,11 +329,7 @@ func (a *Agent) warnAboutAuth() {
 // loopback IP, or localhost. An empty host is every interface.
 func loopbackAddr(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
+	return err == nil && (host == "localhost" || net.ParseIP(host).IsLoopback()) // nil, not an IP, is no loopback
 }
 
 // pathFlags lists c's file and socket paths with their flags, in the order
@@ -414,13 +407,9 @@ func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
 }
 
 // bindListeners binds, in order, the API, metrics, admin and drain
-// listeners, closing every one already bound if a later one fails.
+// listeners. When a later one fails, newAgent's close releases those
+// already bound.
 func (a *Agent) bindListeners() (err error) {
-	defer func() {
-		if err != nil {
-			a.closeListeners()
-		}
-	}()
 	if a.apiLn, err = net.Listen("tcp", a.cfg.Listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -440,18 +429,14 @@ func (a *Agent) bindListeners() (err error) {
 	return err
 }
 
-func (a *Agent) closeListeners() {
+// close releases what NewAgent took, for an agent that does not Run (Run
+// releases it when it returns).
+func (a *Agent) close() {
 	for _, ln := range []net.Listener{a.apiLn, a.metricsLn, a.adminLn, a.drainLn} {
 		if ln != nil {
 			ln.Close()
 		}
 	}
-}
-
-// close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns).
-func (a *Agent) close() {
-	a.closeListeners()
 	a.led.close()
 	a.treeLock.Close()
 }
