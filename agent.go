@@ -109,7 +109,6 @@ type Agent struct {
 	led      *ledger
 	worker   *workerTracker
 	deps     *applyDeps
-	pacer    *pacer
 	reads    *readBacks
 	loaded   *loadedLog                // what the log said at startup, until initialise has recovered it
 	treeLock *os.File                  // the tree's lock (lockTree), held until Run returns
@@ -122,6 +121,7 @@ type Agent struct {
 	memory       *memoryBudget // the request bytes held in memory, and the decodes
 	initialized  chan struct{}
 	drainStop    chan struct{}
+	pacerWake    chan struct{}   // a scheduled reload wakes the pacer (fireScheduled)
 	haproxy      haproxyWatch    // reaching HAProxy now (agent_readiness.go)
 	baseCtx      context.Context // the group context of Run; set before any goroutine starts
 	stallTimeout time.Duration   // uploadStallTimeout; tests shorten it
@@ -165,6 +165,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		memory:       newMemoryBudget(),
 		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
+		pacerWake:    make(chan struct{}, 1),
 		metrics:      newAgentMetrics(),
 		baseCtx:      context.Background(),
 		stallTimeout: uploadStallTimeout,
@@ -212,9 +213,8 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: func() context.Context { return a.baseCtx }}
-	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
 	a.reads = &readBacks{deps: a.deps}
-	a.deps.pokePacer = a.pacer.poke
+	a.deps.pokePacer = func() { notify(a.pacerWake) }
 	a.metrics.generation.set(a.led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		a.close()
@@ -504,7 +504,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	wg.Go(func() { a.queue.start(gctx) })
-	wg.Go(func() { every(gctx, pacerInterval, a.pacer.wake, func() { a.pacer.fire(gctx) }) })
+	wg.Go(func() { every(gctx, pacerInterval, a.pacerWake, func() { a.fireScheduled(gctx) }) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
 	a.serve(gctx, &wg, fail)
