@@ -129,11 +129,7 @@ func (b *readBacks) start(c *compiledOps, ref planRef) {
 	if b.stopping {
 		return
 	}
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		b.check(c, ref)
-	}()
+	b.wg.Go(func() { b.check(c, ref) })
 }
 
 // stop refuses new read-backs and waits for the running ones.

@@ -61,8 +61,7 @@ func (a *Agent) setWaiting(err error) {
 // says which one does not answer.
 func (a *Agent) probeSockets(ctx context.Context) error {
 	for _, s := range []struct{ role, path string }{{"worker", a.paths.worker}, {"master", a.paths.master}} {
-		d := net.Dialer{Timeout: haproxyWatchDialTimeout}
-		conn, err := d.DialContext(ctx, "unix", s.path)
+		conn, err := (&net.Dialer{Timeout: haproxyWatchDialTimeout}).DialContext(ctx, "unix", s.path)
 		if err != nil {
 			return fmt.Errorf("the HAProxy %s socket %s does not answer: %w", s.role, s.path, err)
 		}
