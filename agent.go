@@ -109,7 +109,6 @@ type Agent struct {
 	led      *ledger
 	worker   *workerTracker
 	deps     *applyDeps
-	pacer    *pacer
 	reads    *readBacks
 	loaded   *loadedLog                // what the log said at startup, until initialise has recovered it
 	treeLock *os.File                  // the tree's lock (lockTree), held until Run returns
@@ -122,6 +121,7 @@ type Agent struct {
 	memory       *memoryBudget // the request bytes held in memory, and the decodes
 	initialized  chan struct{}
 	drainStop    chan struct{}
+	pacerWake    chan struct{}   // a scheduled reload wakes the pacer (fireScheduled)
 	haproxy      haproxyWatch    // reaching HAProxy now (agent_readiness.go)
 	baseCtx      context.Context // the group context of Run; set before any goroutine starts
 	stallTimeout time.Duration   // uploadStallTimeout; tests shorten it
@@ -157,9 +157,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if err := validateAgentConfig(&cfg); err != nil {
 		return nil, err
 	}
-	if opts.disk == nil {
-		opts.disk = osDisk{}
-	}
+	opts.disk = cmp.Or[disk](opts.disk, osDisk{})
 	a := &Agent{
 		cfg:          cfg,
 		logger:       cfg.Logger,
@@ -167,6 +165,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		memory:       newMemoryBudget(),
 		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
+		pacerWake:    make(chan struct{}, 1),
 		metrics:      newAgentMetrics(),
 		baseCtx:      context.Background(),
 		stallTimeout: uploadStallTimeout,
@@ -213,11 +212,9 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
 	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
-		reloadIntervalMin: cfg.ReloadIntervalMin}
-	a.pacer = &pacer{deps: a.deps, ready: a.Ready, wake: make(chan struct{}, 1)}
-	a.deps.ctx = func() context.Context { return a.baseCtx }
+		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: func() context.Context { return a.baseCtx }}
 	a.reads = &readBacks{deps: a.deps}
-	a.deps.pokePacer = a.pacer.poke
+	a.deps.pokePacer = func() { notify(a.pacerWake) }
 	a.metrics.generation.set(a.led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		a.close()
@@ -332,11 +329,7 @@ func (a *Agent) warnAboutAuth() {
 // loopback IP, or localhost. An empty host is every interface.
 func loopbackAddr(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
+	return err == nil && (host == "localhost" || net.ParseIP(host).IsLoopback()) // nil, not an IP, is no loopback
 }
 
 // pathFlags lists c's file and socket paths with their flags, in the order
@@ -414,13 +407,9 @@ func resolveAgentPaths(cfg *AgentConfig) (agentPaths, error) {
 }
 
 // bindListeners binds, in order, the API, metrics, admin and drain
-// listeners, closing every one already bound if a later one fails.
+// listeners. When a later one fails, newAgent's close releases those
+// already bound.
 func (a *Agent) bindListeners() (err error) {
-	defer func() {
-		if err != nil {
-			a.closeListeners()
-		}
-	}()
 	if a.apiLn, err = net.Listen("tcp", a.cfg.Listen); err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -440,18 +429,14 @@ func (a *Agent) bindListeners() (err error) {
 	return err
 }
 
-func (a *Agent) closeListeners() {
+// close releases what NewAgent took, for an agent that does not Run (Run
+// releases it when it returns).
+func (a *Agent) close() {
 	for _, ln := range []net.Listener{a.apiLn, a.metricsLn, a.adminLn, a.drainLn} {
 		if ln != nil {
 			ln.Close()
 		}
 	}
-}
-
-// close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns).
-func (a *Agent) close() {
-	a.closeListeners()
 	a.led.close()
 	a.treeLock.Close()
 }
@@ -519,7 +504,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	wg.Go(func() { a.queue.start(gctx) })
-	wg.Go(func() { every(gctx, pacerInterval, a.pacer.wake, func() { a.pacer.fire(gctx) }) })
+	wg.Go(func() { every(gctx, pacerInterval, a.pacerWake, func() { a.fireScheduled(gctx) }) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
 	a.serve(gctx, &wg, fail)

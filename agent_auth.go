@@ -53,18 +53,16 @@ const (
 // at once and closes its connection: no failing client holds a slot of the
 // API's capped pool.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
-	scheme := ""
+	var scheme string
 	switch {
 	case a.tls != nil:
 		scheme = authSchemeTLS
 	case a.cfg.Username != "":
 		scheme = authSchemeBasic
+	default:
+		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if scheme == "" {
-			h(w, r)
-			return
-		}
 		authed, _ := r.Context().Value(connAuthKey{}).(*atomic.Bool)
 		if authed == nil {
 			authed = new(atomic.Bool)

@@ -23,15 +23,6 @@ import (
 
 const pacerInterval = 100 * time.Millisecond
 
-// pacer fires scheduled reloads.
-type pacer struct {
-	deps  *applyDeps
-	ready func() bool
-	wake  chan struct{}
-}
-
-func (p *pacer) poke() { notify(p.wake) }
-
 // every calls f every interval, and at once on each wake (a nil wake
 // never fires), until ctx ends: the loop of the pacer, the delete queue and
 // the HAProxy watch.
@@ -49,15 +40,15 @@ func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f 
 	}
 }
 
-// fire performs the pending reload once it is due. It never runs before
+// fireScheduled, the pacer, performs the pending reload once it is due. It never runs before
 // initialisation, nor once ctx has ended (checked again under the apply
 // lock, since shutdown may begin while an apply holds it): a reload cut
 // short by shutdown has no verdict to act on, and the pending reload
 // survives the restart instead. The generation does not change; the
 // controller learns the verdict from last_apply.
-func (p *pacer) fire(ctx context.Context) {
-	d := p.deps
-	if !p.ready() || ctx.Err() != nil {
+func (a *Agent) fireScheduled(ctx context.Context) {
+	d := a.deps
+	if !a.Ready() || ctx.Err() != nil {
 		return
 	}
 	d.lock()
@@ -138,11 +129,7 @@ func (b *readBacks) start(c *compiledOps, ref planRef) {
 	if b.stopping {
 		return
 	}
-	b.wg.Add(1)
-	go func() {
-		defer b.wg.Done()
-		b.check(c, ref)
-	}()
+	b.wg.Go(func() { b.check(c, ref) })
 }
 
 // stop refuses new read-backs and waits for the running ones.

@@ -580,7 +580,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		e.a.pacer.fire(ctx)
+		e.a.fireScheduled(ctx)
 		untouchedByThePacer(t, e, fs2, reloads)
 		if pending := e.a.led.state().Pending; pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
@@ -590,7 +590,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		e, fs2 := scheduledThenStopped(t, nil)
 		var reloads int
 		e.fake.With(func(m *FakeModel) { reloads = m.Reloads })
-		e.a.pacer.fire(&endsWhileWaiting{Context: context.Background()})
+		e.a.fireScheduled(&endsWhileWaiting{Context: context.Background()})
 		untouchedByThePacer(t, e, fs2, reloads)
 		if pending := e.a.led.state().Pending; pending.ID != "plan-2" {
 			t.Errorf("the pending reload was consumed: %+v", pending)
@@ -606,7 +606,7 @@ func TestThePacerDoesNotFireOnceShutdownHasBegun(t *testing.T) {
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
 		cancel.Store(&stop)
-		e.a.pacer.fire(ctx)
+		e.a.fireScheduled(ctx)
 		// The reload was cut short with no verdict: nothing is rolled back
 		// and no result is recorded.
 		untouchedByThePacer(t, e, fs2, -1)

@@ -12,7 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -40,20 +40,11 @@ const (
 	stateInitPoll  = 50 * time.Millisecond // how often such a read looks again
 )
 
-// haproxyWatch is what the agent knows about reaching HAProxy. Its mutex
-// is a leaf lock: held briefly, never across I/O, no other lock taken
-// while it is held.
+// haproxyWatch is what the agent knows about reaching HAProxy: two strings,
+// each written by one loop (the startup probe, the watch) and read by the handlers.
 type haproxyWatch struct {
-	mu       sync.Mutex
-	waiting  string // before initialisation: why the last startup probe failed; "" once HAProxy answered
-	lost     string // after initialisation: why HAProxy is unreachable; "" while it answers
-	failures int    // consecutive failed monitor probes
-}
-
-func (w *haproxyWatch) get() (waiting, lost string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.waiting, w.lost
+	waiting atomic.Value // before initialisation: why the last startup probe failed; "" once HAProxy answered
+	lost    atomic.Value // after initialisation: why HAProxy is unreachable; "" while it answers
 }
 
 // setWaiting records why the startup probe failed ("" once it succeeded).
@@ -63,17 +54,14 @@ func (a *Agent) setWaiting(err error) {
 		msg = fmt.Sprintf("agent is waiting for HAProxy (worker socket %s, master socket %s): %v",
 			a.paths.worker, a.paths.master, err)
 	}
-	a.haproxy.mu.Lock()
-	a.haproxy.waiting = msg
-	a.haproxy.mu.Unlock()
+	a.haproxy.waiting.Store(msg)
 }
 
 // probeSockets connects to the worker and the master socket once each and
 // says which one does not answer.
 func (a *Agent) probeSockets(ctx context.Context) error {
 	for _, s := range []struct{ role, path string }{{"worker", a.paths.worker}, {"master", a.paths.master}} {
-		d := net.Dialer{Timeout: haproxyWatchDialTimeout}
-		conn, err := d.DialContext(ctx, "unix", s.path)
+		conn, err := (&net.Dialer{Timeout: haproxyWatchDialTimeout}).DialContext(ctx, "unix", s.path)
 		if err != nil {
 			return fmt.Errorf("the HAProxy %s socket %s does not answer: %w", s.role, s.path, err)
 		}
@@ -91,24 +79,23 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
+	failures, lost := 0, "" // consecutive failed probes; what a.haproxy.lost holds
 	every(ctx, haproxyWatchInterval, nil, func() {
 		err := a.probeSockets(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		a.haproxy.mu.Lock()
-		was := a.haproxy.lost
+		was := lost
 		if err == nil {
-			a.haproxy.failures, a.haproxy.lost = 0, ""
-		} else if a.haproxy.failures++; a.haproxy.failures >= haproxyLostAfter {
-			a.haproxy.lost = err.Error()
+			failures, lost = 0, ""
+		} else if failures++; failures >= haproxyLostAfter {
+			lost = err.Error()
 		}
-		now := a.haproxy.lost
-		a.haproxy.mu.Unlock()
+		a.haproxy.lost.Store(lost)
 		switch {
-		case was == "" && now != "":
-			a.logger.Warn("HAProxy is unreachable; /readyz answers 503 until it is back", "err", now)
-		case was != "" && now == "":
+		case was == "" && lost != "":
+			a.logger.Warn("HAProxy is unreachable; /readyz answers 503 until it is back", "err", lost)
+		case was != "" && lost == "":
 			a.logger.Info("HAProxy is reachable again; /readyz answers 200")
 		}
 	})
@@ -122,7 +109,7 @@ func (a *Agent) watchHAProxy(ctx context.Context) {
 // the compaction that follows an apply's answer), and one whose tree does
 // not hold files its agent answered for.
 func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
-	_, lost := a.haproxy.get()
+	lost, _ := a.haproxy.lost.Load().(string)
 	broken, behind, stuck := a.led.faults()
 	late := a.files.lateMount()
 	switch {
@@ -152,7 +139,7 @@ func (a *Agent) awaitInitialised(ctx context.Context) (message string, ok bool) 
 	tick := time.NewTicker(stateInitPoll)
 	defer tick.Stop()
 	for {
-		if waiting, _ := a.haproxy.get(); waiting != "" && !a.Ready() {
+		if waiting, _ := a.haproxy.waiting.Load().(string); waiting != "" && !a.Ready() {
 			return waiting, true
 		}
 		select {
