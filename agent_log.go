@@ -510,10 +510,16 @@ func (w *stateLog) compact(snap *logRecord) error {
 	if err := w.replace(w.statePath, b); err != nil {
 		return err
 	}
-	if err := w.cutBack(0); err != nil {
+	// Not cutBack: a truncation that fails must leave the offset and the
+	// count at the log's end, so that the next record follows the old ones
+	// (the snapshot holds them, and replay skips them by sequence).
+	if err := w.f.Truncate(0); err != nil {
 		return err
 	}
-	w.count = 0
+	if _, err := w.f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	w.bytes, w.count = 0, 0
 	st := snap.State
 	return w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
 		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true)
