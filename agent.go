@@ -121,10 +121,8 @@ type Agent struct {
 	memory       *memoryBudget // the request bytes held in memory, and the decodes
 	initialized  chan struct{}
 	drainStop    chan struct{}
-	pacerWake    chan struct{}   // a scheduled reload wakes the pacer (fireScheduled)
-	haproxy      haproxyWatch    // reaching HAProxy now (agent_readiness.go)
-	baseCtx      context.Context // the group context of Run; set before any goroutine starts
-	stallTimeout time.Duration   // uploadStallTimeout; tests shorten it
+	haproxy      haproxyWatch  // reaching HAProxy now (agent_readiness.go)
+	stallTimeout time.Duration // uploadStallTimeout; tests shorten it
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
@@ -165,9 +163,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		memory:       newMemoryBudget(),
 		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
-		pacerWake:    make(chan struct{}, 1),
 		metrics:      newAgentMetrics(),
-		baseCtx:      context.Background(),
 		stallTimeout: uploadStallTimeout,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
@@ -212,10 +208,8 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
 	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
-		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: func() context.Context { return a.baseCtx }}
+		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: context.Background(), wake: make(chan struct{}, 1)}
 	a.reads = &readBacks{deps: a.deps}
-	a.deps.pokePacer = func() { notify(a.pacerWake) }
-	a.metrics.generation.set(a.led.state().Generation)
 	if err := a.bindListeners(); err != nil {
 		a.close()
 		return nil, err
@@ -490,7 +484,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The first error ends the run: it cancels every goroutine's context.
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	a.baseCtx = gctx
+	a.deps.ctx = gctx
 	var wg sync.WaitGroup
 	var once sync.Once
 	var err error
@@ -504,7 +498,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	wg.Go(func() { a.queue.start(gctx) })
-	wg.Go(func() { every(gctx, pacerInterval, a.pacerWake, func() { a.fireScheduled(gctx) }) })
+	wg.Go(func() { every(gctx, pacerInterval, a.deps.wake, func() { a.fireScheduled(gctx) }) })
 	wg.Go(func() { fail(a.initialise(gctx)) })
 	wg.Go(func() { a.watchHAProxy(gctx) })
 	a.serve(gctx, &wg, fail)
@@ -804,8 +798,11 @@ func (a *Agent) handleHealthz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	a.metrics.stateLogBroken.set(uint64(boolInt(a.led.brokenBy() != nil)))
+	broken, behind, _ := a.led.faults()
+	a.metrics.stateLogBroken.set(uint64(boolInt(broken != nil)))
+	a.metrics.diskBehind.set(uint64(boolInt(behind != nil)))
 	a.metrics.lateMount.set(uint64(boolInt(a.files.lateMount() != nil)))
+	a.metrics.generation.set(a.led.state().Generation)
 	w.Header().Set("Content-Type", metricsContentType)
 	if err := a.metrics.writeText(w); err != nil {
 		a.logger.Warn("writing metrics failed", "err", err)
@@ -956,7 +953,7 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.deps.lock()
-	owed := a.deps.payOwed(a.baseCtx)
+	owed := a.deps.payOwed(a.deps.ctx)
 	var moved PlanMoved
 	if owed == nil {
 		moved, err = a.led.storePlan(ref, up)

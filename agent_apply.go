@@ -85,10 +85,10 @@ type applyDeps struct {
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
 	owed     *owedTree
 	retrying bool
-	// pokePacer wakes the pacer once a reload is scheduled; ctx is the
-	// agent's context, which ends when it stops.
-	pokePacer func()
-	ctx       func() context.Context
+	// ctx is Run's context, which ends when the agent stops; set before
+	// any goroutine starts. A scheduled reload wakes the pacer on wake.
+	ctx  context.Context
+	wake chan struct{}
 }
 
 func (d *applyDeps) msSince(t time.Time) int64 { return d.now().Sub(t).Milliseconds() }
@@ -162,7 +162,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.deps.lock()
-	in, code, body := a.deps.admit(a.baseCtx, m, p, start)
+	in, code, body := a.deps.admit(a.deps.ctx, m, p, start)
 	var done outcome
 	if in != nil {
 		done = a.deps.runApply(in)

@@ -368,7 +368,7 @@ func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
 		results, o.err = d.runInPlace(in)
 		o.opResults, o.inPlace = append(o.opResults, results...), o.err == nil
 	}
-	d.pokePacer()
+	notify(d.wake)
 	return o
 }
 
@@ -434,7 +434,6 @@ func (d *applyDeps) end(in *applyInput, ch changeSet, o outcome) outcome {
 	d.led.fillResult(&r)
 	d.metrics.applyTotal.inc(r.Mode)
 	st, tree := d.led.view()
-	d.metrics.generation.set(st.Generation)
 	for _, name := range failedInvariants(&r, in.m, in.before.Generation, &st, tree) {
 		d.invariant(false, name)
 	}
@@ -545,7 +544,7 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
 	default:
 		d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
-		d.pokePacer()
+		notify(d.wake)
 	}
 	return o
 }

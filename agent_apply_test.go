@@ -753,7 +753,7 @@ func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
 				t.Error("the hung reload did not leave the last-known-good set and worker")
 			}
 			for i := 0; i < 2; i++ {
-				_, err := e.a.worker.reload(e.a.baseCtx)
+				_, err := e.a.worker.reload(e.a.deps.ctx)
 				if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || err.Error() != tc.want {
 					t.Errorf("performReload: %v (errReloadTimeout %v), want %q", err, errors.Is(err, errReloadTimeout), tc.want)
 				}
@@ -1355,7 +1355,7 @@ func TestAnAdoptedWorkersInventoryGetsItsOwnGeneration(t *testing.T) {
 		e.a.led.fillResult(&folded)
 	})
 	newWorker(e.fake, false)
-	if _, err := e.a.worker.check(e.a.baseCtx); err == nil || !strings.Contains(err.Error(), "worker changed") {
+	if _, err := e.a.worker.check(e.a.deps.ctx); err == nil || !strings.Contains(err.Error(), "worker changed") {
 		t.Fatalf("checkWorker: %v", err)
 	}
 	if folded.Inventory == nil || folded.Inventory.Generation != gen+1 || !slices.Contains(folded.Inventory.Certs, "ssl/created.pem") {

@@ -46,7 +46,6 @@ func (d *applyDeps) owe(t *owedTree) {
 	d.owed.reload = d.owed.reload || t.reload
 	d.owed.err = t.err
 	d.led.fallBehind(t.err)
-	d.metrics.diskBehind.set(1)
 	d.retry()
 }
 
@@ -93,7 +92,6 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 		}
 		d.owed = nil
 		d.led.fallBehind(nil)
-		d.metrics.diskBehind.set(0)
 		d.logger.Info("the tree is what the agent's state says again")
 	}
 	return nil
@@ -104,7 +102,7 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 func (d *applyDeps) retry() {
 	if !d.retrying {
 		d.retrying = true
-		go d.retryOwed(d.ctx())
+		go d.retryOwed(d.ctx)
 	}
 }
 

@@ -153,7 +153,7 @@ const maxReadBackBytes = 1 << 20
 // stopping.
 func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d := b.deps
-	ctx := d.ctx()
+	ctx := d.ctx
 	if ctx.Err() != nil { // Run ends its context before it stops the read-backs
 		return
 	}
@@ -174,7 +174,7 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
 	if due := d.led.pacingDue(d.reloadIntervalMin); d.now().Before(due) {
 		d.led.repairPending(ref, due)
-		d.pokePacer()
+		notify(d.wake)
 		return
 	}
 	if _, err := d.reloadDurably(ctx); err != nil {
