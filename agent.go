@@ -107,7 +107,6 @@ type Agent struct {
 	metrics  *agentMetrics
 	tls      *tlsMaterial // nil without --tls-dir
 	led      *ledger
-	worker   *workerTracker
 	deps     *applyDeps
 	reads    *readBacks
 	loaded   *loadedLog                // what the log said at startup, until initialise has recovered it
@@ -205,8 +204,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		a.treeLock.Close()
 		return nil, err
 	}
-	a.worker = &workerTracker{rt: a.rt, led: a.led, queue: a.queue, metrics: a.metrics, logger: cfg.Logger, now: a.now}
-	a.deps = &applyDeps{led: a.led, files: a.files, worker: a.worker, rt: a.rt, queue: a.queue,
+	a.deps = &applyDeps{led: a.led, files: a.files, rt: a.rt, queue: a.queue,
 		metrics: a.metrics, logger: cfg.Logger, now: a.now,
 		reloadIntervalMin: cfg.ReloadIntervalMin, ctx: context.Background(), wake: make(chan struct{}, 1)}
 	a.reads = &readBacks{deps: a.deps}
@@ -832,7 +830,7 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, StageState, "cannot verify: "+err.Error())
 			return
 		}
-		if info, err := a.worker.check(r.Context()); err != nil {
+		if info, err := a.deps.checkWorker(r.Context()); err != nil {
 			a.logger.Warn("verified state read: worker check", "err", err)
 			if !info.HasWorkerIdentity() {
 				// A foreign worker is adopted and reported; a worker that

@@ -69,7 +69,6 @@ func owedStatus(err error) int {
 type applyDeps struct {
 	led     *ledger
 	files   *fileStore
-	worker  *workerTracker
 	rt      *haproxyRuntime
 	queue   *deleteQueue
 	metrics *agentMetrics
@@ -81,6 +80,10 @@ type applyDeps struct {
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
+	// workerMu is the worker-observation lock (agent_worker.go);
+	// beforeReload lets internal tests act just before a master reload.
+	workerMu     sync.Mutex
+	beforeReload func()
 	// owed is what the disk owes the recorded tree, until a retry puts it
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
 	owed     *owedTree

@@ -132,7 +132,7 @@ func appendUnique(s []string, v string) []string {
 func (d *applyDeps) execute(in *applyInput, programs []program) (HAProxyInfo, []OpResult, bool, error) {
 	expected := d.led.state().Worker
 	if len(programs) == 0 {
-		observed, err := d.worker.check(in.ctx)
+		observed, err := d.checkWorker(in.ctx)
 		if err != nil {
 			err = fmt.Errorf("%w: %w", errWorkerMoved, err)
 		}
@@ -143,7 +143,7 @@ func (d *applyDeps) execute(in *applyInput, programs []program) (HAProxyInfo, []
 		chunk := programs[start:min(start+MaxOpsPerApply, len(programs))]
 		res, observed, err := d.rt.executeAs(in.ctx, chunk, &expected)
 		if errors.Is(err, errWorkerMoved) {
-			d.worker.adopt(in.ctx, observed)
+			d.adoptWorker(in.ctx, observed)
 			return observed, results, true, err
 		}
 		results = append(results, res...)

@@ -350,7 +350,7 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 			d.logger.Warn("could not make the tree durable", "err", err) // a later compaction tries again
 		}
 	}()
-	info, err := d.worker.reload(ctx)
+	info, err := d.reloadWorker(ctx)
 	<-flushed
 	return info, err
 }
@@ -520,13 +520,13 @@ func (d *applyDeps) restore(in *applyInput, wants []want, sources map[FileAt][]s
 // pacer, a bounded number of times: a master still busy with a slow reload
 // may be serving the set the undo took away.
 func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
-	if _, err := d.worker.reloadToRecover(in.ctx); err == nil {
+	if _, err := d.reloadToRecover(in.ctx); err == nil {
 		o.recovered = true
 	} else if errors.Is(err, errReloadRejected) && o.undone {
 		d.logger.Error("HAProxy refused the restored tree too; restoring the last-known-good set", "plan_id", in.m.PlanID, "err", err)
 		st := d.led.state()
 		lkg := d.restore(in, wantsOf(journalChanges(st.Journal), false), journalSources(st.Journal)) == nil
-		if _, err := d.worker.reloadToRecover(in.ctx); lkg && err == nil {
+		if _, err := d.reloadToRecover(in.ctx); lkg && err == nil {
 			o.lkgRestored = true
 			if err := d.led.lkgRestored(); err != nil {
 				d.logger.Warn("the journal's reset could not be recorded; a start finds it describing the set it holds", "err", err)

@@ -753,7 +753,7 @@ func TestAHungReloadReportsTheRuntimeTimeoutVerdict(t *testing.T) {
 				t.Error("the hung reload did not leave the last-known-good set and worker")
 			}
 			for i := 0; i < 2; i++ {
-				_, err := e.a.worker.reload(e.a.deps.ctx)
+				_, err := e.a.deps.reloadWorker(e.a.deps.ctx)
 				if !errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadRejected) || err.Error() != tc.want {
 					t.Errorf("performReload: %v (errReloadTimeout %v), want %q", err, errors.Is(err, errReloadTimeout), tc.want)
 				}
@@ -794,7 +794,7 @@ func TestANewWorkerThatNeverAnswersFailsTheReload(t *testing.T) {
 func failingReloads(fail ...int) func(*Agent, *FakeHAProxy) {
 	var n atomic.Int32
 	return func(a *Agent, fake *FakeHAProxy) {
-		a.worker.beforeReload = func() {
+		a.deps.beforeReload = func() {
 			k := int(n.Add(1))
 			fake.With(func(m *FakeModel) { m.ReloadFails, m.ReloadLog = slices.Contains(fail, k), failedReloadLog })
 		}
@@ -1355,7 +1355,7 @@ func TestAnAdoptedWorkersInventoryGetsItsOwnGeneration(t *testing.T) {
 		e.a.led.fillResult(&folded)
 	})
 	newWorker(e.fake, false)
-	if _, err := e.a.worker.check(e.a.deps.ctx); err == nil || !strings.Contains(err.Error(), "worker changed") {
+	if _, err := e.a.deps.checkWorker(e.a.deps.ctx); err == nil || !strings.Contains(err.Error(), "worker changed") {
 		t.Fatalf("checkWorker: %v", err)
 	}
 	if folded.Inventory == nil || folded.Inventory.Generation != gen+1 || !slices.Contains(folded.Inventory.Certs, "ssl/created.pem") {
@@ -1401,7 +1401,7 @@ func TestAnApplyThatReloadsAfterAnInvalidationLandsItsPlan(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
 	holdOn(e.fake, "add map", func() {
 		newWorker(e.fake, false)
-		if info, err := e.a.worker.check(context.Background()); err == nil || info.WorkerPID != e.fake.Worker().WorkerPID {
+		if info, err := e.a.deps.checkWorker(context.Background()); err == nil || info.WorkerPID != e.fake.Worker().WorkerPID {
 			t.Errorf("the worker check did not adopt the new worker: %+v %v", info, err)
 		}
 		if st := newAgentClient(t, e.a).state(""); st.AppliedPlanID != "" {
@@ -1581,8 +1581,8 @@ func TestVerifiedStateSerializesWorkerObservation(t *testing.T) {
 		m.Reject = func(cmd string) (string, bool) {
 			if strings.HasPrefix(cmd, "show info") {
 				checked.Store(true)
-				if e.a.worker.mu.TryLock() {
-					e.a.worker.mu.Unlock()
+				if e.a.deps.workerMu.TryLock() {
+					e.a.deps.workerMu.Unlock()
 				} else {
 					held.Store(true)
 				}
@@ -1604,10 +1604,10 @@ func TestReloadSerializesWorkerObservation(t *testing.T) {
 	var a *Agent
 	e := newTestEnv(t, nil, func(ag *Agent, _ *FakeHAProxy) {
 		a = ag
-		ag.worker.beforeReload = func() {
+		ag.deps.beforeReload = func() {
 			reloads.Add(1)
-			if a.worker.mu.TryLock() {
-				a.worker.mu.Unlock()
+			if a.deps.workerMu.TryLock() {
+				a.deps.workerMu.Unlock()
 			} else {
 				held.Add(1)
 			}

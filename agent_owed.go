@@ -136,7 +136,7 @@ func (d *applyDeps) sameWorker(ctx context.Context) bool {
 // reloadRecovered reloads the tree recovery put back, and records what
 // the worker then runs: a recovery reload that failed vouches for nothing.
 func (d *applyDeps) reloadRecovered(ctx context.Context) error {
-	_, err := d.worker.reload(ctx)
+	_, err := d.reloadWorker(ctx)
 	if err != nil {
 		d.logger.Error("the recovery reload failed; the running plan is unknown", "err", err)
 		d.invariant(false, invRecoveryReload)

@@ -98,7 +98,7 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 		d.logger.Error("putting back the scheduled reload's files failed", "err", err)
 	}
 	if reloadWithoutVerdict(cause) {
-		_, rerr := d.worker.reloadToRecover(ctx)
+		_, rerr := d.reloadToRecover(ctx)
 		result.Rollback.Reloaded = rerr == nil
 	}
 	tree := map[string]*FileAt{}

@@ -518,7 +518,7 @@ func TestAFailedScheduledReloadLeavesNoTransactionForTheNextStart(t *testing.T) 
 func scheduledThenStopped(t *testing.T, hook func()) (e *testEnv, fs2 fileSet) {
 	t.Helper()
 	e = newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin = time.Minute }, func(a *Agent, _ *FakeHAProxy) {
-		a.worker.beforeReload = hook
+		a.deps.beforeReload = hook
 	})
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)

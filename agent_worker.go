@@ -1,8 +1,8 @@
 // This file owns what the agent knows of the running HAProxy worker:
 // checking that the one answering is the one it expects, adopting a new
 // one, and reloading. Everything here holds the worker-observation lock
-// from observing a worker to adopting it, so that a verified state read
-// never adopts a worker in the middle of a reload.
+// (workerMu) from observing a worker to adopting it, so that a verified
+// state read never adopts a worker in the middle of a reload.
 //
 // It never changes files, and never says which plan a worker runs: the
 // apply's outcome does (settle).
@@ -14,8 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync"
 	"time"
 )
 
@@ -34,60 +32,45 @@ func reloadWithoutVerdict(err error) bool {
 	return errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadBusy) || errors.Is(err, errNoNewWorker)
 }
 
-// workerTracker checks, adopts and reloads the worker.
-type workerTracker struct {
-	rt      *haproxyRuntime
-	led     *ledger
-	queue   *deleteQueue
-	metrics *agentMetrics
-	logger  *slog.Logger
-	now     func() time.Time
-
-	// beforeReload lets internal tests act just before a master reload.
-	beforeReload func()
-
-	mu sync.Mutex // the worker-observation lock
-}
-
-// check reads the worker's identity and adopts a foreign worker, which
+// checkWorker reads the worker's identity and adopts a foreign worker, which
 // invalidates the baseline: the new worker loaded whatever was on disk.
-func (w *workerTracker) check(ctx context.Context) (HAProxyInfo, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	info, err := w.rt.info(ctx)
+func (d *applyDeps) checkWorker(ctx context.Context) (HAProxyInfo, error) {
+	d.workerMu.Lock()
+	defer d.workerMu.Unlock()
+	info, err := d.rt.info(ctx)
 	if err != nil {
 		return info, err
 	}
-	return info, w.observedLocked(ctx, info)
+	return info, d.observedWorkerLocked(ctx, info)
 }
 
-// observedLocked compares a worker identity with the expected one and
+// observedWorkerLocked compares a worker identity with the expected one and
 // adopts it as foreign when it differs.
-func (w *workerTracker) observedLocked(ctx context.Context, info HAProxyInfo) error {
-	prev := w.led.state().Worker
+func (d *applyDeps) observedWorkerLocked(ctx context.Context, info HAProxyInfo) error {
+	prev := d.led.state().Worker
 	if prev.SameWorker(info) {
 		return nil
 	}
 	var inv *Inventory
-	if got, err := w.rt.inventory(ctx, 0); err == nil {
+	if got, err := d.rt.inventory(ctx, 0); err == nil {
 		inv = &got
 	} else {
-		w.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
+		d.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
 	}
-	w.led.adoptWorker(info, inv, true)
-	w.queue.setWorker(info)
+	d.led.adoptWorker(info, inv, true)
+	d.queue.setWorker(info)
 	err := workerChangedError(prev, info)
-	w.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
+	d.logger.Warn("a foreign worker was adopted; the baseline is invalidated", "err", err)
 	return err
 }
 
-// adopt adopts a worker an exchange found answering instead of the
+// adoptWorker adopts a worker an exchange found answering instead of the
 // expected one.
-func (w *workerTracker) adopt(ctx context.Context, info HAProxyInfo) {
+func (d *applyDeps) adoptWorker(ctx context.Context, info HAProxyInfo) {
 	if info.HasWorkerIdentity() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.observedLocked(ctx, info)
+		d.workerMu.Lock()
+		defer d.workerMu.Unlock()
+		d.observedWorkerLocked(ctx, info)
 	}
 }
 
@@ -96,26 +79,26 @@ func workerChangedError(from, to HAProxyInfo) error {
 		from.WorkerPID, from.WorkerStartTimeUnixMicros, to.WorkerPID, to.WorkerStartTimeUnixMicros)
 }
 
-// reload sends the reload through the master and adopts the new worker,
+// reloadWorker sends the reload through the master and adopts the new worker,
 // holding the worker-observation lock throughout. The reload timeout bounds
 // the whole of it, but the runtime layer enforces it on the reload itself
 // and answers its own timeout verdicts; a context of our own around the
 // reload would expire first and turn those verdicts into transport errors
 // of varying text. So only the wait for the new worker gets a deadline
 // here: what remains of the timeout since the reload began.
-func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	prev := w.led.state().Worker
-	if w.beforeReload != nil {
-		w.beforeReload()
+func (d *applyDeps) reloadWorker(ctx context.Context) (*ReloadInfo, error) {
+	d.workerMu.Lock()
+	defer d.workerMu.Unlock()
+	prev := d.led.state().Worker
+	if d.beforeReload != nil {
+		d.beforeReload()
 	}
 	start := time.Now()
-	log, err := w.rt.reload(ctx)
+	log, err := d.rt.reload(ctx)
 	info := &ReloadInfo{Performed: true, OK: err == nil, Output: log}
 	if err != nil {
 		info.TookMs = time.Since(start).Milliseconds()
-		w.metrics.reloads.inc("failed")
+		d.metrics.reloads.inc("failed")
 		if errors.Is(err, errReloadRejected) {
 			// HAProxy's startup log says why; the error still counts as a
 			// refusal, which is deterministic.
@@ -124,18 +107,18 @@ func (w *workerTracker) reload(ctx context.Context) (*ReloadInfo, error) {
 		info.Performed = false
 		return info, err
 	}
-	w.metrics.reloads.inc("ok")
-	wctx, cancel := context.WithDeadline(ctx, start.Add(w.rt.ReloadTimeout))
-	worker, inv, err := w.awaitNewWorker(wctx, prev)
+	d.metrics.reloads.inc("ok")
+	wctx, cancel := context.WithDeadline(ctx, start.Add(d.rt.ReloadTimeout))
+	worker, inv, err := d.awaitNewWorker(wctx, prev)
 	cancel()
 	info.TookMs = time.Since(start).Milliseconds()
 	if err != nil {
 		info.OK = false
 		return info, err
 	}
-	w.led.adoptWorker(worker, inv, false)
-	w.led.reloaded(w.now())
-	w.queue.setWorker(worker)
+	d.led.adoptWorker(worker, inv, false)
+	d.led.reloaded(d.now())
+	d.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
 	return info, nil
 }
@@ -155,10 +138,10 @@ const (
 // "another reload is in progress", or does not answer while it re-executes,
 // so the attempt is repeated until the reload timeout has passed once more.
 // Only HAProxy's own refusal ends it early.
-func (w *workerTracker) reloadToRecover(ctx context.Context) (info *ReloadInfo, err error) {
-	deadline := time.Now().Add(w.rt.ReloadTimeout)
+func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err error) {
+	deadline := time.Now().Add(d.rt.ReloadTimeout)
 	for range maxRecoveryReloads {
-		info, err = w.reload(ctx)
+		info, err = d.reloadWorker(ctx)
 		if err == nil || errors.Is(err, errReloadRejected) || time.Now().After(deadline) || !pause(ctx, recoveryReloadPause) {
 			return info, err
 		}
@@ -172,17 +155,17 @@ func (w *workerTracker) reloadToRecover(ctx context.Context) (info *ReloadInfo, 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
-func (w *workerTracker) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
+func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
 	for {
-		info, inv, err := w.rt.listWorker(ctx, 0, true)
+		info, inv, err := d.rt.listWorker(ctx, 0, true)
 		if errors.Is(err, errNoIdentity) {
-			info, _ = w.rt.info(ctx) // no identity on error
+			info, _ = d.rt.info(ctx) // no identity on error
 		}
 		if info.HasWorkerIdentity() && !prev.SameWorker(info) {
 			if err != nil {
-				w.logger.Warn("could not refresh the runtime inventory of the new worker", "err", err)
+				d.logger.Warn("could not refresh the runtime inventory of the new worker", "err", err)
 				return info, nil, nil
 			}
 			return info, &inv, nil
