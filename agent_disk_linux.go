@@ -59,10 +59,7 @@ func mountID(name string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	nr := uintptr(332) // statx on amd64
-	if runtime.GOARCH == "arm64" {
-		nr = 291
-	}
+	nr := map[string]uintptr{"amd64": 332, "arm64": 291}[runtime.GOARCH] // statx
 	const atFDCWD, atSymlinkNoFollow, statxMntID = ^uintptr(99), 0x100, 0x1000
 	var buf [256]byte // struct statx: stx_mask at 0, stx_mnt_id at 144
 	_, _, errno := syscall.Syscall6(nr, atFDCWD, uintptr(unsafe.Pointer(p)), atSymlinkNoFollow, statxMntID, uintptr(unsafe.Pointer(&buf[0])), 0)
@@ -76,6 +73,7 @@ func mountID(name string) (uint64, error) {
 }
 
 func exchange(oldpath, newpath string) error {
+	const atFDCWD, renameExchange = ^uintptr(99), 2 // AT_FDCWD is -100
 	oldp, err := syscall.BytePtrFromString(oldpath)
 	if err != nil {
 		return err
@@ -84,11 +82,7 @@ func exchange(oldpath, newpath string) error {
 	if err != nil {
 		return err
 	}
-	nr := uintptr(316) // renameat2 on amd64
-	if runtime.GOARCH == "arm64" {
-		nr = 276
-	}
-	const atFDCWD, renameExchange = ^uintptr(99), 2 // AT_FDCWD is -100
+	nr := map[string]uintptr{"amd64": 316, "arm64": 276}[runtime.GOARCH] // renameat2
 	_, _, errno := syscall.Syscall6(nr, atFDCWD, uintptr(unsafe.Pointer(oldp)), atFDCWD, uintptr(unsafe.Pointer(newp)), renameExchange, 0)
 	if errno != 0 {
 		return &os.LinkError{Op: "renameat2", Old: oldpath, New: newpath, Err: errno}

@@ -215,18 +215,16 @@ func (l *ledger) write(r *logRecord, sync bool) error {
 	if l.broken != nil {
 		return fmt.Errorf("%w: %w", errLedgerBroken, l.broken)
 	}
-	l.seq++
-	r.Seq, r.Durable = l.seq, l.log.synced
+	r.Seq, r.Durable = l.seq+1, l.log.synced
 	r.ResetJournal = r.ResetJournal || l.resetPending
 	if err := l.log.append(r, sync); err != nil {
-		l.seq--
 		l.logger.Error("could not write the agent's state", "kind", r.Kind, "err", err)
 		if sync && !errors.Is(err, errLogFull) { // a refused record wrote nothing
 			l.breakLog(err)
 		}
 		return fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}
-	l.resetPending = false
+	l.seq, l.resetPending = r.Seq, false
 	return nil
 }
 
