@@ -109,21 +109,16 @@ func (d *applyDeps) retry() {
 // retryOwed pays what the disk owes every owedRetryInterval until it is
 // paid or the agent stops.
 func (d *applyDeps) retryOwed(ctx context.Context) {
-	t := time.NewTicker(owedRetryInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
+	ctx, paid := context.WithCancel(ctx)
+	defer paid()
+	every(ctx, owedRetryInterval, nil, func() {
 		d.lock()
-		stop := ctx.Err() != nil || d.payOwed(ctx) == nil
-		d.retrying = !stop
-		d.applyMu.Unlock()
-		if stop {
-			return
+		if d.payOwed(ctx) == nil {
+			d.retrying = false
+			paid()
 		}
-	}
+		d.applyMu.Unlock()
+	})
 }
 
 // sameWorker reports whether the worker that answers now is the one the
