@@ -648,10 +648,8 @@ func (d *applyDeps) missing(m *Manifest, p *parts) []string {
 
 // promoteLKG makes the applied plan the last-known-good once the
 // controller's validation vouches for it, which empties the journal. It
-// writes nothing of its own: the apply's record carries it. The journal
-// the apply starts links the tree's files as they are, installed perhaps
-// without a sync; until a compaction syncs them, the log holds their bytes,
-// and a start makes a backup a power loss tore again from them.
+// writes nothing of its own: the apply's record carries it (repairBackups
+// says how the journal's links survive a power loss).
 func (d *applyDeps) promoteLKG(v planRef) {
 	if st := d.led.state(); samePlanRef(v, st.Applied) && st.LKG != v {
 		d.led.promote(v)

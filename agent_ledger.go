@@ -235,13 +235,6 @@ func (l *ledger) breakLog(err error) {
 	l.logger.Error("the agent's state log is broken: it records nothing, so every apply is refused, until a new snapshot is written", "err", err)
 }
 
-// brokenBy is the failed write that broke the log, nil while it records.
-func (l *ledger) brokenBy() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.broken
-}
-
 // commit writes r with the state change makes of the current one, and
 // adopts that state (and r's tree entries) once the record is written.
 func (l *ledger) commit(r *logRecord, sync bool, change func(*agentState)) error {

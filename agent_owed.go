@@ -69,12 +69,12 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 		err = d.compact()
 	}
 	if err != nil {
-		switch {
+		switch broken, _, _ := d.led.faults(); {
 		case d.owed != nil:
 			d.owed.err = err
 			d.led.fallBehind(err)
 			return fmt.Errorf("%s: %w", msgDiskBehind, err)
-		case d.led.brokenBy() != nil:
+		case broken != nil:
 			return fmt.Errorf("%s: %w", msgLogBroken, err)
 		}
 		return fmt.Errorf("%s: %w", msgLogStuck, err)
@@ -152,8 +152,7 @@ func (d *applyDeps) compactIfDue() {
 
 // compact makes the tree durable, rewrites the state as a snapshot, and
 // only then sweeps the links no record will need any more. It is refused
-// while files are owed: the records are what can still rebuild them, so
-// they are paid first.
+// while files are owed: the records still rebuild them.
 func (d *applyDeps) compact() error {
 	if d.owed != nil && len(d.owed.wants) > 0 {
 		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
