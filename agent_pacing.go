@@ -24,8 +24,8 @@ import (
 const pacerInterval = 100 * time.Millisecond
 
 // every calls f every interval, and at once on each wake (a nil wake
-// never fires), until ctx ends: the loop of the pacer, the delete queue and
-// the HAProxy watch.
+// never fires), until ctx ends: the loop of the pacer, the delete queue,
+// the HAProxy watch and the retry of what the disk owes.
 func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f func()) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -40,12 +40,12 @@ func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f 
 	}
 }
 
-// fireScheduled, the pacer, performs the pending reload once it is due. It never runs before
-// initialisation, nor once ctx has ended (checked again under the apply
-// lock, since shutdown may begin while an apply holds it): a reload cut
-// short by shutdown has no verdict to act on, and the pending reload
-// survives the restart instead. The generation does not change; the
-// controller learns the verdict from last_apply.
+// fireScheduled is the pacer: it performs the pending reload once it is
+// due. It never runs before initialisation, nor once ctx has ended
+// (checked again under the apply lock, since shutdown may begin while an
+// apply holds it): a reload cut short by shutdown has no verdict to act
+// on, and the pending reload survives the restart instead. The generation
+// does not change; the controller learns the verdict from last_apply.
 func (a *Agent) fireScheduled(ctx context.Context) {
 	d := a.deps
 	if !a.Ready() || ctx.Err() != nil {

@@ -40,8 +40,9 @@ const (
 	stateInitPoll  = 50 * time.Millisecond // how often such a read looks again
 )
 
-// haproxyWatch is what the agent knows about reaching HAProxy: two strings,
-// each written by one loop (the startup probe, the watch) and read by the handlers.
+// haproxyWatch is what the agent knows about reaching HAProxy: two
+// strings, each written by one loop (the startup probe, the watch) and read
+// by the handlers.
 type haproxyWatch struct {
 	waiting atomic.Value // before initialisation: why the last startup probe failed; "" once HAProxy answered
 	lost    atomic.Value // after initialisation: why HAProxy is unreachable; "" while it answers
