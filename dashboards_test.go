@@ -293,6 +293,35 @@ func TestDashboardAndRulesNameOnlyExposedMetrics(t *testing.T) {
 	}
 }
 
+// TestDashboardNamesEachAgentByPodElseInstance holds every per-agent query
+// of the dashboard to the key that tells agents apart on both paths: the
+// pod where the scrape sets one (Kubernetes), else the scrape's instance (a
+// VM, whose series carry no pod). A query grouped by pod alone collapses a
+// fleet of VMs into one line.
+func TestDashboardNamesEachAgentByPodElseInstance(t *testing.T) {
+	const podIntoInstance = `, "instance", "$1", "pod", "(.+)")`
+	queries, _ := dashboardQueries(t)
+	perAgent := 0
+	for _, q := range queries {
+		by := regexp.MustCompile(`\bby \(([^)]*)\)`).FindStringSubmatch(q.expr)
+		if by == nil {
+			continue
+		}
+		keys := strings.Split(strings.ReplaceAll(by[1], " ", ""), ",")
+		switch {
+		case slices.Contains(keys, "pod"):
+			t.Errorf("%s: %q groups by pod, which a VM's agent lacks", q.where, q.expr)
+		case slices.Contains(keys, "instance") && !strings.HasSuffix(q.expr, podIntoInstance+")"):
+			t.Errorf("%s: %q groups by instance without copying the pod into it first (label_replace(...%s)", q.where, q.expr, podIntoInstance)
+		case slices.Contains(keys, "instance"):
+			perAgent++
+		}
+	}
+	if perAgent == 0 {
+		t.Error("the dashboard has no per-agent query")
+	}
+}
+
 // TestAlertingRulesHaveTheShapePrometheusLoads checks what promtool would
 // refuse, and what an operator needs: a severity to route by and a summary
 // that says what to do, for each of the alerts the agent's failures need.
