@@ -4,8 +4,11 @@
 // agent` (or `haptic agent drain`, or `haptic push` for the push Job),
 // every path agrees with what the agent's defaults resolve to, the probes
 // and the drain point at endpoints the agent serves, the push Job names the
-// headless Service, and the boot haproxy.cfg passes `haproxy -c` when
-// HAPTIC_HAPROXY names a binary.
+// headless Service, a pod is ready only once HAProxy serves a pushed
+// configuration (HAProxy's probe asks what the example render answers and
+// the boot configuration does not), and, when HAPTIC_HAPROXY names a
+// binary, the boot haproxy.cfg passes `haproxy -c` and a real HAProxy
+// answers the probe as it must.
 
 package main
 
