@@ -96,7 +96,7 @@ var (
 	// annotationLabel is a label an alert's template prints, wherever it
 	// stands in the template ({{ or $labels.pod $labels.instance }}).
 	annotationLabel = regexp.MustCompile(`\$labels\.([A-Za-z_][A-Za-z0-9_]*)`)
-	labelValues = regexp.MustCompile(`^label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)$`)
+	labelValues     = regexp.MustCompile(`^label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)$`)
 )
 
 // checkPromQL fails the test for every metric, label or label value q names
