@@ -1,9 +1,12 @@
 // The tests that keep deploy/grafana and deploy/prometheus true to the
 // agent's metrics: every metric, label and label value a dashboard query or
 // an alerting rule names is one the agent exposes (or one Prometheus and
-// kube-state-metrics add, from a short list), and the rules file has the
-// shape Prometheus loads. promtool checks the rules for real in CI
-// (.ci/contract); this test needs nothing but the files.
+// kube-state-metrics add, from a short list), every per-agent query tells
+// agents apart by pod or else by instance, the rules file has the shape
+// Prometheus loads and pages only where HAProxy may run a configuration
+// nobody chose, and the README's table lists every alert. promtool checks
+// the rules for real in CI (.ci/contract); these tests need nothing but
+// the files.
 
 package haptic
 
