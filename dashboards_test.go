@@ -1,9 +1,12 @@
 // The tests that keep deploy/grafana and deploy/prometheus true to the
 // agent's metrics: every metric, label and label value a dashboard query or
 // an alerting rule names is one the agent exposes (or one Prometheus and
-// kube-state-metrics add, from a short list), and the rules file has the
-// shape Prometheus loads. promtool checks the rules for real in CI
-// (.ci/contract); this test needs nothing but the files.
+// kube-state-metrics add, from a short list), every per-agent query tells
+// agents apart by pod or else by instance, the rules file has the shape
+// Prometheus loads and pages only where HAProxy may run a configuration
+// nobody chose, and the README's table lists every alert. promtool checks
+// the rules for real in CI (.ci/contract); these tests need nothing but
+// the files.
 
 package haptic
 
@@ -93,7 +96,10 @@ var (
 	promToken   = regexp.MustCompile(`\{[^}]*\}|\[[^\]]*\]|"(?:[^"\\]|\\.)*"|[A-Za-z_:][A-Za-z0-9_:]*|\S`)
 	promMatcher = regexp.MustCompile(`^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$`)
 	legendLabel = regexp.MustCompile(`\{\{\s*(?:\$labels\.)?([A-Za-z_][A-Za-z0-9_]*)\s*\}\}`)
-	labelValues = regexp.MustCompile(`^label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)$`)
+	// annotationLabel is a label an alert's template prints, wherever it
+	// stands in the template ({{ or $labels.pod $labels.instance }}).
+	annotationLabel = regexp.MustCompile(`\$labels\.([A-Za-z_][A-Za-z0-9_]*)`)
+	labelValues     = regexp.MustCompile(`^label_values\((.*),\s*([A-Za-z_][A-Za-z0-9_]*)\)$`)
 )
 
 // checkPromQL fails the test for every metric, label or label value q names
@@ -275,7 +281,7 @@ func TestDashboardAndRulesNameOnlyExposedMetrics(t *testing.T) {
 		for _, r := range anyList(node(g, "rules")) {
 			q := promQuery{where: fmt.Sprintf("rule %v", node(r, "alert")), expr: node(r, "expr").(string)}
 			for _, a := range mapNode(r, "annotations") {
-				for _, m := range legendLabel.FindAllStringSubmatch(a.(string), -1) {
+				for _, m := range annotationLabel.FindAllStringSubmatch(a.(string), -1) {
 					q.printed = append(q.printed, m[1])
 				}
 			}
@@ -290,9 +296,42 @@ func TestDashboardAndRulesNameOnlyExposedMetrics(t *testing.T) {
 	}
 }
 
+// TestDashboardNamesEachAgentByPodElseInstance holds every per-agent query
+// of the dashboard to the key that tells agents apart on both paths: the
+// pod where the scrape sets one (Kubernetes), else the scrape's instance (a
+// VM, whose series carry no pod). A query grouped by pod alone collapses a
+// fleet of VMs into one line.
+func TestDashboardNamesEachAgentByPodElseInstance(t *testing.T) {
+	const podIntoInstance = `, "instance", "$1", "pod", "(.+)")`
+	queries, _ := dashboardQueries(t)
+	perAgent := 0
+	for _, q := range queries {
+		by := regexp.MustCompile(`\bby \(([^)]*)\)`).FindStringSubmatch(q.expr)
+		if by == nil {
+			continue
+		}
+		keys := strings.Split(strings.ReplaceAll(by[1], " ", ""), ",")
+		switch {
+		case slices.Contains(keys, "pod"):
+			t.Errorf("%s: %q groups by pod, which a VM's agent lacks", q.where, q.expr)
+		case slices.Contains(keys, "instance") && !strings.HasSuffix(q.expr, podIntoInstance+")"):
+			t.Errorf("%s: %q groups by instance without copying the pod into it first (label_replace(...%s)", q.where, q.expr, podIntoInstance)
+		case slices.Contains(keys, "instance"):
+			perAgent++
+		}
+	}
+	if perAgent == 0 {
+		t.Error("the dashboard has no per-agent query")
+	}
+}
+
 // TestAlertingRulesHaveTheShapePrometheusLoads checks what promtool would
 // refuse, and what an operator needs: a severity to route by and a summary
 // that says what to do, for each of the alerts the agent's failures need.
+// No critical alert reads a refused apply or a failed reload: HAProxy
+// refuses a typo and the agent rolls it back with the previous
+// configuration serving, which is a warning; a page is for a rollback that
+// could not reload a configuration anyone chose (recovery_reload).
 func TestAlertingRulesHaveTheShapePrometheusLoads(t *testing.T) {
 	doc := rulesFile(t, "haptic-agent-rules.yaml")
 	if keys := slices.Sorted(maps.Keys(doc)); !slices.Equal(keys, []string{"groups"}) {
@@ -331,14 +370,50 @@ func TestAlertingRulesHaveTheShapePrometheusLoads(t *testing.T) {
 			case strings.TrimSpace(description) == "":
 				t.Errorf("alert %s has no description", name)
 			}
+			if node(rule, "labels", "severity") == "critical" &&
+				(strings.Contains(expr, "haptic_agent_apply_rejected_total") || strings.Contains(expr, "haptic_agent_reloads_total")) {
+				t.Errorf("alert %s pages on a refused apply or a failed reload, which the agent rolled back: %s", name, expr)
+			}
 			seen[name] = true
 			exprs = append(exprs, expr)
 		}
 	}
 	for _, concern := range []string{"haptic_agent_invariant_violations_total", "haptic_agent_apply_rejected_total",
-		`haptic_agent_reloads_total{result="failed"}`, "haptic_agent_map_divergence_total", "kube_pod_container_status_ready"} {
+		`haptic_agent_invariant_violations_total{name="recovery_reload"}`, "haptic_agent_map_divergence_total", "kube_pod_container_status_ready"} {
 		if !slices.ContainsFunc(exprs, func(e string) bool { return strings.Contains(e, concern) }) {
 			t.Errorf("no alert reads %s", concern)
+		}
+	}
+}
+
+// TestREADMEListsEveryAlert holds the README's table of alerts to the rules
+// file: every alert there, with its severity, and nothing else.
+func TestREADMEListsEveryAlert(t *testing.T) {
+	rules := map[string]string{}
+	for _, g := range anyList(rulesFile(t, "haptic-agent-rules.yaml")["groups"]) {
+		for _, r := range anyList(node(g, "rules")) {
+			rules[node(r, "alert").(string)], _ = node(r, "labels", "severity").(string)
+		}
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(readme), "\n## Dashboards and alerts\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	row := regexp.MustCompile("(?m)^\\| `(HapticAgent[A-Za-z]+)` \\| ([a-z]+) \\|")
+	table := map[string]string{}
+	for _, m := range row.FindAllStringSubmatch(section, -1) {
+		table[m[1]] = m[2]
+	}
+	for name, severity := range rules {
+		if got, ok := table[name]; !ok || got != severity {
+			t.Errorf("the README's table of alerts lists %s as %q, the rules file as %q", name, got, severity)
+		}
+	}
+	for name := range table {
+		if _, ok := rules[name]; !ok {
+			t.Errorf("the README's table of alerts lists %s, which the rules file lacks", name)
 		}
 	}
 }

@@ -4,25 +4,32 @@
 // agent` (or `haptic agent drain`, or `haptic push` for the push Job),
 // every path agrees with what the agent's defaults resolve to, the probes
 // and the drain point at endpoints the agent serves, the push Job names the
-// headless Service, and the boot haproxy.cfg passes `haproxy -c` when
-// HAPTIC_HAPROXY names a binary.
+// headless Service, a pod is ready only once HAProxy serves a pushed
+// configuration (HAProxy's probe asks what the example render answers and
+// the boot configuration does not), and, when HAPTIC_HAPROXY names a
+// binary, the boot haproxy.cfg passes `haproxy -c` and a real HAProxy
+// answers the probe as it must.
 
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"flag"
 	"io"
 	"maps"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/haptic-agent/haptic"
 	"github.com/haptic-agent/haptic/internal/yamlsubset"
@@ -440,7 +447,7 @@ func TestKubernetesManifestsAgreeWithTheAgent(t *testing.T) {
 	if got := mountOf(boot, base); got != cfg.BaseDir {
 		t.Errorf("boot-config mounts the base directory at %q, want %s", got, cfg.BaseDir)
 	}
-	checkBootConfig(t, yamlString(t, cm, "data", "haproxy.cfg"), cfg)
+	checkAgentLines(t, "the boot configuration", yamlString(t, cm, "data", "haproxy.cfg"), cfg)
 
 	// The drain: both preStop hooks call the agent's drain socket.
 	for _, c := range []map[string]any{haproxy, agent} {
@@ -607,10 +614,10 @@ func TestKubernetesPushJobReachesEveryAgent(t *testing.T) {
 	}
 }
 
-// checkBootConfig holds the boot haproxy.cfg to what the agent needs: the
-// worker's stats socket at admin level and default-path origin at the base
-// directory, both in the global section.
-func checkBootConfig(t *testing.T, text string, cfg haptic.AgentConfig) {
+// checkAgentLines holds a haproxy.cfg (the boot one, or a render) to what
+// the agent needs: the worker's stats socket at admin level and
+// default-path origin at the base directory, both in the global section.
+func checkAgentLines(t *testing.T, name, text string, cfg haptic.AgentConfig) {
 	t.Helper()
 	var socket, origin string
 	section := ""
@@ -631,7 +638,7 @@ func checkBootConfig(t *testing.T, text string, cfg haptic.AgentConfig) {
 		switch {
 		case len(f) >= 3 && f[0] == "stats" && f[1] == "socket":
 			if !strings.Contains(line, "level admin") {
-				t.Errorf("boot stats socket %q is not at level admin", line)
+				t.Errorf("%s: stats socket %q is not at level admin", name, line)
 			}
 			socket = f[2]
 		case len(f) == 3 && f[0] == "default-path" && f[1] == "origin":
@@ -639,10 +646,10 @@ func checkBootConfig(t *testing.T, text string, cfg haptic.AgentConfig) {
 		}
 	}
 	if socket != cfg.WorkerSocket {
-		t.Errorf("boot configuration's stats socket %q, the agent uses %q", socket, cfg.WorkerSocket)
+		t.Errorf("%s: stats socket %q, the agent uses %q", name, socket, cfg.WorkerSocket)
 	}
 	if origin != cfg.BaseDir {
-		t.Errorf("boot configuration's default-path origin %q, want the base directory %q", origin, cfg.BaseDir)
+		t.Errorf("%s: default-path origin %q, want the base directory %q", name, origin, cfg.BaseDir)
 	}
 }
 
@@ -667,6 +674,196 @@ func TestKubernetesBootConfigRealHAProxy(t *testing.T) {
 	if out, err := exec.Command(bin, "-c", "-f", file).CombinedOutput(); err == nil {
 		t.Fatalf("%s -c accepts a broken configuration:\n%s", bin, out)
 	}
+}
+
+// ---------------------------------------------------------------------------
+// Readiness: a pod takes traffic only once HAProxy serves a pushed
+// configuration.
+
+// renderDir is the example render push-job.yaml pushes.
+var renderDir = filepath.Join(deployDir, "kubernetes", "render")
+
+// haproxyReadiness is the path and the port the HAProxy container's
+// readiness probe asks.
+func haproxyReadiness(t *testing.T, objects map[string]map[string]any) (path, port string) {
+	t.Helper()
+	haproxy := named(t, yamlAt(objectOf(t, objects, "Deployment/haproxy"), "spec", "template", "spec"), "haproxy", "containers")
+	get := yamlAt(haproxy, "readinessProbe", "httpGet")
+	if get == nil {
+		t.Fatal("the HAProxy container has no HTTP readiness probe: a new pod takes traffic while it serves the boot configuration")
+	}
+	return yamlString(t, get, "path"), portNamed(t, haproxy, yamlString(t, get, "port"))
+}
+
+// readRender reads the example render: each file's contents by its path
+// in the directory.
+func readRender(t *testing.T) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(renderDir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(renderDir, p)
+		files[filepath.ToSlash(rel)] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// monitorsAt reports whether a haproxy.cfg has a frontend that binds port
+// on every address and answers uri itself (monitor-uri).
+func monitorsAt(text, port, uri string) bool {
+	binds, monitors := map[string]bool{}, map[string]bool{}
+	section := ""
+	for line := range strings.SplitSeq(text, "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0 || strings.HasPrefix(f[0], "#"):
+		case line[0] != ' ' && line[0] != '\t':
+			section = strings.Join(f, " ")
+		case !strings.HasPrefix(section, "frontend "):
+		case f[0] == "bind" && len(f) > 1 && (f[1] == ":"+port || f[1] == "*:"+port):
+			binds[section] = true
+		case f[0] == "monitor-uri" && len(f) == 2 && f[1] == uri:
+			monitors[section] = true
+		}
+	}
+	for fe := range binds {
+		if monitors[fe] {
+			return true
+		}
+	}
+	return false
+}
+
+// A pod takes traffic only once HAProxy serves a pushed configuration: the
+// HAProxy container probes an endpoint every render defines (the example
+// render does) and the boot configuration does not, the Service traffic
+// takes lists only ready pods, and the headless Service the push takes
+// lists every pod, or no pod would ever become ready.
+func TestKubernetesPodTakesTrafficOnlyOnceConfigured(t *testing.T) {
+	objects := k8sObjects(t)
+	path, port := haproxyReadiness(t, objects)
+	boot := yamlString(t, objectOf(t, objects, "ConfigMap/haproxy-boot"), "data", "haproxy.cfg")
+	if monitorsAt(boot, port, path) {
+		t.Errorf("the boot configuration answers the readiness probe (GET %s on :%s): a pod would take traffic before any push", path, port)
+	}
+	render := readRender(t)
+	if !monitorsAt(render[haptic.ConfigFilePath], port, path) {
+		t.Errorf("the example render has no frontend binding :%s with monitor-uri %s: its pods would never take traffic", port, path)
+	}
+	checkAgentLines(t, "the example render", render[haptic.ConfigFilePath], agentConfigOf(t, nil, nil))
+
+	// The push Job carries the render whole: the README's kubectl create
+	// configmap names its files, and the Job maps each key to its path.
+	job := yamlAt(objectOf(t, objects, "Job/haptic-push-"), "spec", "template", "spec")
+	var items []string
+	for _, item := range yamlAt(volumesOf(job)["render"], "configMap", "items").([]any) {
+		items = append(items, yamlString(t, item, "path"))
+	}
+	if slices.Sort(items); !slices.Equal(items, slices.Sorted(maps.Keys(render))) {
+		t.Errorf("push-job.yaml maps %q, the example render holds %q", items, slices.Sorted(maps.Keys(render)))
+	}
+
+	if v := yamlAt(objectOf(t, objects, "Service/haproxy"), "spec", "publishNotReadyAddresses"); v == "true" {
+		t.Error("the traffic Service haproxy publishes pods that are not ready: it would send traffic to the boot configuration's 503")
+	}
+	if v := yamlAt(objectOf(t, objects, "Service/haptic-agent"), "spec", "publishNotReadyAddresses"); v != "true" {
+		t.Error("the headless Service haptic-agent lists only ready pods: no push would reach a new pod, which stays not ready")
+	}
+}
+
+// The readiness probe against a real HAProxy: the boot configuration
+// answers it with a failure, the example render with 200. Each runs in a
+// directory of its own, /etc/haproxy and the ports it binds moved there
+// and to free loopback ports.
+func TestKubernetesReadinessProbeRealHAProxy(t *testing.T) {
+	bin := os.Getenv("HAPTIC_HAPROXY")
+	if bin == "" {
+		t.Skip("HAPTIC_HAPROXY is not set: no HAProxy binary to probe the configurations with")
+	}
+	objects := k8sObjects(t)
+	path, port := haproxyReadiness(t, objects)
+	boot := map[string]string{haptic.ConfigFilePath: yamlString(t, objectOf(t, objects, "ConfigMap/haproxy-boot"), "data", "haproxy.cfg")}
+	for _, c := range []struct {
+		name  string
+		files map[string]string
+		want  int
+	}{{"the boot configuration", boot, 503}, {"the example render", readRender(t), 200}} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := probeRealHAProxy(t, bin, c.files, port, path); got != c.want {
+				t.Errorf("%s answers the readiness probe GET %s with %d, want %d", c.name, path, got, c.want)
+			}
+		})
+	}
+}
+
+// probeRealHAProxy runs HAProxy on files in a directory of its own and
+// answers the status of GET path on what the configuration binds as port.
+func probeRealHAProxy(t *testing.T, bin string, files map[string]string, port, path string) int {
+	t.Helper()
+	base, err := os.MkdirTemp("", "probe") // short: the socket path must fit in HAProxy's 97 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	ports := map[string]string{}
+	bind := regexp.MustCompile(`(?m)^(\s*bind\s+)\*?:([0-9]+)`)
+	for name, text := range files {
+		text = strings.ReplaceAll(text, defaultBaseDir, base)
+		text = bind.ReplaceAllStringFunc(text, func(m string) string {
+			sub := bind.FindStringSubmatch(m)
+			if ports[sub[2]] == "" {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				ports[sub[2]] = l.Addr().String()
+				l.Close()
+			}
+			return sub[1] + ports[sub[2]]
+		})
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(base, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(base, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ports[port] == "" {
+		t.Fatalf("the configuration binds nothing on :%s", port)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "-db", "-f", filepath.Join(base, haptic.ConfigFilePath))
+	cmd.Dir, cmd.Stdout, cmd.Stderr = base, &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	client := &http.Client{Timeout: 2 * time.Second}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		select {
+		case <-exited:
+			t.Fatalf("HAProxy exited:\n%s", out.String())
+		default:
+		}
+		if resp, err := client.Get("http://" + ports[port] + path); err == nil {
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+	}
+	t.Fatalf("HAProxy did not answer on %s within 10 s", ports[port])
+	return 0
 }
 
 // ---------------------------------------------------------------------------
