@@ -161,18 +161,36 @@ func TestCertsWritesTheFilesOnceWithPrivateKeys(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "controller", "tls.key")); err == nil {
 		t.Error("a refused run wrote the missing key")
 	}
+
+	// A run that fails halfway removes what it wrote: controller is a
+	// link to nowhere, so none of its files exists, and it cannot be made
+	// a directory once the CA and the agent's files are written.
+	half := filepath.Join(t.TempDir(), "half")
+	if err := os.MkdirAll(half, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(filepath.Join(half, "nowhere"), filepath.Join(half, "controller"))
+	if r := runCLI(t, nil, "certs", half); r.code != exitFailure || !strings.Contains(r.err, "haptic certs: mkdir "+filepath.Join(half, "controller")) {
+		t.Errorf("a run that cannot make controller/: code %d stderr %q", r.code, r.err)
+	}
+	for _, rel := range []string{"ca.crt", "ca.key", "agent/tls.crt", "agent/tls.key", "agent/ca.crt"} {
+		if _, err := os.Stat(filepath.Join(half, rel)); err == nil {
+			t.Errorf("a failed run left %s behind", rel)
+		}
+	}
 }
 
 func TestCertsUsage(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "d") // were a check to let a run through, it writes here
 	for _, c := range []struct {
 		args []string
 		err  string
 	}{
 		{nil, "want one directory, got 0 arguments"},
 		{[]string{"a", "b"}, "want one directory, got 2 arguments"},
-		{[]string{"--agent-name", "a b", "d"}, `--agent-name "a b" is not a DNS name`},
-		{[]string{"--client-name", "", "d"}, `--client-name "" is not a DNS name`},
-		{[]string{"--valid-for", "0s", "d"}, "--valid-for must be positive, got 0s"},
+		{[]string{"--agent-name", "a b", d}, `--agent-name "a b" is not a DNS name`},
+		{[]string{"--client-name", "", d}, `--client-name "" is not a DNS name`},
+		{[]string{"--valid-for", "0s", d}, "--valid-for must be positive, got 0s"},
 	} {
 		r := runCLI(t, nil, append([]string{"certs"}, c.args...)...)
 		if r.code != exitUsage || !strings.Contains(r.err, c.err) {
