@@ -323,9 +323,10 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 }
 
 // pushAll runs push for every URL on at most o.parallel goroutines, each
-// within o.timeout, all within o.deadline, prints one line per agent as it
-// finishes (unless o.quiet), and on a terminal keeps a progress line of
-// the agents still pending below them.
+// within o.timeout, all within o.deadline, prints the line of each agent
+// that needs no attention as it finishes (unless o.quiet; the others wait
+// for the summary), and on a terminal keeps a progress line of the agents
+// still pending below them.
 //
 // With a canary, the first o.canary URLs are pushed first, and the rest
 // only when every canary took the plan, did what --expect says and is
