@@ -242,7 +242,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 			`kind=backend,outcome=done`: 0, `kind=backend,outcome=superseded`: 1,
 			`kind=server,outcome=abandoned`: 0, `kind=server,outcome=deferred`: 0,
 			`kind=server,outcome=done`: 0, `kind=server,outcome=superseded`: 0}},
-		"haptic_agent_op_errors_total": {"counter", opErrorsWant},
+		"haptic_agent_op_errors_total":      {"counter", opErrorsWant},
 		"haptic_agent_map_divergence_total": {"counter", map[string]uint64{``: 3}},
 		"haptic_agent_generation":           {"gauge", map[string]uint64{``: 1<<63 + 5}},
 		"haptic_agent_auth_failures_total":  {"counter", map[string]uint64{`scheme=basic`: 0, `scheme=tls`: 1}},
