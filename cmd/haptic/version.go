@@ -33,8 +33,9 @@ const revisionLength = 12
 //     "+dirty" with uncommitted changes);
 //   - dev+<revision>, "-dirty" when modified, where Go recorded the VCS
 //     revision but no module version;
-//   - dev, when nothing is known (go run, a copy of the tree without its
-//     .git, -buildvcs=false).
+//   - dev, when nothing is known (go run, a git worktree, a copy of the
+//     tree without its .git, -buildvcs=false: Go 1.26 stamps no VCS
+//     information for any of them).
 //
 // info is nil when the binary carries no build information.
 func buildVersion(linked string, info *debug.BuildInfo) string {
