@@ -162,7 +162,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		memory:       newMemoryBudget(),
 		limits:       defaultListenerLimits(cfg.DrainMaxWait),
 		drainStop:    make(chan struct{}),
-		metrics:      newAgentMetrics(),
+		metrics:      newAgentMetrics(cfg.AgentVersion),
 		stallTimeout: uploadStallTimeout,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })

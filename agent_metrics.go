@@ -59,7 +59,15 @@ type agentMetrics struct {
 // event, which a series born at 1 hides. So a series' presence says
 // nothing: whoever waits for an event (a deferred delete with
 // outcome="deferred") must wait for its value to rise.
-func newAgentMetrics() *agentMetrics {
+//
+// haptic_agent_build_info is the usual info gauge: always 1, its label the
+// agent's version, so that a query can join any series to the build that
+// produced it and a dashboard can show which versions a fleet runs.
+func newAgentMetrics(version string) *agentMetrics {
+	buildInfo := newCounterVec("haptic_agent_build_info", "Always 1; the label version is the agent's build version, as its state reports it.",
+		[]string{"version"}, []string{version})
+	buildInfo.typ = "gauge"
+	buildInfo.inc(version)
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",
 			"Applies finished and reloads fired by the pacer, by result mode.",
@@ -90,7 +98,7 @@ func newAgentMetrics() *agentMetrics {
 			[]string{"done", "deferred", "abandoned", "superseded"}),
 		opErrors: newCounterVec("haptic_agent_op_errors_total",
 			"Runtime batches HAProxy rejected, by the kind of the first failed op (unknown when none is known).",
-			[]string{"kind"}),
+			[]string{"kind"}, slices.Concat(opKinds[:], []string{"unknown"})),
 		mapDivergence: newCounterVec("haptic_agent_map_divergence_total",
 			"Read-backs that found the running worker diverging from the files on disk.",
 			nil),
@@ -115,7 +123,7 @@ func newAgentMetrics() *agentMetrics {
 	m.families = []*metricFamily{
 		m.applyTotal, m.applyRejected, m.invariantViolations, m.reloads, m.rollbacks,
 		m.deferredDeletes, m.opErrors, m.mapDivergence, m.generation,
-		m.authFailures, m.connsRefused, m.stateLogBroken, m.diskBehind, m.lateMount,
+		m.authFailures, m.connsRefused, m.stateLogBroken, m.diskBehind, m.lateMount, buildInfo,
 	}
 	return m
 }

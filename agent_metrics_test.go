@@ -18,7 +18,7 @@ import (
 )
 
 func TestMetricsTextFormat(t *testing.T) {
-	m := newAgentMetrics()
+	m := newAgentMetrics("v0.0.0-20261205020225-7510591d4e92+dirty")
 	m.applyTotal.inc(ResultRuntime)
 	m.applyTotal.inc(ResultRuntime)
 	m.applyRejected.inc(rejectedStageFencing)
@@ -85,7 +85,30 @@ haptic_agent_deferred_deletes_total{kind="server",outcome="superseded"} 0
 # HELP haptic_agent_op_errors_total Runtime batches HAProxy rejected, by the kind of the first failed op (unknown when none is known).
 # TYPE haptic_agent_op_errors_total counter
 haptic_agent_op_errors_total{kind="backend_add"} 1
+haptic_agent_op_errors_total{kind="backend_del"} 0
+haptic_agent_op_errors_total{kind="backend_publish"} 0
+haptic_agent_op_errors_total{kind="backend_unpublish"} 0
+haptic_agent_op_errors_total{kind="ca_new"} 0
+haptic_agent_op_errors_total{kind="ca_set"} 0
+haptic_agent_op_errors_total{kind="cert_new"} 0
+haptic_agent_op_errors_total{kind="cert_set"} 0
+haptic_agent_op_errors_total{kind="crtlist_add"} 0
+haptic_agent_op_errors_total{kind="crtlist_del"} 0
+haptic_agent_op_errors_total{kind="map_add"} 0
+haptic_agent_op_errors_total{kind="map_del"} 0
+haptic_agent_op_errors_total{kind="map_replace"} 0
+haptic_agent_op_errors_total{kind="map_set"} 0
 haptic_agent_op_errors_total{kind="server_add"} 1
+haptic_agent_op_errors_total{kind="server_del"} 0
+haptic_agent_op_errors_total{kind="server_disable"} 0
+haptic_agent_op_errors_total{kind="server_enable"} 0
+haptic_agent_op_errors_total{kind="server_set_addr"} 0
+haptic_agent_op_errors_total{kind="server_set_state"} 0
+haptic_agent_op_errors_total{kind="server_set_weight"} 0
+haptic_agent_op_errors_total{kind="shutdown_sessions"} 0
+haptic_agent_op_errors_total{kind="unknown"} 0
+haptic_agent_op_errors_total{kind="wait_be_removable"} 0
+haptic_agent_op_errors_total{kind="wait_srv_removable"} 0
 haptic_agent_op_errors_total{kind="we\"ird\\kind\nx"} 1
 # HELP haptic_agent_map_divergence_total Read-backs that found the running worker diverging from the files on disk.
 # TYPE haptic_agent_map_divergence_total counter
@@ -112,6 +135,9 @@ haptic_agent_disk_behind 0
 # HELP haptic_agent_late_mount 1 once a mount made under the tree after the agent started refused a push: pushes that touch it are refused and /readyz answers 503 until the agent restarts.
 # TYPE haptic_agent_late_mount gauge
 haptic_agent_late_mount 0
+# HELP haptic_agent_build_info Always 1; the label version is the agent's build version, as its state reports it.
+# TYPE haptic_agent_build_info gauge
+haptic_agent_build_info{version="v0.0.0-20261205020225-7510591d4e92+dirty"} 1
 `
 	var b strings.Builder
 	if err := m.writeText(&b); err != nil {
@@ -142,7 +168,8 @@ t_total{a="y",b="1"} 1
 // TestMetricsExpositionParsesBackIntoEveryFamily reads the exposition with
 // an independent parser and checks its structure and every family's values.
 func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
-	m := newAgentMetrics()
+	const version = "v2 \\ \"x\"\n" // a link flag may set any text
+	m := newAgentMetrics(version)
 	m.applyTotal.inc(ResultNoop)
 	m.applyRejected.inc(StageScheduledReload)
 	m.invariantViolations.inc("recovery_reload")
@@ -177,7 +204,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total",
 		"haptic_agent_generation", "haptic_agent_auth_failures_total",
 		"haptic_agent_connections_refused_total", "haptic_agent_state_log_broken", "haptic_agent_disk_behind",
-		"haptic_agent_late_mount",
+		"haptic_agent_late_mount", "haptic_agent_build_info",
 	}
 	var order []string
 	for _, f := range families {
@@ -187,6 +214,11 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		t.Fatalf("families %v, want %v", order, wantOrder)
 	}
 
+	// Every op kind is a series from the start, as is unknown.
+	opErrorsWant := map[string]uint64{"kind=a\\b\"c\nd": 1, `kind=unknown`: 1}
+	for _, kind := range opKinds {
+		opErrorsWant["kind="+kind] = 0
+	}
 	type row struct {
 		typ    string
 		series map[string]uint64 // by the series' label text, "" when unlabelled
@@ -210,8 +242,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 			`kind=backend,outcome=done`: 0, `kind=backend,outcome=superseded`: 1,
 			`kind=server,outcome=abandoned`: 0, `kind=server,outcome=deferred`: 0,
 			`kind=server,outcome=done`: 0, `kind=server,outcome=superseded`: 0}},
-		"haptic_agent_op_errors_total": {"counter", map[string]uint64{
-			"kind=a\\b\"c\nd": 1, `kind=unknown`: 1}},
+		"haptic_agent_op_errors_total":      {"counter", opErrorsWant},
 		"haptic_agent_map_divergence_total": {"counter", map[string]uint64{``: 3}},
 		"haptic_agent_generation":           {"gauge", map[string]uint64{``: 1<<63 + 5}},
 		"haptic_agent_auth_failures_total":  {"counter", map[string]uint64{`scheme=basic`: 0, `scheme=tls`: 1}},
@@ -220,6 +251,7 @@ func TestMetricsExpositionParsesBackIntoEveryFamily(t *testing.T) {
 		"haptic_agent_state_log_broken": {"gauge", map[string]uint64{``: 1}},
 		"haptic_agent_disk_behind":      {"gauge", map[string]uint64{``: 0}},
 		"haptic_agent_late_mount":       {"gauge", map[string]uint64{``: 0}},
+		"haptic_agent_build_info":       {"gauge", map[string]uint64{"version=" + version: 1}},
 	}
 	for _, f := range families {
 		w := want[f.name]
@@ -388,7 +420,7 @@ func parseSample(line string) (parsedSeries, string, error) {
 }
 
 func TestMetricsDropAMisusedLabelCountAndCapTheSeries(t *testing.T) {
-	m := newAgentMetrics()
+	m := newAgentMetrics("dev")
 	m.reloads.inc()            // one label expected
 	m.reloads.inc("ok", "two") // one label expected
 	m.rollbacks.inc("extra")   // no label expected
@@ -415,7 +447,7 @@ func TestMetricsDropAMisusedLabelCountAndCapTheSeries(t *testing.T) {
 }
 
 func TestMetricsAreSafeForConcurrentUse(t *testing.T) {
-	m := newAgentMetrics()
+	m := newAgentMetrics("dev")
 	const workers, rounds = 8, 200
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -455,7 +487,7 @@ type failingWriter struct{}
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("connection reset") }
 
 func TestMetricsWriteTextReportsAWriteError(t *testing.T) {
-	if err := newAgentMetrics().writeText(failingWriter{}); err == nil || err.Error() != "connection reset" {
+	if err := newAgentMetrics("dev").writeText(failingWriter{}); err == nil || err.Error() != "connection reset" {
 		t.Errorf("writeText error = %v, want the writer's error", err)
 	}
 }

@@ -859,7 +859,7 @@ func TestMetricsAreServedOnMetricsListen(t *testing.T) {
 }
 
 func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
-	e := newTestEnv(t, func(c *AgentConfig) { c.MetricsListen = "127.0.0.1:0" }, nil)
+	e := newTestEnv(t, func(c *AgentConfig) { c.MetricsListen, c.AgentVersion = "127.0.0.1:0", "v1.4.2-test" }, nil)
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
@@ -878,7 +878,7 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 		"haptic_agent_reloads_total", "haptic_agent_rollbacks_total", "haptic_agent_deferred_deletes_total",
 		"haptic_agent_op_errors_total", "haptic_agent_map_divergence_total", "haptic_agent_generation",
 		"haptic_agent_auth_failures_total", "haptic_agent_connections_refused_total", "haptic_agent_state_log_broken",
-		"haptic_agent_disk_behind", "haptic_agent_late_mount"}
+		"haptic_agent_disk_behind", "haptic_agent_late_mount", "haptic_agent_build_info"}
 	var names []string
 	values := map[string]uint64{}
 	for _, f := range families {
@@ -907,6 +907,8 @@ func TestMetricsExpositionOfARunningAgentParsesBack(t *testing.T) {
 		"haptic_agent_deferred_deletes_total,kind=server,outcome=done": 0,
 		"haptic_agent_invariant_violations_total,name=recovery_reload": 0,
 		"haptic_agent_state_log_broken":                                0,
+		"haptic_agent_op_errors_total,kind=map_add":                    0,
+		"haptic_agent_build_info,version=v1.4.2-test":                  1,
 	} {
 		if got, ok := values[key]; !ok || got != v {
 			t.Errorf("%s = %d (present %v), want %d", key, got, ok, v)

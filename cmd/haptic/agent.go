@@ -152,14 +152,3 @@ func parseAgentFlags(fs *flag.FlagSet, args []string, s stdio) (haptic.AgentConf
 	cfg.Logger = logger
 	return cfg, nil
 }
-
-// agentVersion is the main module's version from the build info, the
-// agent's default ("dev") for a build outside a module version (go run, a
-// plain go build).
-func agentVersion() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok || info.Main.Version == "" || info.Main.Version == "(devel)" {
-		return haptic.DefaultAgentConfig().AgentVersion
-	}
-	return info.Main.Version
-}

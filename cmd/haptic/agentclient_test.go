@@ -1,7 +1,8 @@
-// Tests of the client TLS material the commands load: `agent state --url
-// --tls-dir` against a server that requires a client certificate, and
-// `push` with --tls-cert/--tls-key/--tls-ca/--tls-server-name against a
-// real agent running with --tls-dir.
+// Tests of the client TLS material the commands load, with the one set of
+// flags every command that reaches agents takes (--tls-cert, --tls-key,
+// --tls-ca, --tls-server-name): `agent state --url` against a server that
+// requires a client certificate, `push` against a real agent running with
+// --tls-dir, and each flag's error naming the flag and its file.
 
 package main
 
@@ -109,7 +110,7 @@ func (p *testPKI) write(t *testing.T, name, blockType string, der []byte) string
 }
 
 // linkDir makes a directory holding the given files under the names the
-// agent and `agent state --tls-dir` expect.
+// agent's --tls-dir expects.
 func linkDir(t *testing.T, files map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -134,15 +135,14 @@ func TestAgentStateOverMutualTLS(t *testing.T) {
 	srv.StartTLS()
 	defer srv.Close()
 
-	clientDir := linkDir(t, map[string]string{"tls.crt": pki.clientCert, "tls.key": pki.clientKey, "ca.crt": pki.caFile})
-	r := runCLI(t, nil, "agent", "state", "--url", srv.URL, "--tls-dir", clientDir)
+	r := runCLI(t, nil, "agent", "state", "--url", srv.URL, "--tls-cert", pki.clientCert, "--tls-key", pki.clientKey, "--tls-ca", pki.caFile)
 	if r.code != exitOK || r.out != recordedStateText {
 		t.Errorf("with the client identity: code %d stderr %q stdout %q", r.code, r.err, r.out)
 	}
 	// Without the CA the agent's certificate is not trusted.
 	r = runCLI(t, nil, "agent", "state", "--url", srv.URL)
 	if r.code != exitFailure || !strings.Contains(r.err, "certificate") {
-		t.Errorf("without --tls-dir: code %d stderr %q", r.code, r.err)
+		t.Errorf("without --tls-ca: code %d stderr %q", r.code, r.err)
 	}
 }
 

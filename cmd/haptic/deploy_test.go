@@ -314,6 +314,10 @@ func readDockerfile(t *testing.T) dockerImage {
 			if i := slices.Index(args, "-o"); i > 0 {
 				builtTo = args[i+1]
 			}
+			// The context has no .git: only the link flag names the build.
+			if !strings.Contains(in, "-X main.version=${VERSION}") {
+				t.Errorf("Dockerfile: %q does not set main.version from the VERSION build argument: the image would report dev", in)
+			}
 		}
 	}
 

@@ -12,10 +12,14 @@
 //	                                        the same, to every agent a DNS name lists
 //	haptic demo [--haproxy PATH]            the whole flow in one process
 //	haptic install DIR                      copy this binary into DIR (an initContainer)
+//	haptic certs [flags] DIR                a development CA and mutual-TLS identities
+//	haptic version                          which build this is
 //
 // Every subcommand is a function of its arguments, its standard streams, and
 // the environment and name resolver it is handed, in a file named for it (state.go holds agent
 // state and health, prestop.go agent drain and install); main.go dispatches.
 // fleet.go names a fleet by DNS for push and agent state, fleetstate.go
-// prints a fleet's state.
+// prints a fleet's state. agentclient.go holds the one set of client TLS
+// flags every command that reaches agents over the network takes, and
+// version.go the build's version the agent reports.
 package main

@@ -151,6 +151,38 @@ func TestPushToAFleetNamedByDNS(t *testing.T) {
 	}
 }
 
+// A fleet of pods that cannot be reached names each pod once: its error
+// in the summary, and nothing above it.
+func TestPushToUnreachablePodsNamesEachOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	ln.Close() // nothing listens on this port now
+	const pods = 30
+	lookup := func(context.Context, string) ([]net.IPAddr, error) {
+		var addrs []net.IPAddr
+		for i := range pods {
+			addrs = append(addrs, net.IPAddr{IP: net.IPv4(127, 0, 1, byte(i+1))})
+		}
+		return addrs, nil
+	}
+	r := runCLIResolving(t, context.Background(), lookup, pushEnv, "push", "--agents-dns", "http://"+fleetName+":"+port, testDir("shop-v1"))
+	if r.code != exitFailure {
+		t.Errorf("code %d, want 1", r.code)
+	}
+	for i := range pods {
+		pod := fmt.Sprintf("http://127.0.1.%d:%s: ", i+1, port)
+		if n := strings.Count(r.out, pod); n != 1 {
+			t.Errorf("%s is named %d times, want once", pod, n)
+		}
+	}
+	if lines := strings.Count(r.out, "\n"); lines != pods+3 {
+		t.Errorf("%d lines for %d pods, want one each and the summary's three:\n%s", lines, pods, r.out)
+	}
+}
+
 // Over TLS each pod is reached at its address and verified by the name
 // the operator gave: the URL's host, or --tls-server-name where the
 // certificates name something else.
@@ -173,16 +205,15 @@ func TestFleetOverTLSVerifiesTheNameGiven(t *testing.T) {
 		t.Errorf("by the certificates' name: code %d stderr %q stdout\n%s", r.code, r.err, r.out)
 	}
 	// The Service's name is not the certificates'.
-	if r := push(service); r.code != exitFailure || strings.Count(r.out, "certificate is valid for "+pki.serverDNSName+", not "+service) != 4 {
+	if r := push(service); r.code != exitFailure || strings.Count(r.out, "certificate is valid for "+pki.serverDNSName+", not "+service) != 2 {
 		t.Errorf("by the Service's name alone: code %d stdout\n%s", r.code, r.out)
 	}
 	if r := push(service, "--tls-server-name", pki.serverDNSName); r.code != exitOK || !strings.Contains(r.out, "noop 2, failed 0\n") {
 		t.Errorf("with --tls-server-name: code %d stderr %q stdout\n%s", r.code, r.err, r.out)
 	}
 	// agent state takes the same name and flags.
-	r := runCLIResolving(t, context.Background(), lookup, nil, "agent", "state", "--agents-dns", f.url("https", service),
-		"--tls-dir", linkDir(t, map[string]string{"tls.crt": pki.clientCert, "tls.key": pki.clientKey, "ca.crt": pki.caFile}),
-		"--tls-server-name", pki.serverDNSName)
+	r := runCLIResolving(t, context.Background(), lookup, nil, append([]string{"agent", "state", "--agents-dns", f.url("https", service),
+		"--tls-server-name", pki.serverDNSName}, tlsFlags...)...)
 	if r.code != exitOK || !strings.HasSuffix(r.out, "2 pods, all alike (plan "+planOf(t, "shop-v1")+", disk in step, ready)\n") {
 		t.Errorf("agent state over TLS: code %d stderr %q stdout\n%s", r.code, r.err, r.out)
 	}
@@ -204,11 +235,11 @@ func TestCanaryStopsThePushWhenACanaryFails(t *testing.T) {
 	v1 := planOf(t, "shop-v1")
 	r := push("shop-v1", "--canary", "2")
 	matchLines(t, r.out,
-		`(`+regexp.QuoteMeta(urls[0])+`: rejected at stage "reload": .*|`+regexp.QuoteMeta(urls[1])+`: reload: no baseline; .*)`,
-		`(`+regexp.QuoteMeta(urls[0])+`: rejected at stage "reload": .*|`+regexp.QuoteMeta(urls[1])+`: reload: no baseline; .*)`,
+		regexp.QuoteMeta(urls[1])+`: reload: no baseline; .*`,
 		`summary: runtime 0, file_only 0, reload 1, scheduled 0, noop 0, failed 1`,
 		`failed:`,
-		`  `+regexp.QuoteMeta(urls[0])+`: rejected at stage "reload": \[ALERT\] \(7\) : config : Fatal errors found in configuration\.`,
+		`  `+regexp.QuoteMeta(urls[0])+`: rejected at stage "reload"; the pod ran no pushed plan before this push, and the agent names none now:`,
+		`      \[ALERT\] \(7\) : config : Fatal errors found in configuration\.`,
 		`untouched \(the canary of 2 stopped the push: 1 failed\):`,
 		`  `+regexp.QuoteMeta(urls[2]),
 		`  `+regexp.QuoteMeta(urls[3]),
@@ -262,8 +293,7 @@ func TestCanaryStopsThePushWhenACanaryIsNotReady(t *testing.T) {
 		return pushResult{result: &haptic.ApplyResult{OK: true, Mode: haptic.ResultNoop}, notReady: "haproxy unreachable: gone"}
 	}, agentCredentials{})
 	p.printSummary("p1")
-	want := "http://agent-1: noop: the pod already holds this plan; not ready after the push: haproxy unreachable: gone\n" +
-		"summary: runtime 0, file_only 0, reload 0, scheduled 0, noop 1, failed 0\n" +
+	want := "summary: runtime 0, file_only 0, reload 0, scheduled 0, noop 1, failed 0\n" +
 		"not ready after the push:\n" +
 		"  http://agent-1: noop: the pod already holds this plan; not ready after the push: haproxy unreachable: gone\n" +
 		"untouched (the canary of 1 stopped the push: 1 not ready after the push):\n" +

@@ -19,7 +19,8 @@ import (
 )
 
 // Exit statuses. A usage error is 2 everywhere, like the flag package's;
-// `haptic diff` also answers 1 for a reload verdict.
+// `haptic diff` also answers 1 for a reload verdict, and `haptic push` 3
+// for a plan every agent took with an error in some ACK (exitAckError).
 const (
 	exitOK      = 0
 	exitFailure = 1
@@ -57,6 +58,8 @@ const usageText = `Usage:
                                         push DIR to every agent a DNS name lists (--canary N: N first)
   haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
   haptic install DIR                    copy this binary into DIR, for another container's hooks
+  haptic certs [flags] DIR              write a development CA and mutual-TLS certificates into DIR
+  haptic version                        print the version of this binary
 
 Run "haptic <command> -h" for a command's flags.
 `
@@ -91,6 +94,10 @@ func run(ctx context.Context, args []string, s stdio) int {
 		return runDemo(ctx, rest, s)
 	case "install":
 		return runInstall(rest, s)
+	case "certs":
+		return runCerts(rest, s)
+	case "version", "--version":
+		return runVersion(rest, s)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(s.out, usageText)
 		return exitOK

@@ -41,12 +41,15 @@ type progress struct {
 	o           pushOptions
 	total, done int
 	counts      map[string]int       // outcomes so far
-	failedLines []string             // lines of the agents that failed, "url: ..."
-	unexpected  []string             // lines of the agents whose outcome --expect does not list
-	notReady    []string             // lines of the canaries not ready after the push
 	untouched   []string             // agents a canary that did not pass left alone
 	pending     map[string]time.Time // agents in flight → when they started
 	drawn       bool                 // a progress line is on the screen
+
+	// The lines held for the summary, "url: ...", each agent's in the
+	// first list it belongs to: the agents that failed, those whose
+	// outcome --expect does not list, the canaries not ready after the
+	// push, and those that acknowledged with an error in their answer.
+	failedLines, unexpected, notReady, ackErrors []string
 
 	stopTick chan struct{}
 	ticker   sync.WaitGroup
@@ -82,10 +85,14 @@ func (p *progress) started(url string, at time.Time) {
 	p.drawLocked()
 }
 
-// finished records an agent's outcome and, unless the push is quiet,
-// writes its line above the progress line. notReady marks a canary that
-// took the plan and is not ready after it.
-func (p *progress) finished(url, line, outcome string, notReady bool) {
+// finished records an agent's outcome and prints its line once: an agent
+// that needs the operator's attention in the summary, where such lines are
+// gathered and sorted, any other as it finishes, above the progress line
+// (unless the push is quiet). Printing a line in both places doubled a
+// fleet's output, and the second copy of HAProxy's message buried the
+// first. notReady marks a canary that took the plan and is not ready after
+// it; ackError an answer that acknowledged the plan and carries an error.
+func (p *progress) finished(url, line, outcome string, notReady, ackError bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.pending, url)
@@ -96,11 +103,15 @@ func (p *progress) finished(url, line, outcome string, notReady bool) {
 		p.failedLines = append(p.failedLines, line)
 	case p.o.expect != nil && !p.o.expect[outcome]:
 		p.unexpected = append(p.unexpected, line)
-	}
-	if notReady {
+	case notReady:
 		p.notReady = append(p.notReady, line)
+	case ackError:
+		p.ackErrors = append(p.ackErrors, line)
+	default:
+		p.sayLocked(line)
+		return
 	}
-	p.sayLocked(line)
+	p.drawLocked()
 }
 
 // say writes a line of the push's own (not an agent's), as finished does.

@@ -3,9 +3,11 @@
 // (fleet.go). Each agent gets its own Deploy (the whole state → diff →
 // apply → resend → re-diff loop), at most --parallel at a time, each within
 // --timeout and all within --deadline; with --canary, a few first and the
-// rest only if those passed. It prints one line per agent as it finishes
-// (what the pod did and why), then a summary by outcome with the agents
-// that failed, did not do what --expect says, or were left untouched.
+// rest only if those passed. It prints one line per agent, once: what the
+// pod did and why as it finishes, or, for an agent that needs attention
+// (it failed, did not do what --expect says, is not ready after a canary
+// push, or acknowledged with an error), in the summary by outcome, beside
+// the agents left untouched. Its exit status says which of those happened.
 // It decides nothing itself: what each pod does is Diff's answer for that
 // pod's own baseline.
 
@@ -57,6 +59,20 @@ const (
 	progressInterval = 500 * time.Millisecond
 )
 
+// exitAckError is push's own exit status: every agent took the plan, and
+// at least one answer carried an error beside its ACK (its files are not
+// in place yet: the agent retries, and is not ready until they are). The
+// plan stands on every pod, so this is not a failure (1), which wins when
+// both happen; nor is it the plain success (0) a script must not mistake
+// it for while pods are not ready.
+const exitAckError = 3
+
+// pushExitText documents push's exit statuses in its -h.
+const pushExitText = "Exit status: 0 every agent took the plan (as --expect says); " +
+	"1 some agent did not (it failed, did not do what --expect says, is not ready after a canary push, or was left untouched); 2 a usage error;\n" +
+	"3 every agent took the plan and some answered with an error beside the ACK (its files not in place yet: the agent retries, " +
+	"and is not ready until they are). 1 wins over 3."
+
 // Outcomes of one agent's push, in the order the summary prints them.
 // The first five are the agent's result modes; failed is every error and
 // every NACK.
@@ -101,7 +117,7 @@ func (f *pushFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.o.deadline, "deadline", defaultPushDeadline, "how long the whole push may take; agents not reached by then are not pushed")
 	fs.StringVar(&f.expect, "expect", "", "comma-separated outcomes every agent must have, of "+strings.Join(expectable, ", ")+
 		"; an agent with another outcome fails the push")
-	fs.BoolVar(&f.o.quiet, "quiet", false, "print only the agents that failed or did not do what --expect says, and the summary")
+	fs.BoolVar(&f.o.quiet, "quiet", false, "print the summary alone: the agents that need attention and the counts, without the lines of the others")
 	fs.Uint64Var(&f.epoch, "leader-epoch", 0, "fencing epoch of the applies; 0 uses each pod's current epoch (at least 1)")
 	fs.StringVar(&f.previousDir, "previous", "", "the directory the agents hold, as pushed last: a changed file then travels as the changed bytes only, to the agents that hold exactly that render, and they are not asked for their stored plan")
 }
@@ -145,7 +161,7 @@ func (f *pushFlags) validate(positional []string) error {
 
 func runPush(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("push", "haptic push (--agent URL [--agent URL ...] | --agents-dns URL) [--canary N] [--parallel N] [--timeout D] [--deadline D] [--expect OUTCOMES] [--quiet] [--leader-epoch N] [--previous DIR] [TLS flags] DIR\n"+
-		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
+		"Environment: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).\n"+pushExitText, s)
 	f := pushFlags{o: pushOptions{terminal: s.terminal, columns: terminalColumns(s.getenv)}}
 	f.register(fs)
 	positional, err := parseArgs(fs, args)
@@ -213,8 +229,11 @@ func runPush(ctx context.Context, args []string, s stdio) int {
 		return res
 	}, creds)
 	r.printSummary(next.ID)
-	if !r.allAsExpected() {
+	switch {
+	case !r.allAsExpected():
 		return exitFailure
+	case len(r.ackErrors) > 0:
+		return exitAckError
 	}
 	return exitOK
 }
@@ -241,11 +260,13 @@ func readiness(ctx context.Context, cfg *haptic.ClientConfig, creds agentCredent
 
 // pushResult is what one agent's push returns: the agent's answer (nil
 // when there is none), the decision the push expects the pod to follow
-// (nil when it could not read the pod's state), and the error; for a
-// canary that took the plan, why it is not ready after it ("" = ready).
+// and the pod's state it read first (nil when it could not read it), and
+// the error; for a canary that took the plan, why it is not ready after
+// it ("" = ready).
 type pushResult struct {
 	result   *haptic.ApplyResult
 	decision *haptic.Decision
+	before   *haptic.State
 	err      error
 	notReady string
 }
@@ -298,13 +319,14 @@ func pushOne(ctx context.Context, cfg *haptic.ClientConfig, next, previous *hapt
 	}
 	decision, _ := asDeployed(state, next, opts.Prepared.Decision(state), nil)
 	result, err := haptic.Deploy(ctx, client, next, opts)
-	return pushResult{result: result, decision: &decision, err: err}
+	return pushResult{result: result, decision: &decision, before: state, err: err}
 }
 
 // pushAll runs push for every URL on at most o.parallel goroutines, each
-// within o.timeout, all within o.deadline, prints one line per agent as it
-// finishes (unless o.quiet), and on a terminal keeps a progress line of
-// the agents still pending below them.
+// within o.timeout, all within o.deadline, prints the line of each agent
+// that needs no attention as it finishes (unless o.quiet; the others wait
+// for the summary), and on a terminal keeps a progress line of the agents
+// still pending below them.
 //
 // With a canary, the first o.canary URLs are pushed first, and the rest
 // only when every canary took the plan, did what --expect says and is
@@ -356,7 +378,8 @@ func pushEach(ctx context.Context, p *progress, urls []string, o pushOptions,
 				if res.notReady != "" {
 					line += "; not ready after the push: " + res.notReady
 				}
-				p.finished(url, url+": "+line, outcome, res.notReady != "")
+				ackError := res.err == nil && res.result.OK && res.result.Error != nil
+				p.finished(url, url+": "+line, outcome, res.notReady != "", ackError)
 			}
 		})
 	}
@@ -383,7 +406,7 @@ func describeOutcome(res pushResult, creds agentCredentials, took time.Duration,
 	case res.err != nil:
 		return outcomeFailed, "error: " + explainErr(res.err, creds, took)
 	}
-	line, ok := pushLine(res.result, res.decision)
+	line, ok := pushLine(res)
 	if !ok {
 		return outcomeFailed, line
 	}
@@ -392,15 +415,21 @@ func describeOutcome(res pushResult, creds agentCredentials, took time.Duration,
 
 // pushLine is one agent's outcome, starting with the mode: why it
 // reloaded (the decision's reasons), the op kinds a runtime apply ran, the
-// reload's time; or, for a NACK, the stage and HAProxy's words, alerts
-// first, one per line. ok is false for a NACK.
-func pushLine(result *haptic.ApplyResult, d *haptic.Decision) (string, bool) {
+// reload's time, and the error an ACK may carry; or, for a NACK, the
+// stage, what serves now, and HAProxy's words, alerts first, one per line.
+// ok is false for a NACK.
+func pushLine(res pushResult) (string, bool) {
+	result, d := res.result, res.decision
 	if !result.OK {
 		stage, message := "", ""
 		if result.Error != nil {
 			stage, message = result.Error.Stage, result.Error.Message
 		}
-		return fmt.Sprintf("rejected at stage %q: %s", stage, strings.Join(haproxyLines(message), "\n    ")), false
+		line := fmt.Sprintf("rejected at stage %q; %s", stage, servingAfter(result, res.before))
+		if lines := haproxyLines(message); len(lines) > 0 {
+			line += ":\n    " + strings.Join(lines, "\n    ")
+		}
+		return line, false
 	}
 	var why string
 	switch result.Mode {
@@ -426,7 +455,33 @@ func pushLine(result *haptic.ApplyResult, d *haptic.Decision) (string, bool) {
 	case r != nil && r.ScheduledAt != "":
 		line += "; reload scheduled at " + r.ScheduledAt
 	}
+	if result.Error != nil {
+		line += "; " + result.Error.Message
+	}
 	return line, true
+}
+
+// servingAfter says what HAProxy serves after a NACK, as far as the answer
+// tells. The agent names a running plan only where it can vouch for what
+// the worker loaded: one HAProxy kept (it refused the reload, or nothing
+// reached it) still serves the configuration from before the push; one
+// the apply may have changed (its ops ran, or its reload may have taken
+// effect) is named only once the recovery reload of the restored files
+// succeeded. Without a running plan nothing is claimed; before is the
+// pod's state read first, which tells a pod that never ran a pushed plan
+// (its first push) from one that lost track of it in this one.
+func servingAfter(r *haptic.ApplyResult, before *haptic.State) string {
+	switch {
+	case r.Rollback != nil && r.Rollback.Reloaded && r.RunningPlanID != "":
+		return fmt.Sprintf("the previous configuration is serving again (plan %s): HAProxy reloaded the restored files", r.RunningPlanID)
+	case r.Rollback != nil && r.Rollback.Reloaded:
+		return "the previous configuration is serving again: HAProxy reloaded the restored files"
+	case r.RunningPlanID != "":
+		return fmt.Sprintf("the previous configuration is still serving (plan %s)", r.RunningPlanID)
+	case before != nil && before.RunningPlanID == "":
+		return "the pod ran no pushed plan before this push, and the agent names none now"
+	}
+	return "the agent no longer names a running plan, so what HAProxy serves now is not known (haptic agent state shows its worker)"
 }
 
 // opKinds names the ops a runtime apply ran, in order, a run of one kind
@@ -492,6 +547,7 @@ func (p *progress) printSummary(planID string) {
 		list("unexpected (--expect "+strings.Join(expected, ",")+")", p.unexpected)
 	}
 	list("not ready after the push", p.notReady)
+	list("acknowledged with an error", p.ackErrors)
 	if len(p.untouched) > 0 {
 		why := nonZero(tally{p.counts[outcomeFailed], "failed"}, tally{len(p.unexpected), "not as --expect says"},
 			tally{len(p.notReady), "not ready after the push"})
@@ -499,7 +555,7 @@ func (p *progress) printSummary(planID string) {
 	}
 	line := fmt.Sprintf("plan %s: %d of %d agent(s) took it", planID, p.done-p.counts[outcomeFailed], p.total)
 	for _, t := range nonZero(tally{len(p.unexpected), "not as --expect says"}, tally{len(p.notReady), "not ready after it"},
-		tally{len(p.untouched), "left untouched"}) {
+		tally{len(p.ackErrors), "with an error in the ACK"}, tally{len(p.untouched), "left untouched"}) {
 		line += ", " + t
 	}
 	fmt.Fprintln(p.out, line)

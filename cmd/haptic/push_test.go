@@ -7,7 +7,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -237,12 +239,12 @@ func TestPushCommandTimeLimits(t *testing.T) {
 	}
 	stateTimeout := regexp.MustCompile(`: error: timed out after 1\.\ds waiting for GET /v1/state \(the state read\): the agent did not answer\n`)
 	for _, h := range hung {
-		if !regexp.MustCompile("(?m)^" + regexp.QuoteMeta(h) + stateTimeout.String()).MatchString(r.out) {
+		if !regexp.MustCompile("(?m)^  " + regexp.QuoteMeta(h) + stateTimeout.String()).MatchString(r.out) {
 			t.Errorf("hung agent %s: stdout\n%s", h, r.out)
 		}
 	}
 	applyTimeout := `: error: timed out after 1\.\ds waiting for POST /v1/apply \(the apply\): the agent did not answer`
-	if !regexp.MustCompile("(?m)^" + regexp.QuoteMeta(applyHung) + applyTimeout + "$").MatchString(r.out) {
+	if !regexp.MustCompile("(?m)^  " + regexp.QuoteMeta(applyHung) + applyTimeout + "$").MatchString(r.out) {
 		t.Errorf("an agent whose apply hangs: stdout\n%s", r.out)
 	}
 	// All of them at once (the default parallelism): about one timeout.
@@ -309,9 +311,10 @@ func TestPushCommandFailsWhenAnAgentDoesNotTakeThePlan(t *testing.T) {
 		t.Errorf("stdout %q", r.out)
 	}
 
-	// A rejected reload is a NACK: the pod rolled back and did not take it.
-	// HAProxy's alerts and warnings come first, one per line; its notices
-	// are left out.
+	// A rejected reload is a NACK: the pod rolled back and did not take it,
+	// and the plan it ran before still serves. HAProxy's message is
+	// printed once, in the summary: its alerts and warnings first, one per
+	// line; its notices left out.
 	a.fake.With(func(m *haptic.FakeModel) {
 		m.ReloadFails = true
 		m.ReloadLog = "[NOTICE]   (7) : haproxy version is 3.0.11\n[NOTICE]   (7) : path to executable is /usr/sbin/haproxy\n" +
@@ -319,11 +322,13 @@ func TestPushCommandFailsWhenAnAgentDoesNotTakeThePlan(t *testing.T) {
 			"[ALERT]    (7) : config : Fatal errors found in configuration.\n[WARNING]  (7) : Loading failure!"
 	})
 	r = runBinary(t, pushEnv, "push", "--agent", a.URL(), testDir("shop-v3"))
-	want := a.URL() + ": rejected at stage \"reload\": [ALERT] (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n" +
-		"    [ALERT] (7) : config : Fatal errors found in configuration.\n" +
-		"    [WARNING] (7) : Loading failure!\n"
+	want := "summary: runtime 0, file_only 0, reload 0, scheduled 0, noop 0, failed 1\nfailed:\n" +
+		"  " + a.URL() + ": rejected at stage \"reload\"; the previous configuration is still serving (plan " + planOf(t, "shop-v1") + "):\n" +
+		"      [ALERT] (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n" +
+		"      [ALERT] (7) : config : Fatal errors found in configuration.\n" +
+		"      [WARNING] (7) : Loading failure!\n"
 	if r.code != exitFailure || !strings.HasPrefix(r.out, want) || strings.Contains(r.out, "NOTICE") ||
-		!strings.HasSuffix(r.out, ": 0 of 1 agent(s) took it\n") {
+		strings.Count(r.out, "unknown keyword") != 1 || !strings.HasSuffix(r.out, ": 0 of 1 agent(s) took it\n") {
 		t.Errorf("rejected reload: code %d stdout\n%s\nwant it to start\n%s", r.code, r.out, want)
 	}
 	// The last apply in the agent's state shows the same order.
@@ -331,6 +336,67 @@ func TestPushCommandFailsWhenAnAgentDoesNotTakeThePlan(t *testing.T) {
 	if !strings.Contains(st.out, "error reload: [ALERT] (7) : config : parsing [haproxy.cfg:18] : unknown keyword 'inter5s'\n    [ALERT]") ||
 		strings.Contains(st.out, "NOTICE") {
 		t.Errorf("agent state after the rejected reload:\n%s", st.out)
+	}
+}
+
+// ackWithError fronts a real agent and adds to each ACK of an apply the
+// error of files not yet in place, as an agent whose disk refused the
+// install answers: the apply stands, and the agent retries.
+func ackWithError(t *testing.T, agent *testAgent) string {
+	t.Helper()
+	target, _ := url.Parse(agent.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.URL.Path != haptic.PathApply || resp.StatusCode != http.StatusOK {
+			return nil
+		}
+		var result haptic.ApplyResult
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || json.Unmarshal(body, &result) != nil {
+			return fmt.Errorf("not an apply result: %q", body)
+		}
+		if result.OK {
+			result.Error = &haptic.ApplyError{Stage: string(haptic.StageWrite), Message: filesOwed + ": write maps/host.map: no space left on device"}
+		}
+		body, _ = json.Marshal(result)
+		resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+		resp.Header.Set("Content-Length", fmt.Sprint(len(body)))
+		return nil
+	}
+	srv := httptest.NewServer(proxy)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// An ACK whose files are not in place yet is not a plain success: the
+// answer's error is shown once, under the summary, and the push exits 3;
+// an agent that failed beside it makes it 1.
+func TestPushExitsThreeOnAnAcknowledgedError(t *testing.T) {
+	a, b := startCLIAgent(t, nil), startCLIAgent(t, nil)
+	owed := ackWithError(t, a)
+	r := runBinary(t, pushEnv, "push", "--agent", owed, "--agent", b.URL(), testDir("shop-v1"))
+	want := "summary: runtime 0, file_only 0, reload 2, scheduled 0, noop 0, failed 0\n" +
+		"acknowledged with an error:\n" +
+		"  " + owed + ": reload: no baseline; reloaded in "
+	if r.code != exitAckError || !strings.Contains(r.out, want) ||
+		!strings.Contains(r.out, "; "+filesOwed+": write maps/host.map: no space left on device\n") ||
+		strings.Count(r.out, owed) != 1 ||
+		!strings.HasSuffix(r.out, fmt.Sprintf("plan %s: 2 of 2 agent(s) took it, 1 with an error in the ACK\n", planOf(t, "shop-v1"))) {
+		t.Errorf("code %d, want %d; stdout\n%s\nwant it to hold\n%s", r.code, exitAckError, r.out, want)
+	}
+	// The ACK stands: the pod holds the plan.
+	if st := agentState(t, a); st.AppliedPlanID != planOf(t, "shop-v1") {
+		t.Errorf("applied %q", st.AppliedPlanID)
+	}
+	// A failure wins over an acknowledged error.
+	r = runBinary(t, pushEnv, "push", "--agent", owed, "--agent", "http://127.0.0.1:1", testDir("shop-v2"))
+	if r.code != exitFailure || !strings.Contains(r.out, "\nfailed:\n") || !strings.Contains(r.out, "\nacknowledged with an error:\n") {
+		t.Errorf("with a failed agent too: code %d, want %d; stdout\n%s", r.code, exitFailure, r.out)
+	}
+	// -h documents the statuses.
+	if h := runCLI(t, nil, "push", "-h"); h.code != exitOK || !strings.Contains(h.err, "3 every agent took the plan and some answered with an error beside the ACK") ||
+		!strings.Contains(h.err, "1 wins over 3") {
+		t.Errorf("push -h: %q", h.err)
 	}
 }
 
@@ -366,11 +432,15 @@ func TestPushAllBoundsParallelism(t *testing.T) {
 		if len(seen) != len(urls) || r.counts[outcomeFailed] != 2 || r.counts[haptic.ResultRuntime] != len(urls)-2 {
 			t.Errorf("parallel %d: reached %d agents, counts %v; want %d and 2 failed", parallel, len(seen), r.counts, len(urls))
 		}
-		if lines := strings.Count(out.String(), "\n"); lines != len(urls) {
-			t.Errorf("parallel %d: %d lines, want one per agent", parallel, lines)
+		// Each agent's line is printed once: a failure's in the summary.
+		r.printSummary("p1")
+		for _, url := range urls {
+			if n := strings.Count(out.String(), url+": "); n != 1 {
+				t.Errorf("parallel %d: %s is named %d times, want once", parallel, url, n)
+			}
 		}
-		if !strings.Contains(out.String(), "http://agent-07: error: connection refused\n") ||
-			!strings.Contains(out.String(), "http://agent-00: runtime: map_add\n") {
+		if !strings.Contains(out.String(), "\nfailed:\n  http://agent-07: error: connection refused\n  http://agent-17: error: connection refused\n") ||
+			!strings.HasPrefix(out.String(), "http://agent-") || !strings.Contains(out.String(), "http://agent-00: runtime: map_add\n") {
 			t.Errorf("parallel %d: output %q", parallel, out.String())
 		}
 	}
@@ -399,11 +469,58 @@ func TestPushLine(t *testing.T) {
 		{&haptic.ApplyResult{OK: true, Mode: "noop"}, nil, "noop: the pod already holds this plan", true},
 		{&haptic.ApplyResult{OK: true, Mode: "file_only"}, &haptic.Decision{Verdict: haptic.VerdictFileOnly, Reasons: []string{"map maps/x.map is not loaded at runtime, its file is written only"}},
 			"file_only: map maps/x.map is not loaded at runtime, its file is written only", true},
-		{&haptic.ApplyResult{OK: false, Mode: haptic.ResultRejected, Error: &haptic.ApplyError{Stage: "reload", Message: "line one\nline two\n"}},
-			nil, "rejected at stage \"reload\": line one\n    line two", false},
+		// An ACK that carries an error shows it.
+		{&haptic.ApplyResult{OK: true, Mode: "runtime", OpResults: []haptic.OpResult{{Kind: "map_add", OK: true}},
+			Error: &haptic.ApplyError{Stage: "write", Message: filesOwed + ": no space left on device"}},
+			runtime, "runtime: map_add; " + filesOwed + ": no space left on device", true},
+		// A NACK says what serves now, then HAProxy's message, once.
+		{&haptic.ApplyResult{OK: false, Mode: haptic.ResultRejected, RunningPlanID: "p1", Rollback: &haptic.RollbackInfo{Performed: true},
+			Error: &haptic.ApplyError{Stage: "reload", Message: "line one\nline two\n"}},
+			nil, "rejected at stage \"reload\"; the previous configuration is still serving (plan p1):\n    line one\n    line two", false},
+		{&haptic.ApplyResult{OK: false, Mode: haptic.ResultRejected, Error: &haptic.ApplyError{Stage: "write"}},
+			nil, "rejected at stage \"write\"; the agent no longer names a running plan, so what HAProxy serves now is not known (haptic agent state shows its worker)", false},
 	} {
-		if line, ok := pushLine(c.result, c.decision); line != c.line || ok != c.ok {
+		if line, ok := pushLine(pushResult{result: c.result, decision: c.decision}); line != c.line || ok != c.ok {
 			t.Errorf("pushLine = %q, %t; want %q, %t", line, ok, c.line, c.ok)
+		}
+	}
+}
+
+// filesOwed is how the agent's answer starts for an ACK whose files are
+// not in place yet.
+const filesOwed = "acknowledged, but its files are not in place yet: the agent retries, and is not ready until they are"
+
+// What a refused push says serves now: only what the answer (and the
+// state read before it) can vouch for.
+func TestServingAfterARefusal(t *testing.T) {
+	fresh, ran := &haptic.State{}, &haptic.State{RunningPlanID: "p0"}
+	for _, c := range []struct {
+		name   string
+		result haptic.ApplyResult
+		before *haptic.State
+		want   string
+	}{
+		{"HAProxy refused the reload: the worker it kept serves on",
+			haptic.ApplyResult{RunningPlanID: "p0", Rollback: &haptic.RollbackInfo{Performed: true}}, ran,
+			"the previous configuration is still serving (plan p0)"},
+		{"ops had run: the restored files were reloaded",
+			haptic.ApplyResult{RunningPlanID: "p0", Rollback: &haptic.RollbackInfo{Performed: true, Reloaded: true}}, ran,
+			"the previous configuration is serving again (plan p0): HAProxy reloaded the restored files"},
+		{"restored and reloaded on a pod that ran no plan before",
+			haptic.ApplyResult{Rollback: &haptic.RollbackInfo{Performed: true, Reloaded: true}}, fresh,
+			"the previous configuration is serving again: HAProxy reloaded the restored files"},
+		{"a first push refused",
+			haptic.ApplyResult{Rollback: &haptic.RollbackInfo{Performed: true}}, fresh,
+			"the pod ran no pushed plan before this push, and the agent names none now"},
+		{"the recovery reload failed: the agent vouches for nothing",
+			haptic.ApplyResult{Rollback: &haptic.RollbackInfo{Performed: true}}, ran,
+			"the agent no longer names a running plan, so what HAProxy serves now is not known (haptic agent state shows its worker)"},
+		{"nothing read before, nothing named after",
+			haptic.ApplyResult{}, nil,
+			"the agent no longer names a running plan, so what HAProxy serves now is not known (haptic agent state shows its worker)"},
+	} {
+		if got := servingAfter(&c.result, c.before); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
 	}
 }
@@ -431,7 +548,7 @@ func TestPushCommandUsage(t *testing.T) {
 		{"previous not a directory", []string{"--agent", "http://a:1", "--previous", testDir("absent"), testDir("shop-v1")}, exitFailure, "haptic push: --previous: plan from "},
 		// The next render's error is the one reported when both fail.
 		{"neither a directory", []string{"--agent", "http://a:1", "--previous", testDir("absent"), testDir("gone")}, exitFailure, "haptic push: plan from "},
-		{"key without certificate", []string{"--agent", "https://a:1", "--tls-key", "k.pem", testDir("shop-v1")}, exitFailure, "a client certificate and its key go together"},
+		{"key without certificate", []string{"--agent", "https://a:1", "--tls-key", "k.pem", testDir("shop-v1")}, exitFailure, "--tls-cert and --tls-key go together"},
 		{"TLS over http", []string{"--agent", "http://127.0.0.1:1", "--tls-server-name", "agent", testDir("shop-v1")}, exitFailure, "must be https when TLS is set"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

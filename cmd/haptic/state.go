@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -27,15 +26,15 @@ const healthTimeout = 5 * time.Second
 
 func runAgentState(ctx context.Context, args []string, s stdio) int {
 	fs := newFlagSet("agent state", "haptic agent state [--base-dir DIR] [--admin-socket PATH | --url URL | --agents-dns URL] "+
-		"[--tls-dir DIR] [--tls-server-name NAME] [--verify] [--files] [--output text|json] [--timeout D]\n"+
+		"[--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--tls-server-name NAME] [--verify] [--files] [--output text|json] [--timeout D]\n"+
 		"With --url or --agents-dns: "+credsHaptic+", else "+credsDataplane+" (HTTP Basic).", s)
 	baseDir := fs.String("base-dir", defaultBaseDir, "the agent's base directory; locates the admin socket")
 	adminSocket := fs.String("admin-socket", defaultAdminSocket, "the agent's admin socket, relative to --base-dir unless absolute")
 	url := fs.String("url", "", "read one agent over TCP instead, e.g. https://pod-ip:5555")
 	var dnsURL string
 	fleetFlag(fs, &dnsURL)
-	tlsDir := fs.String("tls-dir", "", "over https: tls.crt and tls.key are the client identity, ca.crt the roots")
-	tlsServerName := fs.String("tls-server-name", "", "over https: the name the agents' serving certificates must carry; default: the URL's host")
+	var tlsFlags clientTLSFlags
+	tlsFlags.register(fs)
 	verify := fs.Bool("verify", false, "make the agent re-hash its files and re-check the HAProxy worker first (verify=1)")
 	files := fs.Bool("files", false, "add the table of held files (text output)")
 	output := fs.String("output", "text", "text or json")
@@ -55,18 +54,14 @@ func runAgentState(ctx context.Context, args []string, s stdio) int {
 		return usageError(fs, "--url names one agent and --agents-dns a fleet; give one")
 	case dnsURL != "" && (*files || *output != "text"):
 		return usageError(fs, "--agents-dns prints one row per pod; --files and --output json read one agent (--url)")
-	case (*tlsDir != "" || *tlsServerName != "") && *url == "" && dnsURL == "":
-		return usageError(fs, "--tls-dir and --tls-server-name need an https --url or --agents-dns; the admin socket speaks plain HTTP")
+	case tlsFlags.set() && *url == "" && dnsURL == "":
+		return usageError(fs, "the --tls-* flags need an https --url or --agents-dns; the admin socket speaks plain HTTP")
 	}
 
 	creds := credentialsFrom(s.getenv)
-	var certFile, keyFile, caFile string
-	if *tlsDir != "" {
-		certFile, keyFile, caFile = filepath.Join(*tlsDir, "tls.crt"), filepath.Join(*tlsDir, "tls.key"), filepath.Join(*tlsDir, "ca.crt")
-	}
-	tlsConfig, err := clientTLS(certFile, keyFile, caFile, *tlsServerName)
+	tlsConfig, err := tlsFlags.tlsConfig()
 	if err != nil {
-		fmt.Fprintf(s.err, "haptic agent state: --tls-dir: %v\n", err)
+		fmt.Fprintf(s.err, "haptic agent state: %v\n", err)
 		return exitFailure
 	}
 	read := haptic.StateRead{Verify: *verify}

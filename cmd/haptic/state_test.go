@@ -218,13 +218,16 @@ func TestAgentStateCommand(t *testing.T) {
 		{"bad output", []string{"--base-dir", base, "--output", "yaml"}, exitUsage, "--output must be text or json"},
 		{"unknown flag", []string{"--frobnicate"}, exitUsage, "flag provided but not defined"},
 		{"stray argument", []string{"extra"}, exitUsage, `unexpected argument "extra"`},
-		{"tls-dir without url", []string{"--tls-dir", "/nonexistent"}, exitUsage,
-			"--tls-dir and --tls-server-name need an https --url or --agents-dns; the admin socket speaks plain HTTP"},
+		{"TLS without url", []string{"--tls-ca", "/nonexistent"}, exitUsage,
+			"the --tls-* flags need an https --url or --agents-dns; the admin socket speaks plain HTTP"},
+		{"the agent's own --tls-dir", []string{"--url", "https://127.0.0.1:1", "--tls-dir", "/nonexistent"}, exitUsage,
+			"flag provided but not defined: -tls-dir"},
 		{"url and agents-dns", []string{"--url", "http://127.0.0.1:1", "--agents-dns", "http://agents.test:1"}, exitUsage,
 			"--url names one agent and --agents-dns a fleet; give one"},
 		{"files of a fleet", []string{"--agents-dns", "http://agents.test:1", "--files"}, exitUsage,
 			"--agents-dns prints one row per pod; --files and --output json read one agent (--url)"},
-		{"unusable tls-dir", []string{"--url", "https://127.0.0.1:1", "--tls-dir", "/nonexistent"}, exitFailure, "haptic agent state: --tls-dir: "},
+		{"a missing CA file", []string{"--url", "https://127.0.0.1:1", "--tls-ca", "/nonexistent/ca.crt"}, exitFailure,
+			"haptic agent state: --tls-ca: open /nonexistent/ca.crt: no such file or directory"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := runCLI(t, nil, append([]string{"agent", "state"}, c.args...)...)
