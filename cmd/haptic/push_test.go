@@ -1,8 +1,8 @@
 // Tests of `haptic push`: agents on fake HAProxies taking a reload, a
 // runtime change and a no-op, each line saying why; the summary, --expect
 // and --quiet; the time limits against hung agents; the progress line on a
-// terminal; the exit status when an agent does not take the plan; the
-// usage errors.
+// terminal; the exit status when an agent does not take the plan; a
+// canary not ready after the push; the usage errors.
 
 package main
 
@@ -723,4 +723,52 @@ func BenchmarkPushOneEntryBigMap(b *testing.B) {
 	}
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "push-ms")
+}
+
+// notReadyAfterApply fronts a real agent: every request passes through,
+// and once an apply has, /readyz answers 503 why, as an agent whose disk
+// owes the files it acknowledged does.
+func notReadyAfterApply(t *testing.T, agent *testAgent, why string) string {
+	t.Helper()
+	target, _ := url.Parse(agent.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var applied atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == haptic.PathReadyz && applied.Load() {
+			http.Error(w, why, http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+		if r.URL.Path == haptic.PathApply {
+			applied.Store(true)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// A canary that took the plan and is not ready after it stops the push,
+// through the command's own wiring: the push asks each canary's /readyz
+// once its apply is answered, prints the agent's reason, and leaves the
+// agents after the canaries untouched.
+func TestPushCommandStopsAtACanaryNotReadyAfterThePush(t *testing.T) {
+	a, b := startCLIAgent(t, nil), startCLIAgent(t, nil)
+	const why = "the agent's tree is not yet what its state says: no space left on device"
+	canary := notReadyAfterApply(t, a, why)
+	r := runCLI(t, pushEnv, "push", "--canary", "1", "--agent", canary, "--agent", b.URL(), testDir("shop-v1"))
+	if st := agentState(t, b); st.Generation != 0 || st.AppliedPlanID != "" {
+		t.Errorf("the agent after the canary was pushed: generation %d, applied %q", st.Generation, st.AppliedPlanID)
+	}
+	took := regexp.QuoteMeta(canary) + `: reload: no baseline; reloaded in \d+ ms, worker pid \d+; not ready after the push: ` + regexp.QuoteMeta(why)
+	matchLines(t, r.out,
+		took,
+		`summary: runtime 0, file_only 0, reload 1, scheduled 0, noop 0, failed 0`,
+		`not ready after the push:`,
+		`  `+took,
+		`untouched \(the canary of 1 stopped the push: 1 not ready after the push\):`,
+		`  `+regexp.QuoteMeta(b.URL()),
+		`plan `+planOf(t, "shop-v1")+`: 1 of 2 agent\(s\) took it, 1 not ready after it, 1 left untouched`)
+	if r.code != exitFailure {
+		t.Errorf("code %d, want %d", r.code, exitFailure)
+	}
 }
