@@ -272,9 +272,7 @@ func TestDashboardAndRulesNameOnlyExposedMetrics(t *testing.T) {
 		}
 	}
 	for name := range families {
-		// The build's version is a label to join on, not a panel of its
-		// own; the dashboard may show it, and need not.
-		if !onDashboard[name] && name != "haptic_agent_build_info" {
+		if !onDashboard[name] {
 			t.Errorf("the dashboard shows nothing of %s", name)
 		}
 	}
