@@ -136,6 +136,36 @@ func TestDrainRestartsTheQuietPeriodOnEveryNewConnection(t *testing.T) {
 	}
 }
 
+// A count that falls is a change too: after a reload the counter is the
+// new worker's, which starts again from zero while connections keep coming,
+// so a drop says nothing about quiet. The quiet period restarts on it as on
+// a rise, and the answer carries the last count read.
+func TestDrainRestartsTheQuietPeriodWhenTheCountFalls(t *testing.T) {
+	const traffic, from = 120 * time.Millisecond, 1000
+	n := uint64(from)
+	frozen := false
+	c := &scriptedCounter{script: func(_ int, elapsed time.Duration) (uint64, error) {
+		if !frozen {
+			n--
+			frozen = elapsed >= traffic
+		}
+		return n, nil
+	}}
+	res, elapsed, waited := timedDrain(t, newTestDrainer(c.count, nil))
+
+	_, last := c.snapshot()
+	if res.Reason != DrainReasonQuiet || res.Connections != last {
+		t.Fatalf("result %+v, want quiet with the final count %d", res, last)
+	}
+	if from-last < 3 {
+		t.Fatalf("the count fell only %d times; the fall did not overlap several polls", from-last)
+	}
+	if elapsed < traffic+testDrainQuiet || waited < traffic+testDrainQuiet {
+		t.Errorf("ended after %v (waited %v), want at least the fall %v + quiet %v",
+			elapsed, waited, traffic, testDrainQuiet)
+	}
+}
+
 func TestDrainStopsAtTheBoundUnderConstantTraffic(t *testing.T) {
 	c := &scriptedCounter{script: func(call int, _ time.Duration) (uint64, error) { return uint64(call) * 10, nil }}
 	res, elapsed, waited := timedDrain(t, newTestDrainer(c.count, nil))
@@ -167,6 +197,28 @@ func TestDrainCutsAHangingReadAtTheBound(t *testing.T) {
 	}
 	if elapsed < testDrainMaxWait || elapsed > testDrainMaxWait+testDrainSlack {
 		t.Errorf("ended after %v, want about the %v bound", elapsed, testDrainMaxWait)
+	}
+}
+
+// A read that HAProxy answers only at the bound, with the count unchanged
+// since long before, makes the quiet period and the bound hold at once. The
+// answer is quiet: the traffic did stop, and bound would tell the hook it
+// was cut off with connections still coming.
+func TestDrainAnswersQuietWhenTheBoundHoldsToo(t *testing.T) {
+	calls := 0 // read by the run's goroutine only
+	late := func(ctx context.Context) (uint64, error) {
+		if calls++; calls > 1 {
+			<-ctx.Done()
+		}
+		return 7, nil
+	}
+	res, elapsed, _ := timedDrain(t, newTestDrainer(late, nil))
+
+	if elapsed < testDrainMaxWait {
+		t.Fatalf("ended after %v, before the %v bound: the test does not reach the rule", elapsed, testDrainMaxWait)
+	}
+	if res.Reason != DrainReasonQuiet || res.Connections != 7 {
+		t.Errorf("result %+v, want quiet with 7 connections", res)
 	}
 }
 

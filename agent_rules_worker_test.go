@@ -41,26 +41,30 @@ func silenceNewWorkers(fake *FakeHAProxy, silent ...int) {
 // and adopts that one.
 func TestAnAnswerWithoutAWorkerIdentityIsNotTheNewWorker(t *testing.T) {
 	e, fs := landedEnv(t, nil, nil)
-	var cuts atomic.Int32 // replies to show info still to cut
+	var toCut, cut atomic.Int32 // replies to show info still to cut, and cut
 	e.fake.With(func(m *FakeModel) {
 		load := m.OnReload
 		m.OnReload = func(m *FakeModel) {
 			load(m)
-			cuts.Store(2) // the identity line of the first poll, then its show info alone
+			toCut.Store(2) // the identity line of the first poll, then its show info alone
 		}
 		m.CutReply = func(line string) (int, bool) {
-			return 0, strings.Contains(line, identityCommand) && cuts.Add(-1) >= 0
+			if !strings.Contains(line, identityCommand) || toCut.Add(-1) < 0 {
+				return 0, false
+			}
+			cut.Add(1)
+			return 0, true
 		}
 	})
 	next := fs.clone()
 	next[ConfigFilePath] += "# 2\n"
 	res := e.c.apply(reloadManifest(e, "plan-2", next), next)
-	if cuts.Load() >= 0 {
-		t.Fatal("no reply to show info was cut after the reload: the test does not reach the rule")
+	if cut.Load() != 2 {
+		t.Fatalf("%d replies to show info were cut after the reload, want 2: the test does not reach the rule", cut.Load())
 	}
 	worker := e.fake.Worker()
 	if !res.OK || res.Mode != ResultReload || res.Reload == nil || res.Reload.WorkerPID != worker.WorkerPID {
-		t.Fatalf("the reload adopted worker pid %v, the new worker is %d: %s", res.Reload, worker.WorkerPID, jsonOf(res))
+		t.Fatalf("the reload adopted another worker than the new one, pid %d: %s", worker.WorkerPID, jsonOf(res))
 	}
 	if st := e.c.state("?plan=0"); !st.HAProxy.SameWorker(worker) || st.RunningPlanID != "plan-2" {
 		t.Errorf("the state names worker %+v running %q, want the new worker %+v running plan-2", st.HAProxy, st.RunningPlanID, worker)
