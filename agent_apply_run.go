@@ -298,7 +298,7 @@ func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloa
 		return d.fail(in, ch, stage, err, o)
 	}
 	if in.steps.act == activateJoin {
-		o.due = in.before.PendingAt
+		o.due = in.before.PendingAt // a pending reload is never moved
 		return d.schedule(in, o, true)
 	}
 	return d.reload(in, ch, reason, o)
@@ -358,9 +358,6 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 // schedule answers an apply whose reload waits for the pacer, and runs its
 // in-place ops against the worker that keeps serving until then.
 func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
-	if st := d.led.state(); st.reloadPending() {
-		o.due = st.PendingAt // a pending reload is never moved
-	}
 	o.reloadInfo = &ReloadInfo{ScheduledAt: o.due.UTC().Format(time.RFC3339Nano)}
 	o.ok, o.mode = true, ResultScheduled
 	if inPlace && len(in.m.InPlaceOps) > 0 {
