@@ -71,7 +71,7 @@ func TestThePacerDoesNotReloadWhileAnACKedInstallIsOwed(t *testing.T) {
 // fake's reload count before the pacer fired, and the pacer's result.
 func scheduledReloadWithoutAVerdict(t *testing.T) (e *testEnv, fs fileSet, reloads int, la *ApplyResult) {
 	t.Helper()
-	e = newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin, c.ReloadTimeout = time.Minute, 300*time.Millisecond }, nil)
+	e = newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin, c.ReloadTimeout = time.Minute, 500*time.Millisecond }, nil)
 	fs, _, _ = e.landThenSchedule(t)
 	reloads = fakeReloads(e.fake)
 	silenceNewWorkers(e.fake, 1)
