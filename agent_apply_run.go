@@ -298,7 +298,7 @@ func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloa
 		return d.fail(in, ch, stage, err, o)
 	}
 	if in.steps.act == activateJoin {
-		o.due = in.before.PendingAt
+		o.due = in.before.PendingAt // a pending reload is never moved
 		return d.schedule(in, o, true)
 	}
 	return d.reload(in, ch, reason, o)
@@ -358,9 +358,6 @@ func (d *applyDeps) reloadDurably(ctx context.Context) (*ReloadInfo, error) {
 // schedule answers an apply whose reload waits for the pacer, and runs its
 // in-place ops against the worker that keeps serving until then.
 func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
-	if st := d.led.state(); st.reloadPending() {
-		o.due = st.PendingAt // a pending reload is never moved
-	}
 	o.reloadInfo = &ReloadInfo{ScheduledAt: o.due.UTC().Format(time.RFC3339Nano)}
 	o.ok, o.mode = true, ResultScheduled
 	if inPlace && len(in.m.InPlaceOps) > 0 {
@@ -520,7 +517,8 @@ func (d *applyDeps) restore(in *applyInput, wants []want, sources map[FileAt][]s
 // pacer, a bounded number of times: a master still busy with a slow reload
 // may be serving the set the undo took away.
 func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
-	if _, err := d.reloadToRecover(in.ctx); err == nil {
+	_, err := d.reloadToRecover(in.ctx)
+	if err == nil {
 		o.recovered = true
 	} else if errors.Is(err, errReloadRejected) && o.undone {
 		d.logger.Error("HAProxy refused the restored tree too; restoring the last-known-good set", "plan_id", in.m.PlanID, "err", err)
@@ -538,12 +536,14 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 	}
 	d.invariant(false, invRecoveryReload)
 	d.logger.Error("the recovery reload failed; the running plan is unknown", "plan_id", in.m.PlanID)
-	switch st := d.led.state(); {
-	case !st.Applied.complete() || in.ctx.Err() != nil: // no plan to reload, or the agent stops
+	// The plan to reload is the one the apply found, once the undo put its
+	// tree back (the undo's record, written first, could not name it).
+	switch applied := in.before.Applied; {
+	case !o.undone || errors.Is(err, errReloadRejected) || !applied.complete() || in.ctx.Err() != nil: // or the agent stops
 	case !d.led.takeRepair():
 		d.logger.Error("the restored tree could not be reloaded; a new apply must reload it", "attempts", maxRepairReloads)
 	default:
-		d.led.repairPending(st.Applied, d.now().Add(d.rt.ReloadTimeout))
+		d.led.repairPending(applied, d.now().Add(d.rt.ReloadTimeout))
 		notify(d.wake)
 	}
 	return o

@@ -1,6 +1,7 @@
 // Tests of the drain a preStop hook waits on (agent_drain.go), on a
-// scripted connection counter: it ends after a quiet period without new
-// connections, stops at its bound under constant traffic or a hanging read,
+// scripted connection counter: it ends after a quiet period in which the
+// count did not change (up or down), stops at its bound under constant
+// traffic or a hanging read, answers quiet where the bound holds too,
 // returns at once when the worker is gone or the agent stops, shares one
 // run between concurrent callers (one that leaves cancels nothing), and
 // ignores the frontends it is told to.
@@ -108,31 +109,43 @@ func TestDrainEndsAfterTheQuietPeriod(t *testing.T) {
 	}
 }
 
-func TestDrainRestartsTheQuietPeriodOnEveryNewConnection(t *testing.T) {
-	const traffic = 120 * time.Millisecond
-	// A new connection on every read until traffic has passed, the last one
-	// on the first read at or after it; then the count stands still.
-	var n uint64
-	frozen := false
-	c := &scriptedCounter{script: func(_ int, elapsed time.Duration) (uint64, error) {
-		if !frozen {
-			n++
-			frozen = elapsed >= traffic
-		}
-		return n, nil
-	}}
-	res, elapsed, waited := timedDrain(t, newTestDrainer(c.count, nil))
+// The quiet period restarts on every change of the count: a new connection,
+// and a count that falls, which is a change too: after a reload the counter
+// is the new worker's, which starts again from zero while connections keep
+// coming, so a drop says nothing about quiet. The answer carries the last
+// count read.
+func TestDrainRestartsTheQuietPeriodOnEveryChange(t *testing.T) {
+	const traffic, from = 120 * time.Millisecond, 1000
+	for _, tc := range []struct {
+		name string
+		step int
+	}{{"a new connection", 1}, {"a count that falls", -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The count moves on every read until traffic has passed, the
+			// last time on the first read at or after it; then it stands still.
+			n := uint64(from)
+			frozen := false
+			c := &scriptedCounter{script: func(_ int, elapsed time.Duration) (uint64, error) {
+				if !frozen {
+					n += uint64(tc.step)
+					frozen = elapsed >= traffic
+				}
+				return n, nil
+			}}
+			res, elapsed, waited := timedDrain(t, newTestDrainer(c.count, nil))
 
-	_, last := c.snapshot()
-	if res.Reason != DrainReasonQuiet || res.Connections != last {
-		t.Fatalf("result %+v, want quiet with the final count %d", res, last)
-	}
-	if last < 3 {
-		t.Fatalf("only %d connections were seen; the traffic did not overlap several polls", last)
-	}
-	if elapsed < traffic+testDrainQuiet || waited < traffic+testDrainQuiet {
-		t.Errorf("ended after %v (waited %v), want at least traffic %v + quiet %v",
-			elapsed, waited, traffic, testDrainQuiet)
+			_, last := c.snapshot()
+			if res.Reason != DrainReasonQuiet || res.Connections != last {
+				t.Fatalf("result %+v, want quiet with the final count %d", res, last)
+			}
+			if moves := max(last, from) - min(last, from); moves < 3 {
+				t.Fatalf("the count moved only %d times; the traffic did not overlap several polls", moves)
+			}
+			if elapsed < traffic+testDrainQuiet || waited < traffic+testDrainQuiet {
+				t.Errorf("ended after %v (waited %v), want at least traffic %v + quiet %v",
+					elapsed, waited, traffic, testDrainQuiet)
+			}
+		})
 	}
 }
 
@@ -167,6 +180,28 @@ func TestDrainCutsAHangingReadAtTheBound(t *testing.T) {
 	}
 	if elapsed < testDrainMaxWait || elapsed > testDrainMaxWait+testDrainSlack {
 		t.Errorf("ended after %v, want about the %v bound", elapsed, testDrainMaxWait)
+	}
+}
+
+// A read that HAProxy answers only at the bound, with the count unchanged
+// since long before, makes the quiet period and the bound hold at once. The
+// answer is quiet: the traffic did stop, and bound would tell the hook it
+// was cut off with connections still coming.
+func TestDrainAnswersQuietWhenTheBoundHoldsToo(t *testing.T) {
+	calls := 0 // read by the run's goroutine only
+	late := func(ctx context.Context) (uint64, error) {
+		if calls++; calls > 1 {
+			<-ctx.Done()
+		}
+		return 7, nil
+	}
+	res, elapsed, _ := timedDrain(t, newTestDrainer(late, nil))
+
+	if elapsed < testDrainMaxWait {
+		t.Fatalf("ended after %v, before the %v bound: the test does not reach the rule", elapsed, testDrainMaxWait)
+	}
+	if res.Reason != DrainReasonQuiet || res.Connections != 7 {
+		t.Errorf("result %+v, want quiet with 7 connections", res)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -504,6 +505,39 @@ func TestInstallRenamesTheConfigLast(t *testing.T) {
 	f.discard(ts.disk)
 	if left := ts.tempEntries(t); len(left) != 0 {
 		t.Errorf("temp files left: %q", left)
+	}
+}
+
+// TestAnInstallFallsBackToARenameWhereTheExchangeIsRefused: a filesystem
+// or kernel without RENAME_EXCHANGE refuses it with ENOSYS (no renameat2)
+// or EINVAL (a filesystem that lacks the flag, as some network and FUSE
+// filesystems do). Either way the file goes into place by a plain rename,
+// which is as atomic, only slower on ext4.
+func TestAnInstallFallsBackToARenameWhereTheExchangeIsRefused(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOSYS, syscall.EINVAL} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			ts := newTestStore(t, nil)
+			ts.write(t, "maps/a.map", "old\n")
+			var mu sync.Mutex
+			var ops []string
+			ts.hook.setHook(func(op diskOp) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if strings.HasSuffix(op.Path, "/maps/a.map") {
+					ops = append(ops, op.Op)
+					if op.Op == "exchange" {
+						return &os.LinkError{Op: "renameat2", Old: "tmp", New: op.Path, Err: errno}
+					}
+				}
+				return nil
+			})
+			if err := ts.install([]*stagedFile{ts.stageContent(t, "maps/a.map", "new\n")}, nil); err != nil {
+				t.Fatalf("install: %v", err)
+			}
+			if got, _ := ts.read(t, "maps/a.map"); got != "new\n" || !slices.Equal(ops, []string{"exchange", "rename"}) {
+				t.Errorf("maps/a.map holds %q after %q, want the new bytes by a rename after the refused exchange", got, ops)
+			}
+		})
 	}
 }
 
