@@ -100,6 +100,7 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 	if reloadWithoutVerdict(cause) {
 		_, rerr := d.reloadToRecover(ctx)
 		result.Rollback.Reloaded = rerr == nil
+		d.invariant(rerr == nil, invRecoveryReload) // the worker may serve the set the undo took away
 	}
 	tree := map[string]*FileAt{}
 	for _, e := range st.PendingUndo {

@@ -137,3 +137,27 @@ func TestAnApplyJoiningAPendingReloadAnswersItsTime(t *testing.T) {
 		t.Errorf("the pending reload moved from %s to %s", scheduled.Reload.ScheduledAt, st.ReloadPendingAt)
 	}
 }
+
+// TestAFailedRecoveryAfterAScheduledReloadIsCounted: when the reload of the
+// tree put back after a scheduled reload without a verdict gets no verdict
+// either, the worker may serve the set the undo took off the disk, a
+// configuration nobody chose: the recovery_reload invariant counts it, as
+// after an apply's own failed recovery, so that the alert that pages on it
+// fires.
+func TestAFailedRecoveryAfterAScheduledReloadIsCounted(t *testing.T) {
+	e := newTestEnv(t, func(c *AgentConfig) { c.ReloadIntervalMin, c.ReloadTimeout = time.Minute, 500*time.Millisecond }, nil)
+	e.landThenSchedule(t)
+	silenceNewWorkers(e.fake, 1, 2)
+	pastTheWindow(e.a)
+	var la *ApplyResult
+	waitFor(t, "the pacer's result", func() bool {
+		la = e.c.state("").LastApply
+		return la != nil && la.Mode != ResultScheduled
+	})
+	if la.Rollback == nil || la.Rollback.Reloaded {
+		t.Errorf("rollback %s: want the restored tree's reload to have failed", jsonOf(la.Rollback))
+	}
+	if n := metricValue(e.a, "invariant_violations_total", invRecoveryReload); n != 1 {
+		t.Errorf("recovery_reload counted %d times, want 1", n)
+	}
+}
