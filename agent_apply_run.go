@@ -328,6 +328,9 @@ func (d *applyDeps) reload(in *applyInput, ch changeSet, reason reloadReason, o 
 		// still take effect.
 		o.reloaded = reloadWithoutVerdict(err)
 		o.refused = errors.Is(err, errReloadRejected) && !o.opsRan
+		if in.id.revert {
+			return d.fail(in, ch, StageRevertReload, err, o)
+		}
 		return d.fail(in, ch, StageReload, err, o)
 	}
 	// The new worker loaded the whole set: what invalidated the baseline

@@ -1891,3 +1891,21 @@ func TestAFullLogIsCompactedAfterTheAnswer(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A revert whose reload HAProxy refuses fails at its own stage,
+// revert_reload, in the answer and in haptic_agent_apply_rejected_total:
+// an operator tells a refused last-known-good set from a refused render.
+func TestARefusedRevertReloadFailsAtRevertReload(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2["notes/created.txt"] = "created\n"
+	res2 := applyFileOnly(t, e.c, "plan-2", fs2)
+	e.fake.With(func(m *FakeModel) { m.ReloadFails = true })
+	res := e.c.apply(e.revertManifest("plan-2", res2.AppliedPlanProof), nil)
+	if res.OK || res.Error == nil || res.Error.Stage != StageRevertReload {
+		t.Fatalf("the refused revert: %s; want a failure at stage %s", jsonOf(res), StageRevertReload)
+	}
+	if n := metricValue(e.a, "apply_rejected_total", StageRevertReload); n != 1 {
+		t.Errorf("apply_rejected_total{stage=revert_reload} = %d, want 1", n)
+	}
+}
