@@ -48,8 +48,8 @@ func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f 
 // does not change; the controller learns the verdict from last_apply.
 func (a *Agent) fireScheduled(ctx context.Context) {
 	d := a.deps
-	if !a.Ready() || ctx.Err() != nil {
-		return
+	if st := d.led.state(); !a.Ready() || ctx.Err() != nil || !st.reloadPending() {
+		return // an idle tick takes no lock, so its release compacts nothing: the owed retry paces that
 	}
 	d.lock()
 	defer d.unlock()
