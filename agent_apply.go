@@ -88,6 +88,9 @@ type applyDeps struct {
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
 	owed     *owedTree
 	retrying bool
+	// compactFailures: compactions failed in a row, since compactFailingSince.
+	compactFailures     int
+	compactFailingSince time.Time
 	// ctx is Run's context, which ends when the agent stops; set before
 	// any goroutine starts. A scheduled reload wakes the pacer on wake.
 	ctx  context.Context
