@@ -76,7 +76,9 @@ type applyDeps struct {
 	now     func() time.Time
 	nack    knownBad
 
-	reloadIntervalMin time.Duration
+	reloadIntervalMin   time.Duration
+	compactFailures     int       // compactions failed in a row, guarded by applyMu
+	compactFailingSince time.Time // when the first of them failed
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
@@ -88,9 +90,6 @@ type applyDeps struct {
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
 	owed     *owedTree
 	retrying bool
-	// compactFailures: compactions failed in a row, since compactFailingSince.
-	compactFailures     int
-	compactFailingSince time.Time
 	// ctx is Run's context, which ends when the agent stops; set before
 	// any goroutine starts. A scheduled reload wakes the pacer on wake.
 	ctx  context.Context

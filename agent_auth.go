@@ -48,10 +48,9 @@ const (
 // with 429 unchecked, the right password too: a controller and a guesser
 // behind one address differ in nothing else, so serving the right one would
 // tell every guess whether it was right. Only a connection on which a
-// request authenticated needs no budget; a controller that must not share
-// a guesser's address's fate needs its own address, or mutual TLS, where
-// nothing can be guessed (the handshake verifies the certificate) and no
-// budget applies. A failure answers at once and closes its connection.
+// request authenticated needs no budget. Mutual TLS has no budget: nothing
+// can be guessed (the handshake verifies the certificate). A failure
+// answers at once and closes its connection.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	var scheme string
 	switch {

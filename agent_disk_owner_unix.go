@@ -23,13 +23,10 @@ func fileOwner(fi fs.FileInfo) (uid int, links uint64, ok bool) {
 	return 0, 0, false
 }
 
-// lockTree takes an exclusive lock on the tree's base directory itself for
-// the agent's life (it ends when the descriptor is closed, or the process).
-// Two agents on one tree would interleave their records in one log, hand
-// out the same generation for different plans, and the next start would
-// set the whole history aside: the second is refused at once. A lock on a
-// file in the tree ended when the file was removed or replaced; the
-// directory cannot be while it holds the tree.
+// lockTree takes an exclusive lock on the tree's base directory for the
+// agent's life: two agents on one tree would interleave their records in
+// one log and hand out one generation twice. The directory itself, since a
+// lock on a file in the tree ended when the file was removed or replaced.
 func lockTree(base string) (*os.File, error) {
 	f, err := os.Open(base)
 	if err != nil {

@@ -91,21 +91,18 @@ func (a *Agent) newServer(name string, h http.Handler, base func(net.Listener) c
 	}
 }
 
-// capped wraps ln so that it holds at most the listener's maxConns
-// connections at once.
+// capped wraps ln so that it holds at most the listener's maxConns.
 func (a *Agent) capped(name string, ln net.Listener) net.Listener {
 	return &cappedListener{Listener: ln, name: name, max: max(1, a.limits[name].maxConns),
 		refused: func() { a.metrics.connsRefused.inc(name) }, logger: a.logger, waiting: map[netip.Prefix][]*cappedConn{}}
 }
 
-// cappedListener holds at most max connections. At the cap, a new
-// connection takes the place of one that has not authenticated (victim),
-// or is refused; the loser is reset and counted. Before it authenticates a
-// client is nothing but its address (peerKey): first come, first served,
-// 600 slow headers from 8 addresses kept a leader's pushes out for 4-10 s.
-// Accept refuses in a loop, never with an error: Serve's backoff after one
-// (up to 1 s) kept a controller queued behind refused connections in the
-// kernel's backlog for 8 s, while a refusal holds nothing.
+// cappedListener holds at most max connections. At the cap, a new one
+// takes the place of one that has not authenticated (victim), or is
+// refused; the loser is reset and counted. Unauthenticated, a client is but
+// its address: first come, first served, 600 slow headers from 8 addresses
+// kept pushes out for 4-10 s. Accept refuses in a loop, never with an
+// error: Serve's backoff after one kept a controller queued for 8 s.
 type cappedListener struct {
 	net.Listener
 	name    string
@@ -163,11 +160,10 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 	}
 }
 
-// victim is the connection a newcomer from peer takes the place of: the
-// oldest waiting one of the address waiting on the most, when that is at
-// least two more than peer's (so that an eviction narrows the gap, never
-// swaps a slot back and forth); else nil. The metrics listener
-// authenticates no one, and the local sockets' clients share one address.
+// victim is the oldest waiting connection of the address waiting on the
+// most, when that is at least two more than peer's, so that an eviction
+// narrows the gap, never swaps a slot back and forth; else nil. An
+// attacker so needs an address per slot to keep a controller out.
 func victim(waiting map[netip.Prefix][]*cappedConn, peer netip.Prefix) *cappedConn {
 	var most []*cappedConn
 	for _, w := range waiting {
@@ -185,18 +181,15 @@ func victim(waiting map[netip.Prefix][]*cappedConn, peer netip.Prefix) *cappedCo
 // once when it leaves (closed or evicted).
 func (l *cappedListener) forgetLocked(c *cappedConn, leaves bool) {
 	if leaves && !c.gone {
-		c.gone = true
-		l.held--
+		c.gone, l.held = true, l.held-1
 	}
-	if w := slices.DeleteFunc(l.waiting[c.peer], func(o *cappedConn) bool { return o == c }); len(w) > 0 {
-		l.waiting[c.peer] = w
-	} else {
+	w := slices.DeleteFunc(l.waiting[c.peer], func(o *cappedConn) bool { return o == c })
+	if l.waiting[c.peer] = w; len(w) == 0 {
 		delete(l.waiting, c.peer)
 	}
 }
 
-// cappedConn is one connection of a cappedListener; it owns whether a
-// request on it authenticated.
+// cappedConn owns whether a request on its connection authenticated.
 type cappedConn struct {
 	net.Conn
 	l      *cappedListener

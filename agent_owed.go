@@ -161,9 +161,7 @@ func (d *applyDeps) compact() error {
 	if err == nil {
 		err = d.led.compact()
 	}
-	// A run of failures is logged when it starts and when it ends: a stuck
-	// disk, tried every second and by every push it refused, once logged
-	// 9,900 lines in 100 s.
+	// Logged when a run of failures starts and ends: once 9,900 lines in 100 s.
 	switch {
 	case err != nil && d.compactFailures == 0:
 		d.logger.Error("could not compact the agent's state; retrying, logged again once it works", "err", err)
