@@ -1,7 +1,10 @@
 // Tests of the limits on the agent's listeners (agent_listeners.go): a
 // flood of idle connections is capped per listener and timed out, and
 // spares the admin socket; a request whose headers never finish is cut
-// off; and every listener has a cap and every timeout by default.
+// off; every listener has a cap and every timeout by default; and at the
+// cap a newcomer takes the place of a waiting connection of the address
+// holding the most, never of an authenticated one, so that slow headers
+// from a few addresses leave a leader its pushes.
 
 package haptic
 
