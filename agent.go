@@ -72,7 +72,6 @@ type AgentConfig struct {
 // Fixed values of the agent's process shape.
 const (
 	defaultStateFile     = ".haptic-agent.json"
-	treeLockFile         = ".haptic-agent.lock" // in the base directory, held for the agent's life
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond

@@ -76,7 +76,9 @@ type applyDeps struct {
 	now     func() time.Time
 	nack    knownBad
 
-	reloadIntervalMin time.Duration
+	reloadIntervalMin   time.Duration
+	compactFailures     int       // compactions failed in a row, guarded by applyMu
+	compactFailingSince time.Time // when the first of them failed
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex

@@ -26,7 +26,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -44,14 +43,14 @@ const (
 
 // authenticated wraps a handler of the network API with the configured
 // authentication; with --insecure-no-auth and nothing configured, every
-// request passes. A request first spends a check of its address's budget
-// (agent_authfail.go): once that is spent it is refused with 429 and its
-// credentials are not looked at, else a guesser would learn when it hit the
-// right password. A connection on which a request authenticated needs no
-// budget, so a controller's keep-alive connections stay usable while a
-// guesser behind the same address (a NAT) has spent it. A failure answers
-// at once and closes its connection: no failing client holds a slot of the
-// API's capped pool.
+// request passes. With HTTP Basic a request first spends a check of its
+// address's budget (agent_authfail.go), and once that is spent is refused
+// with 429 unchecked, the right password too: a controller and a guesser
+// behind one address differ in nothing else, so serving the right one would
+// tell every guess whether it was right. Only a connection on which a
+// request authenticated needs no budget. Mutual TLS has no budget: nothing
+// can be guessed (the handshake verifies the certificate). A failure
+// answers at once and closes its connection.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	var scheme string
 	switch {
@@ -63,11 +62,8 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		authed, _ := r.Context().Value(connAuthKey{}).(*atomic.Bool)
-		if authed == nil {
-			authed = new(atomic.Bool)
-		}
-		took := !authed.Load()
+		conn, _ := r.Context().Value(connAuthKey{}).(*cappedConn)
+		took := scheme == authSchemeBasic && (conn == nil || !conn.authed.Load())
 		if took {
 			if ok, wait := a.authFail.take(r); !ok {
 				w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -86,9 +82,10 @@ func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 		}
 		if took {
 			a.authFail.giveBack(r)
-			authed.Store(true)
 		}
-		h(w, r)
+		if conn.authenticate() {
+			h(w, r)
+		}
 	}
 }
 
@@ -100,14 +97,17 @@ func (a *Agent) refuse(w http.ResponseWriter, r *http.Request, scheme string, ch
 	writeText(w, code, text)
 }
 
-// connAuthKey keys, in a connection's context, whether a request on that
-// connection authenticated (an *atomic.Bool).
+// connAuthKey keys, in a connection's context, its *cappedConn, which owns
+// whether a request on it authenticated.
 type connAuthKey struct{}
 
-// withConnAuth is the API server's ConnContext: every connection starts
-// unauthenticated.
-func withConnAuth(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, connAuthKey{}, new(atomic.Bool))
+// withConnAuth is the API server's ConnContext.
+func withConnAuth(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	conn, _ := c.(*cappedConn)
+	return context.WithValue(ctx, connAuthKey{}, conn)
 }
 
 // basicMatches compares user and password in constant time. Both sides are

@@ -1,13 +1,13 @@
 // This file accounts for failed authentication on the network API: every
 // failure is counted in a metric and logged at most once per interval (with
 // the number of failures the interval swallowed), and every address has a
-// budget of credential checks that its failures spend and time refills. A
-// request from an address whose budget is spent is refused at once,
-// without its credentials being checked, so that the guesses of one
-// address stay bounded however many connections it opens and whatever
-// succeeds from it in between. It must never hold a connection to slow a
-// client down: each held connection is a slot of the API's capped pool,
-// and a flood of them locked the controller out.
+// budget of Basic credential checks (a certificate cannot be guessed) that
+// its failures spend and time refills. A request from an address whose
+// budget is spent is refused unchecked, so that the guesses of one address
+// stay bounded however many connections it opens and whatever succeeds from
+// it, a controller's own new connections included. It must never hold a
+// connection to slow a client down: each held connection is a slot of the
+// API's capped pool, and a flood of them locked the controller out.
 
 package haptic
 

@@ -112,6 +112,39 @@ func TestWrongPasswordsSpendABudgetThatSuccessesDoNotRestore(t *testing.T) {
 	}
 }
 
+// TestAVerifiedClientCertificateIsNeverRefusedForOthersFailures: with
+// mutual TLS nothing can be guessed, so no budget gates the check. A
+// request on a new connection whose certificate verifies is answered from
+// an address whose budget is spent, and again after more certificate
+// failures from that address than a budget holds (certificates of the
+// trusted CA naming another client), each checked and answered 401 and
+// counted. (With HTTP Basic the right password from a spent address is
+// refused with 429: TestWrongPasswordsSpendABudgetThatSuccessesDoNotRestore.)
+func TestAVerifiedClientCertificateIsNeverRefusedForOthersFailures(t *testing.T) {
+	fx := newTLSFixture(t)
+	a := startTLSAgent(t, fx, "controller.haptic")
+	good, goodKey := fx.client.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"controller.haptic"}, Client: true})
+	other, otherKey := fx.client.issue(t, testCertOptions{CommonName: "c", DNSNames: []string{"intruder"}, Client: true})
+	for range authFailBurst {
+		a.authFail.take(requestFrom("127.0.0.1:1"))
+	}
+	if code, _, body, err := tlsGet(t, a, PathState, fx.serverCA, good, goodKey); code != http.StatusOK {
+		t.Errorf("the controller's certificate from a spent address: %d %q %v", code, body, err)
+	}
+	const failures = 2 * authFailBurst
+	for i := range failures {
+		if code, _, body, err := tlsGet(t, a, PathState, fx.serverCA, other, otherKey); code != http.StatusUnauthorized {
+			t.Fatalf("failure %d: %d %q %v, want it checked and refused with 401", i+1, code, body, err)
+		}
+	}
+	if code, _, body, err := tlsGet(t, a, PathState, fx.serverCA, good, goodKey); code != http.StatusOK {
+		t.Errorf("the controller's certificate after %d failures from its address: %d %q %v", failures, code, body, err)
+	}
+	if got := a.metrics.authFailures.value(authSchemeTLS); got != failures {
+		t.Errorf("auth_failures_total{scheme=tls} = %d, want %d", got, failures)
+	}
+}
+
 // getState reads a's state with the harness user and password pass, on a
 // new connection, and returns the answer with its body read.
 func getState(t *testing.T, a *Agent, pass string) (*http.Response, string) {

@@ -476,8 +476,7 @@ func (l *ledger) compact() error {
 	}
 	snap := &logRecord{Seq: l.seq, Kind: recordSnapshot, State: &l.st, Journal: l.st.Journal, Tree: treeDelta(nil, l.tree)}
 	if err := l.log.compact(snap); err != nil {
-		l.logger.Error("could not compact the agent's state log", "err", err)
-		return err
+		return err // the caller logs it, once per run of failures
 	}
 	l.resetPending = false
 	if l.broken != nil {

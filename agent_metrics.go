@@ -109,7 +109,7 @@ func newAgentMetrics(version string) *agentMetrics {
 			[]string{"scheme"},
 			[]string{authSchemeBasic, authSchemeTLS}),
 		connsRefused: newCounterVec("haptic_agent_connections_refused_total",
-			"Connections closed at once because their listener held its cap of connections, by listener.",
+			"Connections reset because their listener held its cap of connections (refused at once, or evicted before they authenticated), by listener.",
 			[]string{"listener"},
 			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
 		stateLogBroken: newGauge("haptic_agent_state_log_broken",

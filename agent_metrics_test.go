@@ -120,7 +120,7 @@ haptic_agent_generation 7
 # TYPE haptic_agent_auth_failures_total counter
 haptic_agent_auth_failures_total{scheme="basic"} 2
 haptic_agent_auth_failures_total{scheme="tls"} 0
-# HELP haptic_agent_connections_refused_total Connections closed at once because their listener held its cap of connections, by listener.
+# HELP haptic_agent_connections_refused_total Connections reset because their listener held its cap of connections (refused at once, or evicted before they authenticated), by listener.
 # TYPE haptic_agent_connections_refused_total counter
 haptic_agent_connections_refused_total{listener="admin"} 0
 haptic_agent_connections_refused_total{listener="api"} 0

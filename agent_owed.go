@@ -158,10 +158,20 @@ func (d *applyDeps) compact() error {
 		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
 	}
 	err := d.files.flush()
-	if err != nil {
-		d.logger.Warn("could not compact the agent's state: the tree is not durable", "err", err)
-	} else {
+	if err == nil {
 		err = d.led.compact()
+	}
+	// Logged when a run of failures starts and ends: once 9,900 lines in 100 s.
+	switch {
+	case err != nil && d.compactFailures == 0:
+		d.logger.Error("could not compact the agent's state; retrying, logged again once it works", "err", err)
+		d.compactFailingSince = d.now()
+	case err == nil && d.compactFailures > 0:
+		d.logger.Info("the agent's state compacts again", "failed_compactions", d.compactFailures,
+			"failing_for", d.now().Sub(d.compactFailingSince).Round(time.Millisecond).String())
+	}
+	if d.compactFailures++; err == nil {
+		d.compactFailures = 0
 	}
 	if d.led.stuck(err); err != nil {
 		return err

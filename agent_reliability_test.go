@@ -707,6 +707,52 @@ func TestAFullDiskAtCompactionKeepsEveryACK(t *testing.T) {
 	}
 }
 
+// TestAStuckCompactionLogsWhenItStartsAndWhenItEnds: a compaction that
+// cannot write its snapshot fails, retried every second and by every push
+// it refuses, nine times, then works: the agent logs the first failure and
+// one line with the count once it works again, never a line per failure
+// (9,900 lines in 100 s, once).
+func TestAStuckCompactionLogsWhenItStartsAndWhenItEnds(t *testing.T) {
+	const failures = 9 // more than the pushes meet: the retry loop meets the rest
+	logs := &lockedBuffer{}
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, func(c *AgentConfig) { c.Logger = slog.New(slog.NewJSONHandler(logs, nil)) })
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	awaitReadBacks(e.a)
+	var writes atomic.Int32
+	d.setHook(func(op diskOp) error {
+		if op.Op == "write" && strings.Contains(op.Path, ".haptic-agent-state-") && writes.Add(1) <= failures {
+			return &fs.PathError{Op: op.Op, Path: op.Path, Err: syscall.ENOSPC}
+		}
+		return nil
+	})
+	e.a.deps.led.mu.Lock()
+	e.a.deps.led.log.count = maxLogRecords
+	e.a.deps.led.mu.Unlock()
+	refused := 0
+	for i := range 3 {
+		next, op := mapEntryChange(set, fmt.Sprintf("stuck%d.example", i), "be-a")
+		if code, _ := e.c.post(applyRequest{manifest: e.c.manifest(fmt.Sprintf("plan-stuck-%d", i), next, op), files: next}); code == http.StatusInsufficientStorage {
+			refused++
+		} else if code == http.StatusOK {
+			set = next
+		}
+	}
+	awaitReadyz(t, e.a, func(code int, _ string) bool { return code == http.StatusOK })
+	if refused == 0 || writes.Load() <= failures {
+		t.Fatalf("%d pushes refused and %d snapshot writes: the compaction was never stuck, or never worked", refused, writes.Load())
+	}
+	out := logs.String()
+	started := strings.Count(out, `"msg":"could not compact the agent's state; retrying, logged again once it works"`)
+	ended := strings.Count(out, fmt.Sprintf(`"msg":"the agent's state compacts again","failed_compactions":%d,"failing_for":`, failures))
+	errorLines := strings.Count(out, `"level":"ERROR"`) + strings.Count(out, `"level":"WARN"`)
+	if started != 1 || ended != 1 || errorLines != 1 {
+		t.Errorf("%d failures (%d pushes refused) logged %d start and %d end lines, %d at WARN or above; want 1, 1 and 1:\n%s",
+			failures, refused, started, ended, errorLines, out)
+	}
+}
+
 // TestAFailedInstallKeepsTheACKAndSaysSo: a runtime apply counts once its
 // record is synced and its op acknowledged, and its files are installed
 // before the answer. When that install fails (an I/O error), the ACK

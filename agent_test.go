@@ -389,19 +389,29 @@ func TestHandlersAnswerExactBodies(t *testing.T) {
 }
 
 // TestASecondAgentOnTheTreeIsRefused: a second agent on a tree another
-// agent holds exits at once, naming the tree and the holder's pid; once
-// the first stops, the tree takes an agent again.
+// agent holds exits at once, naming the tree and the holder's pid, also
+// after a lock file in the tree was removed or replaced (the lock once
+// lived in .haptic-agent.lock, and a second agent then started beside the
+// first); once the first stops, the tree takes an agent again.
 func TestASecondAgentOnTheTreeIsRefused(t *testing.T) {
 	fake := startTestFake(t, "")
 	cfg := testAgentConfig(t, fake)
 	_, stop := launchTestAgent(t, cfg, true)
 	second := cfg
 	second.AdminSocket, second.DrainSocket = "", ""
-	err := newTestAgentOrError(t, second)
 	base, _ := filepath.EvalSymlinks(cfg.BaseDir)
-	want := fmt.Sprintf("--base-dir %s: the tree is held by the agent with pid %d", base, os.Getpid())
-	if err == nil || !strings.HasPrefix(err.Error(), want) {
+	want := fmt.Sprintf("--base-dir %s: the tree is held by another process (flock: ", base)
+	if err := newTestAgentOrError(t, second); err == nil || !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("a second agent on the tree: %v, want an error starting %q", err, want)
+	}
+	lockFile := filepath.Join(cfg.BaseDir, ".haptic-agent.lock")
+	os.Remove(lockFile)
+	if err := newTestAgentOrError(t, second); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("a second agent after the lock file was removed: %v, want an error starting %q", err, want)
+	}
+	os.WriteFile(lockFile, nil, 0o600)
+	if err := newTestAgentOrError(t, second); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("a second agent after the lock file was replaced: %v, want an error starting %q", err, want)
 	}
 	stop()
 	if err := newTestAgentOrError(t, second); err != nil {
