@@ -10,14 +10,26 @@
 package haptic
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
 	"time"
 )
 
-const awaitWorkerPoll = 100 * time.Millisecond
+// awaitWorkerPoll is the pause between two polls for a new worker;
+// maxStrayDials bounds the dials that wait for a replaced worker to stop
+// listening on a socket removeStrays would remove.
+const (
+	awaitWorkerPoll = 100 * time.Millisecond
+	maxStrayDials   = 10
+)
 
 // errNoNewWorker: HAProxy reported the reload done, but no new worker
 // answered within the reload timeout.
@@ -30,6 +42,43 @@ var errNoNewWorker = errors.New("the new worker did not answer show info after t
 // HAProxy refused did nothing.
 func reloadWithoutVerdict(err error) bool {
 	return errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadBusy) || errors.Is(err, errNoNewWorker)
+}
+
+// keepsWorkerSocket refuses a staged configuration whose worker would not
+// listen on the agent's worker socket, before anything is installed:
+// HAProxy would load it, serve with a worker no agent can reach and leave
+// its socket behind. It refuses only where the configuration it replaces
+// declares the agent's socket itself: then this deployment names that
+// socket in this file at the path the agent dials (not in another file
+// HAProxy loads, nor at a path of HAProxy's own mount), and a render naming
+// other sockets loses it. Whatever it cannot tell is left to the reload,
+// which fails fast on such a worker (awaitNewWorker).
+func (d *applyDeps) keepsWorkerSocket(p *parts) error {
+	f := p.staged[d.files.config]
+	if f == nil {
+		return nil
+	}
+	live, err := d.files.disk.Open(f.abs)
+	if err != nil {
+		return nil
+	}
+	defer live.Close()
+	if CheckWorkerSocket(live, d.rt.WorkerSocket) != nil {
+		return nil
+	}
+	var staged io.Reader = bytes.NewReader(f.inline)
+	if from := cmp.Or(f.tmp, f.built); from != "" {
+		file, err := d.files.disk.Open(from)
+		if err != nil {
+			return nil
+		}
+		defer file.Close()
+		staged = file
+	}
+	if err := CheckWorkerSocket(staged, d.rt.WorkerSocket); err != nil && !errors.Is(err, ErrSocketUnknown) {
+		return fmt.Errorf("%s: %w", f.Rel, err)
+	}
+	return nil
 }
 
 // checkWorker reads the worker's identity and adopts a foreign worker, which
@@ -120,6 +169,7 @@ func (d *applyDeps) reloadWorker(ctx context.Context) (*ReloadInfo, error) {
 	d.led.reloaded(d.now())
 	d.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
+	d.removeStrays()
 	return info, nil
 }
 
@@ -155,10 +205,14 @@ func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
+// Once the worker socket stayed silent for workerSocketGrace, the master
+// is asked which sockets the new worker listens on: a worker that does not
+// listen on the agent's never answers, and waiting out the reload timeout
+// would leave it serving unreachable for that long.
 func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
-	for {
+	for ask := time.Now().Add(workerSocketGrace); ; {
 		info, inv, err := d.rt.listWorker(ctx, 0, true)
 		if errors.Is(err, errNoIdentity) {
 			info, _ = d.rt.info(ctx) // no identity on error
@@ -170,10 +224,42 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 			}
 			return info, &inv, nil
 		}
+		if time.Now().After(ask) {
+			ask = time.Now().Add(workerSocketGrace)
+			if bound, err := d.rt.listensElsewhere(ctx, prev.WorkerPID); err != nil {
+				d.strays = bound
+				return HAProxyInfo{}, nil, err
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return HAProxyInfo{}, nil, errNoNewWorker
 		case <-t.C:
 		}
 	}
+}
+
+// removeStrays removes the socket files of a worker the agent could not
+// reach, once a reload replaced it: HAProxy unlinks no unix socket when a
+// worker stops, so each would stay behind. Each is a path that worker
+// bound (HAProxy renames its own socket onto the path), and only a socket
+// nobody accepts on is removed; the replaced worker closes its listeners
+// when the master tells it to stop, which may come a moment after the new
+// worker answers, hence the bounded retries.
+func (d *applyDeps) removeStrays() {
+	for _, path := range d.strays {
+		for range maxStrayDials {
+			conn, err := net.DialTimeout("unix", path, awaitWorkerPoll)
+			if err == nil {
+				conn.Close()
+				time.Sleep(awaitWorkerPoll)
+				continue
+			}
+			if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode().Type() == fs.ModeSocket && errors.Is(err, syscall.ECONNREFUSED) {
+				d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
+			}
+			break
+		}
+	}
+	d.strays = nil
 }
