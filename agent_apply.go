@@ -80,9 +80,8 @@ type applyDeps struct {
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
-	// workerMu is the worker-observation lock (agent_worker.go), which
-	// also guards strays; beforeReload lets internal tests act just before
-	// a master reload.
+	// workerMu is the worker-observation lock (agent_worker.go), and
+	// guards strays; beforeReload lets internal tests act before a reload.
 	workerMu     sync.Mutex
 	strays       []string
 	beforeReload func()
@@ -498,13 +497,8 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 	if code, body := d.fence(m); code != 0 {
 		return nil, code, body
 	}
-	err := d.recheckStaged(p)
-	if err == nil {
-		err = d.keepsWorkerSocket(p)
-	}
-	if err != nil {
+	if err := cmp.Or(d.recheckStaged(p), d.keepsWorkerSocket(p)); err != nil {
 		d.metrics.applyRejected.inc(StageParts)
-		d.logger.Warn("apply refused: parts", "plan_id", m.PlanID, "err", err)
 		return nil, stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	if missing := d.missing(m, p); len(missing) > 0 {

@@ -838,37 +838,16 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 	}
 }
 
-// workerSocketGrace is how long a new worker may leave the agent's worker
-// socket unanswered before the master is asked which sockets it listens
-// on. It also bounds that question: a 3.x master asked about a worker that
-// is gone answers, then keeps the connection open.
-const workerSocketGrace = time.Second
-
-// listensElsewhere asks the master, through its @!<pid> prefix, which CLI
-// sockets the new worker (one show proc lists other than prev) listens on.
-// Only a listing that proves the agent's worker socket is not among them is
-// a verdict: the files the worker bound, and an errNoNewWorker naming both.
-// Anything else is none, and the caller keeps waiting.
-func (r *haproxyRuntime) listensElsewhere(ctx context.Context, prev int) ([]string, error) {
-	procs, err := r.showProc(ctx)
-	i := slices.IndexFunc(procs.Workers, func(pid int) bool { return pid != prev })
-	if err != nil || i < 0 {
+// listensElsewhere asks the master which CLI sockets its current worker
+// (@1: the new one, once a reload succeeded) listens on, for
+// socketsElsewhere to judge. The grace bounds the question: a 3.x master
+// that cannot reach the worker answers, then keeps the connection open.
+func (r *haproxyRuntime) listensElsewhere(ctx context.Context) ([]string, error) {
+	raw, _, err := r.roundTrip(ctx, r.MasterSocket, "@1 show cli sockets;quit\n", time.Now().Add(workerSocketGrace))
+	if err != nil {
 		return nil, nil
 	}
-	pid := procs.Workers[i]
-	raw, _, err := r.roundTrip(ctx, r.MasterSocket, fmt.Sprintf("@!%d show cli sockets;quit\n", pid), time.Now().Add(workerSocketGrace))
-	addrs, ok := cliSocketAddrs(trimReply(string(raw)))
-	if declared, unknown := judgeSockets(addrs, r.WorkerSocket); err != nil || !ok || declared || unknown != nil {
-		return nil, nil
-	}
-	var bound []string
-	for _, addr := range addrs {
-		if path, ok := socketPath(addr); ok {
-			bound = append(bound, path)
-		}
-	}
-	return bound, fmt.Errorf("%w: worker %d does not listen on the agent's worker socket %s; its stats sockets: %s",
-		errNoNewWorker, pid, r.WorkerSocket, cmp.Or(strings.Join(addrs, ", "), "none"))
+	return socketsElsewhere(trimReply(string(raw)), r.WorkerSocket)
 }
 
 // probe is the readiness check: the worker answers with an identity, the

@@ -1,11 +1,13 @@
 // This file owns what the agent knows of the running HAProxy worker:
 // checking that the one answering is the one it expects, adopting a new
-// one, and reloading. Everything here holds the worker-observation lock
+// one, reloading, and refusing a configuration whose worker the agent
+// could not reach. Everything here holds the worker-observation lock
 // (workerMu) from observing a worker to adopting it, so that a verified
 // state read never adopts a worker in the middle of a reload.
 //
-// It never changes files, and never says which plan a worker runs: the
-// apply's outcome does (settle).
+// It never changes the tree's files (only the sockets such a worker left
+// behind), and never says which plan a worker runs: the apply's outcome
+// does (settle).
 
 package haptic
 
@@ -16,19 +18,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"syscall"
 	"time"
 )
 
-// awaitWorkerPoll is the pause between two polls for a new worker;
-// maxStrayDials bounds the dials that wait for a replaced worker to stop
-// listening on a socket removeStrays would remove.
 const (
-	awaitWorkerPoll = 100 * time.Millisecond
-	maxStrayDials   = 10
+	awaitWorkerPoll   = 100 * time.Millisecond
+	workerSocketGrace = time.Second // a new worker silent this long on the agent's socket is asked about
+	maxStrayDials     = 10          // dials removeStrays waits for a replaced worker to stop listening
 )
 
 // errNoNewWorker: HAProxy reported the reload done, but no new worker
@@ -44,15 +43,9 @@ func reloadWithoutVerdict(err error) bool {
 	return errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadBusy) || errors.Is(err, errNoNewWorker)
 }
 
-// keepsWorkerSocket refuses a staged configuration whose worker would not
-// listen on the agent's worker socket, before anything is installed:
-// HAProxy would load it, serve with a worker no agent can reach and leave
-// its socket behind. It refuses only where the configuration it replaces
-// declares the agent's socket itself: then this deployment names that
-// socket in this file at the path the agent dials (not in another file
-// HAProxy loads, nor at a path of HAProxy's own mount), and a render naming
-// other sockets loses it. Whatever it cannot tell is left to the reload,
-// which fails fast on such a worker (awaitNewWorker).
+// keepsWorkerSocket refuses, before anything is installed, a staged
+// configuration whose worker would not listen on the agent's worker socket
+// (losesWorkerSocket says when that can be told).
 func (d *applyDeps) keepsWorkerSocket(p *parts) error {
 	f := p.staged[d.files.config]
 	if f == nil {
@@ -60,13 +53,10 @@ func (d *applyDeps) keepsWorkerSocket(p *parts) error {
 	}
 	live, err := d.files.disk.Open(f.abs)
 	if err != nil {
-		return nil
+		return nil // no configuration to learn the deployment's socket from
 	}
 	defer live.Close()
-	if CheckWorkerSocket(live, d.rt.WorkerSocket) != nil {
-		return nil
-	}
-	var staged io.Reader = bytes.NewReader(f.inline)
+	staged := io.Reader(bytes.NewReader(f.inline))
 	if from := cmp.Or(f.tmp, f.built); from != "" {
 		file, err := d.files.disk.Open(from)
 		if err != nil {
@@ -75,10 +65,7 @@ func (d *applyDeps) keepsWorkerSocket(p *parts) error {
 		defer file.Close()
 		staged = file
 	}
-	if err := CheckWorkerSocket(staged, d.rt.WorkerSocket); err != nil && !errors.Is(err, ErrSocketUnknown) {
-		return fmt.Errorf("%s: %w", f.Rel, err)
-	}
-	return nil
+	return losesWorkerSocket(live, staged, d.rt.WorkerSocket)
 }
 
 // checkWorker reads the worker's identity and adopts a foreign worker, which
@@ -205,10 +192,8 @@ func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
-// Once the worker socket stayed silent for workerSocketGrace, the master
-// is asked which sockets the new worker listens on: a worker that does not
-// listen on the agent's never answers, and waiting out the reload timeout
-// would leave it serving unreachable for that long.
+// A worker off the agent's socket never answers: after a grace, the
+// master's word on its sockets ends the wait (listensElsewhere).
 func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
@@ -226,7 +211,7 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 		}
 		if time.Now().After(ask) {
 			ask = time.Now().Add(workerSocketGrace)
-			if bound, err := d.rt.listensElsewhere(ctx, prev.WorkerPID); err != nil {
+			if bound, err := d.rt.listensElsewhere(ctx); err != nil {
 				d.strays = bound
 				return HAProxyInfo{}, nil, err
 			}
@@ -239,26 +224,22 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 	}
 }
 
-// removeStrays removes the socket files of a worker the agent could not
-// reach, once a reload replaced it: HAProxy unlinks no unix socket when a
-// worker stops, so each would stay behind. Each is a path that worker
-// bound (HAProxy renames its own socket onto the path), and only a socket
-// nobody accepts on is removed; the replaced worker closes its listeners
-// when the master tells it to stop, which may come a moment after the new
-// worker answers, hence the bounded retries.
+// removeStrays removes the sockets a worker the agent could not reach bound,
+// once a reload replaced it: HAProxy unlinks none when a worker stops. Only
+// a socket nobody accepts on goes; the replaced worker stops listening a
+// moment after its successor answers.
 func (d *applyDeps) removeStrays() {
 	for _, path := range d.strays {
-		for range maxStrayDials {
-			conn, err := net.DialTimeout("unix", path, awaitWorkerPoll)
-			if err == nil {
-				conn.Close()
-				time.Sleep(awaitWorkerPoll)
-				continue
-			}
-			if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode().Type() == fs.ModeSocket && errors.Is(err, syscall.ECONNREFUSED) {
-				d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
-			}
-			break
+		conn, err := net.Dial("unix", path)
+		for i := 0; err == nil && i < maxStrayDials; i++ {
+			conn.Close()
+			time.Sleep(awaitWorkerPoll)
+			conn, err = net.Dial("unix", path)
+		}
+		if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ECONNREFUSED) && lerr == nil && fi.Mode().Type() == os.ModeSocket {
+			d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
+		} else if err == nil {
+			conn.Close()
 		}
 	}
 	d.strays = nil

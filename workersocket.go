@@ -9,6 +9,7 @@ package haptic
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -66,7 +67,7 @@ func CheckWorkerSocket(config io.Reader, socket string) error {
 	case len(addrs) == 0:
 		return fmt.Errorf("%w: the configuration declares no stats socket", ErrSocketUnknown)
 	}
-	return fmt.Errorf("it declares stats socket %s, not the agent's worker socket %s: the new worker would not answer the agent",
+	return fmt.Errorf("the configuration declares stats socket %s, not the agent's worker socket %s: the new worker would not answer the agent",
 		strings.Join(addrs, ", "), socket)
 }
 
@@ -117,20 +118,46 @@ func sameSocket(a, b string) bool {
 	return errA == nil && errB == nil && dirA == dirB && filepath.Base(a) == filepath.Base(b)
 }
 
-// cliSocketAddrs reads a worker's show cli sockets: a "# socket lvl
-// processes" header, then a row per CLI listener whose first word is its
-// address. The sockpair@ row is the master's own link to the worker, not
-// a stats socket, and is left out. ok is false for any other reply (the
-// master could not reach the worker).
-func cliSocketAddrs(reply string) (addrs []string, ok bool) {
-	header, rows, _ := strings.Cut(reply, "\n")
-	if !strings.HasPrefix(header, "# socket") {
-		return nil, false
+// losesWorkerSocket is the agent's refusal before a reload: staged, the
+// configuration a render installs, declares only sockets other than the
+// agent's, where live, the one it replaces, declares the agent's. The
+// second condition is what makes the first a proof: this deployment names
+// the agent's socket in this file at the path the agent dials, not in
+// another file HAProxy loads, nor at a path only HAProxy's own mount of
+// the base directory resolves (the agent's container may mount it
+// elsewhere). Whatever cannot be told is left to the reload, which fails
+// fast on a worker off the agent's socket (socketsElsewhere).
+func losesWorkerSocket(live, staged io.Reader, socket string) error {
+	if CheckWorkerSocket(live, socket) != nil {
+		return nil
 	}
+	if err := CheckWorkerSocket(staged, socket); !errors.Is(err, ErrSocketUnknown) {
+		return err
+	}
+	return nil
+}
+
+// socketsElsewhere judges a new worker's show cli sockets reply: a "#
+// socket lvl processes" header, then a row per CLI listener, its address
+// first (the sockpair@ row is the master's own link to the worker, not a
+// stats socket). Only a listing that proves the agent's socket is not
+// among them is a verdict: the files the worker bound, and an
+// errNoNewWorker naming both sides. Any other reply, or a socket it cannot
+// judge, is none.
+func socketsElsewhere(reply, socket string) (bound []string, err error) {
+	header, rows, _ := strings.Cut(reply, "\n")
+	var addrs []string
 	for row := range strings.SplitSeq(rows, "\n") {
-		if w := strings.Fields(row); len(w) > 0 && !strings.HasPrefix(w[0], "#") && !strings.HasPrefix(w[0], "sockpair@") {
+		if w := strings.Fields(row); len(w) > 0 && !strings.HasPrefix(w[0], "sockpair@") {
 			addrs = append(addrs, w[0])
+			if path, ok := socketPath(w[0]); ok {
+				bound = append(bound, path)
+			}
 		}
 	}
-	return addrs, true
+	if declared, unknown := judgeSockets(addrs, socket); !strings.HasPrefix(header, "# socket") || declared || unknown != nil {
+		return nil, nil
+	}
+	return bound, fmt.Errorf("%w: it does not listen on the agent's worker socket %s; its stats sockets: %s",
+		errNoNewWorker, socket, cmp.Or(strings.Join(addrs, ", "), "none"))
 }
