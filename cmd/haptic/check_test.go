@@ -131,13 +131,13 @@ func TestRealCheckRunsHAProxysOwnCheck(t *testing.T) {
 func TestIntoCopyMovesOnlyPathsUnderTheBase(t *testing.T) {
 	const base, dst = "/etc/haproxy", "/tmp/c"
 	for in, want := range map[string]string{
-		"default-path origin /etc/haproxy\n":        "default-path origin /tmp/c\n",
-		"default-path origin /etc/haproxy":          "default-path origin /tmp/c",
+		"default-path origin /etc/haproxy\n":         "default-path origin /tmp/c\n",
+		"default-path origin /etc/haproxy":           "default-path origin /tmp/c",
 		"  bind :443 crt /etc/haproxy/certs/a.pem\n": "  bind :443 crt /tmp/c/certs/a.pem\n",
-		`map("/etc/haproxy/maps/x.map",default)`:    `map("/tmp/c/maps/x.map",default)`,
-		"map(/etc/haproxy,x)":                       "map(/tmp/c,x)",
-		"errorfile 503 /etc/haproxy2/503.http\n":    "errorfile 503 /etc/haproxy2/503.http\n",
-		"errorfile 503 /usr/share/haproxy/503.http": "errorfile 503 /usr/share/haproxy/503.http",
+		`map("/etc/haproxy/maps/x.map",default)`:     `map("/tmp/c/maps/x.map",default)`,
+		"map(/etc/haproxy,x)":                        "map(/tmp/c,x)",
+		"errorfile 503 /etc/haproxy2/503.http\n":     "errorfile 503 /etc/haproxy2/503.http\n",
+		"errorfile 503 /usr/share/haproxy/503.http":  "errorfile 503 /usr/share/haproxy/503.http",
 	} {
 		if got := string(intoCopy([]byte(in), base, dst)); got != want {
 			t.Errorf("%q: %q, want %q", in, got, want)
