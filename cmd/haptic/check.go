@@ -149,11 +149,8 @@ func haproxyCheck(ctx context.Context, bin, render, base string) (string, error)
 // intoCopy points a configuration's paths under base at copyDir: base
 // itself, or a name under it, where the path ends at a '/', a blank, a
 // quote, a ',', a ')' or the line's end ("/etc/haproxy2" is not under
-// "/etc/haproxy"). A base of "/" would move every path, and moves none.
+// "/etc/haproxy").
 func intoCopy(config []byte, base, copyDir string) []byte {
-	if base == "/" {
-		return config
-	}
 	under := regexp.MustCompile(`(?m)` + regexp.QuoteMeta(base) + `([/\s"',)]|$)`)
 	return under.ReplaceAllFunc(config, func(m []byte) []byte { return append([]byte(copyDir), m[len(base):]...) })
 }
