@@ -7,12 +7,15 @@ package haptic
 
 import (
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 const agentSocket = "/run/hap/haproxy-worker.sock"
@@ -221,4 +224,146 @@ func TestARenderOffTheAgentsSocketIsRefusedBeforeAnythingIsInstalled(t *testing.
 			t.Errorf("the render was not reloaded: %s", jsonOf(res))
 		}
 	})
+}
+
+// TestFakeStatsSocketsFollowTheReload holds the fake to what HAProxy does
+// when a reload moves the stats socket (TestFakeMatchesRealHAProxy compares
+// the listings): the former worker's socket file stays with nobody
+// accepting on it, the new worker answers on its own socket and lists it
+// through the master, and a reload back binds the worker socket afresh,
+// leaving the other file behind.
+func TestFakeStatsSocketsFollowTheReload(t *testing.T) {
+	for _, version := range []string{"2.6.12", "3.0.11", "3.4.3"} {
+		t.Run("v"+version, func(t *testing.T) {
+			f := startTestFake(t, version)
+			other := filepath.Join(filepath.Dir(f.WorkerSocket()), "other.sock")
+			sockets := []string{"unix@" + other}
+			f.With(func(m *FakeModel) { m.OnReload = func(m *FakeModel) { m.StatsSockets = sockets } })
+			reload := func() {
+				t.Helper()
+				pid := f.Worker().WorkerPID
+				socketExchange(t, f.MasterSocket(), "reload;quit\n", 5*time.Second)
+				waitFor(t, "the reload", func() bool { return f.Worker().WorkerPID != pid })
+			}
+			refused := func(path string) bool {
+				conn, err := net.Dial("unix", path)
+				if err == nil {
+					conn.Close()
+				}
+				_, statErr := os.Lstat(path)
+				return errors.Is(err, syscall.ECONNREFUSED) && statErr == nil
+			}
+
+			reload()
+			if !refused(f.WorkerSocket()) {
+				t.Errorf("the former worker's socket %s is not a file nobody accepts on", f.WorkerSocket())
+			}
+			if reply, _ := socketExchange(t, other, "show info\n", 5*time.Second); !strings.Contains(reply, "Pid: ") {
+				t.Errorf("the new worker does not answer on %s: %q", other, reply)
+			}
+			if reply, _ := socketExchange(t, f.MasterSocket(), "@1 show cli sockets;quit\n", 5*time.Second); !strings.Contains(reply, "unix@"+other+" admin all\n") ||
+				strings.Contains(reply, f.WorkerSocket()) {
+				t.Errorf("@1 show cli sockets: %q", reply)
+			}
+
+			sockets = nil
+			reload()
+			if reply, _ := socketExchange(t, f.WorkerSocket(), "show info\n", 5*time.Second); !strings.Contains(reply, "Pid: ") {
+				t.Errorf("the worker socket does not answer after the reload back: %q", reply)
+			}
+			if !refused(other) {
+				t.Errorf("%s is not left behind with nobody accepting on it", other)
+			}
+		})
+	}
+}
+
+// TestAWorkerOffTheAgentsSocketIsRolledBackWithinSeconds: on the fake, in
+// each dialect, a render whose new worker listens on other.sock only (the
+// configuration it replaces names no socket, so nothing refuses it before
+// the reload) is answered within seconds, not after the 60 s reload
+// timeout: a NACK at stage reload naming the agent's socket and the
+// worker's, rolled back and reloaded, the old set on disk, the worker
+// socket answering, and other.sock removed once nobody accepts on it.
+func TestAWorkerOffTheAgentsSocketIsRolledBackWithinSeconds(t *testing.T) {
+	for _, version := range []string{"2.6.12", "3.0.11", "3.4.3"} {
+		t.Run("v"+version, func(t *testing.T) {
+			e := newTestEnvOn(t, version, func(c *AgentConfig) { c.ReloadTimeout = 60 * time.Second }, nil)
+			other := filepath.Join(filepath.Dir(e.fake.WorkerSocket()), "other.sock")
+			e.fake.With(func(m *FakeModel) {
+				load := m.OnReload
+				m.OnReload = func(m *FakeModel) {
+					load(m)
+					m.StatsSockets = nil
+					if cfg, _ := os.ReadFile(filepath.Join(e.cfg.BaseDir, ConfigFilePath)); strings.Contains(string(cfg), other) {
+						m.StatsSockets = []string{"unix@" + other}
+					}
+				}
+			})
+			set := seedFiles()
+			e.land(t, "plan-1", set)
+			next := set.clone()
+			next[ConfigFilePath] = "global\n    stats socket " + other + "\n" + set[ConfigFilePath]
+
+			start := time.Now()
+			res := e.c.apply(reloadManifest(e, "plan-elsewhere", next), next)
+			if took := time.Since(start); took > mismatchBound {
+				t.Errorf("the push took %v, more than %v", took, mismatchBound)
+			}
+			if res.OK || res.Error == nil || res.Error.Stage != StageReload ||
+				!strings.Contains(res.Error.Message, e.fake.WorkerSocket()) || !strings.Contains(res.Error.Message, "unix@"+other) {
+				t.Errorf("answer %s: want a NACK at stage reload naming %s and unix@%s", jsonOf(res), e.fake.WorkerSocket(), other)
+			}
+			if res.Rollback == nil || !res.Rollback.Performed || !res.Rollback.Reloaded {
+				t.Errorf("rollback %s: want the restored set reloaded", jsonOf(res.Rollback))
+			}
+			if got := e.disk(t); !sameSet(got, set) {
+				t.Errorf("the tree is not the set before the push: %v", got.paths())
+			}
+			if reply, _ := socketExchange(t, e.fake.WorkerSocket(), "show info\n", 5*time.Second); !strings.Contains(reply, "Pid: ") {
+				t.Errorf("no worker answers the agent's socket: %q", reply)
+			}
+			if _, err := os.Lstat(other); !os.IsNotExist(err) {
+				t.Errorf("%s is left behind (%v)", other, err)
+			}
+		})
+	}
+}
+
+// TestRemoveStraysRemovesOnlySocketsNobodyAcceptsOn: of the paths a worker
+// the agent could not reach listed, removeStrays removes a socket file
+// nobody accepts on, and one whose listener closes a moment later (the
+// replaced worker stopping); it keeps a socket still accepting, a regular
+// file at such a path, and minds a path that is gone.
+func TestRemoveStraysRemovesOnlySocketsNobodyAcceptsOn(t *testing.T) {
+	dir := shortTempDir(t)
+	listen := func(name string) *net.UnixListener {
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, name), Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		return ln
+	}
+	listen("dead.sock").Close()
+	live := listen("live.sock")
+	defer live.Close()
+	closing := listen("closing.sock")
+	time.AfterFunc(3*awaitWorkerPoll, func() { closing.Close() })
+	if err := os.WriteFile(filepath.Join(dir, "file.sock"), []byte("not a socket"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := &applyDeps{logger: testLogger()}
+	for _, name := range []string{"dead.sock", "live.sock", "closing.sock", "file.sock", "gone.sock"} {
+		d.strays = append(d.strays, filepath.Join(dir, name))
+	}
+	d.removeStrays()
+	for name, kept := range map[string]bool{"dead.sock": false, "live.sock": true, "closing.sock": false, "file.sock": true} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != kept {
+			t.Errorf("%s: kept %v, want %v", name, err == nil, kept)
+		}
+	}
+	if d.strays != nil {
+		t.Errorf("strays %v are kept after their removal", d.strays)
+	}
 }
