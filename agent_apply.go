@@ -497,7 +497,7 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 	if code, body := d.fence(m); code != 0 {
 		return nil, code, body
 	}
-	if err := cmp.Or(d.recheckStaged(p), d.keepsWorkerSocket(p)); err != nil {
+	if err := cmp.Or(d.recheckStaged(p), d.keepsWorkerSocket(m, p)); err != nil {
 		d.metrics.applyRejected.inc(StageParts)
 		return nil, stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
 	}

@@ -45,10 +45,10 @@ func reloadWithoutVerdict(err error) bool {
 
 // keepsWorkerSocket refuses, before anything is installed, a staged
 // configuration whose worker would not listen on the agent's worker socket
-// (losesWorkerSocket says when that can be told).
-func (d *applyDeps) keepsWorkerSocket(p *parts) error {
+// (losesWorkerSocket says when that can be told); a revert installs none.
+func (d *applyDeps) keepsWorkerSocket(m *Manifest, p *parts) error {
 	f := p.staged[d.files.config]
-	if f == nil {
+	if f == nil || m.Mode == ModeRevertLKG {
 		return nil
 	}
 	live, err := d.files.disk.Open(f.abs)
@@ -230,16 +230,17 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 // moment after its successor answers.
 func (d *applyDeps) removeStrays() {
 	for _, path := range d.strays {
-		conn, err := net.Dial("unix", path)
-		for i := 0; err == nil && i < maxStrayDials; i++ {
-			conn.Close()
-			time.Sleep(awaitWorkerPoll)
-			conn, err = net.Dial("unix", path)
-		}
-		if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ECONNREFUSED) && lerr == nil && fi.Mode().Type() == os.ModeSocket {
-			d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
-		} else if err == nil {
-			conn.Close()
+		for range maxStrayDials {
+			conn, err := net.Dial("unix", path)
+			if err == nil {
+				conn.Close()
+				time.Sleep(awaitWorkerPoll)
+				continue
+			}
+			if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ECONNREFUSED) && lerr == nil && fi.Mode().Type() == os.ModeSocket {
+				d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
+			}
+			break
 		}
 	}
 	d.strays = nil

@@ -169,8 +169,8 @@ func TestSocketsElsewhereReadsEachVersionsListing(t *testing.T) {
 // declaring another one is refused at stage parts whether it arrives small
 // (in memory), large (a temp file) or as a patch of a large config (a
 // built file): nothing is written, nothing reloaded, the rejection counted.
-// Where the live configuration does not name the agent's socket the same
-// render reloads.
+// A revert, which installs no staged part, is not judged; where the live
+// configuration does not name the agent's socket the same render reloads.
 func TestARenderOffTheAgentsSocketIsRefusedBeforeAnythingIsInstalled(t *testing.T) {
 	for _, size := range []string{"small", "large", "patched"} {
 		t.Run(size, func(t *testing.T) {
@@ -213,6 +213,21 @@ func TestARenderOffTheAgentsSocketIsRefusedBeforeAnythingIsInstalled(t *testing.
 			}
 		})
 	}
+	t.Run("a revert installs none", func(t *testing.T) {
+		e := newTestEnv(t, nil, nil)
+		set := seedFiles()
+		set[ConfigFilePath] = "global\n    stats socket " + e.fake.WorkerSocket() + "\n" + set[ConfigFilePath]
+		e.land(t, "plan-1", set)
+		next := set.clone()
+		next["notes/created.txt"] = "created\n"
+		m := e.revertManifest("plan-2", applyFileOnly(t, e.c, "plan-2", next).AppliedPlanProof)
+		elsewhere := set.clone()
+		elsewhere[ConfigFilePath] = strings.Replace(set[ConfigFilePath], e.fake.WorkerSocket(), "/var/run/haproxy/admin.sock", 1)
+		m.Files = elsewhere.manifestFiles()
+		if code, body := e.c.post(applyRequest{manifest: m, files: elsewhere}); code == http.StatusBadRequest {
+			t.Errorf("a revert carrying a config part is refused: %s", body)
+		}
+	})
 	t.Run("the live configuration names another socket", func(t *testing.T) {
 		e := newTestEnv(t, nil, nil)
 		set := seedFiles()
