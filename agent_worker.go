@@ -192,8 +192,11 @@ func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
-// A worker off the agent's socket never answers: after a grace, the
-// master's word on its sockets ends the wait (listensElsewhere).
+// A worker off the agent's socket never answers: once that socket refused
+// a connection after a grace, the master's word on the worker's sockets
+// ends the wait (listensElsewhere). A socket that accepts is never asked
+// about: the agent may reach HAProxy's socket by another path (its own
+// mount of the base directory), which no listing would name.
 func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
@@ -209,7 +212,8 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 			}
 			return info, &inv, nil
 		}
-		if time.Now().After(ask) {
+		refused := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist)
+		if refused && time.Now().After(ask) {
 			ask = time.Now().Add(workerSocketGrace)
 			if bound, err := d.rt.listensElsewhere(ctx); err != nil {
 				d.strays = bound

@@ -382,3 +382,43 @@ func TestRemoveStraysRemovesOnlySocketsNobodyAcceptsOn(t *testing.T) {
 		t.Errorf("strays %v are kept after their removal", d.strays)
 	}
 }
+
+// TestASlowWorkerTheAgentReachesByAnotherPathIsWaitedFor: the agent dials
+// HAProxy's worker socket by another path (a hard link standing for the
+// agent's own mount of the base directory), so the master's listing never
+// names the agent's path. A new worker whose first answers are cut for
+// longer than the grace is still waited for, and adopted: only a socket
+// that refuses connections is asked about.
+func TestASlowWorkerTheAgentReachesByAnotherPathIsWaitedFor(t *testing.T) {
+	fake := startTestFake(t, "")
+	view := filepath.Join(shortTempDir(t), "haproxy-worker.sock")
+	if err := os.Link(fake.WorkerSocket(), view); err != nil {
+		t.Skipf("cannot link the worker socket: %v", err)
+	}
+	cfg := testAgentConfig(t, fake)
+	cfg.WorkerSocket = view
+	loadOnReload(fake, cfg.BaseDir)
+	a, _ := launchTestAgent(t, cfg, true)
+	c := newAgentClient(t, a)
+	set := seedFiles()
+	c.apply(c.manifest("plan-1", set), set)
+
+	var cutUntil time.Time
+	fake.With(func(m *FakeModel) {
+		load := m.OnReload
+		m.OnReload = func(m *FakeModel) {
+			load(m)
+			cutUntil = time.Now().Add(2 * workerSocketGrace)
+		}
+		m.CutReply = func(line string) (int, bool) {
+			return 0, strings.Contains(line, "show info") && time.Now().Before(cutUntil)
+		}
+	})
+	next := set.clone()
+	next[ConfigFilePath] += "# 2\n"
+	m := c.manifest("plan-2", next)
+	m.Mode = ModeReload
+	if res := c.apply(m, next); !res.OK || res.Mode != ResultReload || res.HAProxy.WorkerPID != fake.Worker().WorkerPID {
+		t.Errorf("the slow worker was not waited for: %s", jsonOf(res))
+	}
+}
