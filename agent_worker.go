@@ -192,11 +192,10 @@ func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
-// A worker off the agent's socket never answers: once that socket refused
-// a connection after a grace, the master's word on the worker's sockets
-// ends the wait (listensElsewhere). A socket that accepts is never asked
-// about: the agent may reach HAProxy's socket by another path (its own
-// mount of the base directory), which no listing would name.
+// A worker off the agent's socket never answers: once the socket refuses
+// after a grace, the master's word on the worker's sockets ends the wait
+// (listensElsewhere). One that accepts may be HAProxy's by another path
+// (the agent's own mount of the base directory), which no listing names.
 func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
@@ -212,8 +211,7 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 			}
 			return info, &inv, nil
 		}
-		refused := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist)
-		if refused && time.Now().After(ask) {
+		if (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist)) && time.Now().After(ask) {
 			ask = time.Now().Add(workerSocketGrace)
 			if bound, err := d.rt.listensElsewhere(ctx); err != nil {
 				d.strays = bound
@@ -228,10 +226,9 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 	}
 }
 
-// removeStrays removes the sockets a worker the agent could not reach bound,
-// once a reload replaced it: HAProxy unlinks none when a worker stops. Only
-// a socket nobody accepts on goes; the replaced worker stops listening a
-// moment after its successor answers.
+// removeStrays removes the sockets a worker the agent could not reach bound
+// (HAProxy unlinks none when a worker stops) once a reload replaced it and
+// nobody accepts on them: that worker stops a moment after its successor.
 func (d *applyDeps) removeStrays() {
 	for _, path := range d.strays {
 		for range maxStrayDials {
