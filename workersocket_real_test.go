@@ -34,6 +34,22 @@ func elsewhereRender(t *testing.T, e *realLedgerEnv, set fileSet, line func(othe
 	return next, other
 }
 
+// pushWithin sends next as a reload and returns the answer, failing the
+// test when it took longer than mismatchBound.
+func pushWithin(t *testing.T, e *realLedgerEnv, next fileSet) (int, []byte) {
+	t.Helper()
+	m := e.c.manifest("plan-elsewhere", next)
+	m.Mode = ModeReload
+	start := time.Now()
+	code, body := e.c.post(applyRequest{manifest: m, files: next})
+	took := time.Since(start)
+	t.Logf("%s: the push took %v: %d %s", e.h.Version(), took, code, body)
+	if took > mismatchBound {
+		t.Errorf("the push took %v, more than %v", took, mismatchBound)
+	}
+	return code, body
+}
+
 // oldSetServes checks that the worker answering the agent's socket serves
 // set as it did before, and that the tree holds it.
 func oldSetServes(t *testing.T, e *realLedgerEnv, set fileSet) {
@@ -57,16 +73,7 @@ func TestRealARenderWithAnotherStatsSocketIsRefusedBeforeTheReload(t *testing.T)
 	e.land(t, "plan-1", e.fs)
 	pid := realWorkerPID(e.h)
 	next, other := elsewhereRender(t, e, e.fs, func(other string) string { return "stats socket " + other })
-	m := e.c.manifest("plan-elsewhere", next)
-	m.Mode = ModeReload
-
-	start := time.Now()
-	code, body := e.c.post(applyRequest{manifest: m, files: next})
-	took := time.Since(start)
-	t.Logf("%s: the push took %v: %d %s", e.h.Version(), took, code, body)
-	if took > mismatchBound {
-		t.Errorf("the push took %v, more than %v", took, mismatchBound)
-	}
+	code, body := pushWithin(t, e, next)
 	if code != http.StatusBadRequest {
 		t.Fatalf("answer %d %s, want 400", code, body)
 	}
@@ -95,16 +102,7 @@ func TestRealAReloadedWorkerOffTheAgentsSocketIsRolledBackFast(t *testing.T) {
 	e.land(t, "plan-1", e.fs)
 	pid := realWorkerPID(e.h)
 	next, other := elsewhereRender(t, e, e.fs, func(other string) string { return `stats socket "` + other + `"` })
-	m := e.c.manifest("plan-elsewhere", next)
-	m.Mode = ModeReload
-
-	start := time.Now()
-	code, body := e.c.post(applyRequest{manifest: m, files: next})
-	took := time.Since(start)
-	t.Logf("%s: the push took %v: %d %s", e.h.Version(), took, code, body)
-	if took > mismatchBound {
-		t.Errorf("the push took %v, more than %v", took, mismatchBound)
-	}
+	code, body := pushWithin(t, e, next)
 	if code != http.StatusOK {
 		t.Fatalf("answer %d %s, want 200", code, body)
 	}
