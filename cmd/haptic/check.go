@@ -3,7 +3,11 @@
 // check of the render (haproxy -c) where a binary is at hand, and the
 // socket check the agent makes before it reloads (haptic.CheckWorkerSocket).
 // It never talks to an agent and never changes the render: HAProxy checks a
-// copy.
+// copy whose haproxy.cfg names the copy where it named the base directory
+// (intoCopy), chosen over mounting the render on the base directory in a
+// private mount namespace, which needs root or user namespaces, and over
+// -C alone, which default-path origin <base dir> (the documented render's
+// line) overrides.
 
 package main
 
@@ -29,9 +33,11 @@ RENDER is a directory of rendered files, as haptic push takes it. Two checks:
                 directory (default-path origin /etc/haproxy, /etc/haproxy/maps/x.map)
                 while RENDER is elsewhere, so HAProxy checks a temporary copy of RENDER
                 whose haproxy.cfg has every path under --base-dir moved into the copy,
-                run from the copy: the files it reads are the render's. Paths outside
-                the base directory (error pages, the system CAs) and paths written in
-                other files (a crt-list's certificates) are read on this machine.
+                run from the copy: the files it reads are the render's, and it needs
+                no privilege (mounting RENDER over the base directory in a private
+                namespace would). Paths outside the base directory (error pages, the
+                system CAs) and paths written in other files (a crt-list's
+                certificates) are read on this machine.
   stats socket  a global "stats socket" line of haproxy.cfg must declare the agent's
                 --worker-socket, or the agent cannot reach the new worker (the agent
                 refuses such a render, or rolls it back). A line it cannot judge (none,
