@@ -82,9 +82,10 @@ type applyDeps struct {
 
 	// applyMu serialises applies, the pacer's reload and read-backs.
 	applyMu sync.Mutex
-	// workerMu is the worker-observation lock (agent_worker.go);
-	// beforeReload lets internal tests act just before a master reload.
+	// workerMu is the worker-observation lock (agent_worker.go), and
+	// guards strays; beforeReload lets internal tests act before a reload.
 	workerMu     sync.Mutex
+	strays       []string
 	beforeReload func()
 	// owed is what the disk owes the recorded tree, until a retry puts it
 	// in place; retrying: the retry loop runs. Guarded by applyMu.
@@ -498,7 +499,8 @@ func (d *applyDeps) admit(ctx context.Context, m *Manifest, p *parts, start time
 	if code, body := d.fence(m); code != 0 {
 		return nil, code, body
 	}
-	if err := d.recheckStaged(p); err != nil {
+	if err := cmp.Or(d.recheckStaged(p), d.keepsWorkerSocket(m, p)); err != nil {
+		d.metrics.applyRejected.inc(StageParts)
 		return nil, stagingStatus(err), ApplyError{Stage: StageParts, Message: err.Error()}
 	}
 	if missing := d.missing(m, p); len(missing) > 0 {

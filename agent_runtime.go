@@ -838,6 +838,18 @@ func (r *haproxyRuntime) awaitReload(ctx context.Context, base procList, reply s
 	}
 }
 
+// listensElsewhere asks the master which CLI sockets its current worker
+// (@1: the new one, once a reload succeeded) listens on, for
+// socketsElsewhere to judge. The grace bounds the question: a 3.x master
+// that cannot reach the worker answers, then keeps the connection open.
+func (r *haproxyRuntime) listensElsewhere(ctx context.Context) ([]string, error) {
+	raw, _, err := r.roundTrip(ctx, r.MasterSocket, "@1 show cli sockets;quit\n", time.Now().Add(workerSocketGrace))
+	if err != nil {
+		return nil, nil
+	}
+	return socketsElsewhere(trimReply(string(raw)), r.WorkerSocket)
+}
+
 // probe is the readiness check: the worker answers with an identity, the
 // master lists that worker, and the inventory reads. The worker may be
 // listed as old: after a failed reload HAProxy 3.4 lists the worker that

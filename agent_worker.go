@@ -1,23 +1,34 @@
 // This file owns what the agent knows of the running HAProxy worker:
 // checking that the one answering is the one it expects, adopting a new
-// one, and reloading. Everything here holds the worker-observation lock
+// one, reloading, and refusing a configuration whose worker the agent
+// could not reach. Everything here holds the worker-observation lock
 // (workerMu) from observing a worker to adopting it, so that a verified
 // state read never adopts a worker in the middle of a reload.
 //
-// It never changes files, and never says which plan a worker runs: the
-// apply's outcome does (settle).
+// It never changes the tree's files (only the sockets such a worker left
+// behind), and never says which plan a worker runs: the apply's outcome
+// does (settle).
 
 package haptic
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
 	"time"
 )
 
-const awaitWorkerPoll = 100 * time.Millisecond
+const (
+	awaitWorkerPoll   = 100 * time.Millisecond
+	workerSocketGrace = time.Second // a new worker silent this long on the agent's socket is asked about
+	maxStrayDials     = 10          // dials removeStrays waits for a replaced worker to stop listening
+)
 
 // errNoNewWorker: HAProxy reported the reload done, but no new worker
 // answered within the reload timeout.
@@ -30,6 +41,31 @@ var errNoNewWorker = errors.New("the new worker did not answer show info after t
 // HAProxy refused did nothing.
 func reloadWithoutVerdict(err error) bool {
 	return errors.Is(err, errReloadTimeout) || errors.Is(err, errReloadBusy) || errors.Is(err, errNoNewWorker)
+}
+
+// keepsWorkerSocket refuses, before anything is installed, a staged
+// configuration whose worker would not listen on the agent's worker socket
+// (losesWorkerSocket says when that can be told); a revert installs none.
+func (d *applyDeps) keepsWorkerSocket(m *Manifest, p *parts) error {
+	f := p.staged[d.files.config]
+	if f == nil || m.Mode == ModeRevertLKG {
+		return nil
+	}
+	live, err := d.files.disk.Open(f.abs)
+	if err != nil {
+		return nil // no configuration to learn the deployment's socket from
+	}
+	defer live.Close()
+	staged := io.Reader(bytes.NewReader(f.inline))
+	if from := cmp.Or(f.tmp, f.built); from != "" {
+		file, err := d.files.disk.Open(from)
+		if err != nil {
+			return nil
+		}
+		defer file.Close()
+		staged = file
+	}
+	return losesWorkerSocket(live, staged, d.rt.WorkerSocket)
 }
 
 // checkWorker reads the worker's identity and adopts a foreign worker, which
@@ -120,6 +156,7 @@ func (d *applyDeps) reloadWorker(ctx context.Context) (*ReloadInfo, error) {
 	d.led.reloaded(d.now())
 	d.queue.setWorker(worker)
 	info.WorkerPID = worker.WorkerPID
+	d.removeStrays()
 	return info, nil
 }
 
@@ -155,10 +192,14 @@ func (d *applyDeps) reloadToRecover(ctx context.Context) (info *ReloadInfo, err 
 // worker's own. A line that fails as a whole (a cut or oversized reply) is
 // followed by the identity alone: a listing the worker cannot answer costs
 // the inventory, never the reload. Ops never go to the outgoing worker.
+// A worker off the agent's socket never answers: once the socket refuses
+// after a grace, the master's word on the worker's sockets ends the wait
+// (listensElsewhere). One that accepts may be HAProxy's by another path
+// (the agent's own mount of the base directory), which no listing names.
 func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAProxyInfo, *Inventory, error) {
 	t := time.NewTicker(awaitWorkerPoll)
 	defer t.Stop()
-	for {
+	for ask := time.Now().Add(workerSocketGrace); ; {
 		info, inv, err := d.rt.listWorker(ctx, 0, true)
 		if errors.Is(err, errNoIdentity) {
 			info, _ = d.rt.info(ctx) // no identity on error
@@ -170,10 +211,38 @@ func (d *applyDeps) awaitNewWorker(ctx context.Context, prev HAProxyInfo) (HAPro
 			}
 			return info, &inv, nil
 		}
+		if (errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist)) && time.Now().After(ask) {
+			ask = time.Now().Add(workerSocketGrace)
+			if bound, err := d.rt.listensElsewhere(ctx); err != nil {
+				d.strays = bound
+				return HAProxyInfo{}, nil, err
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return HAProxyInfo{}, nil, errNoNewWorker
 		case <-t.C:
 		}
 	}
+}
+
+// removeStrays removes the sockets a worker the agent could not reach bound
+// (HAProxy unlinks none when a worker stops) once a reload replaced it and
+// nobody accepts on them: that worker stops a moment after its successor.
+func (d *applyDeps) removeStrays() {
+	for _, path := range d.strays {
+		for range maxStrayDials {
+			conn, err := net.Dial("unix", path)
+			if err == nil {
+				conn.Close()
+				time.Sleep(awaitWorkerPoll)
+				continue
+			}
+			if fi, lerr := os.Lstat(path); errors.Is(err, syscall.ECONNREFUSED) && lerr == nil && fi.Mode().Type() == os.ModeSocket {
+				d.logger.Info("removing the socket of a worker the agent could not reach", "path", path, "err", os.Remove(path))
+			}
+			break
+		}
+	}
+	d.strays = nil
 }

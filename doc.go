@@ -157,6 +157,7 @@
 //	deployplan.go             Diff, BaselineFromState and NewManifest: pure functions, tested as tables
 //	client.go                 the controller's end of the wire, and Deploy
 //	pathrules.go              the characters a manifest path may hold, shared by both ends
+//	workersocket.go           whether a stats socket is the agent's: for the agent and haptic check
 //	agent.go                  the agent's configuration, listeners, startup and handlers
 //	agent_apply.go            one apply request: the manifest, the fence, parts, admission, the answer
 //	agent_apply_run.go        runApply: the apply in its durability order, each step returning what it did

@@ -80,6 +80,13 @@ type FakeModel struct {
 	// OnReload runs under the lock after each successful reload: it sets
 	// what the new worker "loaded", since the fake reads no configuration.
 	OnReload func(m *FakeModel)
+	// StatsSockets is what the worker's stats socket lines declare, as
+	// show cli sockets prints them ("unix@/path", "ipv4@127.0.0.1:9999");
+	// nil is the worker socket alone. The fake accepts on each unix path.
+	// A reload (OnReload sets it for the new worker) that drops one leaves
+	// its file with nobody accepting on it, connect refused, as HAProxy
+	// leaves a former worker's socket; one it adds is bound afresh.
+	StatsSockets []string
 	// CutReply, when set, is asked about every worker line after its
 	// commands ran; cut true writes only the first keep bytes of the reply
 	// and closes the connection. It is called without the lock held.
@@ -129,7 +136,7 @@ type FakeHAProxy struct {
 
 	connMu     sync.Mutex // guards the fields below
 	closed     bool
-	workerLn   net.Listener
+	statsLns   map[string]net.Listener // by path: the worker's unix stats sockets
 	masterLn   net.Listener
 	conns      map[net.Conn]bool // open connections → is a master connection
 	masterDown bool
@@ -234,16 +241,17 @@ func StartFakeHAProxy(dir string, version string) (*FakeHAProxy, error) {
 		BlockedServers:      map[string]bool{},
 		ReloadDelay:         50 * time.Millisecond,
 	}
-	var err error
-	if f.workerLn, err = fakeListen(f.workerPath); err != nil {
+	workerLn, err := fakeListen(f.workerPath)
+	if err != nil {
 		return nil, err
 	}
 	if f.masterLn, err = fakeListen(f.masterPath); err != nil {
-		f.workerLn.Close()
+		workerLn.Close()
 		return nil, err
 	}
+	f.statsLns = map[string]net.Listener{f.workerPath: workerLn}
 	f.wg.Add(2)
-	go f.accept(f.workerLn, false)
+	go f.accept(workerLn, false)
 	go f.accept(f.masterLn, true)
 	return f, nil
 }
@@ -274,10 +282,10 @@ func fakeDialectOf(caps Caps) fakeDialect {
 	}
 }
 
-// Close stops both listeners, closes every open connection, cancels a
+// Close stops every listener, closes every open connection, cancels a
 // pending 2.6 reload effect, waits for the connection goroutines (a
-// blocking Reject or CutReply hook delays it) and removes the sockets. It
-// is idempotent.
+// blocking Reject or CutReply hook delays it) and removes the sockets it
+// listened on. It is idempotent.
 func (f *FakeHAProxy) Close() error {
 	f.connMu.Lock()
 	if f.closed {
@@ -285,7 +293,11 @@ func (f *FakeHAProxy) Close() error {
 		return nil
 	}
 	f.closed = true
-	f.workerLn.Close()
+	paths := []string{f.masterPath}
+	for path, ln := range f.statsLns {
+		ln.Close()
+		paths = append(paths, path)
+	}
 	f.masterLn.Close()
 	for c := range f.conns {
 		c.Close()
@@ -295,7 +307,7 @@ func (f *FakeHAProxy) Close() error {
 	}
 	f.connMu.Unlock()
 	f.wg.Wait()
-	for _, p := range []string{f.workerPath, f.masterPath} {
+	for _, p := range paths {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("fake haproxy: %w", err)
 		}
@@ -868,6 +880,7 @@ var fakeCommands = []fakeCommand{
 	{words: []string{"add", "ssl", "crt-list"}, handler: (*FakeHAProxy).addCRTList},
 	{words: []string{"del", "ssl", "crt-list"}, handler: (*FakeHAProxy).delCRTList},
 	{words: []string{"show", "servers", "state"}, handler: (*FakeHAProxy).showServersState},
+	{words: []string{"show", "cli", "sockets"}, handler: (*FakeHAProxy).showCLISockets},
 	{words: []string{"add", "server"}, handler: (*FakeHAProxy).addServer},
 	{words: []string{"enable", "server"}, handler: fakeServerCommand(fakeEnableServer)},
 	{words: []string{"disable", "server"}, handler: fakeServerCommand(fakeDisableServer)},
@@ -973,6 +986,63 @@ func (f *FakeHAProxy) unknownFirstLine(verb string) string {
 }
 
 // --- identity and statistics
+
+// statsSockets is the model's StatsSockets, nil being the worker socket.
+func (f *FakeHAProxy) statsSockets() []string {
+	if f.model.StatsSockets == nil {
+		return []string{"unix@" + f.workerPath}
+	}
+	return f.model.StatsSockets
+}
+
+// showCLISockets lists the worker's CLI listeners: its stats sockets, and
+// the socket pair the master reaches it by, which 3.4 lists first.
+func (f *FakeHAProxy) showCLISockets(_ []string, _ *string) fakeOut {
+	rows := []string{}
+	for _, addr := range f.statsSockets() {
+		rows = append(rows, addr+" admin all")
+	}
+	if f.dialect == fakeDialect34 {
+		rows = append([]string{"sockpair@5 admin all"}, rows...)
+	} else {
+		rows = append(rows, "sockpair@5 admin all")
+	}
+	return fakeList("# socket lvl processes\n" + strings.Join(rows, "\n"))
+}
+
+// bindStatsSockets makes the fake accept on the unix paths of the model's
+// stats sockets and on no other, as a new worker does; the lock is held.
+// A path dropped keeps its file, as HAProxy leaves it.
+func (f *FakeHAProxy) bindStatsSockets() {
+	want := map[string]bool{}
+	for _, addr := range f.statsSockets() {
+		if path, ok := strings.CutPrefix(addr, "unix@"); ok {
+			want[path] = true
+		}
+	}
+	f.connMu.Lock()
+	defer f.connMu.Unlock()
+	if f.closed {
+		return
+	}
+	for path, ln := range f.statsLns {
+		if !want[path] {
+			ln.(*net.UnixListener).SetUnlinkOnClose(false)
+			ln.Close()
+			delete(f.statsLns, path)
+		}
+	}
+	for path := range want {
+		if f.statsLns[path] != nil {
+			continue
+		}
+		if ln, err := fakeListen(path); err == nil {
+			f.statsLns[path] = ln
+			f.wg.Add(1)
+			go f.accept(ln, false)
+		}
+	}
+}
 
 func (f *FakeHAProxy) showInfo(args []string, _ *string) fakeOut {
 	m := &f.model

@@ -1,11 +1,13 @@
 // This file owns the fake master socket: show proc, reload in each
 // dialect (a Success= reply on 3.0 and later; on 2.6 none, and the effect
-// after ReloadDelay), and what a reload does to the model.
+// after ReloadDelay), what a reload does to the model, and the one command
+// it forwards to the worker, show cli sockets (after @1 or @!<pid>).
 //
-// It must never run or record worker commands: Sent reports only what
-// reached the worker socket, and tests count on that. A reload must never
-// read a configuration either; OnReload stands for what the new worker
-// loaded.
+// It must never run or record other worker commands: Sent reports only
+// what reached the worker socket, and tests count on that, so any other
+// command after an @ prefix is answered as an unknown one (HAProxy would
+// forward it). A reload must never read a configuration either; OnReload
+// stands for what the new worker loaded.
 
 package haptic
 
@@ -15,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -38,6 +41,14 @@ func (f *FakeHAProxy) serveMaster(conn net.Conn) {
 				done = true
 			case len(args) == 2 && args[0] == "show" && args[1] == "proc":
 				out.WriteString(f.showProc())
+			case strings.HasPrefix(args[0], "@"):
+				reply, found := f.forward(args)
+				out.WriteString(reply)
+				if !found && f.dialect != fakeDialect26 {
+					conn.Write(out.Bytes())
+					io.Copy(io.Discard, r) // 3.x answers, then neither quits nor closes
+					return
+				}
 			case args[0] == "reload":
 				done = true
 				reply, hang := f.reload()
@@ -60,6 +71,24 @@ func (f *FakeHAProxy) serveMaster(conn net.Conn) {
 			return
 		}
 	}
+}
+
+// forward answers a command after an @ prefix: @1 (the current worker) or
+// @!<its pid> reach the worker, any other target is not found.
+func (f *FakeHAProxy) forward(args []string) (reply string, found bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if args[0] != "@1" && args[0] != "@!"+strconv.Itoa(f.model.Pid) {
+		return "Can't find the target PID matching the prefix '" + args[0] + "'\n", false
+	}
+	var out bytes.Buffer
+	s := &fakeSession{}
+	if len(args) == 4 && args[1] == "show" && args[2] == "cli" && args[3] == "sockets" {
+		s.render(&out, f.showCLISockets(nil, nil))
+	} else {
+		s.render(&out, f.unknownCommand(args[min(1, len(args)-1)]))
+	}
+	return out.String(), true
 }
 
 // fakeUptime is the uptime show proc prints for every process: the fake
@@ -171,4 +200,5 @@ func (f *FakeHAProxy) applyReload(ok bool) {
 	if m.OnReload != nil {
 		m.OnReload(m)
 	}
+	f.bindStatsSockets()
 }

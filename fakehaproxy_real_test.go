@@ -254,14 +254,17 @@ var (
 	parityMapSource = regexp.MustCompile(`used by map at file '[^']*' line \d+`)
 	parityStartTime = regexp.MustCompile(`^\d+(\.\d{1,6})?$`)
 	parityDigits    = regexp.MustCompile(`^\d+$`)
+	parityUnixDir   = regexp.MustCompile(`unix@/\S*/`)
+	paritySockpair  = regexp.MustCompile(`sockpair@\d+`)
 )
 
 // normaliseReply rewrites a raw reply into comparable text, response by
 // response as splitResponses cuts them, with what varies between runs or
 // hosts masked: NUL bytes, addresses, PIDs, uptimes, the map's
 // configuration line, the @system-ca count, the dots after "Committing",
-// the help lines of an unknown command, and all but the shape of show
-// info, show stat, show servers state, show proc and reload replies.
+// the help lines of an unknown command, the directory of a listed unix
+// socket and the descriptor of the master's socket pair, and all but the shape of show info, show stat, show servers
+// state, show proc and reload replies.
 func normaliseReply(raw string) string {
 	resp, tail := splitResponses(raw)
 	var out []string
@@ -285,6 +288,8 @@ func normaliseResponse(r string) string {
 		return normaliseServersState(r)
 	case strings.HasPrefix(r, "#<PID>"):
 		return normaliseShowProc(r)
+	case strings.HasPrefix(r, "# socket lvl processes\n"):
+		return paritySockpair.ReplaceAllString(parityUnixDir.ReplaceAllString(r, "unix@DIR/"), "sockpair@N")
 	case strings.HasPrefix(r, "Success="):
 		status, _, _ := strings.Cut(r, "\n")
 		return fmt.Sprintf("%s (log separator: %v)", status, strings.Contains(r, "\n--\n") || strings.HasSuffix(r, "\n--"))
@@ -383,6 +388,7 @@ func parityScript(t testing.TB, h *realHAProxy) []string {
 		// identity and stats
 		"show info float",
 		"show stat -1 1 -1",
+		"show cli sockets",
 		// maps
 		"show map",
 		"show map maps/host.map",
@@ -606,6 +612,15 @@ func TestFakeMatchesRealHAProxy(t *testing.T) {
 		compare("master "+strings.TrimSpace(line), realRaw, fakeRaw)
 	}
 	master("show proc;quit\n")
+	master("@1 show cli sockets;quit\n")
+	// A 3.x master answers a target it cannot find, then neither quits
+	// nor closes: the closing is compared too.
+	realRaw, realClosed := socketExchange(t, h.MasterSocket(), "@2 show cli sockets;quit\n", time.Second)
+	fakeRaw, fakeClosed := socketExchange(t, f.MasterSocket(), "@2 show cli sockets;quit\n", time.Second)
+	compare(fmt.Sprintf("master @2 (closed: real %v, fake %v)", realClosed, fakeClosed), realRaw, fakeRaw)
+	if realClosed != fakeClosed {
+		t.Errorf("master @2: real closed %v, fake closed %v", realClosed, fakeClosed)
+	}
 	master("bogus;quit\n")
 	master("reload;quit\n")
 	h.waitReady(t) // a 2.6 master re-executes and refuses connections meanwhile

@@ -10,6 +10,7 @@
 //	haptic push --agent URL [flags] DIR     push a directory to agents
 //	haptic push --agents-dns URL [flags] DIR
 //	                                        the same, to every agent a DNS name lists
+//	haptic check [flags] DIR                haproxy -c and the socket check, before a push
 //	haptic demo [--haproxy PATH]            the whole flow in one process
 //	haptic install DIR                      copy this binary into DIR (an initContainer)
 //	haptic certs [flags] DIR                a development CA and mutual-TLS identities

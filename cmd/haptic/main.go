@@ -56,6 +56,7 @@ const usageText = `Usage:
   haptic push --agent URL [flags] DIR   push DIR to one or many agents
   haptic push --agents-dns URL [flags] DIR
                                         push DIR to every agent a DNS name lists (--canary N: N first)
+  haptic check [flags] DIR              check DIR before a push: haproxy -c and the stats socket
   haptic demo [--haproxy PATH]          run the example against a fake or real HAProxy
   haptic install DIR                    copy this binary into DIR, for another container's hooks
   haptic certs [flags] DIR              write a development CA and mutual-TLS certificates into DIR
@@ -90,6 +91,8 @@ func run(ctx context.Context, args []string, s stdio) int {
 		return runDiff(ctx, rest, s)
 	case "push":
 		return runPush(ctx, rest, s)
+	case "check":
+		return runCheck(ctx, rest, s)
 	case "demo":
 		return runDemo(ctx, rest, s)
 	case "install":
