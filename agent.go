@@ -11,9 +11,12 @@
 package haptic
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,7 +79,6 @@ const (
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond
-	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
 	stateIdentityTimeout = time.Second // a worker that does not answer a state read's question within it is not vouched for
 	msgAgentInitialising = "agent is initialising"
@@ -116,12 +118,15 @@ type Agent struct {
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
-	ran          atomic.Bool
-	memory       *memoryBudget // the request bytes held in memory, and the decodes
-	initialized  chan struct{}
-	drainStop    chan struct{}
-	haproxy      haproxyWatch  // reaching HAProxy now (agent_readiness.go)
-	stallTimeout time.Duration // uploadStallTimeout; tests shorten it
+	ran         atomic.Bool
+	memory      *memoryBudget // the request bytes held in memory, and the decodes
+	initialized chan struct{}
+	drainStop   chan struct{}
+	haproxy     haproxyWatch  // reaching HAProxy now (agent_readiness.go)
+	paceWindow  time.Duration // paceWindow; tests shorten it
+	rehashMu    sync.Mutex
+	rehashNext  func() error // the verified reads' re-hash that has not started (refreshTree)
+	rehashes    uint64       // re-hashes started
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
@@ -156,14 +161,14 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	}
 	opts.disk = cmp.Or[disk](opts.disk, osDisk{})
 	a := &Agent{
-		cfg:          cfg,
-		logger:       cfg.Logger,
-		initialized:  make(chan struct{}),
-		memory:       newMemoryBudget(),
-		limits:       defaultListenerLimits(cfg.DrainMaxWait),
-		drainStop:    make(chan struct{}),
-		metrics:      newAgentMetrics(),
-		stallTimeout: uploadStallTimeout,
+		cfg:         cfg,
+		logger:      cfg.Logger,
+		initialized: make(chan struct{}),
+		memory:      newMemoryBudget(),
+		limits:      defaultListenerLimits(cfg.DrainMaxWait),
+		drainStop:   make(chan struct{}),
+		metrics:     newAgentMetrics(),
+		paceWindow:  paceWindow,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
 	var err error
@@ -618,7 +623,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.deps.unlock()
 	close(a.initialized)
-	a.memory.settle() // the start decoded the stored plan
+	a.memory.handBackWhenIdle() // the start decoded the stored plan
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
 }
@@ -852,23 +857,73 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 	if err != nil || !st.HAProxy.SameWorker(info) {
 		st.HAProxy, st.RunningPlanID, st.RunningPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof = info, "", "", "", ""
 	}
-	writeJSON(w, http.StatusOK, st)
+	a.writeState(w, r, st)
+}
+
+// writeState answers json.Marshal(st) and a newline, but the stored plan's
+// blob goes out base64-encoded from the ledger's own copy: only the rest is
+// marshalled, held in the memory budget until written. A reader slower than
+// minBodyRate is cut. 200 readers that read nothing held 2 GB while each
+// answer was marshalled whole.
+func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
+	blob := st.AppliedPlan
+	st.AppliedPlan = nil
+	rest, _ := json.Marshal(st) // strings, numbers and maps of them: it cannot fail
+	rest = append(rest, '\n')
+	at := len(rest)
+	if blob != nil { // encoding/json writes the blob as a base64 string just before this field
+		at = bytes.Index(rest, []byte(`"applied_plan_stored":`)) + len(`"applied_plan":"`)
+		rest = slices.Insert(rest, at-len(`"applied_plan":"`), []byte(`"applied_plan":"",`)...)
+	}
+	held := a.hold(w, r, true)
+	defer held.release()
+	if err := held.take(len(rest) + answerChunk); err != nil {
+		writeError(w, clientFaultStatus(err), StageState, err.Error())
+		return
+	}
+	size := len(rest) + base64.StdEncoding.EncodedLen(len(blob))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(size))
+	w.WriteHeader(http.StatusOK)
+	out := bufio.NewWriterSize(held.client, answerChunk)
+	out.Write(rest[:at])
+	enc := base64.NewEncoder(base64.StdEncoding, out)
+	enc.Write(blob)
+	enc.Close()
+	out.Write(rest[at:])
+	if out.Flush(); size >= bigWorkBytes {
+		a.memory.handBackWhenIdle()
+	}
 }
 
 // refreshTree re-hashes the ownership set and adopts the observation,
 // keeping the proof of every entry whose digest and size did not change. It
 // holds the apply lock: an apply installs its files after its answer, and
-// an observation taken before they are in place would forget them.
+// an observation taken before they are in place would forget them. Reads
+// that arrive while a re-hash waits to start share it, so each is served
+// by one that started after it arrived: 200 looping verified readers, each
+// re-hashing under the apply lock, made a big push 3x slower.
 func (a *Agent) refreshTree() error {
-	a.deps.lock()
-	defer a.deps.unlock()
-	paths, version := a.led.observed()
-	fresh, err := a.files.hashTree(paths)
-	if err != nil {
-		return err
+	a.rehashMu.Lock()
+	run := a.rehashNext
+	if run == nil {
+		run = sync.OnceValue(func() error {
+			a.deps.lock()
+			defer a.deps.unlock()
+			a.rehashMu.Lock()
+			a.rehashNext, a.rehashes = nil, a.rehashes+1 // started: later reads need the next one
+			a.rehashMu.Unlock()
+			paths, version := a.led.observed()
+			fresh, err := a.files.hashTree(paths)
+			if err == nil {
+				a.led.refreshed(fresh, version)
+			}
+			return err
+		})
+		a.rehashNext = run
 	}
-	a.led.refreshed(fresh, version)
-	return nil
+	a.rehashMu.Unlock()
+	return run()
 }
 
 // checkPlanBlob admits a plan blob only when it decodes within the plan
@@ -936,7 +991,11 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
 		return
 	}
-	held := &heldBytes{budget: a.memory, ctx: r.Context()}
+	if moved, err := a.led.storePlan(ref, nil); err != nil {
+		writeJSON(w, http.StatusConflict, moved) // before the body: it would be refused anyway
+		return
+	}
+	held := a.hold(w, r, false)
 	defer held.release()
 	up, err := a.readPlan(held, r.Body, r.Header.Get("Content-Type"), ref.ID)
 	if err == nil && up == nil {

@@ -93,7 +93,8 @@ type ledger struct {
 	// plan is the canonical JSON of the stored plan (st.Blob), the base of
 	// the next plan patch; blob is its plan blob, as it came or, for a plan
 	// that came as a patch, encoded the first time it is asked for (nil
-	// until then).
+	// until then). blob is replaced, never changed in place: state answers
+	// write it out without the lock.
 	plan []byte
 	blob []byte
 	// blobSaved: the blob file holds blob; otherwise only records do (the
@@ -853,12 +854,15 @@ var errPlanMoved = errors.New("the plan is no longer the applied plan")
 // storePlan stores the plan of the applied pair: a synced record carries
 // it, whole or as its patch, until the next snapshot writes its blob's
 // file. A patch whose base is no longer the held plan is errPlanBaseGone.
+// A nil up only checks the pair.
 func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	moved := PlanMoved{AppliedPlanID: l.st.Applied.ID, AppliedPlanProof: l.st.Applied.Proof}
 	if !samePlanRef(l.st.Applied, ref) {
 		return moved, errPlanMoved
+	} else if up == nil {
+		return moved, nil
 	}
 	if up.patch != nil && up.patch.BaseDigest != l.heldPlanLocked() {
 		return moved, errPlanBaseGone
