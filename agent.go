@@ -124,9 +124,7 @@ type Agent struct {
 	drainStop   chan struct{}
 	haproxy     haproxyWatch  // reaching HAProxy now (agent_readiness.go)
 	paceWindow  time.Duration // paceWindow; tests shorten it
-	rehashMu    sync.Mutex
-	rehashNext  func() error // the verified reads' re-hash that has not started (refreshTree)
-	rehashes    uint64       // re-hashes started
+	rehashedAt  time.Time     // when the last verified read's re-hash that did not fail started; under the apply lock
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
@@ -861,10 +859,9 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 }
 
 // writeState answers json.Marshal(st) and a newline, but the stored plan's
-// blob goes out base64-encoded from the ledger's own copy: only the rest is
-// marshalled, held in the memory budget until written. A reader slower than
-// minBodyRate is cut. 200 readers that read nothing held 2 GB while each
-// answer was marshalled whole.
+// blob is base64-encoded from the ledger's own copy as it goes out, at the
+// reader's pace; only the rest is marshalled, held in the memory budget.
+// 200 readers that read nothing held 2 GB when each answer was marshalled.
 func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	blob := st.AppliedPlan
 	st.AppliedPlan = nil
@@ -885,7 +882,7 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
-	out := bufio.NewWriterSize(held.client, answerChunk)
+	out := bufio.NewWriterSize(held, answerChunk)
 	out.Write(rest[:at])
 	enc := base64.NewEncoder(base64.StdEncoding, out)
 	enc.Write(blob)
@@ -899,31 +896,25 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 // refreshTree re-hashes the ownership set and adopts the observation,
 // keeping the proof of every entry whose digest and size did not change. It
 // holds the apply lock: an apply installs its files after its answer, and
-// an observation taken before they are in place would forget them. Reads
-// that arrive while a re-hash waits to start share it, so each is served
-// by one that started after it arrived: 200 looping verified readers, each
-// re-hashing under the apply lock, made a big push 3x slower.
+// an observation taken before they are in place would forget them. A read
+// that finds a re-hash started since it arrived is served by that one: 200
+// looping verified readers, each re-hashing, made a big push 3x slower.
 func (a *Agent) refreshTree() error {
-	a.rehashMu.Lock()
-	run := a.rehashNext
-	if run == nil {
-		run = sync.OnceValue(func() error {
-			a.deps.lock()
-			defer a.deps.unlock()
-			a.rehashMu.Lock()
-			a.rehashNext, a.rehashes = nil, a.rehashes+1 // started: later reads need the next one
-			a.rehashMu.Unlock()
-			paths, version := a.led.observed()
-			fresh, err := a.files.hashTree(paths)
-			if err == nil {
-				a.led.refreshed(fresh, version)
-			}
-			return err
-		})
-		a.rehashNext = run
+	arrived := time.Now()
+	a.deps.lock()
+	defer a.deps.unlock()
+	if a.rehashedAt.After(arrived) {
+		return nil
 	}
-	a.rehashMu.Unlock()
-	return run()
+	started := time.Now()
+	paths, version := a.led.observed()
+	fresh, err := a.files.hashTree(paths)
+	if err != nil {
+		return err
+	}
+	a.rehashedAt = started
+	a.led.refreshed(fresh, version)
+	return nil
 }
 
 // checkPlanBlob admits a plan blob only when it decodes within the plan
@@ -991,8 +982,8 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
 		return
 	}
-	if moved, err := a.led.storePlan(ref, nil); err != nil {
-		writeJSON(w, http.StatusConflict, moved) // before the body: it would be refused anyway
+	if st := a.led.state(); !samePlanRef(st.Applied, ref) { // refused anyway: not worth its body
+		writeJSON(w, http.StatusConflict, PlanMoved{AppliedPlanID: st.Applied.ID, AppliedPlanProof: st.Applied.Proof})
 		return
 	}
 	held := a.hold(w, r, false)

@@ -24,20 +24,15 @@ import (
 
 // Request memory. The bytes of request bodies the agent holds in memory
 // (a manifest, a plan body or part and the plan JSON it decodes to, a file
-// part small enough to ride in the record, the marshalled part of a state
-// answer) are taken from one budget of maxHeldBodyBytes as they arrive, and
-// given back when the request ends; a decoded manifest is held at
+// part small enough to ride in the record, a state answer's marshalled
+// part) come from one budget of maxHeldBodyBytes as they arrive, and go
+// back when the request ends; a decoded manifest is held at
 // decodedManifestFactor times its bytes, the most its elements can cost.
 // Decoding (a manifest, a plan blob that may inflate to MaxPlanJSONBytes, a
 // plan patch) runs maxDecodes at a time, with the whole body in. A request
-// that needs more than is free waits up to budgetWait for bytes to come
-// back, cutting every holder whose client has moved nothing for
-// pressureStall (two of Linux's minimum retransmission timeouts): eight
-// uploads that sent 8 MiB and then a byte every 10 s refused every leader
-// push. A holder that decodes, stages, waits for the apply lock or runs is
-// never cut, and two requests that wait for each other's bytes end in a
-// refusal (errMemoryBusy, 503), never a deadlock. Unbounded, 16 manifests
-// of 8 MiB took 1.4 GB, and 24 zstd bombs 1.28 GB.
+// short of bytes may cut holders whose clients send nothing (take): eight
+// uploads of 8 MiB then a byte every 10 s refused every leader push.
+// Unbounded, 16 manifests of 8 MiB took 1.4 GB, and 24 zstd bombs 1.28 GB.
 const (
 	maxHeldBodyBytes      = 64 << 20
 	maxDecodes            = 1
@@ -89,20 +84,22 @@ func newMemoryBudget() *memoryBudget {
 		holders: map[*heldBytes]bool{}, released: make(chan struct{}), handBack: debug.FreeOSMemory}
 }
 
-// heldBytes is what one request holds of the budget; release gives it all
-// back when the request ends.
+// heldBytes is what one request holds of the budget, which release gives
+// back when the request ends, and the pace of its client (hold).
 type heldBytes struct {
 	budget *memoryBudget
 	ctx    context.Context
 	n      int64
-	client *pace // its body or answer; nil for none
+	pace
 }
 
-// take takes n more bytes. When fewer are free, it waits up to budgetWait
-// for bytes to come back, cutting each holder whose client has moved
-// nothing for pressureStall, before it refuses. A request may take more
-// than is free only when it is the one holding the rest, so that one
-// larger than the whole budget runs alone.
+// take takes n more bytes. Short of them, it waits up to budgetWait for
+// bytes to come back, cutting each holder whose client has moved nothing
+// for pressureStall (two of Linux's minimum retransmission timeouts), never
+// one the agent is busy with; then it refuses (errMemoryBusy), so two
+// requests that wait for each other's bytes never deadlock. A request may
+// take more than is free only when it holds the rest, so that one larger
+// than the whole budget runs alone.
 func (h *heldBytes) take(n int) error {
 	b := h.budget
 	b.mu.Lock()
@@ -113,8 +110,8 @@ func (h *heldBytes) take(n int) error {
 			return errMemoryBusy
 		}
 		for o := range b.holders {
-			if c := o.client; c != nil && c.waiting.Load() != 0 && now.UnixNano()-c.waiting.Load() >= int64(pressureStall) && !c.cut.Swap(true) {
-				c.deadline(now)
+			if w := o.waiting.Load(); w != 0 && now.UnixNano()-w >= int64(pressureStall) && !o.cut.Swap(true) {
+				o.deadline(now)
 			}
 		}
 		released := b.released
@@ -163,16 +160,13 @@ func (r heldReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Client pace. A request body must come, and an answer be taken, at
-// minBodyRate or faster: each paceWindow the agent waits on its client
-// must move minBodyRate×paceWindow bytes or end the transfer, and a window
-// starts afresh once they moved, so a burst followed by a trickle is cut a
-// window after the burst. The agent's own time (a decode, the apply lock)
-// does not count. The first window is a new connection's grace, as long as
-// Kestrel's; 64 KiB/s is an eighth of the 546 KiB/s the largest body
-// (MaxApplyBodyBytes) needs within the API's 2-minute read limit, which
-// still ends the whole request (the write limit an answer): no client that
-// could finish in time is cut.
+// Client pace. A body must come, and an answer be taken, at minBodyRate:
+// each paceWindow the agent waits on its client (its own time does not
+// count) must move minBodyRate×paceWindow bytes, and a window restarts
+// once they moved, so a trickle after a burst is cut a window after it.
+// The first window is the grace (Kestrel's); 64 KiB/s is an eighth of the
+// rate the largest body needs within the 2-minute read limit, which still
+// ends the request: no client that could finish in time is cut.
 const (
 	paceWindow  = 5 * time.Second
 	minBodyRate = 64 << 10 // bytes a second
@@ -188,7 +182,7 @@ type pace struct {
 	what          string
 	window, whole time.Duration
 	until         time.Time
-	owed          int           // bytes the window still needs
+	quota, owed   int           // bytes a window must move, and still needs
 	spent         time.Duration // what the window waited on the client so far
 	waiting       atomic.Int64  // since when (Unix ns) the client is waited on; 0 when it is not
 	cut           atomic.Bool   // memory pressure cut it
@@ -200,18 +194,17 @@ func (a *Agent) hold(w http.ResponseWriter, r *http.Request, answer bool) *heldB
 	rc := http.NewResponseController(w)
 	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
 	srv = cmp.Or(srv, &http.Server{}) // a handler called without a server sets no deadlines
-	p := &pace{what: "upload", deadline: rc.SetReadDeadline, whole: srv.ReadTimeout, window: a.paceWindow}
+	h := &heldBytes{budget: a.memory, ctx: r.Context(), pace: pace{what: "upload", deadline: rc.SetReadDeadline,
+		whole: srv.ReadTimeout, window: a.paceWindow, quota: int(minBodyRate * a.paceWindow / time.Second)}}
 	if answer {
-		p.answer, p.what, p.deadline, p.whole = w, "answer", rc.SetWriteDeadline, srv.WriteTimeout
+		h.answer, h.what, h.deadline, h.whole = w, "answer", rc.SetWriteDeadline, srv.WriteTimeout
 	} else {
-		p.ReadCloser = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
-		r.Body = p
+		h.ReadCloser = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
+		r.Body = h
 	}
-	p.until, p.owed = time.Now().Add(p.whole), p.quota()
-	return &heldBytes{budget: a.memory, ctx: r.Context(), client: p}
+	h.until, h.owed = time.Now().Add(h.whole), h.quota
+	return h
 }
-
-func (p *pace) quota() int { return int(minBodyRate * p.window / time.Second) }
 
 func (p *pace) Read(b []byte) (int, error) {
 	return p.step(func() (int, error) { return p.ReadCloser.Read(b) })
@@ -232,21 +225,20 @@ func (p *pace) step(move func() (int, error)) (n int, err error) {
 	start := time.Now()
 	p.deadline(start.Add(min(p.window-p.spent, p.until.Sub(start))))
 	p.waiting.Store(start.UnixNano())
-	if !p.cut.Load() {
+	if err = errCutForMemory; !p.cut.Load() {
 		n, err = move()
 	}
 	p.waiting.Store(0)
-	if p.spent += time.Since(start); p.owed <= n {
-		p.owed, p.spent = p.quota(), 0
-	} else {
-		p.owed -= n
+	p.spent += time.Since(start)
+	if p.owed -= n; p.owed <= 0 {
+		p.owed, p.spent = p.quota, 0
 	}
 	switch {
-	case p.cut.Load() && (err == nil || errors.Is(err, os.ErrDeadlineExceeded)):
-		err = errCutForMemory
 	case !errors.Is(err, os.ErrDeadlineExceeded):
+	case p.cut.Load():
+		err = errCutForMemory
 	case time.Now().Before(p.until):
-		err = fmt.Errorf("the %s fell below %d KiB/s: fewer than %d bytes in %s", p.what, minBodyRate>>10, p.quota(), p.window)
+		err = fmt.Errorf("the %s fell below %d KiB/s: fewer than %d bytes in %s", p.what, minBodyRate>>10, p.quota, p.window)
 	default:
 		err = fmt.Errorf("the %s took longer than the %s a request may", p.what, p.whole)
 	}

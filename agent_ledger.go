@@ -854,15 +854,12 @@ var errPlanMoved = errors.New("the plan is no longer the applied plan")
 // storePlan stores the plan of the applied pair: a synced record carries
 // it, whole or as its patch, until the next snapshot writes its blob's
 // file. A patch whose base is no longer the held plan is errPlanBaseGone.
-// A nil up only checks the pair.
 func (l *ledger) storePlan(ref planRef, up *planUpload) (PlanMoved, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	moved := PlanMoved{AppliedPlanID: l.st.Applied.ID, AppliedPlanProof: l.st.Applied.Proof}
 	if !samePlanRef(l.st.Applied, ref) {
 		return moved, errPlanMoved
-	} else if up == nil {
-		return moved, nil
 	}
 	if up.patch != nil && up.patch.BaseDigest != l.heldPlanLocked() {
 		return moved, errPlanBaseGone

@@ -328,7 +328,6 @@ func TestSlowStateReadersHoldNoMemory(t *testing.T) {
 	}
 }
 
-
 // rawRequest sends head on a new connection to addr and returns the
 // connection and a channel that receives the answer's status line, or the
 // error, once it comes.
@@ -432,14 +431,15 @@ func TestTheAgentsOwnTimeDoesNotCountAgainstAnUpload(t *testing.T) {
 	}
 }
 
-// fakeClient is a pace whose client is waited on since waiting (zero: it
-// is not), and which records when memory pressure cut it.
-func fakeClient(waiting time.Duration, cut chan<- time.Time) *pace {
-	p := &pace{deadline: func(at time.Time) error { cut <- at; return nil }}
+// fakeHolder is a request of b whose client is waited on since waiting
+// ago (zero: it is not), and which records when memory pressure cut it.
+func fakeHolder(t *testing.T, b *memoryBudget, waiting time.Duration, cut chan<- time.Time) *heldBytes {
+	h := &heldBytes{budget: b, ctx: t.Context()}
+	h.deadline = func(at time.Time) error { cut <- at; return nil }
 	if waiting > 0 {
-		p.waiting.Store(time.Now().Add(-waiting).UnixNano())
+		h.waiting.Store(time.Now().Add(-waiting).UnixNano())
 	}
-	return p
+	return h
 }
 
 // TestUnderMemoryPressureOnlyClientsThatSendNothingAreCut: a request that
@@ -461,7 +461,7 @@ func TestUnderMemoryPressureOnlyClientsThatSendNothingAreCut(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newMemoryBudget()
 			cut := make(chan time.Time, 1)
-			holder := &heldBytes{budget: b, ctx: t.Context(), client: fakeClient(tc.waiting, cut)}
+			holder := fakeHolder(t, b, tc.waiting, cut)
 			if err := holder.take(maxHeldBodyBytes - 1000); err != nil {
 				t.Fatal(err)
 			}
@@ -475,16 +475,16 @@ func TestUnderMemoryPressureOnlyClientsThatSendNothingAreCut(t *testing.T) {
 			err := (&heldBytes{budget: b, ctx: t.Context()}).take(10_000)
 			took := time.Since(start)
 			if tc.cut {
-				if err != nil || !holder.client.cut.Load() {
-					t.Errorf("take: %v; the holder was cut: %v", err, holder.client.cut.Load())
+				if err != nil || !holder.cut.Load() {
+					t.Errorf("take: %v; the holder was cut: %v", err, holder.cut.Load())
 				}
 				if want := max(0, pressureStall-tc.waiting); took < want-50*time.Millisecond || took > want+500*time.Millisecond {
 					t.Errorf("the bytes came after %s, want %s", took, want)
 				}
 				return
 			}
-			if !errors.Is(err, errMemoryBusy) || holder.client.cut.Load() {
-				t.Errorf("take: %v, want errMemoryBusy; the holder was cut: %v", err, holder.client.cut.Load())
+			if !errors.Is(err, errMemoryBusy) || holder.cut.Load() {
+				t.Errorf("take: %v, want errMemoryBusy; the holder was cut: %v", err, holder.cut.Load())
 			}
 			if took < budgetWait || took > budgetWait+time.Second {
 				t.Errorf("refused after %s, want budgetWait (%s)", took, budgetWait)
@@ -633,8 +633,13 @@ func TestVerifiedReadsShareOneRehash(t *testing.T) {
 	var blockOnce sync.Once
 	hashing, resume := make(chan struct{}), make(chan struct{})
 	var armed atomic.Bool
+	var rehashes atomic.Int64 // every re-hash opens the map
 	d := &openHookDisk{hook: func(name string) {
-		if armed.Load() && strings.HasSuffix(name, "host.map") {
+		if !strings.HasSuffix(name, "host.map") {
+			return
+		}
+		rehashes.Add(1)
+		if armed.Load() {
 			blockOnce.Do(func() { close(hashing); <-resume })
 		}
 	}}
@@ -655,13 +660,7 @@ func TestVerifiedReadsShareOneRehash(t *testing.T) {
 		}
 		return st, nil
 	}
-	rehashes := func() uint64 {
-		e.a.rehashMu.Lock()
-		defer e.a.rehashMu.Unlock()
-		return e.a.rehashes
-	}
-
-	before := rehashes()
+	before := rehashes.Load()
 	e.a.deps.lock()
 	var wg sync.WaitGroup
 	for range 20 {
@@ -674,7 +673,7 @@ func TestVerifiedReadsShareOneRehash(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // every read waits for the re-hash
 	e.a.deps.unlock()
 	wg.Wait()
-	if n := rehashes() - before; n > 2 {
+	if n := rehashes.Load() - before; n > 2 {
 		t.Errorf("20 concurrent verified reads made %d re-hashes", n)
 	}
 
