@@ -882,12 +882,12 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
-	out := bufio.NewWriterSize(held, answerChunk)
-	out.Write(rest[:at])
+	out := bufio.NewWriterSize(held, answerChunk) // held writes what out gives it, a chunk at a time
+	out.ReadFrom(bytes.NewReader(rest[:at]))
 	enc := base64.NewEncoder(base64.StdEncoding, out)
 	enc.Write(blob)
 	enc.Close()
-	out.Write(rest[at:])
+	out.ReadFrom(bytes.NewReader(rest[at:]))
 	if out.Flush(); size >= bigWorkBytes {
 		a.memory.handBackWhenIdle()
 	}

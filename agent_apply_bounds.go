@@ -93,13 +93,12 @@ type heldBytes struct {
 	pace
 }
 
-// take takes n more bytes. Short of them, it waits up to budgetWait for
-// bytes to come back, cutting each holder whose client has moved nothing
-// for pressureStall (two of Linux's minimum retransmission timeouts), never
-// one the agent is busy with; then it refuses (errMemoryBusy), so two
-// requests that wait for each other's bytes never deadlock. A request may
-// take more than is free only when it holds the rest, so that one larger
-// than the whole budget runs alone.
+// take takes n more bytes, waiting up to budgetWait for them and cutting
+// each holder whose client has moved nothing for pressureStall (two of
+// Linux's minimum retransmission timeouts), never one the agent is busy
+// with; then it refuses, so requests waiting for each other's bytes never
+// deadlock. A request may take more than is free only when it holds the
+// rest, so that one larger than the whole budget runs alone.
 func (h *heldBytes) take(n int) error {
 	b := h.budget
 	b.mu.Lock()
@@ -164,9 +163,9 @@ func (r heldReader) Read(p []byte) (int, error) {
 // each paceWindow the agent waits on its client (its own time does not
 // count) must move minBodyRate×paceWindow bytes, and a window restarts
 // once they moved, so a trickle after a burst is cut a window after it.
-// The first window is the grace (Kestrel's); 64 KiB/s is an eighth of the
-// rate the largest body needs within the 2-minute read limit, which still
-// ends the request: no client that could finish in time is cut.
+// The first window is the grace (Kestrel's); 64 KiB/s is under an eighth
+// of the 546 KiB/s the largest body needs within the 2-minute read limit,
+// which still ends the request: no client that could finish is cut.
 const (
 	paceWindow  = 5 * time.Second
 	minBodyRate = 64 << 10 // bytes a second
@@ -210,13 +209,9 @@ func (p *pace) Read(b []byte) (int, error) {
 	return p.step(func() (int, error) { return p.ReadCloser.Read(b) })
 }
 
-func (p *pace) Write(b []byte) (n int, err error) {
-	for n < len(b) && err == nil {
-		var m int
-		m, err = p.step(func() (int, error) { return p.answer.Write(b[n:min(len(b), n+answerChunk)]) })
-		n += m
-	}
-	return n, err
+// Write writes b under one deadline: writeState hands it answerChunk at most.
+func (p *pace) Write(b []byte) (int, error) {
+	return p.step(func() (int, error) { return p.answer.Write(b) })
 }
 
 // step moves bytes with move under the window's deadline. It marks the
