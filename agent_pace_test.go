@@ -414,16 +414,18 @@ func TestAPlanUploadOfAnotherPairIsAnsweredBeforeItsBody(t *testing.T) {
 }
 
 // TestTheAgentsOwnTimeDoesNotCountAgainstAnUpload: an apply whose client
-// sent its whole body at once waits for the decode slot for three pace
-// windows between its manifest and its parts, and still lands: only the
-// time the agent waits on the client counts.
+// sends its whole body at once, 4 MiB of parts after the manifest, waits
+// for the decode slot for three pace windows between its manifest and its
+// parts, and still lands: only the time the agent waits on the client
+// counts.
 func TestTheAgentsOwnTimeDoesNotCountAgainstAnUpload(t *testing.T) {
 	const window = 300 * time.Millisecond
 	e := newTestEnv(t, nil, func(a *Agent, _ *FakeHAProxy) { a.paceWindow = window })
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
-	next, op := mapEntryChange(fs, "later.example", "be-a")
-	m := e.c.manifest("plan-2", next, op)
+	next := fs.clone()
+	next["notes/big.txt"] = strings.Repeat("b", 4<<20)
+	m := e.c.manifest("plan-2", next)
 	e.a.memory.decodes <- struct{}{} // the decode slot is taken
 	time.AfterFunc(3*window, func() { <-e.a.memory.decodes })
 	if code, b := e.c.post(applyRequest{manifest: m, files: next}); code != http.StatusOK {
@@ -548,6 +550,11 @@ func TestTheStreamedStateIsTheMarshalledState(t *testing.T) {
 	}
 	notStored := full
 	notStored.AppliedPlanStored = false
+	manyFiles := withBlob(5)
+	manyFiles.Files = map[string]FileAt{}
+	for i := range 2000 {
+		manyFiles.Files[fmt.Sprintf("maps/%04d.map", i)] = FileAt{Digest: DigestString(fmt.Sprint(i)), Proof: "a:1", Size: int64(i)}
+	}
 	for _, tc := range []struct {
 		name string
 		st   State
@@ -558,6 +565,7 @@ func TestTheStreamedStateIsTheMarshalledState(t *testing.T) {
 		{"a blob of one byte", withBlob(1)},
 		{"a blob of two bytes", withBlob(2)},
 		{"a blob of three chunks and a bit", withBlob(3*answerChunk + 7)},
+		{"files of more than a chunk after the blob", manyFiles},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := http.Get(stateServer(t, &Agent{memory: newMemoryBudget(), paceWindow: paceWindow}, tc.st))
@@ -729,7 +737,9 @@ func TestMemoryIsHandedBackAfterBigWork(t *testing.T) {
 				h.release()
 			})
 			switch {
-			case n >= bigWorkBytes && (took < 0 || took > idleFreeAfter+500*time.Millisecond):
+			case n >= bigWorkBytes && took < 0:
+				t.Errorf("after a request that held %d bytes, memory was not handed back", n)
+			case n >= bigWorkBytes && took > idleFreeAfter+500*time.Millisecond:
 				t.Errorf("after a request that held %d bytes, memory was handed back after %s, want within %s", n, took, idleFreeAfter)
 			case n < bigWorkBytes && took >= 0:
 				t.Errorf("after a request that held %d bytes, memory was handed back", n)
@@ -748,7 +758,7 @@ func TestMemoryIsHandedBackAfterBigWork(t *testing.T) {
 			resp.Body.Close()
 		})
 		if took < 0 || took > idleFreeAfter+time.Second {
-			t.Errorf("after an answer of %d bytes, memory was handed back after %s, want within %s", bigWorkBytes, took, idleFreeAfter)
+			t.Errorf("after an answer of %d bytes, memory was handed back after %s (-1: never), want within %s", bigWorkBytes, took, idleFreeAfter)
 		}
 	})
 }
