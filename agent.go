@@ -874,7 +874,7 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	}
 	held := a.hold(w, r, true)
 	defer held.release()
-	if err := held.take(len(rest) + answerChunk); err != nil {
+	if err := held.take(len(rest) + chunkBytes); err != nil {
 		writeError(w, clientFaultStatus(err), StageState, err.Error())
 		return
 	}
@@ -882,7 +882,7 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
-	out := bufio.NewWriterSize(held, answerChunk) // held writes what out gives it, a chunk at a time
+	out := bufio.NewWriterSize(held, chunkBytes) // held writes what out gives it, a chunk at a time
 	out.ReadFrom(bytes.NewReader(rest[:at]))
 	enc := base64.NewEncoder(base64.StdEncoding, out)
 	enc.Write(blob)
@@ -940,7 +940,8 @@ func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 
 // readPlan reads a plan part or body of at most MaxPlanBlobBytes, checks it
 // in a decode slot, and holds its JSON in the request's share of the memory
-// budget. An empty one is no plan: nil, nil.
+// budget, taken in the slot: only one decode at a time holds bytes the
+// budget does not count yet. An empty one is no plan: nil, nil.
 func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID string) (up *planUpload, err error) {
 	b, err := io.ReadAll(io.LimitReader(held.reader(r), MaxPlanBlobBytes+1))
 	switch {
@@ -950,12 +951,11 @@ func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID strin
 		return nil, fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
 	err = held.decode(func() error {
-		up, err = a.led.takePlan(b, contentType, planID)
+		if up, err = a.led.takePlan(b, contentType, planID); err == nil {
+			err = held.take(len(up.json))
+		}
 		return err
 	})
-	if err == nil {
-		err = held.take(len(up.json))
-	}
 	return up, err
 }
 

@@ -177,8 +177,8 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 }
 
 // readManifest reads the first part, which must be the manifest, into the
-// request's share of the memory budget, and decodes it in a decode slot
-// (decodeManifest bounds what decoding may build).
+// request's share of the memory budget, takes what decoding may build
+// (decodeManifest bounds it), and decodes it in a decode slot.
 func readManifest(mr *multipart.Reader, held *heldBytes) (m *Manifest, err error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
@@ -195,12 +195,11 @@ func readManifest(mr *multipart.Reader, held *heldBytes) (m *Manifest, err error
 	if len(b) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("manifest exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	err = held.decode(func() (err error) {
-		m, err = decodeManifest(b)
-		return err
-	})
-	if err == nil {
-		err = held.take((decodedManifestFactor - 1) * len(b))
+	if err = held.take((decodedManifestFactor - 1) * len(b)); err == nil {
+		err = held.decode(func() (err error) {
+			m, err = decodeManifest(b)
+			return err
+		})
 	}
 	return m, err
 }

@@ -152,7 +152,7 @@ type heldReader struct {
 }
 
 func (r heldReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
+	n, err := r.r.Read(p[:min(len(p), chunkBytes)])
 	if n > 0 {
 		err = cmp.Or(r.h.take(n), err) // a refusal wins over the reader's own error
 	}
@@ -169,7 +169,7 @@ func (r heldReader) Read(p []byte) (int, error) {
 const (
 	paceWindow  = 5 * time.Second
 	minBodyRate = 64 << 10 // bytes a second
-	answerChunk = 64 << 10 // the most an answer writes under one deadline
+	chunkBytes  = 64 << 10 // the most a held read brings before the budget counts it, or an answer writes under one deadline
 )
 
 // pace holds a request's client to minBodyRate: the body it reads (as
@@ -209,7 +209,7 @@ func (p *pace) Read(b []byte) (int, error) {
 	return p.step(func() (int, error) { return p.ReadCloser.Read(b) })
 }
 
-// Write writes b under one deadline: writeState hands it answerChunk at most.
+// Write writes b under one deadline: writeState hands it chunkBytes at most.
 func (p *pace) Write(b []byte) (int, error) {
 	return p.step(func() (int, error) { return p.answer.Write(b) })
 }

@@ -564,7 +564,7 @@ func TestTheStreamedStateIsTheMarshalledState(t *testing.T) {
 		{"plan=0", full},
 		{"a blob of one byte", withBlob(1)},
 		{"a blob of two bytes", withBlob(2)},
-		{"a blob of three chunks and a bit", withBlob(3*answerChunk + 7)},
+		{"a blob of three chunks and a bit", withBlob(3*chunkBytes + 7)},
 		{"files of more than a chunk after the blob", manyFiles},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
