@@ -129,17 +129,16 @@ func (h *heldBytes) take(n int) error {
 }
 
 func (h *heldBytes) release() {
-	b := h.budget
-	b.mu.Lock()
-	b.free += h.n
+	h.budget.mu.Lock()
+	h.budget.free += h.n
 	big := h.n >= bigWorkBytes
 	h.n = 0
-	delete(b.holders, h)
-	close(b.released)
-	b.released = make(chan struct{})
-	b.mu.Unlock()
+	delete(h.budget.holders, h)
+	close(h.budget.released)
+	h.budget.released = make(chan struct{})
+	h.budget.mu.Unlock()
 	if big {
-		b.handBackWhenIdle()
+		h.budget.handBackWhenIdle()
 	}
 }
 
