@@ -868,7 +868,7 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	rest, _ := json.Marshal(st) // strings, numbers and maps of them: it cannot fail
 	rest = append(rest, '\n')
 	at := len(rest)
-	if blob != nil { // encoding/json writes the blob as a base64 string just before this field
+	if len(blob) > 0 { // encoding/json writes the blob as a base64 string just before this field
 		at = bytes.Index(rest, []byte(`"applied_plan_stored":`)) + len(`"applied_plan":"`)
 		rest = slices.Insert(rest, at-len(`"applied_plan":"`), []byte(`"applied_plan":"",`)...)
 	}
@@ -882,7 +882,7 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
-	out := bufio.NewWriterSize(held, chunkBytes) // held writes what out gives it, a chunk at a time
+	out := bufio.NewWriterSize(held, chunkBytes) // its ReadFrom, unlike Write, hands held a chunk at a time
 	out.ReadFrom(bytes.NewReader(rest[:at]))
 	enc := base64.NewEncoder(base64.StdEncoding, out)
 	enc.Write(blob)

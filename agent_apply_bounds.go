@@ -41,9 +41,9 @@ const (
 	pressureStall         = 500 * time.Millisecond
 )
 
-// errMemoryBusy refuses a request the memory budget cannot hold now.
+// errMemoryBusy refuses a request the memory budget cannot hold now, and
+// errCutForMemory ends one whose client moved nothing while others waited.
 var errMemoryBusy = fmt.Errorf("the agent holds as many request bytes as it may (%d MiB) for other requests; retry", maxHeldBodyBytes>>20)
-
 var errCutForMemory = fmt.Errorf("the request was cut: others waited for the memory it held while its client moved nothing for %s; retry", pressureStall)
 
 // Once requests that held bigWorkBytes or more are done, and nothing like
