@@ -11,9 +11,12 @@
 package haptic
 
 import (
+	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,7 +78,6 @@ const (
 	maxDrainMaxWait      = 5 * time.Minute
 	maxUnixSocketPath    = 107
 	probeInterval        = 200 * time.Millisecond
-	uploadStallTimeout   = 15 * time.Second // a part upload sending nothing this long is refused
 	serverGrace          = 15 * time.Second
 	stateIdentityTimeout = time.Second // a worker that does not answer a state read's question within it is not vouched for
 	msgAgentInitialising = "agent is initialising"
@@ -115,12 +117,13 @@ type Agent struct {
 
 	apiLn, metricsLn, adminLn, drainLn net.Listener
 
-	ran          atomic.Bool
-	memory       *memoryBudget // the request bytes held in memory, and the decodes
-	initialized  chan struct{}
-	drainStop    chan struct{}
-	haproxy      haproxyWatch  // reaching HAProxy now (agent_readiness.go)
-	stallTimeout time.Duration // uploadStallTimeout; tests shorten it
+	ran         atomic.Bool
+	memory      *memoryBudget // the request bytes held in memory, and the decodes
+	initialized chan struct{}
+	drainStop   chan struct{}
+	haproxy     haproxyWatch  // reaching HAProxy now (agent_readiness.go)
+	paceWindow  time.Duration // paceWindow; tests shorten it
+	rehashedAt  time.Time     // when the last verified read's re-hash that did not fail started; under the apply lock
 
 	// clockOffset moves the agent's clock in tests (the known-bad cache's
 	// 60 seconds); production never sets it.
@@ -155,14 +158,14 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	}
 	opts.disk = cmp.Or[disk](opts.disk, osDisk{})
 	a := &Agent{
-		cfg:          cfg,
-		logger:       cfg.Logger,
-		initialized:  make(chan struct{}),
-		memory:       newMemoryBudget(),
-		limits:       defaultListenerLimits(cfg.DrainMaxWait),
-		drainStop:    make(chan struct{}),
-		metrics:      newAgentMetrics(cfg.AgentVersion),
-		stallTimeout: uploadStallTimeout,
+		cfg:         cfg,
+		logger:      cfg.Logger,
+		initialized: make(chan struct{}),
+		memory:      newMemoryBudget(),
+		limits:      defaultListenerLimits(cfg.DrainMaxWait),
+		drainStop:   make(chan struct{}),
+		metrics:     newAgentMetrics(cfg.AgentVersion),
+		paceWindow:  paceWindow,
 	}
 	a.authFail = newAuthFailures(cfg.Logger, func(scheme string) { a.metrics.authFailures.inc(scheme) })
 	var err error
@@ -617,7 +620,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.deps.unlock()
 	close(a.initialized)
-	a.memory.settle() // the start decoded the stored plan
+	a.memory.handBackWhenIdle() // the start decoded the stored plan
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
 	return nil
 }
@@ -851,21 +854,64 @@ func (a *Agent) handleState(w http.ResponseWriter, r *http.Request) {
 	if err != nil || !st.HAProxy.SameWorker(info) {
 		st.HAProxy, st.RunningPlanID, st.RunningPlanProof, st.WorkerOpsPlanID, st.WorkerOpsPlanProof = info, "", "", "", ""
 	}
-	writeJSON(w, http.StatusOK, st)
+	a.writeState(w, r, st)
+}
+
+// writeState answers json.Marshal(st) and a newline, but the stored plan's
+// blob is base64-encoded from the ledger's own copy as it goes out, at the
+// reader's pace; only the rest is marshalled, held in the memory budget.
+// 200 readers that read nothing held 2 GB when each answer was marshalled.
+func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
+	blob := st.AppliedPlan
+	st.AppliedPlan = nil
+	rest, _ := json.Marshal(st) // strings, numbers and maps of them: it cannot fail
+	rest = append(rest, '\n')
+	at := len(rest)
+	if len(blob) > 0 { // encoding/json writes the blob as a base64 string just before this field
+		at = bytes.Index(rest, []byte(`"applied_plan_stored":`)) + len(`"applied_plan":"`)
+		rest = slices.Insert(rest, at-len(`"applied_plan":"`), []byte(`"applied_plan":"",`)...)
+	}
+	held := a.hold(w, r, true)
+	defer held.release()
+	if err := held.take(len(rest) + chunkBytes); err != nil {
+		writeError(w, clientFaultStatus(err), StageState, err.Error())
+		return
+	}
+	size := len(rest) + base64.StdEncoding.EncodedLen(len(blob))
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(size))
+	w.WriteHeader(http.StatusOK)
+	out := bufio.NewWriterSize(held, chunkBytes) // its ReadFrom, unlike Write, hands held a chunk at a time
+	out.ReadFrom(bytes.NewReader(rest[:at]))
+	enc := base64.NewEncoder(base64.StdEncoding, out)
+	enc.Write(blob)
+	enc.Close()
+	out.ReadFrom(bytes.NewReader(rest[at:]))
+	if out.Flush(); size >= bigWorkBytes {
+		a.memory.handBackWhenIdle()
+	}
 }
 
 // refreshTree re-hashes the ownership set and adopts the observation,
 // keeping the proof of every entry whose digest and size did not change. It
 // holds the apply lock: an apply installs its files after its answer, and
-// an observation taken before they are in place would forget them.
+// an observation taken before they are in place would forget them. A read
+// that finds a re-hash started since it arrived is served by that one: 200
+// looping verified readers, each re-hashing, made a big push 3x slower.
 func (a *Agent) refreshTree() error {
+	arrived := time.Now()
 	a.deps.lock()
 	defer a.deps.unlock()
+	if a.rehashedAt.After(arrived) {
+		return nil
+	}
+	started := time.Now()
 	paths, version := a.led.observed()
 	fresh, err := a.files.hashTree(paths)
 	if err != nil {
 		return err
 	}
+	a.rehashedAt = started
 	a.led.refreshed(fresh, version)
 	return nil
 }
@@ -893,7 +939,8 @@ func checkPlanBlob(blob []byte, planID string) ([]byte, error) {
 
 // readPlan reads a plan part or body of at most MaxPlanBlobBytes, checks it
 // in a decode slot, and holds its JSON in the request's share of the memory
-// budget. An empty one is no plan: nil, nil.
+// budget, taken in the slot: only one decode at a time holds bytes the
+// budget does not count yet. An empty one is no plan: nil, nil.
 func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID string) (up *planUpload, err error) {
 	b, err := io.ReadAll(io.LimitReader(held.reader(r), MaxPlanBlobBytes+1))
 	switch {
@@ -903,12 +950,11 @@ func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID strin
 		return nil, fmt.Errorf("plan blob exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
 	err = held.decode(func() error {
-		up, err = a.led.takePlan(b, contentType, planID)
+		if up, err = a.led.takePlan(b, contentType, planID); err == nil {
+			err = held.take(len(up.json))
+		}
 		return err
 	})
-	if err == nil {
-		err = held.take(len(up.json))
-	}
 	return up, err
 }
 
@@ -935,7 +981,11 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, StageRequest, "plan_id and proof are required")
 		return
 	}
-	held := &heldBytes{budget: a.memory, ctx: r.Context()}
+	if st := a.led.state(); !samePlanRef(st.Applied, ref) { // refused anyway: not worth its body
+		writeJSON(w, http.StatusConflict, PlanMoved{AppliedPlanID: st.Applied.ID, AppliedPlanProof: st.Applied.Proof})
+		return
+	}
+	held := a.hold(w, r, false)
 	defer held.release()
 	up, err := a.readPlan(held, r.Body, r.Header.Get("Content-Type"), ref.ID)
 	if err == nil && up == nil {

@@ -19,7 +19,6 @@ import (
 	"mime"
 	"mime/multipart"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -124,11 +123,8 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
-	held := &heldBytes{budget: a.memory, ctx: r.Context()}
+	held := a.hold(w, r, false)
 	defer held.release()
-	read := a.limits[listenerAPI].read
-	r.Body = &stallGuard{ReadCloser: http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes),
-		rc: http.NewResponseController(w), stall: a.stallTimeout, whole: read, until: time.Now().Add(read)}
 	mr, err := r.MultipartReader()
 	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mediaType != "multipart/form-data" {
 		// MultipartReader also takes multipart/mixed; the apply body is a
@@ -183,40 +179,9 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	a.deps.unlock()
 }
 
-// stallGuard ends an upload that makes no progress, and one that takes
-// longer than the whole request may: every read must bring bytes within
-// stall, and the request ends at until whatever its pace. (A deadline set
-// per read replaces the server's own for the whole request, so the guard
-// keeps that one too: a client trickling a byte every few seconds would
-// otherwise hold its upload open for as long as it liked.)
-type stallGuard struct {
-	io.ReadCloser
-	rc    *http.ResponseController
-	stall time.Duration
-	whole time.Duration
-	until time.Time
-}
-
-func (g *stallGuard) Read(p []byte) (int, error) {
-	deadline := g.until
-	if g.stall > 0 && time.Now().Add(g.stall).Before(deadline) {
-		deadline = time.Now().Add(g.stall)
-	}
-	g.rc.SetReadDeadline(deadline)
-	n, err := g.ReadCloser.Read(p)
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		if time.Now().Before(g.until) {
-			err = fmt.Errorf("the upload stalled: no bytes for %s", g.stall)
-		} else {
-			err = fmt.Errorf("the upload took longer than the %s a request may", g.whole)
-		}
-	}
-	return n, err
-}
-
 // readManifest reads the first part, which must be the manifest, into the
-// request's share of the memory budget, and decodes it in a decode slot
-// (decodeManifest bounds what decoding may build).
+// request's share of the memory budget, takes what decoding may build
+// (decodeManifest bounds it), and decodes it in a decode slot.
 func readManifest(mr *multipart.Reader, held *heldBytes) (m *Manifest, err error) {
 	part, err := mr.NextRawPart()
 	if err != nil {
@@ -233,12 +198,11 @@ func readManifest(mr *multipart.Reader, held *heldBytes) (m *Manifest, err error
 	if len(b) > MaxPlanBlobBytes {
 		return nil, fmt.Errorf("manifest exceeds the %d-byte limit", MaxPlanBlobBytes)
 	}
-	err = held.decode(func() (err error) {
-		m, err = decodeManifest(b)
-		return err
-	})
-	if err == nil {
-		err = held.take((decodedManifestFactor - 1) * len(b))
+	if err = held.take((decodedManifestFactor - 1) * len(b)); err == nil {
+		err = held.decode(func() (err error) {
+			m, err = decodeManifest(b)
+			return err
+		})
 	}
 	return m, err
 }

@@ -15,34 +15,36 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Request memory. The bytes of request bodies the agent holds in memory
 // (a manifest, a plan body or part and the plan JSON it decodes to, a file
-// part small enough to ride in the record) are taken from one budget of
-// maxHeldBodyBytes as they arrive, and given back when the request ends; a
-// decoded manifest is held at decodedManifestFactor times its bytes, the
-// most its elements can cost. Decoding (a manifest, a plan blob that may
-// inflate to MaxPlanJSONBytes, a plan patch) runs maxDecodes at a time,
-// with the whole body in. So a slow upload holds only what it has sent:
-// connections trickling a byte at a time, a deposed leader's or a valid
-// controller's, keep no other request waiting, and none holds a place in a
-// queue while its manifest is still on the wire. A request that needs more
-// than is free is refused at once (errMemoryBusy, 503), never made to wait:
-// a request waiting while it held bytes would wait for others that wait for
-// it. Unbounded, 16 manifests of 8 MiB took 1.4 GB, and 24 zstd bombs 1.28
-// GB.
+// part small enough to ride in the record, a state answer's marshalled
+// part) come from one budget of maxHeldBodyBytes as they arrive, and go
+// back when the request ends; a decoded manifest is held at
+// decodedManifestFactor times its bytes, the most its elements can cost.
+// Decoding (a manifest, a plan blob that may inflate to MaxPlanJSONBytes, a
+// plan patch) runs maxDecodes at a time, with the whole body in. A request
+// short of bytes may cut holders whose clients send nothing (take): eight
+// uploads of 8 MiB then a byte every 10 s refused every leader push.
+// Unbounded, 16 manifests of 8 MiB took 1.4 GB, and 24 zstd bombs 1.28 GB.
 const (
 	maxHeldBodyBytes      = 64 << 20
 	maxDecodes            = 1
 	decodedManifestFactor = 12
+	budgetWait            = time.Second
+	pressureStall         = 500 * time.Millisecond
 )
 
-// errMemoryBusy refuses a request the memory budget cannot hold now.
+// errMemoryBusy refuses a request the memory budget cannot hold now, and
+// errCutForMemory ends one whose client moved nothing while others waited.
 var errMemoryBusy = fmt.Errorf("the agent holds as many request bytes as it may (%d MiB) for other requests; retry", maxHeldBodyBytes>>20)
+var errCutForMemory = fmt.Errorf("the request was cut: others waited for the memory it held while its client moved nothing for %s; retry", pressureStall)
 
 // Once requests that held bigWorkBytes or more are done, and nothing like
 // them came for idleFreeAfter, the agent hands the memory it no longer
@@ -55,49 +57,74 @@ const (
 	idleFreeAfter = time.Second
 )
 
-// memoryBudget is the agent's budget of held request bytes, and its decode
-// slots.
+// memoryBudget is the agent's budget of held request bytes, the requests
+// holding some, and its decode slots.
 type memoryBudget struct {
-	decodes chan struct{}
-	mu      sync.Mutex
-	free    int64
-	idle    *time.Timer // frees memory once big work is idle
+	decodes  chan struct{}
+	mu       sync.Mutex
+	free     int64
+	holders  map[*heldBytes]bool
+	released chan struct{} // closed, and replaced, when bytes come back
+	idle     *time.Timer   // hands memory back once big work is idle
+	handBack func()        // debug.FreeOSMemory; tests observe it
 }
 
-// settle frees the memory big work left, once it is idle.
-func (b *memoryBudget) settle() {
+// handBackWhenIdle hands the memory big work left back once it is idle.
+func (b *memoryBudget) handBackWhenIdle() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.idle == nil {
-		b.idle = time.AfterFunc(idleFreeAfter, debug.FreeOSMemory)
+		b.idle = time.AfterFunc(idleFreeAfter, func() { b.handBack() })
 	}
 	b.idle.Reset(idleFreeAfter)
 }
 
 func newMemoryBudget() *memoryBudget {
-	return &memoryBudget{decodes: make(chan struct{}, maxDecodes), free: maxHeldBodyBytes}
+	return &memoryBudget{decodes: make(chan struct{}, maxDecodes), free: maxHeldBodyBytes,
+		holders: map[*heldBytes]bool{}, released: make(chan struct{}), handBack: debug.FreeOSMemory}
 }
 
-// heldBytes is what one request holds of the budget; release gives it all
-// back when the request ends.
+// heldBytes is what one request holds of the budget, which release gives
+// back when the request ends, and the pace of its client (hold).
 type heldBytes struct {
 	budget *memoryBudget
 	ctx    context.Context
 	n      int64
+	pace
 }
 
-// take takes n more bytes, or refuses them: a request may take more than
-// is free only when it is the one holding the rest, so that one larger
-// than the whole budget runs alone.
+// take takes n more bytes, waiting up to budgetWait for them and cutting
+// each holder whose client has moved nothing for pressureStall (two of
+// Linux's minimum retransmission timeouts), never one the agent is busy
+// with; then it refuses, so requests waiting for each other's bytes never
+// deadlock. A request may take more than is free only when it holds the
+// rest, so that one larger than the whole budget runs alone.
 func (h *heldBytes) take(n int) error {
 	b := h.budget
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if int64(n) > b.free && b.free+h.n < maxHeldBodyBytes {
-		return errMemoryBusy
+	for giveUp := time.Now().Add(budgetWait); int64(n) > b.free && b.free+h.n < maxHeldBodyBytes; {
+		now := time.Now()
+		if !now.Before(giveUp) || h.ctx.Err() != nil {
+			return errMemoryBusy
+		}
+		for o := range b.holders {
+			if w := o.waiting.Load(); w != 0 && now.UnixNano()-w >= int64(pressureStall) && !o.cut.Swap(true) {
+				o.deadline(now)
+			}
+		}
+		released := b.released
+		b.mu.Unlock()
+		select { // a holder becomes cuttable: look again after a while
+		case <-released:
+		case <-time.After(min(giveUp.Sub(now), pressureStall/5)):
+		case <-h.ctx.Done():
+		}
+		b.mu.Lock()
 	}
 	b.free -= int64(n)
 	h.n += int64(n)
+	b.holders[h] = true
 	return nil
 }
 
@@ -106,9 +133,12 @@ func (h *heldBytes) release() {
 	h.budget.free += h.n
 	big := h.n >= bigWorkBytes
 	h.n = 0
+	delete(h.budget.holders, h)
+	close(h.budget.released)
+	h.budget.released = make(chan struct{})
 	h.budget.mu.Unlock()
 	if big {
-		h.budget.settle()
+		h.budget.handBackWhenIdle()
 	}
 }
 
@@ -121,9 +151,90 @@ type heldReader struct {
 }
 
 func (r heldReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
+	n, err := r.r.Read(p[:min(len(p), chunkBytes)])
 	if n > 0 {
 		err = cmp.Or(r.h.take(n), err) // a refusal wins over the reader's own error
+	}
+	return n, err
+}
+
+// Client pace. A body must come, and an answer be taken, at minBodyRate:
+// each paceWindow the agent waits on its client (its own time does not
+// count) must move minBodyRate×paceWindow bytes, and a window restarts
+// once they moved, so a trickle after a burst is cut a window after it.
+// The first window is the grace (Kestrel's); 64 KiB/s is under an eighth
+// of the 546 KiB/s the largest body needs within the 2-minute read limit,
+// which still ends the request: no client that could finish is cut.
+const (
+	paceWindow  = 5 * time.Second
+	minBodyRate = 64 << 10 // bytes a second
+	chunkBytes  = 64 << 10 // the most a held read brings before the budget counts it, or an answer writes under one deadline
+)
+
+// pace holds a request's client to minBodyRate: the body it reads (as
+// r.Body) or the answer it writes.
+type pace struct {
+	io.ReadCloser                       // the body, or
+	answer        http.ResponseWriter   // the answer
+	deadline      func(time.Time) error // the connection's read or write deadline
+	what          string
+	window, whole time.Duration
+	until         time.Time
+	quota, owed   int           // bytes a window must move, and still needs
+	spent         time.Duration // what the window waited on the client so far
+	waiting       atomic.Int64  // since when (Unix ns) the client is waited on; 0 when it is not
+	cut           atomic.Bool   // memory pressure cut it
+}
+
+// hold starts r's share of the memory budget, pacing its body, or with
+// answer its answer.
+func (a *Agent) hold(w http.ResponseWriter, r *http.Request, answer bool) *heldBytes {
+	rc := http.NewResponseController(w)
+	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
+	srv = cmp.Or(srv, &http.Server{}) // a handler called without a server sets no deadlines
+	h := &heldBytes{budget: a.memory, ctx: r.Context(), pace: pace{what: "upload", deadline: rc.SetReadDeadline,
+		whole: srv.ReadTimeout, window: a.paceWindow, quota: int(minBodyRate * a.paceWindow / time.Second)}}
+	if answer {
+		h.answer, h.what, h.deadline, h.whole = w, "answer", rc.SetWriteDeadline, srv.WriteTimeout
+	} else {
+		h.ReadCloser = http.MaxBytesReader(w, r.Body, MaxApplyBodyBytes)
+		r.Body = h
+	}
+	h.until, h.owed = time.Now().Add(h.whole), h.quota
+	return h
+}
+
+func (p *pace) Read(b []byte) (int, error) {
+	return p.step(func() (int, error) { return p.ReadCloser.Read(b) })
+}
+
+// Write writes b under one deadline: writeState hands it chunkBytes at most.
+func (p *pace) Write(b []byte) (int, error) {
+	return p.step(func() (int, error) { return p.answer.Write(b) })
+}
+
+// step moves bytes with move under the window's deadline. It marks the
+// client waited on after it set the deadline, so that a cut's comes after.
+func (p *pace) step(move func() (int, error)) (n int, err error) {
+	start := time.Now()
+	p.deadline(start.Add(min(p.window-p.spent, p.until.Sub(start))))
+	p.waiting.Store(start.UnixNano())
+	if err = errCutForMemory; !p.cut.Load() {
+		n, err = move()
+	}
+	p.waiting.Store(0)
+	p.spent += time.Since(start)
+	if p.owed -= n; p.owed <= 0 {
+		p.owed, p.spent = p.quota, 0
+	}
+	switch {
+	case !errors.Is(err, os.ErrDeadlineExceeded):
+	case p.cut.Load():
+		err = errCutForMemory
+	case time.Now().Before(p.until):
+		err = fmt.Errorf("the %s fell below %d KiB/s: fewer than %d bytes in %s", p.what, minBodyRate>>10, p.quota, p.window)
+	default:
+		err = fmt.Errorf("the %s took longer than the %s a request may", p.what, p.whole)
 	}
 	return n, err
 }
@@ -313,7 +424,7 @@ func endOfJSONString(data []byte, start int) int {
 // clientFaultStatus is 400 for a body the client got wrong, and 503 for
 // one the memory budget could not hold now.
 func clientFaultStatus(err error) int {
-	if errors.Is(err, errMemoryBusy) {
+	if errors.Is(err, errMemoryBusy) || errors.Is(err, errCutForMemory) {
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusBadRequest

@@ -175,10 +175,10 @@ func (u *heldUpload) finish() {
 }
 
 // TestAStalledUploadReleasesTheApplyLock: a client that stops sending in
-// the middle of its parts holds the apply lock only for the stall timeout;
+// the middle of its parts holds the apply lock only for one pace window;
 // it is told why, and an apply waiting behind it lands.
 func TestAStalledUploadReleasesTheApplyLock(t *testing.T) {
-	e := newTestEnv(t, nil, func(a *Agent, _ *FakeHAProxy) { a.stallTimeout = 300 * time.Millisecond })
+	e := newTestEnv(t, nil, func(a *Agent, _ *FakeHAProxy) { a.paceWindow = 300 * time.Millisecond })
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)
 	fs2 := fs.clone()
@@ -189,7 +189,7 @@ func TestAStalledUploadReleasesTheApplyLock(t *testing.T) {
 	start := time.Now()
 	select {
 	case body := <-u.answer:
-		if !strings.Contains(body, "the upload stalled") {
+		if !strings.Contains(body, "the upload fell below 64 KiB/s: fewer than 19660 bytes in 300ms") {
 			t.Errorf("the stalled client was told %s", body)
 		}
 	case <-time.After(10 * time.Second):
@@ -522,17 +522,17 @@ func TestALostSyncedTailNeverHandsOutAProofAgain(t *testing.T) {
 }
 
 // TestATricklingUploadHoldsUpNoOtherApply: a client that sends its parts a
-// byte at a time, never slow enough to stall, is cut at the whole-request
-// limit with a clear error and nothing written; and since parts are read
-// before the apply lock is taken, an apply sent meanwhile is answered at
-// once.
+// byte at a time, within a pace window longer than the request may take,
+// is cut at the whole-request limit with a clear error and nothing
+// written; and since parts are read before the apply lock is taken, an
+// apply sent meanwhile is answered at once.
 func TestATricklingUploadHoldsUpNoOtherApply(t *testing.T) {
 	const whole = 3 * time.Second
 	e := newTestEnv(t, nil, func(a *Agent, _ *FakeHAProxy) {
 		l := a.limits[listenerAPI]
 		l.read = whole
 		a.limits[listenerAPI] = l
-		a.stallTimeout = 2 * time.Second
+		a.paceWindow = time.Minute
 	})
 	fs := seedFiles()
 	e.land(t, "plan-1", fs)

@@ -93,7 +93,8 @@ type ledger struct {
 	// plan is the canonical JSON of the stored plan (st.Blob), the base of
 	// the next plan patch; blob is its plan blob, as it came or, for a plan
 	// that came as a patch, encoded the first time it is asked for (nil
-	// until then).
+	// until then). blob is replaced, never changed in place: state answers
+	// write it out without the lock.
 	plan []byte
 	blob []byte
 	// blobSaved: the blob file holds blob; otherwise only records do (the

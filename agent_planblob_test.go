@@ -97,9 +97,9 @@ func TestCheckPlanBlob(t *testing.T) {
 
 // TestPutPlanStoresOnlyThePlanOfItsID lands a plan whose id is its digest
 // and PUTs blobs for it: each blob that is not that plan is refused with
-// 400 before the pair is even compared, and nothing is stored; the plan's
-// own blob is stored, and a valid blob for a pair that moved on is still a
-// 409.
+// 400, and nothing is stored; an upload for another pair, garbage or a
+// valid blob, is a 409 before its body is read; the plan's own blob is
+// stored.
 func TestPutPlanStoresOnlyThePlanOfItsID(t *testing.T) {
 	e := newTestEnv(t, nil, nil)
 	fs := seedFiles()
@@ -120,7 +120,6 @@ func TestPutPlanStoresOnlyThePlanOfItsID(t *testing.T) {
 		{"a zstd bomb", applied, zeroBomb(t, 128<<20)},
 		{"another plan", applied, blobOf(t, other.Clone())},
 		{"another plan carrying the applied id", applied, forged(t, other, p.ID)},
-		{"garbage for another pair", "?plan_id=plan-9&proof=a:9", []byte("garbage")},
 	} {
 		code, _, body := e.c.do("PUT", PathPlan+tc.query, bytes.NewReader(tc.blob), "application/octet-stream")
 		ae := applyErr(t, body)
@@ -135,8 +134,10 @@ func TestPutPlanStoresOnlyThePlanOfItsID(t *testing.T) {
 		}
 	}
 
-	if code, _, body := e.c.do("PUT", PathPlan+"?plan_id="+other.ID+"&proof=a:9", bytes.NewReader(blobOf(t, other.Clone())), ""); code != http.StatusConflict {
-		t.Errorf("a valid blob for a pair that moved on: %d %s", code, body)
+	for _, blob := range [][]byte{[]byte("garbage"), blobOf(t, other.Clone())} {
+		if code, _, body := e.c.do("PUT", PathPlan+"?plan_id="+other.ID+"&proof=a:9", bytes.NewReader(blob), ""); code != http.StatusConflict {
+			t.Errorf("%.10q for a pair that moved on: %d %s", blob, code, body)
+		}
 	}
 	blob := blobOf(t, p.Clone())
 	if code, _, body := e.c.do("PUT", PathPlan+applied, bytes.NewReader(blob), ""); code != http.StatusOK {

@@ -108,11 +108,11 @@
 // fails (a full or read-only disk) keeps its ACK, which says the files are
 // owed, and the agent is not ready until a retry has put them in place.
 // Parts are read before the apply lock, so a slow upload holds up no other
-// apply, and the whole request has a deadline. One function reads as that
-// order, step by step: runApply in agent_apply_run.go says when an apply
-// is durable, when it is answered, what happens when HAProxy refuses its
-// reload, and when its files reach the disk; handleApply in
-// agent_apply.go is the request around it.
+// apply; a body below a minimum rate is cut, and the whole request has a
+// deadline. One function reads as that order, step by step: runApply in
+// agent_apply_run.go says when an apply is durable, when it is answered,
+// what happens when HAProxy refuses its reload, and when its files reach
+// the disk; handleApply in agent_apply.go is the request around it.
 //
 // In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
 // that keeps serving while a reload waits: one is pending, or this apply
