@@ -643,11 +643,11 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 			"damaged", loaded.damage)
 		st = damagedAtStart(st)
 	case len(loaded.touched) > 0:
-		wants := make([]want, len(loaded.touched))
+		t := restoreSet{wants: make([]want, len(loaded.touched)), sources: loaded.sources}
 		for i, p := range loaded.touched {
-			wants[i] = want{Path: p}
+			t.wants[i] = want{Path: p}
 			if at, ok := recorded[p]; ok {
-				wants[i].At = &at
+				t.wants[i].At = &at
 			}
 			if abs, err := files.abs(p); err == nil {
 				files.noteDirty(abs, filepath.Dir(abs)) // the start's snapshot drops the records that could redo it
@@ -658,14 +658,14 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		if err := files.repairBackups(append(slices.Clone(st.Journal), st.PendingUndo...), loaded.sources); err != nil {
 			logger.Error("recovery could not make every journal backup whole; a revert to the last-known-good set would fail for those paths", "err", err)
 		}
-		changed, err := files.restore(wants, loaded.sources)
+		changed, err := files.putBack(t)
 		if err != nil {
 			logger.Error("recovery could not put every file back", "err", err)
 			// Where every copy is still there, the disk only failed to
 			// write it (full, failing): the recorded tree stands, answered
 			// applies included, and the agent tries again.
-			if files.restorable(wants, loaded.sources) {
-				owed = &owedTree{wants: wants, sources: loaded.sources, err: err}
+			if files.restorable(t) {
+				owed = &owedTree{restoreSet: t, err: err}
 			}
 		}
 		if changed {

@@ -67,18 +67,33 @@ type applyInput struct {
 // waits for a snapshot. So a runtime apply makes one log sync, a reload apply
 // two, and a promotion to last-known-good none of its own.
 func (d *applyDeps) runApply(in *applyInput) outcome {
+	o := outcome{undone: true, since: in.invalidations} // nothing is installed yet
 	ch, err := d.linkChanges(in)
 	if err != nil {
-		return d.end(in, ch, d.fail(in, ch, linkStage(err), err, outcome{undone: true, since: in.invalidations}))
+		return d.end(in, ch, d.fail(in, ch, linkStage(err), err, o))
 	}
-	o, ops, err := d.record(in, ch)
+	start := d.now()
+	r := in.record(ch, d.now())
+	await, err := d.led.beginApply(r)
 	if err != nil {
-		o.undone = true // nothing was installed
 		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
 	}
-	o = d.activate(in, ch, ops, o)
+	var ops opsOutcome
+	if in.steps.act == activateOps {
+		ops = d.runtimeOps(in, ch) // while the record syncs
+	}
+	done, err := await()
+	o.opsRan, o.ops, o.write = ops.ran, ops.took, d.now().Sub(start)-ops.took
+	if err == nil || errors.Is(err, errRecordKept) {
+		o.seq = r.Seq // the record the end or the undo closes
+	}
+	if err != nil {
+		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
+	}
+	o.undone = false
+	o = d.activate(in, ch, done, ops, o)
 	if o.ok && !o.installed && len(ch.changes) > 0 {
-		o = d.installCounted(in, ch, o)
+		o = d.installCounted(in, ch, done, o)
 	}
 	return d.end(in, ch, o)
 }
@@ -187,37 +202,19 @@ func linkStage(err error) string {
 // ---------------------------------------------------------------------------
 // 2. The record.
 
-// record writes the apply's record, with the state it lands if it ends as
-// planned, and makes it durable. A runtime apply sends its ops while the
-// sync runs, which hides one round trip to HAProxy inside it (the ledger's
-// beginApply says why that is safe). A sync that fails leaves no record
-// (unless the disk would not even cut it off: seq then names it), and the
-// worker alone may hold the apply. It returns the outcome so far (the
-// record's sequence, whether ops ran, the time each took) and the ops'.
-func (d *applyDeps) record(in *applyInput, ch changeSet) (outcome, opsOutcome, error) {
-	start := d.now()
-	o := outcome{since: in.invalidations}
-	id := in.identity(ch)
-	s := in.steps
+// record is the apply's record: its files' new bytes and their undo, the
+// journal's additions, its plan, and the state it lands if it ends as
+// planned. Ops may reach the worker before the apply closes (a runtime
+// apply's, or in-place ops), so that a start that reads this record with
+// nothing after it reloads.
+func (in *applyInput) record(ch changeSet, now time.Time) *logRecord {
+	id, s := in.identity(ch), in.steps
 	r := &logRecord{Files: append(slices.Clip(ch.changes), ch.same...), Open: s.open, Journal: journalAdditions(in.before.Journal, id.undo)}
 	in.plan.carry(r)
 	opsMayRun := s.act == activateOps || len(in.m.InPlaceOps) > 0 && (s.act == activateJoin || s.act == activateSchedule)
-	landed := landing(in.before, id, s, opsMayRun, d.now())
+	landed := landing(in.before, id, s, opsMayRun, now)
 	r.State = &landed
-	durable, err := d.led.beginApply(r)
-	if err != nil {
-		return o, opsOutcome{}, err
-	}
-	var ops opsOutcome
-	if s.act == activateOps {
-		ops = d.runtimeOps(in, ch)
-	}
-	err = durable()
-	o.opsRan, o.ops, o.write = ops.ran, ops.took, d.now().Sub(start)-ops.took
-	if err == nil || errors.Is(err, errRecordKept) {
-		o.seq = r.Seq
-	}
-	return o, ops, err
+	return r
 }
 
 // ---------------------------------------------------------------------------
@@ -225,14 +222,14 @@ func (d *applyDeps) record(in *applyInput, ch changeSet) (outcome, opsOutcome, e
 
 // activate does what the apply's files need from HAProxy, as its steps
 // say, and returns how it went.
-func (d *applyDeps) activate(in *applyInput, ch changeSet, ops opsOutcome, o outcome) outcome {
+func (d *applyDeps) activate(in *applyInput, ch changeSet, done synced, ops opsOutcome, o outcome) outcome {
 	switch in.steps.act {
 	case activateOps:
-		return d.judgeOps(in, ch, ops, o)
+		return d.judgeOps(in, ch, done, ops, o)
 	case activateNothing:
 		return settled(ch, o)
 	}
-	return d.installThenReload(in, ch, in.steps.reason, o)
+	return d.installThenReload(in, ch, done, in.steps.reason, o)
 }
 
 // settled ends an apply that needs nothing from HAProxy: file_only when
@@ -248,14 +245,14 @@ func settled(ch changeSet, o outcome) outcome {
 // judgeOps finishes a runtime apply. A batch that could not be compiled,
 // was refused, or reached another worker (which is adopted) falls back to
 // a reload of the desired set; a good one hands its deletes to the queue.
-func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o outcome) outcome {
+func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, done synced, ops opsOutcome, o outcome) outcome {
 	switch {
 	case ops.compileErr != nil:
 		// Diff keeps out what the worker's version cannot take; one that
 		// arrives anyway is that version's limit, not a broken invariant.
 		d.invariant(errors.Is(ops.compileErr, errVersionLimit), invOpsExecutable)
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
-		return d.installThenReload(in, ch, reasonUnknownOp, o)
+		return d.installThenReload(in, ch, done, reasonUnknownOp, o)
 	case ops.c.empty():
 		return settled(ch, o)
 	}
@@ -263,14 +260,14 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 	switch {
 	case errors.Is(ops.err, errWorkerMoved):
 		d.logger.Warn("the ops reached another worker", "err", ops.err)
-		return d.installThenReload(in, ch, reasonWorkerChanged, o)
+		return d.installThenReload(in, ch, done, reasonWorkerChanged, o)
 	case ops.err != nil:
 		d.logger.Warn("HAProxy refused a runtime op; reloading the desired set", "plan_id", in.m.PlanID, "err", ops.err)
-		return d.installThenReload(in, ch, reasonOpRejected, o)
+		return d.installThenReload(in, ch, done, reasonOpRejected, o)
 	}
 	if err := d.enqueueDeletes(ops.worker, ops.c); err != nil {
 		d.logger.Warn("deferred deletes could not be queued", "err", err)
-		return d.installThenReload(in, ch, reasonDeferredDeleteCommit, o)
+		return d.installThenReload(in, ch, done, reasonDeferredDeleteCommit, o)
 	}
 	d.led.foldCreated(ops.c.certs, ops.c.caFiles)
 	o.ok, o.mode, o.readBack = true, ResultRuntime, ops.c
@@ -281,7 +278,7 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, ops opsOutcome, o out
 // every path it changes is linked aside first (its undo), since HAProxy may
 // refuse them. A revert puts the journal's set back instead. Then it
 // reloads, or joins the pending reload.
-func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloadReason, o outcome) outcome {
+func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, done synced, reason reloadReason, o outcome) outcome {
 	start := d.now()
 	if err := d.files.linkUndo(ch.changes, in.tree, func(c *fileChange) bool { return c.Undo == "" }); err != nil {
 		return d.fail(in, ch, StageBackup, err, o)
@@ -289,9 +286,10 @@ func (d *applyDeps) installThenReload(in *applyInput, ch changeSet, reason reloa
 	o.installed = len(ch.changes) > 0
 	stage, err := StageWrite, error(nil)
 	if in.id.revert {
-		stage, err = StageRevert, d.restore(in, wantsOf(ch.changes, false), journalSources(in.before.Journal))
+		_, err = d.files.putBack(journalSet(in.before.Journal))
+		stage = StageRevert
 	} else {
-		err = d.files.install(in.staged, ch.dels)
+		err = d.files.install(done, in.staged, ch.dels)
 	}
 	o.write += d.now().Sub(start)
 	if err != nil {
@@ -381,16 +379,16 @@ func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
 // start) never takes it back: the disk owes its files, which the record's
 // sources (its inline bytes, its synced temp files, a patch's base) can
 // still rebuild, until a retry puts them in place; the answer says so.
-func (d *applyDeps) installCounted(in *applyInput, ch changeSet, o outcome) outcome {
+func (d *applyDeps) installCounted(in *applyInput, ch changeSet, done synced, o outcome) outcome {
 	start := d.now()
-	err := d.files.install(in.staged, ch.dels)
+	err := d.files.install(done, in.staged, ch.dels)
 	o.write += d.now().Sub(start)
 	if err == nil {
 		return o
 	}
 	d.logger.Error("the files of an acknowledged apply could not be installed; the agent retries, and is not ready until they are in place",
 		"plan_id", in.m.PlanID, "err", err)
-	d.owe(&owedTree{wants: wantsOf(ch.changes, false), sources: sourcesOf(ch.changes), err: err})
+	d.owe(&owedTree{restoreSet: changesSet(ch.changes, false), err: err})
 	o.err, o.keepStaged = &ApplyError{Stage: StageWrite, Message: fmt.Sprintf("%s: %v", msgFilesOwed, err)}, true
 	return o
 }
@@ -481,12 +479,14 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 	}
 	var owed *owedTree
 	if o.installed {
-		wants, sources := wantsOf(ch.changes, true), sourcesOf(ch.changes)
-		err := d.restore(in, wants, sources)
-		o.undone = err == nil
-		if err != nil && d.files.restorable(wants, sources) {
+		undo := changesSet(ch.changes, true)
+		_, err := d.files.putBack(undo)
+		if o.undone = err == nil; err != nil {
+			d.logger.Error("putting the apply's files back failed", "plan_id", in.m.PlanID, "err", err)
+		}
+		if err != nil && d.files.restorable(undo) {
 			readOnly = readOnly || errors.Is(err, syscall.EROFS)
-			owed = &owedTree{wants: wants, sources: sources, err: err}
+			owed = &owedTree{restoreSet: undo, err: err}
 		}
 	}
 	o.rollback = &RollbackInfo{Performed: o.undone}
@@ -504,16 +504,6 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 	return o
 }
 
-// restore puts paths back as wants says, from sources, and logs what it
-// could not put back.
-func (d *applyDeps) restore(in *applyInput, wants []want, sources map[FileAt][]source) error {
-	_, err := d.files.restore(wants, sources)
-	if err != nil {
-		d.logger.Error("putting files back failed", "plan_id", in.m.PlanID, "err", err)
-	}
-	return err
-}
-
 // recover reloads the restored tree, once the worker may hold what the
 // undo took away; if HAProxy refuses it, the last-known-good set is
 // restored and reloaded. A reload without a verdict is tried again by the
@@ -525,9 +515,11 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 		o.recovered = true
 	} else if errors.Is(err, errReloadRejected) && o.undone {
 		d.logger.Error("HAProxy refused the restored tree too; restoring the last-known-good set", "plan_id", in.m.PlanID, "err", err)
-		st := d.led.state()
-		lkg := d.restore(in, wantsOf(journalChanges(st.Journal), false), journalSources(st.Journal)) == nil
-		if _, err := d.reloadToRecover(in.ctx); lkg && err == nil {
+		_, lost := d.files.putBack(journalSet(d.led.state().Journal))
+		if lost != nil {
+			d.logger.Error("putting the last-known-good set back failed", "plan_id", in.m.PlanID, "err", lost)
+		}
+		if _, err := d.reloadToRecover(in.ctx); lost == nil && err == nil {
 			o.lkgRestored = true
 			if err := d.led.lkgRestored(); err != nil {
 				d.logger.Warn("the journal's reset could not be recorded; a start finds it describing the set it holds", "err", err)
@@ -553,20 +545,7 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 }
 
 // ---------------------------------------------------------------------------
-// Changes as wants and sources.
-
-// wantsOf is what each change's path must hold: its new bytes, or with old
-// the bytes it held before.
-func wantsOf(changes []fileChange, old bool) []want {
-	out := make([]want, len(changes))
-	for i, c := range changes {
-		out[i] = want{Path: c.Path, At: c.New}
-		if old {
-			out[i].At = c.Old
-		}
-	}
-	return out
-}
+// The changes as the record keeps them.
 
 // undoOf is how each changed path looked before the apply and where those
 // bytes are kept, without the new bytes.
@@ -580,28 +559,10 @@ func undoOf(changes []fileChange) []fileChange {
 	return out
 }
 
-// sourcesOf is every place the changes name bytes in.
-func sourcesOf(changes []fileChange) map[FileAt][]source {
-	out := map[FileAt][]source{}
-	addChangeSources(out, changes)
-	return out
-}
-
 func journalChanges(j []journalEntry) []fileChange {
 	out := make([]fileChange, len(j))
 	for i, e := range j {
 		out[i] = fileChange{Path: e.Path, New: e.At}
-	}
-	return out
-}
-
-func journalSources(j []journalEntry) map[FileAt][]source {
-	out := map[FileAt][]source{}
-	for _, e := range j {
-		if e.At != nil {
-			key := FileAt{Digest: e.At.Digest, Size: e.At.Size}
-			out[key] = append(out[key], source{path: e.Backup})
-		}
 	}
 	return out
 }

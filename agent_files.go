@@ -655,9 +655,10 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 // install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
 // then unlinks the deleted paths; directories are created as needed and
-// never removed. Nothing is synced: recovery redoes it from the record. A
-// file a failed install already put in place is skipped when tried again.
-func (s *fileStore) install(staged []*stagedFile, dels []string) error {
+// never removed. Nothing is synced: recovery redoes it from the record,
+// which is on the disk (synced). A file a failed install already put in
+// place is skipped when tried again.
+func (s *fileStore) install(_ synced, staged []*stagedFile, dels []string) error {
 	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
 	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
 		if f.unchanged || f.installed {
@@ -786,16 +787,52 @@ type want struct {
 	At   *FileAt
 }
 
-// restore makes every path hold what its want says, the config last, taking
-// the bytes from the first source that holds them (linkedCopy, contentOf).
-// A path that already holds them is left alone. It reports whether it
-// changed anything, and joins the errors of the paths it could not restore:
-// those keep their current content.
-func (s *fileStore) restore(wants []want, sources map[FileAt][]source) (changed bool, err error) {
+// restoreSet is a tree to put back: what each of its paths must hold, and
+// every place those bytes may still be found (links aside, a record's
+// inline bytes, synced temp files, a patch's base). A refused apply's
+// undo, the journal's last-known-good set, a pending reload's undo, the
+// files the disk owes and a start's recovery are each one, and putBack is
+// how each goes back.
+type restoreSet struct {
+	wants   []want
+	sources map[FileAt][]source
+}
+
+// changesSet is the tree an apply's changes make, or with old the tree
+// they found.
+func changesSet(changes []fileChange, old bool) restoreSet {
+	t := restoreSet{wants: make([]want, len(changes)), sources: map[FileAt][]source{}}
+	for i, c := range changes {
+		t.wants[i] = want{Path: c.Path, At: c.New}
+		if old {
+			t.wants[i].At = c.Old
+		}
+	}
+	addChangeSources(t.sources, changes)
+	return t
+}
+
+// journalSet is the tree a journal keeps: each path as the journal found
+// it, from the link it made.
+func journalSet(j []journalEntry) restoreSet {
+	t := restoreSet{wants: make([]want, len(j)), sources: map[FileAt][]source{}}
+	for i, e := range j {
+		t.wants[i] = want{Path: e.Path, At: e.At}
+		addSource(t.sources, e.At, source{path: e.Backup})
+	}
+	return t
+}
+
+// putBack makes every path of t hold its bytes, the config last, taking
+// them from the first source that holds them (linkedCopy, contentOf). A
+// path that already holds them is left alone. It reports whether it
+// changed anything, and joins the errors of the paths it could not put
+// back: those keep their current content.
+func (s *fileStore) putBack(t restoreSet) (changed bool, err error) {
 	var errs []error
 	configLast := func(a, b want) int { return boolInt(a.Path == s.config) - boolInt(b.Path == s.config) }
-	for _, w := range slices.SortedStableFunc(slices.Values(wants), configLast) {
-		c, err := s.restoreOne(w, sources)
+	for _, w := range slices.SortedStableFunc(slices.Values(t.wants), configLast) {
+		c, err := s.restoreOne(w, t.sources)
 		changed = changed || c
 		errs = append(errs, err)
 	}
@@ -899,12 +936,12 @@ func (s *fileStore) repairBackups(journal []journalEntry, sources map[FileAt][]s
 	return errors.Join(errs...)
 }
 
-// restorable reports whether every path of wants that does not hold its
-// bytes could still be given them: some source (or the live file) holds
-// them, or the path must go. What restore could not do then was the disk's
-// failure to write, worth trying again.
-func (s *fileStore) restorable(wants []want, sources map[FileAt][]source) bool {
-	for _, w := range wants {
+// restorable reports whether every path of t that does not hold its bytes
+// could still be given them: some source (or the live file) holds them, or
+// the path must go. What putBack could not do then was the disk's failure
+// to write, worth trying again.
+func (s *fileStore) restorable(t restoreSet) bool {
+	for _, w := range t.wants {
 		abs, err := s.abs(w.Path)
 		if err != nil {
 			return false
@@ -912,7 +949,7 @@ func (s *fileStore) restorable(wants []want, sources map[FileAt][]source) bool {
 		if w.At == nil || s.holds(abs, w.At.Digest, w.At.Size) {
 			continue
 		}
-		if _, ok := s.contentOf(abs, *w.At, sources, maxPatchChain); !ok {
+		if _, ok := s.contentOf(abs, *w.At, t.sources, maxPatchChain); !ok {
 			return false
 		}
 	}

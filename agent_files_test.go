@@ -481,7 +481,7 @@ func TestInstallRenamesTheConfigLast(t *testing.T) {
 		ts.stageContent(t, "certs/a.pem", "a\n"),
 		ts.stageContent(t, "maps/b.map", "b\n"),
 	}
-	if err := ts.install(staged, []string{"doomed.map", "absent.map"}); err != nil {
+	if err := ts.install(synced{}, staged, []string{"doomed.map", "absent.map"}); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"zz.map", "certs/a.pem", "maps/b.map", "haproxy.cfg"}; !slices.Equal(order, want) {
@@ -499,7 +499,7 @@ func TestInstallRenamesTheConfigLast(t *testing.T) {
 	// A directory where a file should go refuses the install.
 	os.MkdirAll(filepath.Join(ts.dir, "dir.map"), 0o755)
 	f := ts.stageContent(t, "dir.map", "d\n")
-	if err := ts.install([]*stagedFile{f}, nil); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
+	if err := ts.install(synced{}, []*stagedFile{f}, nil); err == nil || err.Error() != `invalid manifest path: "dir.map" is not a regular file` {
 		t.Errorf("install over a directory: %v", err)
 	}
 	f.discard(ts.disk)
@@ -531,7 +531,7 @@ func TestAnInstallFallsBackToARenameWhereTheExchangeIsRefused(t *testing.T) {
 				}
 				return nil
 			})
-			if err := ts.install([]*stagedFile{ts.stageContent(t, "maps/a.map", "new\n")}, nil); err != nil {
+			if err := ts.install(synced{}, []*stagedFile{ts.stageContent(t, "maps/a.map", "new\n")}, nil); err != nil {
 				t.Fatalf("install: %v", err)
 			}
 			if got, _ := ts.read(t, "maps/a.map"); got != "new\n" || !slices.Equal(ops, []string{"exchange", "rename"}) {
@@ -573,7 +573,7 @@ func TestRestorePutsBytesBackFromTheirSourcesConfigLast(t *testing.T) {
 	})
 	wants := []want{{"haproxy.cfg", at("lkg config\n")}, {"maps/a.map", at("a 1\n")}, {"maps/same.map", at("same\n")},
 		{"maps/created.map", nil}, {"maps/b.map", at("gone from all\n")}}
-	changed, err := ts.restore(wants, sources)
+	changed, err := ts.putBack(restoreSet{wants, sources})
 	if !changed || err == nil || !strings.Contains(err.Error(), `restore "maps/b.map": no copy of its bytes`) {
 		t.Errorf("restore = %v, %v", changed, err)
 	}
@@ -588,7 +588,7 @@ func TestRestorePutsBytesBackFromTheirSourcesConfigLast(t *testing.T) {
 	if _, ok := ts.read(t, "maps/created.map"); ok {
 		t.Error("a path that did not exist before is still there")
 	}
-	if changed, err := ts.restore(wants[:4], sources); changed || err != nil {
+	if changed, err := ts.putBack(restoreSet{wants[:4], sources}); changed || err != nil {
 		t.Errorf("a second restore changed %v: %v", changed, err)
 	}
 }

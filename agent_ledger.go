@@ -295,14 +295,18 @@ func (l *ledger) forgetLocked(change func(*agentState)) {
 	}
 }
 
-// beginApply writes an apply's record and starts its sync; durable waits
-// for the sync. The apply calls durable before its first rename. Between
-// the two it may already send its runtime ops, which hides one round trip
-// to HAProxy inside the sync: a process crash keeps the written record (the
-// page cache outlives the agent), and a power loss takes the worker's
-// runtime changes down with it, so neither leaves ops in a worker that no
-// record explains.
-func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
+// synced is the proof that an apply's record is on the disk. Only the wait
+// on the record's sync (beginApply's await) makes one, and each install of
+// the apply's files takes one: no rename can come before the sync.
+type synced struct{ seq uint64 }
+
+// beginApply writes an apply's record and starts its sync; await waits for
+// the sync. Between the two the apply may already send its runtime ops,
+// which hides one round trip to HAProxy inside the sync: a process crash
+// keeps the written record (the page cache outlives the agent), and a
+// power loss takes the worker's runtime changes down with it, so neither
+// leaves ops in a worker that no record explains.
+func (l *ledger) beginApply(r *logRecord) (await func() (synced, error), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r.Kind = recordApply
@@ -313,23 +317,23 @@ func (l *ledger) beginApply(r *logRecord) (durable func() error, err error) {
 	l.applying = true
 	done := make(chan error, 1)
 	go func() { done <- l.log.f.Sync() }()
-	return func() error {
+	return func() (synced, error) {
 		err := <-done
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if err == nil {
 			l.log.synced = max(l.log.synced, r.Seq)
-			return nil
+			return synced{r.Seq}, nil
 		}
 		// The apply fails and nothing was renamed: its record is cut off,
 		// so that no start redoes an apply that was refused.
 		l.logger.Error("could not sync the agent's state", "kind", recordApply, "err", err)
 		l.breakLog(err)
 		if cutErr := l.log.cutBack(start); cutErr != nil {
-			return fmt.Errorf("%w: %w (%w: %w)", errLedgerBroken, err, errRecordKept, cutErr)
+			return synced{}, fmt.Errorf("%w: %w (%w: %w)", errLedgerBroken, err, errRecordKept, cutErr)
 		}
 		l.applying = false // no record of it is left to close
-		return fmt.Errorf("%w: %w", errLedgerBroken, err)
+		return synced{}, fmt.Errorf("%w: %w", errLedgerBroken, err)
 	}, nil
 }
 

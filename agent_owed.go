@@ -22,8 +22,7 @@ import (
 // an answered apply whose install failed, or what recovery could not put
 // back at start.
 type owedTree struct {
-	wants   []want
-	sources map[FileAt][]source
+	restoreSet
 	// reload: HAProxy must load the tree once it is in place (recovery
 	// changed files a worker may have loaded before the agent started).
 	reload bool
@@ -37,7 +36,7 @@ const owedRetryInterval = time.Second
 // starts the retries. The caller holds the apply lock.
 func (d *applyDeps) owe(t *owedTree) {
 	if d.owed == nil {
-		d.owed = &owedTree{sources: map[FileAt][]source{}}
+		d.owed = &owedTree{restoreSet: restoreSet{sources: map[FileAt][]source{}}}
 	}
 	for key, list := range t.sources {
 		d.owed.sources[key] = append(d.owed.sources[key], list...)
@@ -61,7 +60,7 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 	}
 	var err error
 	if d.owed != nil {
-		if _, err = d.files.restore(d.owed.wants, d.owed.sources); err == nil {
+		if _, err = d.files.putBack(d.owed.restoreSet); err == nil {
 			d.owed.wants = nil
 		}
 	}

@@ -92,7 +92,7 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 	d.metrics.rollbacks.inc()
 	result.OK, result.Mode = false, ResultRejected
 	result.Error = &ApplyError{Stage: StageScheduledReload, Message: cause.Error()}
-	_, err := d.files.restore(wantsOf(journalChanges(st.PendingUndo), false), journalSources(st.PendingUndo))
+	_, err := d.files.putBack(journalSet(st.PendingUndo))
 	result.Rollback = &RollbackInfo{Performed: err == nil}
 	if err != nil {
 		d.logger.Error("putting back the scheduled reload's files failed", "err", err)
