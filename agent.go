@@ -605,7 +605,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	a.led.restart(workerAtStart(st, info), hashed, inv)
 	a.queue.setWorker(info)
-	a.deps.lock()
+	a.deps.applyMu.Lock()
 	switch {
 	case owed != nil:
 		// HAProxy loads the tree once recovery could put all of it back.
@@ -618,7 +618,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 		a.logger.Warn(msgStartupCompactFailed, "err", err) // not ready until a retry can
 		a.deps.retry()
 	}
-	a.deps.unlock()
+	a.deps.applyMu.Unlock()
 	close(a.initialized)
 	a.memory.handBackWhenIdle() // the start decoded the stored plan
 	a.logger.Info("agent ready", "worker_pid", info.WorkerPID, "haproxy", info.Version)
@@ -900,8 +900,9 @@ func (a *Agent) writeState(w http.ResponseWriter, r *http.Request, st State) {
 // looping verified readers, each re-hashing, made a big push 3x slower.
 func (a *Agent) refreshTree() error {
 	arrived := time.Now()
-	a.deps.lock()
-	defer a.deps.unlock()
+	a.deps.applyMu.Lock()
+	defer a.deps.applyMu.Unlock()
+	defer a.deps.compactIfDue() // the observation may write a record
 	if a.rehashedAt.After(arrived) {
 		return nil
 	}
@@ -999,13 +1000,14 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, clientFaultStatus(err), StagePlan, err.Error())
 		return
 	}
-	a.deps.lock()
+	a.deps.applyMu.Lock()
 	owed := a.deps.payOwed(a.deps.ctx)
 	var moved PlanMoved
 	if owed == nil {
 		moved, err = a.led.storePlan(ref, up)
 	}
-	a.deps.unlock()
+	a.deps.compactIfDue()
+	a.deps.applyMu.Unlock()
 	switch {
 	case owed != nil:
 		writeError(w, owedStatus(owed), StagePlan, owed.Error())

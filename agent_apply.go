@@ -42,18 +42,6 @@ const (
 	msgProofsExhausted = "agent role proof sequence exhausted"
 )
 
-// lock takes the apply lock: whatever reads the state to change it, or
-// changes the tree or HAProxy, holds it.
-func (d *applyDeps) lock() { d.applyMu.Lock() }
-
-// unlock compacts the log when it is due, whoever wrote to it, and releases
-// the apply lock. Every writer of the log ends through here, so no sequence
-// of requests can grow the log past what a start reads.
-func (d *applyDeps) unlock() {
-	d.compactIfDue()
-	d.applyMu.Unlock()
-}
-
 // owedStatus is the status of a push refused because the disk owes
 // something: 507 when the disk is full, 503 otherwise.
 func owedStatus(err error) int {
@@ -79,7 +67,11 @@ type applyDeps struct {
 	compactFailures     int       // compactions failed in a row, guarded by applyMu
 	compactFailingSince time.Time // when the first of them failed
 
-	// applyMu serialises applies, the pacer's reload and read-backs.
+	// applyMu is the apply lock: whatever reads the state to change it, or
+	// changes the tree or HAProxy, holds it (applies, uploads, the pacer,
+	// read-backs, the owed retry, the start). Each of them that writes the
+	// log calls compactIfDue before it lets go, so that no sequence of
+	// requests grows the log past what a start reads.
 	applyMu sync.Mutex
 	// workerMu is the worker-observation lock (agent_worker.go), and
 	// guards strays; beforeReload lets internal tests act before a reload.
@@ -115,9 +107,8 @@ func (d *applyDeps) invariant(ok bool, name string) {
 // checked; the fence refuses a stale leader before any part is read; the
 // parts are staged outside the apply lock, so that a slow upload holds up
 // no other apply. Under the lock, admit settles what could still refuse
-// the apply and builds its input, runApply runs it, and the answer goes out
-// before the lock is released: the compaction the release may run never
-// delays it.
+// the apply and builds its input, runApply runs it, the answer goes out,
+// and only then does a log the apply made long enough compact.
 func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
@@ -163,7 +154,8 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, code, StageParts, err.Error())
 		return
 	}
-	a.deps.lock()
+	a.deps.applyMu.Lock()
+	defer a.deps.applyMu.Unlock()
 	in, code, body := a.deps.admit(a.deps.ctx, m, p, start)
 	var done outcome
 	if in != nil {
@@ -176,7 +168,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 	if done.readBack != nil {
 		a.reads.start(done.readBack, in.id.ref)
 	}
-	a.deps.unlock()
+	a.deps.compactIfDue() // after the answer, which never waits for a snapshot
 }
 
 // readManifest reads the first part, which must be the manifest, into the

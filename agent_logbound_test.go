@@ -159,7 +159,7 @@ func TestAnUploadCompactsTheLogItFills(t *testing.T) {
 	e.land(t, "plan-1", u.set)
 	p, blob, proof := u.ackWithoutPlan(t)
 	awaitReadBacks(e.a)
-	e.a.deps.lock()
+	e.a.deps.applyMu.Lock()
 	e.a.deps.led.mu.Lock()
 	e.a.deps.led.log.count = maxLogRecords
 	e.a.deps.led.mu.Unlock()

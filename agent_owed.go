@@ -111,8 +111,8 @@ func (d *applyDeps) retryOwed(ctx context.Context) {
 	ctx, paid := context.WithCancel(ctx)
 	defer paid()
 	every(ctx, owedRetryInterval, nil, func() {
-		d.lock()
-		if d.payOwed(ctx) == nil {
+		d.applyMu.Lock()
+		if d.payOwed(ctx) == nil { // which compacts
 			d.retrying = false
 			paid()
 		}

@@ -673,7 +673,7 @@ func TestVerifiedReadsShareOneRehash(t *testing.T) {
 		return st, nil
 	}
 	before := rehashes.Load()
-	e.a.deps.lock()
+	e.a.deps.applyMu.Lock()
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Go(func() {
@@ -683,7 +683,7 @@ func TestVerifiedReadsShareOneRehash(t *testing.T) {
 		})
 	}
 	time.Sleep(500 * time.Millisecond) // every read waits for the re-hash
-	e.a.deps.unlock()
+	e.a.deps.applyMu.Unlock()
 	wg.Wait()
 	if n := rehashes.Load() - before; n > 2 {
 		t.Errorf("20 concurrent verified reads made %d re-hashes", n)

@@ -51,8 +51,9 @@ func (a *Agent) fireScheduled(ctx context.Context) {
 	if st := d.led.state(); !a.Ready() || ctx.Err() != nil || !st.reloadPending() {
 		return // an idle tick takes no lock, so its release compacts nothing: the owed retry paces that
 	}
-	d.lock()
-	defer d.unlock()
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	defer d.compactIfDue()
 	st := d.led.state()
 	if ctx.Err() != nil || !st.Pending.complete() || !st.reloadPending() || d.now().Before(st.PendingAt) {
 		return
@@ -160,8 +161,9 @@ func (b *readBacks) check(c *compiledOps, ref planRef) {
 	}
 	_, tree := d.led.view()
 	running, err := listTouched(ctx, d.rt, c, tree)
-	d.lock()
-	defer d.unlock()
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	defer d.compactIfDue()
 	if d.led.state().Applied != ref || ctx.Err() != nil || d.owed != nil {
 		return
 	}

@@ -420,8 +420,9 @@ func TestEveryAnswerMatchesTheOpenAPIDocument(t *testing.T) {
 		}
 		return nil
 	})
-	e.a.deps.lock()
-	e.a.deps.unlock() // the compaction the log is due for fails
+	e.a.deps.applyMu.Lock()
+	e.a.deps.compactIfDue() // the compaction the log is due for fails
+	e.a.deps.applyMu.Unlock()
 	code, body = putPlan(st.AppliedPlanID, st.AppliedPlanProof, blob3)
 	step("an upload while the log cannot be compacted for want of room", 507, `"stage":"plan"`, code, body)
 	d.setHook(nil)
