@@ -616,7 +616,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	if err := a.deps.compact(); err != nil {
 		a.logger.Warn(msgStartupCompactFailed, "err", err) // not ready until a retry can
-		a.deps.retry()
+		a.deps.retryOwed()
 	}
 	a.deps.applyMu.Unlock()
 	close(a.initialized)

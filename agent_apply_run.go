@@ -227,14 +227,14 @@ func (d *applyDeps) activate(in *applyInput, ch changeSet, done synced, ops opsO
 	case activateOps:
 		return d.judgeOps(in, ch, done, ops, o)
 	case activateNothing:
-		return settled(ch, o)
+		return noopOrFileOnly(ch, o)
 	}
 	return d.installThenReload(in, ch, done, in.steps.reason, o)
 }
 
-// settled ends an apply that needs nothing from HAProxy: file_only when
+// noopOrFileOnly ends an apply that needs nothing from HAProxy: file_only when
 // any part was sent or a path deleted, noop otherwise.
-func settled(ch changeSet, o outcome) outcome {
+func noopOrFileOnly(ch changeSet, o outcome) outcome {
 	o.ok, o.mode = true, ResultNoop
 	if len(ch.changes)+len(ch.same) > 0 {
 		o.mode = ResultFileOnly
@@ -254,7 +254,7 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, done synced, ops opsO
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
 		return d.installThenReload(in, ch, done, reasonUnknownOp, o)
 	case ops.c.empty():
-		return settled(ch, o)
+		return noopOrFileOnly(ch, o)
 	}
 	o.opResults = ops.results
 	switch {
@@ -397,7 +397,7 @@ func (d *applyDeps) installCounted(in *applyInput, ch changeSet, done synced, o 
 // 5. The end.
 
 // end closes the apply with its end record, which lands the apply's tree
-// and the state its outcome makes (settle), fills the answer from that
+// and the state its outcome makes (stateAfter), fills the answer from that
 // state, counts it and checks the invariants. The record is synced where
 // the apply reloaded: that is when an open apply starts to count. A failed
 // apply's undo wrote its end record already: only its final state is
@@ -495,7 +495,7 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 		owed = cmp.Or(owed, &owedTree{err: cause})
 		owed.reload = true
 	case touched:
-		o = d.recover(in, o)
+		o = d.reloadRestored(in, o)
 		o.rollback.Reloaded = o.recovered || o.lkgRestored
 	}
 	if owed != nil {
@@ -504,12 +504,12 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 	return o
 }
 
-// recover reloads the restored tree, once the worker may hold what the
+// reloadRestored reloads the restored tree, once the worker may hold what the
 // undo took away; if HAProxy refuses it, the last-known-good set is
 // restored and reloaded. A reload without a verdict is tried again by the
 // pacer, a bounded number of times: a master still busy with a slow reload
 // may be serving the set the undo took away.
-func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
+func (d *applyDeps) reloadRestored(in *applyInput, o outcome) outcome {
 	_, err := d.reloadToRecover(in.ctx)
 	if err == nil {
 		o.recovered = true

@@ -23,7 +23,7 @@ import (
 // meanwhile.
 func (d *applyDeps) compactIfDue() {
 	if (d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes) && d.compact() != nil {
-		d.retry()
+		d.retryOwed()
 	}
 }
 

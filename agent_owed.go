@@ -45,7 +45,7 @@ func (d *applyDeps) owe(t *owedTree) {
 	d.owed.reload = d.owed.reload || t.reload
 	d.owed.err = t.err
 	d.led.fallBehind(t.err)
-	d.retry()
+	d.retryOwed()
 }
 
 // payOwed does, under the apply lock, what the disk owes: the owed tree,
@@ -96,27 +96,23 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 	return nil
 }
 
-// retry starts the loop that pays what the disk owes, unless it runs. The
-// caller holds the apply lock.
-func (d *applyDeps) retry() {
-	if !d.retrying {
-		d.retrying = true
-		go d.retryOwed(d.ctx)
+// retryOwed starts, unless it runs, the loop that pays what the disk owes
+// every owedRetryInterval until it is paid or the agent stops. The caller
+// holds the apply lock.
+func (d *applyDeps) retryOwed() {
+	if d.retrying {
+		return
 	}
-}
-
-// retryOwed pays what the disk owes every owedRetryInterval until it is
-// paid or the agent stops.
-func (d *applyDeps) retryOwed(ctx context.Context) {
-	ctx, paid := context.WithCancel(ctx)
-	defer paid()
-	every(ctx, owedRetryInterval, nil, func() {
+	d.retrying = true
+	ctx, paid := context.WithCancel(d.ctx)
+	go every(ctx, owedRetryInterval, nil, func() {
 		d.applyMu.Lock()
-		if d.payOwed(ctx) == nil { // which compacts
+		defer d.applyMu.Unlock()
+		if d.payOwed(ctx) == nil {
 			d.retrying = false
 			paid()
+			d.compactIfDue() // the reload HAProxy owed may have written a record
 		}
-		d.applyMu.Unlock()
 	})
 }
 
