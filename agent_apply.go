@@ -618,21 +618,15 @@ func (d *applyDeps) promoteLKG(v planRef) {
 }
 
 // reserveProofs issues the applied proof, and the worker proof for in-place
-// ops. The counter reaches the disk with the apply's own record, which is
-// synced before any answer reports a proof, so a proof is never reported
-// twice, not even across a power loss.
+// ops.
 func (d *applyDeps) reserveProofs(m *Manifest) (ref, worker planRef, err error) {
-	need := uint64(1 + boolInt(len(m.InPlaceOps) > 0))
-	d.led.mu.Lock()
-	defer d.led.mu.Unlock()
-	s := &d.led.st
-	if s.ProofGeneration > ^uint64(0)-need {
-		return ref, worker, errors.New(msgProofsExhausted)
+	inPlace := len(m.InPlaceOps) > 0
+	first, err := d.led.reserveProofs(uint64(1 + boolInt(inPlace)))
+	if err != nil {
+		return ref, worker, err
 	}
-	ref = planRef{m.PlanID, fmt.Sprintf("a:%d", s.ProofGeneration+1)}
-	if need == 2 {
-		worker = planRef{m.WorkerOpsPlanID, fmt.Sprintf("a:%d", s.ProofGeneration+2)}
+	if inPlace {
+		worker = planRef{m.WorkerOpsPlanID, fmt.Sprintf("a:%d", first+1)}
 	}
-	s.ProofGeneration += need
-	return ref, worker, nil
+	return planRef{m.PlanID, fmt.Sprintf("a:%d", first)}, worker, nil
 }

@@ -499,6 +499,20 @@ func (l *ledger) promote(v planRef) {
 	l.st.LKG, l.st.Journal, l.resetPending = v, nil, true
 }
 
+// reserveProofs takes the next n proof numbers and returns the first. The
+// counter reaches the disk with the apply's own record, which is synced
+// before any answer reports a proof, so a proof is never reported twice,
+// not even across a power loss.
+func (l *ledger) reserveProofs(n uint64) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st.ProofGeneration > ^uint64(0)-n {
+		return 0, errors.New(msgProofsExhausted)
+	}
+	l.st.ProofGeneration += n
+	return l.st.ProofGeneration - n + 1, nil
+}
+
 // compactDue reports whether the log should be compacted: it is long, a
 // write failed and only a new snapshot can be trusted again, or the last
 // compaction failed.
