@@ -366,13 +366,14 @@ func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
 // ---------------------------------------------------------------------------
 // 4. The install of a counted apply.
 
-// installCounted installs the files of an apply that counts from its
-// record (runtime, file_only, noop), unsynced (recovery redoes them from
-// the record), before it is answered: whoever reads the disk after an ACK
-// sees them. It is acknowledged whatever happens here, and a failure (a full disk, an I/O error, a mount made after the
-// start) never takes it back: the disk owes its files, which the record's
-// sources (its inline bytes, its synced temp files, a patch's base) can
-// still rebuild, until a retry puts them in place; the answer says so.
+// installCounted installs the files of an apply that counts from its record
+// (runtime, file_only, noop), unsynced (recovery redoes them from the
+// record), before it is answered: whoever reads the disk after an ACK sees
+// them. It is acknowledged whatever happens here, and a failure (a full
+// disk, an I/O error, a mount made after the start) never takes it back:
+// the disk owes its files, which the record's sources (its inline bytes,
+// its synced temp files, a patch's base) can still rebuild, until a retry
+// puts them in place; the answer says so.
 func (d *applyDeps) installCounted(in *applyInput, ch changeSet, done synced, o outcome) outcome {
 	start := d.now()
 	err := d.files.install(done, in.staged, ch.dels)

@@ -1,13 +1,12 @@
-// This file owns what the agent owes its state between applies: files of
-// an acknowledged apply the disk refused, what recovery could not put back
-// at start, the reload HAProxy must then do, and the compaction
-// (agent_compact.go) a broken or stuck log is due. Every apply pays what is owed first, and so does a
-// loop every owedRetryInterval; while anything is owed the agent is not
-// ready and says why.
+// This file owns what the agent owes its state between applies: files of an
+// acknowledged apply the disk refused, what recovery could not put back at
+// start, the reload HAProxy must then do, and the compaction
+// (agent_compact.go) a broken or stuck log is due. Every apply pays what is
+// owed first, and so does a loop every owedRetryInterval; while anything is
+// owed the agent is not ready and says why.
 //
-// It never drops what an owed ACK still needs: no compaction (which
-// empties the log the owed files are rebuilt from) runs until they are in
-// place.
+// It never drops what an owed ACK still needs: no compaction (which empties
+// the log the owed files are rebuilt from) runs until they are in place.
 
 package haptic
 
