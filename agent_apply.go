@@ -69,9 +69,10 @@ type applyDeps struct {
 
 	// applyMu is the apply lock: whatever reads the state to change it, or
 	// changes the tree or HAProxy, holds it (applies, uploads, the pacer,
-	// read-backs, the owed retry, the start). Each of them that writes the
-	// log calls compactIfDue before it lets go, so that no sequence of
-	// requests grows the log past what a start reads.
+	// read-backs, verified state reads, the owed retry, the start and the
+	// stop). Each of them that writes the log calls compactIfDue before it
+	// lets go (the start and the stop compact whatever the log's length),
+	// so that no sequence of requests grows the log past what a start reads.
 	applyMu sync.Mutex
 	// workerMu is the worker-observation lock (agent_worker.go), and
 	// guards strays; beforeReload lets internal tests act before a reload.
