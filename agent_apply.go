@@ -377,8 +377,12 @@ func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (
 			err = a.stageFile(p, params["filename"], part, byPath, tree, held)
 		case sawPlan:
 			err = fmt.Errorf("part %q appears twice", PartPlan)
-		default:
-			sawPlan, err = true, a.stagePlan(m, p, part, held)
+		default: // an empty plan part is no plan
+			sawPlan = true
+			p.plan, err = a.readPlan(held, part, part.Header.Get("Content-Type"), m.PlanID)
+			if errors.Is(err, errPlanBaseGone) {
+				p.planGone, err = true, nil
+			}
 		}
 		part.Close()
 		if err != nil {
@@ -386,15 +390,6 @@ func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (
 		}
 	}
 	return p, fmt.Errorf("more than %d parts", MaxFiles)
-}
-
-// stagePlan checks the plan part; an empty one is no plan.
-func (a *Agent) stagePlan(m *Manifest, p *parts, part *multipart.Part, held *heldBytes) (err error) {
-	p.plan, err = a.readPlan(held, part, part.Header.Get("Content-Type"), m.PlanID)
-	if errors.Is(err, errPlanBaseGone) {
-		p.planGone, err = true, nil
-	}
-	return err
 }
 
 // stageFile stages the file part for rel, whole or as a patch of the file

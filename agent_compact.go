@@ -1,14 +1,10 @@
-// This file owns compaction: rewriting the state as a snapshot and
-// emptying the log once it is long, a write failed, or the links aside take
-// too much room. Every writer of the log calls compactIfDue before it lets
-// go of the apply lock; a compaction that fails is retried with what the
-// disk owes, and the agent is not ready meanwhile. It sits between the file
-// store and the ledger because it needs both: the tree made durable first,
-// the snapshot, then the sweep of links no record needs any more.
+// This file owns compaction: the state rewritten as a snapshot and the log
+// emptied once it is long, a write failed, or links aside take too much
+// room, then the links no record needs swept. It needs both the file store
+// (the tree made durable first) and the ledger, so it is in neither.
 //
 // It never compacts while files are owed (the records still rebuild them),
-// and never sweeps a link before the snapshot that stops needing it is
-// durable.
+// and never sweeps a link before the snapshot that frees it is durable.
 
 package haptic
 

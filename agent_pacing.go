@@ -28,7 +28,7 @@ const pacerInterval = 100 * time.Millisecond
 func (a *Agent) fireScheduled(ctx context.Context) {
 	d := a.deps
 	if st := d.led.state(); !a.Ready() || ctx.Err() != nil || !st.reloadPending() {
-		return // an idle tick takes no lock, so its release compacts nothing: the owed retry paces that
+		return // an idle tick takes no lock and writes nothing
 	}
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()

@@ -1,12 +1,11 @@
-// This file owns the background read-back that follows a runtime apply's
-// answer: it lists what HAProxy holds of what the ops touched, compares it
-// with the files, and repairs a divergence with a reload of the applied
-// plan (scheduled when the pacing window is open).
+// This file owns the background read-back after a runtime apply: what
+// HAProxy holds of what the ops touched, compared with the files, and a
+// divergence repaired by a reload of the applied plan.
 //
-// It never holds the apply lock while HAProxy answers a listing (the next
-// apply would wait for it), never compares without it (an apply could
-// rewrite the files meanwhile), and never gives a verdict once a later
-// apply moved the applied pair or the agent is stopping.
+// It never holds the apply lock while HAProxy lists (the next apply would
+// wait), never compares without it (an apply could rewrite the files), and
+// gives no verdict once a later apply moved the applied pair or the agent
+// is stopping.
 
 package haptic
 
