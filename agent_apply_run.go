@@ -4,8 +4,8 @@
 // It never takes back an answered apply but in one case: a failure puts
 // back only what this run changed, and reloads the worker only where this
 // run may have changed it; only when HAProxy refuses that restored tree
-// too is the last-known-good set loaded (reloadRestored), and with it go
-// the applies answered since that set was last-known-good.
+// too is the last-known-good set loaded (reloadAfterUndo), and with it go
+// the applies answered since that set became last-known-good.
 
 package haptic
 
@@ -490,7 +490,7 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 		owed = cmp.Or(owed, &owedTree{err: cause})
 		owed.reload = true
 	case touched:
-		o = d.reloadRestored(in, o)
+		o = d.reloadAfterUndo(in, o)
 		o.rollback.Reloaded = o.recovered || o.lkgRestored
 	}
 	if owed != nil {
@@ -499,12 +499,12 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 	return o
 }
 
-// reloadRestored reloads the restored tree, once the worker may hold what
-// the undo took away; if HAProxy refuses it, the last-known-good set is
-// restored and reloaded. A reload without a verdict is tried again by the
+// reloadAfterUndo reloads the tree the undo put back, once the worker may
+// hold what the undo took away; if HAProxy refuses it, the last-known-good
+// set is restored and reloaded. A reload without a verdict is tried again by the
 // pacer, a bounded number of times: a master still busy with a slow reload
 // may be serving the set the undo took away.
-func (d *applyDeps) reloadRestored(in *applyInput, o outcome) outcome {
+func (d *applyDeps) reloadAfterUndo(in *applyInput, o outcome) outcome {
 	_, err := d.reloadToRecover(in.ctx)
 	if err == nil {
 		o.recovered = true
