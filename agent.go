@@ -3,7 +3,7 @@
 // and the HTTP handlers except the apply pipeline (agent_apply.go).
 // Authentication is in agent_auth.go, the persistent state in
 // agent_ledger.go, the file store in agent_files.go, and whether HAProxy is
-// reachable after startup (/readyz) in agent_readiness.go.
+// reachable after startup in agent_haproxy_watch.go.
 //
 // It must never make an HAProxy decision (the controller does, through Diff)
 // and never panic: a broken invariant is counted, logged and reported.
@@ -121,7 +121,7 @@ type Agent struct {
 	memory      *memoryBudget // the request bytes held in memory, and the decodes
 	initialized chan struct{}
 	drainStop   chan struct{}
-	haproxy     haproxyWatch  // reaching HAProxy now (agent_readiness.go)
+	haproxy     haproxyWatch  // reaching HAProxy now (agent_haproxy_watch.go)
 	paceWindow  time.Duration // paceWindow; tests shorten it
 	rehashedAt  time.Time     // when the last verified read's re-hash that did not fail started; under the apply lock
 
@@ -616,7 +616,7 @@ func (a *Agent) initialise(ctx context.Context) error {
 	}
 	if err := a.deps.compact(); err != nil {
 		a.logger.Warn(msgStartupCompactFailed, "err", err) // not ready until a retry can
-		a.deps.retry()
+		a.deps.retryOwed()
 	}
 	a.deps.applyMu.Unlock()
 	close(a.initialized)
@@ -1019,5 +1019,22 @@ func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, StagePlan, err.Error())
 	default:
 		writeJSON(w, http.StatusOK, PlanStored{PlanID: ref.ID, Proof: ref.Proof})
+	}
+}
+
+// every calls f every interval, and at once on each wake (a nil wake
+// never fires), until ctx ends: the loop of the pacer, the delete queue,
+// the HAProxy watch and the retry of what the disk owes.
+func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-wake:
+		}
+		f()
 	}
 }

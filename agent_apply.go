@@ -69,9 +69,10 @@ type applyDeps struct {
 
 	// applyMu is the apply lock: whatever reads the state to change it, or
 	// changes the tree or HAProxy, holds it (applies, uploads, the pacer,
-	// read-backs, the owed retry, the start). Each of them that writes the
-	// log calls compactIfDue before it lets go, so that no sequence of
-	// requests grows the log past what a start reads.
+	// read-backs, verified state reads, the owed retry, the start and the
+	// stop). Each of them that writes the log calls compactIfDue before it
+	// lets go (the start and the stop compact whatever the log's length),
+	// so that no sequence of requests grows the log past what a start reads.
 	applyMu sync.Mutex
 	// workerMu is the worker-observation lock (agent_worker.go), and
 	// guards strays; beforeReload lets internal tests act before a reload.
@@ -376,8 +377,12 @@ func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (
 			err = a.stageFile(p, params["filename"], part, byPath, tree, held)
 		case sawPlan:
 			err = fmt.Errorf("part %q appears twice", PartPlan)
-		default:
-			sawPlan, err = true, a.stagePlan(m, p, part, held)
+		default: // an empty plan part is no plan
+			sawPlan = true
+			p.plan, err = a.readPlan(held, part, part.Header.Get("Content-Type"), m.PlanID)
+			if errors.Is(err, errPlanBaseGone) {
+				p.planGone, err = true, nil
+			}
 		}
 		part.Close()
 		if err != nil {
@@ -385,15 +390,6 @@ func (a *Agent) stageParts(m *Manifest, mr *multipart.Reader, held *heldBytes) (
 		}
 	}
 	return p, fmt.Errorf("more than %d parts", MaxFiles)
-}
-
-// stagePlan checks the plan part; an empty one is no plan.
-func (a *Agent) stagePlan(m *Manifest, p *parts, part *multipart.Part, held *heldBytes) (err error) {
-	p.plan, err = a.readPlan(held, part, part.Header.Get("Content-Type"), m.PlanID)
-	if errors.Is(err, errPlanBaseGone) {
-		p.planGone, err = true, nil
-	}
-	return err
 }
 
 // stageFile stages the file part for rel, whole or as a patch of the file
@@ -618,21 +614,15 @@ func (d *applyDeps) promoteLKG(v planRef) {
 }
 
 // reserveProofs issues the applied proof, and the worker proof for in-place
-// ops. The counter reaches the disk with the apply's own record, which is
-// synced before any answer reports a proof, so a proof is never reported
-// twice, not even across a power loss.
+// ops.
 func (d *applyDeps) reserveProofs(m *Manifest) (ref, worker planRef, err error) {
-	need := uint64(1 + boolInt(len(m.InPlaceOps) > 0))
-	d.led.mu.Lock()
-	defer d.led.mu.Unlock()
-	s := &d.led.st
-	if s.ProofGeneration > ^uint64(0)-need {
-		return ref, worker, errors.New(msgProofsExhausted)
+	inPlace := len(m.InPlaceOps) > 0
+	first, err := d.led.reserveProofs(uint64(1 + boolInt(inPlace)))
+	if err != nil {
+		return ref, worker, err
 	}
-	ref = planRef{m.PlanID, fmt.Sprintf("a:%d", s.ProofGeneration+1)}
-	if need == 2 {
-		worker = planRef{m.WorkerOpsPlanID, fmt.Sprintf("a:%d", s.ProofGeneration+2)}
+	if inPlace {
+		worker = planRef{m.WorkerOpsPlanID, fmt.Sprintf("a:%d", first+1)}
 	}
-	s.ProofGeneration += need
-	return ref, worker, nil
+	return planRef{m.PlanID, fmt.Sprintf("a:%d", first)}, worker, nil
 }

@@ -9,8 +9,11 @@
 package haptic
 
 import (
+	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 	"time"
 )
@@ -37,6 +40,28 @@ func (d *applyDeps) runtimeOps(in *applyInput, ch changeSet) opsOutcome {
 	}
 	out.took = d.now().Sub(start)
 	return out
+}
+
+// stagedContent is what the apply puts at rel, before its renames: the
+// staged part, else the held file. A path the apply deletes has no
+// content, as it has none once the apply is installed.
+func (d *applyDeps) stagedContent(in *applyInput, dels []string) func(rel string) ([]byte, error) {
+	return func(rel string) ([]byte, error) {
+		i, ok := slices.BinarySearchFunc(in.staged, rel, func(f *stagedFile, rel string) int { return cmp.Compare(f.Rel, rel) })
+		if ok && !in.staged[i].unchanged {
+			f := in.staged[i]
+			if f.tmp != "" {
+				return readAllLimited(d.files.disk, f.tmp, MaxApplyBodyBytes)
+			}
+			var b bytes.Buffer
+			err := d.files.writeStaged(f, &b)
+			return b.Bytes(), err
+		}
+		if slices.Contains(dels, rel) {
+			return nil, fmt.Errorf("%q: %w (the apply deletes it)", rel, fs.ErrNotExist)
+		}
+		return d.files.readHeld(rel)
+	}
 }
 
 // runInPlace runs the in-place ops in a single execution against the

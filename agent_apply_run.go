@@ -1,19 +1,19 @@
 // This file owns the run of one admitted apply (runApply), step by step:
 // each step takes what the one before returned and returns what it did.
 //
-// It never takes back an apply that counts: a failure puts back only what
-// this run changed, and reloads the worker only where this run may have
-// changed it.
+// It never takes back an answered apply but in one case: a failure puts
+// back only what this run changed, and reloads the worker only where this
+// run may have changed it; only when HAProxy refuses that restored tree
+// too is the last-known-good set loaded (reloadAfterUndo), and with it go
+// the applies answered since that set became last-known-good.
 
 package haptic
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"slices"
 	"syscall"
@@ -40,32 +40,21 @@ type applyInput struct {
 }
 
 // runApply is one admitted apply, in the order it becomes durable, which
-// every recovery rests on:
+// every recovery rests on: the paths it changes linked aside
+// (linkChanges); one record naming the apply (the state it lands, its
+// files' new bytes and their undo) begun, a runtime apply's ops sent while
+// it syncs, and the sync awaited; what HAProxy must do (activate); a
+// counted apply's files installed (installCounted); and the end record
+// (end). No rename comes before the sync: an install takes the token only
+// the awaited sync returns. A runtime, file_only or noop apply counts from
+// that sync on; a reload apply is open, and counts only once its end
+// record, synced after its reload took effect, closes it. HAProxy's refusal
+// ends in fail, which puts back the tree the apply found.
 //
-//  1. The paths it changes are linked aside, unsynced: a power loss keeps
-//     metadata in the order it was made, so a rename that survives brings
-//     the links made before it.
-//  2. One record names the apply: the state it lands, its files' new bytes
-//     and their undo. It is synced before the first rename. A runtime,
-//     file_only or noop apply counts from then on, and its runtime ops are
-//     sent while the sync runs; a reload apply is open, and counts only
-//     once its end record, synced after its reload took effect, closes it.
-//  3. It is activated: a counted apply's ops are judged; any other apply
-//     installs its files first, with its undo, then reloads, or schedules or
-//     joins a pending reload. HAProxy's refusal (of an op, or of the
-//     reload) ends in fail: the tree is put back as the apply found it,
-//     after a synced record says so.
-//  4. A counted apply installs its files, unsynced (recovery redoes them
-//     from the record), before it is answered: whoever reads the disk after
-//     an ACK sees them. An install that fails then is owed, never taken
-//     back, and the answer says so.
-//  5. The end record lands the state the outcome makes; it is synced where
-//     the apply reloaded.
-//
-// The caller answers with the outcome's result, and only then releases the
-// apply lock, which compacts a log the apply made due: the answer never
-// waits for a snapshot. So a runtime apply makes one log sync, a reload apply
-// two, and a promotion to last-known-good none of its own.
+// The caller answers with the outcome's result, and only then compacts a
+// log the apply made due: the answer never waits for a snapshot. So a
+// runtime apply makes one log sync, a reload apply two, and a promotion to
+// last-known-good none of its own.
 func (d *applyDeps) runApply(in *applyInput) outcome {
 	o := outcome{undone: true, since: in.invalidations} // nothing is installed yet
 	ch, err := d.linkChanges(in)
@@ -128,7 +117,9 @@ func (in *applyInput) identity(ch changeSet) applyIdentity {
 // may refuse its files); for one that counts from its record, only what
 // must stay reachable whatever happens: a path's bytes on its first change
 // since the last-known-good plan (the journal's backup), and the base of a
-// patch the record carries as a replacement alone. It syncs each temp
+// patch the record carries as a replacement alone. The links are not
+// synced: a power loss keeps metadata in the order it was made, so a rename
+// that survives brings the links made before it. It syncs each temp
 // directory a large part sits in, so that recovery can still rename it into
 // place. A revert's changes are the journal's entries.
 func (d *applyDeps) linkChanges(in *applyInput) (changeSet, error) {
@@ -155,7 +146,9 @@ func (d *applyDeps) linkChanges(in *applyInput) (changeSet, error) {
 		ch.changes = append(ch.changes, c)
 	}
 	if in.id.revert {
-		ch.changes = append(ch.changes, journalChanges(in.before.Journal)...)
+		for _, e := range in.before.Journal {
+			ch.changes = append(ch.changes, fileChange{Path: e.Path, New: e.At})
+		}
 	} else {
 		ch.dels = deletions(in.tree, in.m.Files)
 		for _, p := range ch.dels {
@@ -227,14 +220,14 @@ func (d *applyDeps) activate(in *applyInput, ch changeSet, done synced, ops opsO
 	case activateOps:
 		return d.judgeOps(in, ch, done, ops, o)
 	case activateNothing:
-		return settled(ch, o)
+		return noopOrFileOnly(ch, o)
 	}
 	return d.installThenReload(in, ch, done, in.steps.reason, o)
 }
 
-// settled ends an apply that needs nothing from HAProxy: file_only when
-// any part was sent or a path deleted, noop otherwise.
-func settled(ch changeSet, o outcome) outcome {
+// noopOrFileOnly ends an apply that needs nothing from HAProxy: file_only
+// when any part was sent or a path deleted, noop otherwise.
+func noopOrFileOnly(ch changeSet, o outcome) outcome {
 	o.ok, o.mode = true, ResultNoop
 	if len(ch.changes)+len(ch.same) > 0 {
 		o.mode = ResultFileOnly
@@ -254,7 +247,7 @@ func (d *applyDeps) judgeOps(in *applyInput, ch changeSet, done synced, ops opsO
 		d.logger.Warn("the runtime ops cannot be compiled; reloading instead", "plan_id", in.m.PlanID, "err", ops.compileErr)
 		return d.installThenReload(in, ch, done, reasonUnknownOp, o)
 	case ops.c.empty():
-		return settled(ch, o)
+		return noopOrFileOnly(ch, o)
 	}
 	o.opResults = ops.results
 	switch {
@@ -373,12 +366,14 @@ func (d *applyDeps) schedule(in *applyInput, o outcome, inPlace bool) outcome {
 // ---------------------------------------------------------------------------
 // 4. The install of a counted apply.
 
-// installCounted installs the files of an apply that counts from its
-// record (runtime, file_only, noop). It is acknowledged whatever happens
-// here, and a failure (a full disk, an I/O error, a mount made after the
-// start) never takes it back: the disk owes its files, which the record's
-// sources (its inline bytes, its synced temp files, a patch's base) can
-// still rebuild, until a retry puts them in place; the answer says so.
+// installCounted installs the files of an apply that counts from its record
+// (runtime, file_only, noop), unsynced (recovery redoes them from the
+// record), before it is answered: whoever reads the disk after an ACK sees
+// them. It is acknowledged whatever happens here, and a failure (a full
+// disk, an I/O error, a mount made after the start) never takes it back:
+// the disk owes its files, which the record's sources (its inline bytes,
+// its synced temp files, a patch's base) can still rebuild, until a retry
+// puts them in place; the answer says so.
 func (d *applyDeps) installCounted(in *applyInput, ch changeSet, done synced, o outcome) outcome {
 	start := d.now()
 	err := d.files.install(done, in.staged, ch.dels)
@@ -397,7 +392,7 @@ func (d *applyDeps) installCounted(in *applyInput, ch changeSet, done synced, o 
 // 5. The end.
 
 // end closes the apply with its end record, which lands the apply's tree
-// and the state its outcome makes (settle), fills the answer from that
+// and the state its outcome makes (stateAfter), fills the answer from that
 // state, counts it and checks the invariants. The record is synced where
 // the apply reloaded: that is when an open apply starts to count. A failed
 // apply's undo wrote its end record already: only its final state is
@@ -495,7 +490,7 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 		owed = cmp.Or(owed, &owedTree{err: cause})
 		owed.reload = true
 	case touched:
-		o = d.recover(in, o)
+		o = d.reloadAfterUndo(in, o)
 		o.rollback.Reloaded = o.recovered || o.lkgRestored
 	}
 	if owed != nil {
@@ -504,12 +499,12 @@ func (d *applyDeps) fail(in *applyInput, ch changeSet, stage string, cause error
 	return o
 }
 
-// recover reloads the restored tree, once the worker may hold what the
-// undo took away; if HAProxy refuses it, the last-known-good set is
-// restored and reloaded. A reload without a verdict is tried again by the
+// reloadAfterUndo reloads the tree the undo put back, once the worker may
+// hold what the undo took away; if HAProxy refuses it, the last-known-good
+// set is restored and reloaded. A reload without a verdict is tried again by the
 // pacer, a bounded number of times: a master still busy with a slow reload
 // may be serving the set the undo took away.
-func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
+func (d *applyDeps) reloadAfterUndo(in *applyInput, o outcome) outcome {
 	_, err := d.reloadToRecover(in.ctx)
 	if err == nil {
 		o.recovered = true
@@ -544,11 +539,8 @@ func (d *applyDeps) recover(in *applyInput, o outcome) outcome {
 	return o
 }
 
-// ---------------------------------------------------------------------------
-// The changes as the record keeps them.
-
 // undoOf is how each changed path looked before the apply and where those
-// bytes are kept, without the new bytes.
+// bytes are kept, without the new bytes: what the record of an undo names.
 func undoOf(changes []fileChange) []fileChange {
 	var out []fileChange
 	for _, c := range changes {
@@ -557,34 +549,4 @@ func undoOf(changes []fileChange) []fileChange {
 		}
 	}
 	return out
-}
-
-func journalChanges(j []journalEntry) []fileChange {
-	out := make([]fileChange, len(j))
-	for i, e := range j {
-		out[i] = fileChange{Path: e.Path, New: e.At}
-	}
-	return out
-}
-
-// stagedContent is what the apply puts at rel, before its renames: the
-// staged part, else the held file. A path the apply deletes has no
-// content, as it has none once the apply is installed.
-func (d *applyDeps) stagedContent(in *applyInput, dels []string) func(rel string) ([]byte, error) {
-	return func(rel string) ([]byte, error) {
-		i, ok := slices.BinarySearchFunc(in.staged, rel, func(f *stagedFile, rel string) int { return cmp.Compare(f.Rel, rel) })
-		if ok && !in.staged[i].unchanged {
-			f := in.staged[i]
-			if f.tmp != "" {
-				return readAllLimited(d.files.disk, f.tmp, MaxApplyBodyBytes)
-			}
-			var b bytes.Buffer
-			err := d.files.writeStaged(f, &b)
-			return b.Bytes(), err
-		}
-		if slices.Contains(dels, rel) {
-			return nil, fmt.Errorf("%q: %w (the apply deletes it)", rel, fs.ErrNotExist)
-		}
-		return d.files.readHeld(rel)
-	}
 }

@@ -183,12 +183,12 @@ func landing(cur agentState, id applyIdentity, s steps, opsMayRun bool, now time
 			o.due = cur.PendingAt
 		}
 	}
-	next := settle(cur, cur, id, o, now)
+	next := stateAfter(cur, cur, id, o, now)
 	next.ReloadOwed = opsMayRun
 	return next
 }
 
-// settle is the state a run leaves. cur is the state as it stands (other
+// stateAfter is the state a run leaves. cur is the state as it stands (other
 // changes may have come in meanwhile), before the state the run began
 // with.
 //
@@ -200,7 +200,7 @@ func landing(cur agentState, id applyIdentity, s steps, opsMayRun bool, now time
 // reached it, HAProxy refused its reload and the previous worker serves
 // on) or reloaded the tree it found; a worker it may have changed otherwise
 // runs nothing the agent can vouch for.
-func settle(cur, before agentState, id applyIdentity, o outcome, now time.Time) agentState {
+func stateAfter(cur, before agentState, id applyIdentity, o outcome, now time.Time) agentState {
 	next := cur.clone()
 	next.ReloadOwed = false
 	if o.result.PlanID != "" {

@@ -359,7 +359,7 @@ type ending struct {
 	// apply's when it fell back to a reload), which the record cannot name:
 	// the end record does, so that recovery finds the bytes it puts back.
 	undo []fileChange
-	// The state it leaves is settle's over the state as it stands (which
+	// The state it leaves is stateAfter over the state as it stands (which
 	// holds whatever else changed meanwhile); reloadOwed: the worker may
 	// hold what the undo took away, so a start before its recovery reloads.
 	before     agentState
@@ -377,7 +377,7 @@ func (l *ledger) ended(e ending) error {
 	defer l.mu.Unlock()
 	next := l.st.clone()
 	l.changeState(&next, func(s *agentState) {
-		*s = settle(*s, e.before, e.id, e.o, e.now)
+		*s = stateAfter(*s, e.before, e.id, e.o, e.now)
 		s.ReloadOwed = e.reloadOwed
 	})
 	if e.seq == 0 {
@@ -497,6 +497,20 @@ func (l *ledger) promote(v planRef) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.st.LKG, l.st.Journal, l.resetPending = v, nil, true
+}
+
+// reserveProofs takes the next n proof numbers and returns the first. The
+// counter reaches the disk with the apply's own record, which is synced
+// before any answer reports a proof, so a proof is never reported twice,
+// not even across a power loss.
+func (l *ledger) reserveProofs(n uint64) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st.ProofGeneration > ^uint64(0)-n {
+		return 0, errors.New(msgProofsExhausted)
+	}
+	l.st.ProofGeneration += n
+	return l.st.ProofGeneration - n + 1, nil
 }
 
 // compactDue reports whether the log should be compacted: it is long, a

@@ -1,5 +1,5 @@
 // Tests of the ledger: what an apply syncs, the log's framing and replay,
-// the decisions (settle, the worker found at a start) as tables, what
+// the decisions (stateAfter, the worker found at a start) as tables, what
 // survives a restart, and the recovery at startup (a corrupt state file, an
 // apply interrupted after or before its writes, an open apply killed after
 // its install, a reload left scheduled). The power-loss simulation is in
@@ -580,7 +580,7 @@ func TestSettle(t *testing.T) {
 	}
 	for _, tc := range tests {
 		tc.o.result = ApplyResult{PlanID: "p2", OK: tc.o.ok}
-		s := settle(tc.cur, base, tc.id, tc.o, now)
+		s := stateAfter(tc.cur, base, tc.id, tc.o, now)
 		got := pairs{s.Generation, s.Applied, s.Running, s.WorkerOps, s.LKG, s.Token}
 		if got != tc.want {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)

@@ -1,13 +1,12 @@
-// This file owns what the agent owes its state between applies: files of
-// an acknowledged apply the disk refused, what recovery could not put back
-// at start, the reload HAProxy must then do, and the compaction a long or
-// broken log is due. Every apply pays what is owed first, and so does a
-// loop every owedRetryInterval; while anything is owed the agent is not
-// ready and says why.
+// This file owns what the agent owes its state between applies: files of an
+// acknowledged apply the disk refused, what recovery could not put back at
+// start, the reload HAProxy must then do, and the compaction
+// (agent_compact.go) a broken or stuck log is due. Every apply pays what is
+// owed first, and so does a loop every owedRetryInterval; while anything is
+// owed the agent is not ready and says why.
 //
-// It never drops what an owed ACK still needs: no compaction (which
-// empties the log the owed files are rebuilt from) runs until they are in
-// place.
+// It never drops what an owed ACK still needs: no compaction (which empties
+// the log the owed files are rebuilt from) runs until they are in place.
 
 package haptic
 
@@ -45,7 +44,7 @@ func (d *applyDeps) owe(t *owedTree) {
 	d.owed.reload = d.owed.reload || t.reload
 	d.owed.err = t.err
 	d.led.fallBehind(t.err)
-	d.retry()
+	d.retryOwed()
 }
 
 // payOwed does, under the apply lock, what the disk owes: the owed tree,
@@ -96,27 +95,23 @@ func (d *applyDeps) payOwed(ctx context.Context) error {
 	return nil
 }
 
-// retry starts the loop that pays what the disk owes, unless it runs. The
-// caller holds the apply lock.
-func (d *applyDeps) retry() {
-	if !d.retrying {
-		d.retrying = true
-		go d.retryOwed(d.ctx)
+// retryOwed starts, unless it runs, the loop that pays what the disk owes
+// every owedRetryInterval until it is paid or the agent stops. The caller
+// holds the apply lock.
+func (d *applyDeps) retryOwed() {
+	if d.retrying {
+		return
 	}
-}
-
-// retryOwed pays what the disk owes every owedRetryInterval until it is
-// paid or the agent stops.
-func (d *applyDeps) retryOwed(ctx context.Context) {
-	ctx, paid := context.WithCancel(ctx)
-	defer paid()
-	every(ctx, owedRetryInterval, nil, func() {
+	d.retrying = true
+	ctx, paid := context.WithCancel(d.ctx)
+	go every(ctx, owedRetryInterval, nil, func() {
 		d.applyMu.Lock()
-		if d.payOwed(ctx) == nil { // which compacts
+		defer d.applyMu.Unlock()
+		if d.payOwed(ctx) == nil {
 			d.retrying = false
 			paid()
+			d.compactIfDue() // the reload HAProxy owed may have written a record
 		}
-		d.applyMu.Unlock()
 	})
 }
 
@@ -137,51 +132,4 @@ func (d *applyDeps) reloadRecovered(ctx context.Context) error {
 	}
 	d.led.recovered(err == nil)
 	return err
-}
-
-// compactIfDue writes a new snapshot once the log is long, a write failed,
-// or old versions linked aside take too much room. A compaction that fails
-// is retried every owedRetryInterval, and the agent is not ready
-// meanwhile.
-func (d *applyDeps) compactIfDue() {
-	if (d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes) && d.compact() != nil {
-		d.retry()
-	}
-}
-
-// compact makes the tree durable, rewrites the state as a snapshot, and
-// only then sweeps the links no record will need any more. It is refused
-// while files are owed: the records still rebuild them.
-func (d *applyDeps) compact() error {
-	if d.owed != nil && len(d.owed.wants) > 0 {
-		return fmt.Errorf("the tree is not what the log can redo yet: %w", d.owed.err)
-	}
-	err := d.files.flush()
-	if err == nil {
-		err = d.led.compact()
-	}
-	// Logged when a run of failures starts and ends: once 9,900 lines in 100 s.
-	switch {
-	case err != nil && d.compactFailures == 0:
-		d.logger.Error("could not compact the agent's state; retrying, logged again once it works", "err", err)
-		d.compactFailingSince = d.now()
-	case err == nil && d.compactFailures > 0:
-		d.logger.Info("the agent's state compacts again", "failed_compactions", d.compactFailures,
-			"failing_for", d.now().Sub(d.compactFailingSince).Round(time.Millisecond).String())
-	}
-	if d.compactFailures++; err == nil {
-		d.compactFailures = 0
-	}
-	if d.led.stuck(err); err != nil {
-		return err
-	}
-	st := d.led.state()
-	keep := map[string]bool{}
-	for _, e := range append(st.Journal, st.PendingUndo...) {
-		keep[e.Backup] = true
-	}
-	if err := d.files.sweep(keep); err != nil {
-		d.logger.Warn("could not sweep the agent's links", "err", err)
-	}
-	return nil
 }

@@ -1,44 +1,23 @@
-// This file owns what happens after an apply's answer, or between applies:
-// the pacer that fires a scheduled reload once the pacing window has
-// passed, and the background read-back that checks HAProxy holds what a
-// runtime apply meant and repairs a divergence with a reload. Both take
-// the apply lock before touching files or HAProxy, so they never
-// interleave with an apply.
+// This file owns the pacer: the loop that fires a reload an apply
+// scheduled (or a repair asked for) once the pacing window has passed, and
+// what a refused scheduled reload puts back. It takes the apply lock before
+// it touches files or HAProxy, so it never interleaves with an apply.
 //
-// Neither takes back an answered apply on a guess: a scheduled reload that
-// HAProxy refuses puts back the tree the pending reload's applies found (their
-// answers said the reload was still to come), and one cut short by the
-// agent's own shutdown changes nothing.
+// It never takes back an answer on a guess: a `scheduled` answer said the
+// reload was still to come and its verdict would come in last_apply, so a
+// reload HAProxy refuses (or gives no verdict on) puts back the tree the
+// pending reload's applies found, and one cut short by the agent's own
+// shutdown changes nothing.
 
 package haptic
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
-	"sync"
 	"time"
 )
 
 const pacerInterval = 100 * time.Millisecond
-
-// every calls f every interval, and at once on each wake (a nil wake
-// never fires), until ctx ends: the loop of the pacer, the delete queue,
-// the HAProxy watch and the retry of what the disk owes.
-func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-wake:
-		}
-		f()
-	}
-}
 
 // fireScheduled is the pacer: it performs the pending reload once it is
 // due. It never runs before initialisation, nor once ctx has ended
@@ -49,7 +28,7 @@ func every(ctx context.Context, interval time.Duration, wake <-chan struct{}, f 
 func (a *Agent) fireScheduled(ctx context.Context) {
 	d := a.deps
 	if st := d.led.state(); !a.Ready() || ctx.Err() != nil || !st.reloadPending() {
-		return // an idle tick takes no lock, so its release compacts nothing: the owed retry paces that
+		return // an idle tick takes no lock and writes nothing
 	}
 	d.applyMu.Lock()
 	defer d.applyMu.Unlock()
@@ -111,141 +90,4 @@ func (d *applyDeps) undoPending(ctx context.Context, st agentState, result Apply
 		d.logger.Error("the failed scheduled reload could not be recorded", "plan_id", st.Pending.ID, "err", err)
 	}
 	return result
-}
-
-// readBacks runs the background read-backs: counted, awaited at shutdown,
-// and none starts once the agent is stopping.
-type readBacks struct {
-	deps *applyDeps
-
-	mu       sync.Mutex
-	stopping bool
-	wg       sync.WaitGroup
-}
-
-// start checks, in the background, that HAProxy holds what the runtime
-// apply of ref meant.
-func (b *readBacks) start(c *compiledOps, ref planRef) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.stopping {
-		return
-	}
-	b.wg.Go(func() { b.check(c, ref) })
-}
-
-// stop refuses new read-backs and waits for the running ones.
-func (b *readBacks) stop() {
-	b.mu.Lock()
-	b.stopping = true
-	b.mu.Unlock()
-	b.wg.Wait()
-}
-
-// maxReadBackBytes bounds the maps a read-back lists: a larger one is
-// left unverified, so that no apply makes HAProxy dump hundreds of
-// thousands of entries, nor the agent parse them.
-const maxReadBackBytes = 1 << 20
-
-// check lists what HAProxy holds without the apply lock, so that the next
-// apply does not wait for HAProxy's answer, then takes the lock to compare
-// with the files, so that no apply rewrites them meanwhile. It gives no
-// verdict when a later apply or an invalidation moved the applied pair (an
-// apply that ran while the listing did moved it too), or when the agent is
-// stopping.
-func (b *readBacks) check(c *compiledOps, ref planRef) {
-	d := b.deps
-	ctx := d.ctx
-	if ctx.Err() != nil { // Run ends its context before it stops the read-backs
-		return
-	}
-	_, tree := d.led.view()
-	running, err := listTouched(ctx, d.rt, c, tree)
-	d.applyMu.Lock()
-	defer d.applyMu.Unlock()
-	defer d.compactIfDue()
-	if d.led.state().Applied != ref || ctx.Err() != nil || d.owed != nil {
-		return
-	}
-	if err == nil {
-		err = divergence(d.files, running)
-	}
-	if err == nil {
-		return
-	}
-	d.metrics.mapDivergence.inc()
-	d.logger.Warn("the running worker diverges from the applied plan; repairing with a reload", "plan_id", ref.ID, "err", err)
-	if due := d.led.pacingDue(d.reloadIntervalMin); d.now().Before(due) {
-		d.led.repairPending(ref, due)
-		notify(d.wake)
-		return
-	}
-	if _, err := d.reloadDurably(ctx); err != nil {
-		d.logger.Error("the repair reload failed; the baseline is invalidated", "err", err)
-		d.led.invalidate()
-		return
-	}
-	if err := d.led.reloadedAs(ref, nil); err != nil {
-		d.logger.Error("the repair reload could not be recorded", "plan_id", ref.ID, "err", err)
-	}
-}
-
-// listTouched reads what the worker holds of what the batch touched: every
-// touched backend must still answer, and each touched map no larger than
-// maxReadBackBytes is listed. A map too big to list is unverified, not
-// diverged.
-func listTouched(ctx context.Context, rt *haproxyRuntime, c *compiledOps, tree map[string]FileAt) (map[string]map[string][]string, error) {
-	for _, be := range c.backendsTouched {
-		if slices.Contains(c.backends, be) { // being deleted
-			continue
-		}
-		if _, err := rt.serverNames(ctx, be); err != nil {
-			return nil, fmt.Errorf("backend %s: %w", be, err)
-		}
-	}
-	out := map[string]map[string][]string{}
-	for _, path := range c.maps {
-		if tree[path].Size > maxReadBackBytes {
-			continue
-		}
-		entries, err := rt.mapEntries(ctx, path)
-		switch {
-		case errors.Is(err, errTooManyEntries):
-			continue
-		case err != nil:
-			return nil, fmt.Errorf("map %s: %w", path, err)
-		}
-		out[path] = entries
-	}
-	return out, nil
-}
-
-// divergence compares each listed map's keys with its file on disk.
-func divergence(files *fileStore, running map[string]map[string][]string) error {
-	for path, entries := range running {
-		content, err := files.readHeld(path)
-		if err != nil {
-			return fmt.Errorf("map %s: %w", path, err)
-		}
-		if !sameMapKeys(entries, ParseMapEntries(string(content))) {
-			return fmt.Errorf("map %s: the running entries differ from the file", path)
-		}
-	}
-	return nil
-}
-
-// sameMapKeys compares the key sets and the entry counts: a key the worker
-// holds that the file lacks is a divergence as much as a missing one.
-func sameMapKeys(running map[string][]string, desired []MapEntry) bool {
-	n, keys := 0, map[string]bool{}
-	for _, values := range running {
-		n += len(values)
-	}
-	for _, e := range desired {
-		if _, ok := running[e.Key]; !ok {
-			return false
-		}
-		keys[e.Key] = true
-	}
-	return n == len(desired) && len(keys) == len(running)
 }

@@ -7,7 +7,7 @@
 //
 // It never changes the tree's files (only the sockets such a worker left
 // behind), and never says which plan a worker runs: the apply's outcome
-// does (settle).
+// does (stateAfter).
 
 package haptic
 

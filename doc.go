@@ -78,13 +78,14 @@
 //
 //	controller                                  one pod
 //	render ─► Plan ─► Diff(next, Baseline)      Agent (NewAgent, Run)
-//	            verdict, ops, reasons             POST /v1/apply:
-//	                    │                         fence ─► stage parts ─►
-//	                    ▼                         lock ─► fence ─► cache ─►
-//	NewManifest ─► Client.Apply ── manifest ──►   record (synced; ops sent
-//	                            ◄─ ApplyResult ─  meanwhile) ─► install ─►
-//	                            ◄─ 409 Conflict   answer; or install ─►
-//	                               or Missing     reload ─► end ─► answer
+//	            verdict, ops, reasons             POST /v1/apply: fence ─►
+//	                    │                         stage parts ─► lock ─►
+//	                    ▼                         pay owed ─► fence ─► cache
+//	NewManifest ─► Client.Apply ── manifest ──►   ─► record (ops sent while
+//	                            ◄─ ApplyResult ─  it syncs) ─► install ─► end
+//	                            ◄─ 409 Conflict   ─► answer ─► compact; or
+//	                               or Missing     record ─► install ─► reload
+//	                                              ─► end ─► answer ─► compact
 //	Deploy: State ─► Diff ─► Apply ─► resend        │ worker    │ master
 //	        ─► re-diff ─► PutPlan (patch)           ▼ socket    ▼ socket
 //	                                              HAProxy worker ◄─ master
@@ -93,26 +94,51 @@
 //
 // The [Agent] owns the pod's file tree. It writes each file set in one
 // transaction, runs the ops or reloads, fences stale leaders, and reports
-// what happened in an [ApplyResult]. An apply HAProxy refuses, or one that
-// fails, puts back exactly the tree it started from (ACKed runtime changes
-// included) and reloads it where the worker may have seen the new one; only
-// when HAProxy refuses that tree too does the agent fall back to the
-// last-known-good set. What it promised survives a crash or a power loss:
-// each apply is one record of an append-only log, synced before its first
-// rename (once for a runtime, file_only or noop apply, while its ops travel;
-// once more after a reload took effect), and nothing answered is ever taken
-// back by a rollback, a recovery or a restart. A runtime, file_only or noop
-// apply counts from that durable point, renames its files into the tree
-// (unsynced: recovery redoes them from the record) and is answered: whoever
-// reads the disk after an ACK sees the apply's files. One whose install
-// fails (a full or read-only disk) keeps its ACK, which says the files are
-// owed, and the agent is not ready until a retry has put them in place.
-// Parts are read before the apply lock, so a slow upload holds up no other
-// apply; a body below a minimum rate is cut, and the whole request has a
-// deadline. One function reads as that order, step by step: runApply in
-// agent_apply_run.go says when an apply is durable, when it is answered,
-// what happens when HAProxy refuses its reload, and when its files reach
-// the disk; handleApply in agent_apply.go is the request around it.
+// what happened in an [ApplyResult]. Each apply is one record of an
+// append-only log, synced before its first rename (once for a runtime,
+// file_only or noop apply, while its ops travel; once more after a reload
+// took effect). A runtime, file_only or noop apply counts from that durable
+// point, renames its files into the tree (unsynced: recovery redoes them
+// from the record) and is answered: whoever reads the disk after an ACK
+// sees the apply's files. Parts are read before the apply lock, so a slow
+// upload holds up no other apply; a body below a minimum rate is cut, and
+// the whole request has a deadline. runApply in agent_apply_run.go reads as
+// that order: when an apply is durable, what happens when HAProxy refuses
+// it, and when its files reach the disk. handleApply in agent_apply.go is
+// the request around it: it answers with runApply's outcome, and only then
+// compacts a log the apply made long.
+//
+// Which answers are promises. An ACK (ok: true) of mode runtime, file_only,
+// noop or reload is one: it survives a crash or a power loss, and no
+// rollback, recovery or restart takes it back, except in the one case
+// below. So is an ACK whose install failed (a full or read-only disk): its
+// Error says the files are owed, and the agent is not ready until a retry
+// has put them in place; and one whose Error has stage in_place, where only
+// the in-place ops failed. An ACK of mode scheduled is not a promise of
+// the reload: its files are on disk and recorded, and it queues a reload
+// for the end of the pacing window, whose verdict comes in the state's
+// last_apply. If HAProxy refuses that reload (or gives no verdict), the
+// tree goes back to what the pending reload's applies found, and last_apply
+// says so. A NACK (ok: false) means the apply failed and its tree is put
+// back; a 503 saying the outcome is unknown means the disk refused the
+// record of that undo, and the apply may still count: it is known once the
+// agent can write its disk again.
+//
+// A failure undoes only its own apply: it puts back exactly the tree the
+// apply started from (ACKed runtime changes included), and where the
+// worker may have seen the new one (its ops ran, or its reload may have
+// taken effect) reloads that tree. The last-known-good set is loaded in one
+// case only, besides a revert_lkg the controller asks for: HAProxy refuses
+// that restored tree too. The agent then restores and reloads the
+// last-known-good set, which takes back every apply answered since that
+// plan became last-known-good; it logs so, and the answer's rollback says
+// whether the files were put back and reloaded.
+//
+// Every writer of the log (an apply after its answer, a plan upload, the
+// pacer, a read-back, a verified state read, the retry of what the disk
+// owes) compacts it once it is due, before it lets go of the apply lock,
+// and so do the start and the stop: no sequence of requests grows the log
+// past what a start reads.
 //
 // In-place ops ([Manifest].InPlaceOps, [Decision].InPlace) run on the worker
 // that keeps serving while a reload waits: one is pending, or this apply
@@ -140,10 +166,12 @@
 // show servers state, and every touched map's running keys are the map
 // file's (a map too large to list is skipped). A divergence is counted
 // (haptic_agent_map_divergence_total) and repaired by a reload of the
-// applied plan, scheduled when the pacing window is open. The read-back runs
-// under the apply lock and gives no verdict once a later apply moved the
-// applied pair or the agent is stopping; a failed repair clears the
-// baseline. The apply's answer never waits for it.
+// applied plan, scheduled when the pacing window is open. The read-back
+// lists what HAProxy holds without the apply lock, so that the next apply
+// never waits for HAProxy's answer, then takes the lock to compare it with
+// the files; it gives no verdict once a later apply moved the applied pair
+// or the agent is stopping, and a failed repair clears the baseline. The
+// apply's answer never waits for it.
 //
 // # How to read it
 //
@@ -158,13 +186,14 @@
 //	client.go                 the controller's end of the wire, and Deploy
 //	pathrules.go              the characters a manifest path may hold, shared by both ends
 //	workersocket.go           whether a stats socket is the agent's: for the agent and haptic check
-//	agent.go                  the agent's configuration, listeners, startup and handlers
+//	agent.go                  the agent's configuration, listeners, startup, handlers, the every loop
 //	agent_apply.go            one apply request: the manifest, the fence, parts, admission, the answer
 //	agent_apply_run.go        runApply: the apply in its durability order, each step returning what it did
 //	agent_apply_ops.go        an apply's runtime ops: compiled, run on the expected worker, judged
 //	agent_apply_steps.go      the apply's decisions as plain functions over data
 //	agent_apply_bounds.go     what a request may cost: held bytes, decodes, a manifest's measure
 //	agent_owed.go             what the disk and HAProxy owe the state, paid before anything else
+//	agent_compact.go          compaction: the snapshot a long or broken log is due, then the sweep
 //	agent_ledger.go           the agent's state: one type, every change a named transition
 //	agent_log.go              how the state reaches the disk: the snapshot and the log
 //	agent_files.go            the file store: staging, links aside (undo, journal), install, restore
@@ -174,8 +203,10 @@
 //	agent_runtime_compile.go  an Op compiled into HAProxy commands, packed into lines
 //	agent_runtime.go          the runtime sockets: send, count, judge the replies; reads
 //	agent_deferred_deletes.go the queue that deletes servers and backends off the apply path
-//	agent_pacing.go           scheduled reloads and the read-back that repairs a divergence
-//	agent_readiness.go        whether HAProxy is reachable now (/readyz)
+//	agent_pacing.go           the pacer: a scheduled reload fired, or put back when refused
+//	agent_readback.go         the read-back after a runtime apply, and its repair reload
+//	agent_haproxy_watch.go    whether HAProxy is reachable now: the startup probe, the socket watch
+//	agent_readiness.go        /readyz, and a state read's wait for initialisation
 //	agent_auth.go             HTTP Basic and mutual TLS
 //	agent_authfail.go         the budget of failed authentications per address
 //	agent_listeners.go        per-listener timeouts and connection caps
@@ -192,8 +223,8 @@
 //	deploy/, Dockerfile       Kubernetes and systemd files, the image, a Grafana dashboard, alerting rules
 //	testdata/                 wire fixtures, real-HAProxy configurations, plan directories
 //
-// Pure decisions (Diff, the fence, settling a reload's verdict, compiling an
-// op, judging a reply) are plain functions over data; I/O stays at the edges,
-// and every loop is bounded by a named limit. The package depends on the
+// Pure decisions (Diff, the fence, the state an outcome leaves, compiling
+// an op, judging a reply) are plain functions over data; I/O stays at the
+// edges, and every loop is bounded by a named limit. The package depends on the
 // standard library and github.com/klauspost/compress/zstd only.
 package haptic
