@@ -1909,3 +1909,35 @@ func TestARefusedRevertReloadFailsAtRevertReload(t *testing.T) {
 		t.Errorf("apply_rejected_total{stage=revert_reload} = %d, want 1", n)
 	}
 }
+
+// A revert after a restart finds the last-known-good bytes the journal
+// linked aside in the agent's previous run. The restarted agent's first
+// link of the same path (a patch's base, which the record needs beside the
+// journal's backup) must never take that backup's name: before, both were
+// "1-<digest of the path>", the new link replaced the backup, and the
+// revert found no copy of the last-known-good bytes left.
+func TestARevertAfterARestartFindsTheJournalsBackups(t *testing.T) {
+	e, fs := landedEnv(t, nil, nil)
+	fs2 := fs.clone()
+	fs2[ConfigFilePath] = strings.Replace(fs[ConfigFilePath], "maxconn 100", "maxconn 200", 1)
+	applyFileOnly(t, e.c, "plan-2", fs2)
+	e.restart(t)
+	fs3 := fs2.clone()
+	fs3[ConfigFilePath] = strings.Replace(fs2[ConfigFilePath], "maxconn 200", "maxconn 300", 1)
+	m := e.c.manifest("plan-3", fs3)
+	patch, repl := patchOf(fs2[ConfigFilePath], fs3[ConfigFilePath])
+	m.Files[slices.IndexFunc(m.Files, func(f ManifestFile) bool { return f.Path == ConfigFilePath })].Patch = patch
+	code, body := e.c.post(applyRequest{manifest: m, files: fs3, override: map[string]string{ConfigFilePath: repl},
+		omit: map[string]bool{"maps/host.map": true}})
+	var res3 ApplyResult
+	if code != http.StatusOK || json.Unmarshal(body, &res3) != nil || !res3.OK || res3.Mode != ResultFileOnly {
+		t.Fatalf("plan-3 as a patch: %d %s", code, body)
+	}
+	res := e.c.apply(e.revertManifest("plan-3", res3.AppliedPlanProof), nil)
+	if !res.OK || res.Rollback == nil || !res.Rollback.Performed {
+		t.Fatalf("the revert: %s", jsonOf(res))
+	}
+	if got := e.disk(t); !sameSet(got, fs) {
+		t.Errorf("the revert did not bring back the last-known-good set:\n%s", describeSetDiff(got, fs))
+	}
+}

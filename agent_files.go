@@ -636,11 +636,14 @@ func (s *fileStore) linkUndo(changes []fileChange, before map[string]FileAt, lin
 
 // linkAside hard-links abs into the link directory of its mount under a
 // fresh name. A file installed without a sync stays unsynced behind its
-// link once the path holds another: the link is then what flush syncs.
+// link once the path holds another: the link is then what flush syncs. The
+// name carries a random part because the sequence starts again at every
+// start, while links of the last run (the journal's backups) are kept: a
+// name made of the sequence alone replaced the backup of the same path.
 func (s *fileStore) linkAside(abs string) (string, error) {
 	s.mu.Lock()
 	s.linkSeq++
-	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, fmt.Sprintf("%d-%s", s.linkSeq, DigestString(abs)))
+	link := filepath.Join(s.mounts.of(abs).root, storeLinkDir, fmt.Sprintf("%d-%d-%s", s.linkSeq, rand.Uint32(), DigestString(abs)))
 	if s.dirty[abs] {
 		s.dirty[link] = true
 	}

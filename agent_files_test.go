@@ -631,3 +631,34 @@ func (ts *testStore) stagedBytes(t *testing.T, f *stagedFile) string {
 	}
 	return b.String()
 }
+
+// A restarted store never reuses a link name. A link kept from the last
+// run (the journal's backup of a last-known-good file) must survive the
+// next run's first link of the same path: before, both were named
+// "1-<digest of the path>", and the new link replaced the backup, so a
+// later fall back to the last-known-good set found its bytes gone.
+func TestARestartedStoreNeverReusesALinkName(t *testing.T) {
+	ts := newTestStore(t, nil)
+	ts.write(t, "maps/a.map", "last-known-good\n")
+	abs := filepath.Join(ts.dir, "maps/a.map")
+	kept, err := ts.linkAside(abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted, err := newFileStore(fileStoreConfig{Base: ts.dir, Config: "haproxy.cfg", Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(abs)
+	ts.write(t, "maps/a.map", "next\n")
+	fresh, err := restarted.linkAside(abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == kept {
+		t.Errorf("the restarted store linked the path again as %s, the name of the link it kept", kept)
+	}
+	if b, _ := os.ReadFile(kept); string(b) != "last-known-good\n" {
+		t.Errorf("the kept link now holds %q", b)
+	}
+}
