@@ -5,9 +5,8 @@
 // It never decides anything about HAProxy or the agent's state, and never
 // touches a path outside the base directory: every disk path it builds is
 // the base joined with a validated manifest path, or one of its own
-// dot-prefixed directories (those of the mount that holds the path, so that
-// no rename or link crosses a mount: agent_mounts.go), which no manifest
-// path can name.
+// dot-prefixed directories (a pair in each mount: agent_mounts.go), which
+// no manifest path can name.
 
 package haptic
 
@@ -43,9 +42,8 @@ var (
 const (
 	storeTempDir    = ".haptic-tmp" // staged parts and restore copies
 	storeLinkDir    = ".haptic-lkg" // links to bytes an undo or the journal needs
-	storePartPrefix = "part-"
-	defaultFileMode = 0o640 // private keys and userlist passwords must not be world-readable
-	privateFileMode = 0o600 // the agent's own state
+	defaultFileMode = 0o640         // private keys and userlist passwords must not be world-readable
+	privateFileMode = 0o600         // the agent's own state
 )
 
 // maxInlineBytes is the size up to which a file's new bytes ride in the
@@ -387,8 +385,7 @@ func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) e
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
 // count: one byte past want proves the part too long, and neither the disk
-// nor the reader is asked for more. The limit saturates at MaxInt64 and a
-// negative want copies nothing.
+// nor the reader is asked for more.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	limit := max(want, -1)
 	if limit < math.MaxInt64 {
@@ -466,7 +463,7 @@ func (s *fileStore) newTemp(abs string, mk func(name string) error) (string, err
 	for range maxTempNameTries {
 		s.mu.Lock()
 		s.tempSeq++
-		name := filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("%s%d-%d", storePartPrefix, s.tempSeq, rand.Uint32()))
+		name := filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("part-%d-%d", s.tempSeq, rand.Uint32()))
 		s.mu.Unlock()
 		if err = mk(name); err == nil {
 			return name, nil
