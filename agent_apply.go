@@ -408,26 +408,19 @@ func (a *Agent) stageFile(p *parts, rel string, part *multipart.Part, byPath map
 	if p.staged[rel] != nil || p.unpatched[rel] {
 		return fmt.Errorf("part %q appears twice", rel)
 	}
-	var f *stagedFile
-	var err error
 	var r io.Reader = part
 	if mf.Size <= maxInlineBytes || mf.Patch != nil {
 		r = held.reader(part) // its bytes may stay in memory
 	}
-	if mf.Patch != nil {
-		f, err = a.files.stagePatch(rel, r, mf.Patch, mf.Digest, mf.Size, tree[rel], &p.budget)
-		if errors.Is(err, errPatchBaseMissing) {
-			p.unpatched[rel] = true
-			return nil
-		}
-	} else {
-		f, err = a.files.stage(rel, r, mf.Digest, mf.Size, &p.budget)
+	f, err := a.files.stage(rel, r, mf.Patch, mf.Digest, mf.Size, tree[rel], &p.budget)
+	if errors.Is(err, errPatchBaseMissing) {
+		p.unpatched[rel] = true
+		return nil
 	}
 	if err != nil {
 		f.discard(a.files.disk)
 		return err
 	}
-	f.held = tree[rel]
 	p.staged[rel] = f
 	return nil
 }

@@ -82,11 +82,10 @@ func osFileOf(f *os.File, err error) (diskFile, error) {
 	return osFile{f}, nil
 }
 
-func (f osFile) Sync() error                          { return datasync(f.File) }
-func (osDisk) Rename(oldpath, newpath string) error   { return os.Rename(oldpath, newpath) }
-func (osDisk) Exchange(oldpath, newpath string) error { return exchange(oldpath, newpath) }
-func (osDisk) Link(oldname, newname string) error     { return os.Link(oldname, newname) }
-
+func (f osFile) Sync() error                             { return datasync(f.File) }
+func (osDisk) Rename(oldpath, newpath string) error      { return os.Rename(oldpath, newpath) }
+func (osDisk) Exchange(oldpath, newpath string) error    { return exchange(oldpath, newpath) }
+func (osDisk) Link(oldname, newname string) error        { return os.Link(oldname, newname) }
 func (osDisk) MountID(name string) (uint64, error)       { return mountID(name) }
 func (osDisk) Remove(name string) error                  { return os.Remove(name) }
 func (osDisk) Mkdir(name string, perm fs.FileMode) error { return os.Mkdir(name, perm) }
@@ -163,13 +162,10 @@ func readAllLimited(d disk, name string, limit int64) ([]byte, error) {
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
+	if err == nil && int64(len(b)) > limit {
 		return nil, errTooLarge
 	}
-	return b, nil
+	return b, err
 }
 
 // replaceFile replaces dst with r's bytes through a synced temp file beside

@@ -5,9 +5,8 @@
 // It never decides anything about HAProxy or the agent's state, and never
 // touches a path outside the base directory: every disk path it builds is
 // the base joined with a validated manifest path, or one of its own
-// dot-prefixed directories (those of the mount that holds the path, so that
-// no rename or link crosses a mount: agent_mounts.go), which no manifest
-// path can name.
+// dot-prefixed directories (a pair in each mount: agent_mounts.go), which
+// no manifest path can name.
 
 package haptic
 
@@ -43,9 +42,8 @@ var (
 const (
 	storeTempDir    = ".haptic-tmp" // staged parts and restore copies
 	storeLinkDir    = ".haptic-lkg" // links to bytes an undo or the journal needs
-	storePartPrefix = "part-"
-	defaultFileMode = 0o640 // private keys and userlist passwords must not be world-readable
-	privateFileMode = 0o600 // the agent's own state
+	defaultFileMode = 0o640         // private keys and userlist passwords must not be world-readable
+	privateFileMode = 0o600         // the agent's own state
 )
 
 // maxInlineBytes is the size up to which a file's new bytes ride in the
@@ -255,10 +253,8 @@ func notRegular(rel string) error {
 // ---------------------------------------------------------------------------
 // Staging.
 
-// stagedFile is one verified part. A small one is held in memory: its bytes
-// ride in the apply's record and reach the tree only at install. A large
-// one waits, synced, in a temp file of its path's mount; a patch whose
-// replacement rides in the record, unsynced (built).
+// stagedFile is one verified part waiting for its install, where stage left
+// it: in memory, or in a temp file of its path's mount.
 type stagedFile struct {
 	Rel    string
 	abs    string
@@ -288,15 +284,65 @@ func (f *stagedFile) discard(d disk) {
 	}
 }
 
-// stage reads a whole part and verifies it against the manifest's size and
-// digest (stageWhole). On any error no temp file is left.
-func (s *fileStore) stage(rel string, r io.Reader, digest string, size int64, budget *int) (*stagedFile, error) {
+// stage reads a part and verifies it against the manifest's size and
+// digest; on any error no temp file is left. A whole part is stageWhole's.
+// With p, r holds a patch's replacement bytes: the held base with them
+// spliced in must hash to the digest. A base the agent does not hold (held,
+// its record of the file, is another, or the file is not that size) is
+// errPatchBaseMissing: the path goes into the 409 Missing answer. A
+// replacement that fits the inline budget rides in the record and the file
+// it makes waits unsynced (built), so that a change of a few bytes to a
+// large map syncs nothing but the record; otherwise the result is staged
+// whole like a part. The base is not hashed up front: the result's digest
+// checks it too, and only a mismatch is told apart as a base that changed
+// behind the agent's back (Missing) or a wrong replacement.
+func (s *fileStore) stage(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
 	abs, err := s.abs(rel)
 	if err != nil {
 		return nil, err
 	}
-	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size}
-	return sf, s.stageWhole(sf, budget, func(w io.Writer) (int64, error) { return copyAtMostOneMore(w, r, size) })
+	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
+	if p == nil {
+		return sf, s.stageWhole(sf, budget, func(w io.Writer) (int64, error) { return copyAtMostOneMore(w, r, size) })
+	}
+	fi, err := s.disk.Lstat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != p.BaseSize || held.Digest != p.BaseDigest || held.Size != p.BaseSize {
+		return nil, errPatchBaseMissing
+	}
+	base, err := s.disk.Open(abs)
+	if err != nil {
+		return nil, errPatchBaseMissing
+	}
+	defer base.Close()
+	// The fit rule has no sum that can overflow (offset + length wraps
+	// negative for a length near MaxInt64, and would pass): once offset and
+	// length fit, base_size - length is within [0, base_size], and only then
+	// is the replacement's length computed.
+	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
+		size < p.BaseSize-p.Length {
+		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
+	}
+	n := size - (p.BaseSize - p.Length)
+	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
+		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
+	}
+	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
+		var repl bytes.Buffer
+		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
+			return nil, err
+		}
+		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
+		sf.repl, sf.patch = repl.Bytes(), p
+		*budget -= int(n)
+	} else {
+		err = s.stageWhole(sf, budget, splice(r))
+	}
+	if errors.Is(err, errDigestMismatch) {
+		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
+			return nil, errPatchBaseMissing
+		}
+	}
+	return sf, err
 }
 
 // stageWhole builds sf's bytes with fill and verifies them. A part that fits
@@ -339,8 +385,7 @@ func (sf *stagedFile) verify(w io.Writer, fill func(io.Writer) (int64, error)) e
 
 // copyAtMostOneMore copies at most want+1 bytes of r into w and returns the
 // count: one byte past want proves the part too long, and neither the disk
-// nor the reader is asked for more. The limit saturates at MaxInt64 and a
-// negative want copies nothing.
+// nor the reader is asked for more.
 func copyAtMostOneMore(w io.Writer, r io.Reader, want int64) (int64, error) {
 	limit := max(want, -1)
 	if limit < math.MaxInt64 {
@@ -418,7 +463,7 @@ func (s *fileStore) newTemp(abs string, mk func(name string) error) (string, err
 	for range maxTempNameTries {
 		s.mu.Lock()
 		s.tempSeq++
-		name := filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("%s%d-%d", storePartPrefix, s.tempSeq, rand.Uint32()))
+		name := filepath.Join(s.mounts.of(abs).root, storeTempDir, fmt.Sprintf("part-%d-%d", s.tempSeq, rand.Uint32()))
 		s.mu.Unlock()
 		if err = mk(name); err == nil {
 			return name, nil
@@ -485,62 +530,6 @@ type faultWriter struct {
 func (w faultWriter) Write(p []byte) (int, error) {
 	n, err := w.w.Write(p)
 	return n, diskFault(w.rel, err)
-}
-
-// stagePatch verifies a patch: the held base with the replacement bytes in
-// r spliced in must hash to the manifest's digest. A base the agent does
-// not hold (held, its record of the file, is another, or the file is not
-// that size) is errPatchBaseMissing: the path goes into the 409 Missing
-// answer. A replacement that fits the inline budget rides in the record and
-// the file it makes waits unsynced (built), so that a change of a few bytes
-// to a large map syncs nothing but the record; otherwise the result is
-// staged whole like a part. The base is not hashed up front: the result's
-// digest checks it too, and only a mismatch is told apart as a base that
-// changed behind the agent's back (Missing) or a wrong replacement.
-func (s *fileStore) stagePatch(rel string, r io.Reader, p *FilePatch, digest string, size int64, held FileAt, budget *int) (*stagedFile, error) {
-	abs, err := s.abs(rel)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := s.disk.Lstat(abs)
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() != p.BaseSize || held.Digest != p.BaseDigest || held.Size != p.BaseSize {
-		return nil, errPatchBaseMissing
-	}
-	base, err := s.disk.Open(abs)
-	if err != nil {
-		return nil, errPatchBaseMissing
-	}
-	defer base.Close()
-	// The fit rule has no sum that can overflow (offset + length wraps
-	// negative for a length near MaxInt64, and would pass): once offset and
-	// length fit, base_size - length is within [0, base_size], and only then
-	// is the replacement's length computed.
-	if p.Offset < 0 || p.Length < 0 || p.Offset > p.BaseSize || p.Length > p.BaseSize-p.Offset ||
-		size < p.BaseSize-p.Length {
-		return nil, fmt.Errorf("patch for %q does not fit its base: offset %d, length %d, base %d bytes", rel, p.Offset, p.Length, p.BaseSize)
-	}
-	sf := &stagedFile{Rel: rel, abs: abs, Digest: digest, Size: size, held: held}
-	n := size - (p.BaseSize - p.Length)
-	splice := func(repl io.Reader) func(io.Writer) (int64, error) {
-		return func(w io.Writer) (int64, error) { return spliceOnto(w, base, p, repl, n, rel) }
-	}
-	if !fitsInline(size, *budget) && fitsInline(n, *budget) {
-		var repl bytes.Buffer
-		if _, err = copyAtMostOneMore(&repl, r, n); err != nil {
-			return nil, err
-		}
-		sf.built, err = s.writeTemp(rel, abs, func(w io.Writer) error { return sf.verify(w, splice(bytes.NewReader(repl.Bytes()))) }, false)
-		sf.repl, sf.patch = repl.Bytes(), p
-		*budget -= int(n)
-	} else {
-		err = s.stageWhole(sf, budget, splice(r))
-	}
-	if errors.Is(err, errDigestMismatch) {
-		if at, herr := s.digestAbs(abs); herr != nil || at.Digest != p.BaseDigest {
-			return nil, errPatchBaseMissing
-		}
-	}
-	return sf, err
 }
 
 // spliceOnto writes base[:offset], then at most n+1 bytes of repl, then

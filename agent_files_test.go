@@ -83,7 +83,7 @@ func (ts *testStore) read(t *testing.T, rel string) (string, bool) {
 
 func (ts *testStore) stageContent(t *testing.T, rel, content string) *stagedFile {
 	t.Helper()
-	f, err := ts.stage(rel, strings.NewReader(content), DigestString(content), int64(len(content)), budget())
+	f, err := ts.stage(rel, strings.NewReader(content), nil, DigestString(content), int64(len(content)), FileAt{}, budget())
 	if err != nil {
 		t.Fatalf("stage %s: %v", rel, err)
 	}
@@ -163,7 +163,7 @@ func TestReservedPathsAreRefused(t *testing.T) {
 		if err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
 			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1, budget()); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
+		if _, err := ts.stage(rel, strings.NewReader("x"), nil, DigestString("x"), 1, FileAt{}, budget()); err == nil || !strings.Contains(err.Error(), "is a reserved path") {
 			t.Errorf("stage(%q) = %v, want a reserved-path error", rel, err)
 		}
 	}
@@ -193,7 +193,7 @@ func TestAPathThroughASymbolicLinkIsRefused(t *testing.T) {
 		if _, err := ts.abs(rel); err == nil || err.Error() != want || !errors.Is(err, errInvalidPath) {
 			t.Errorf("abs(%q) = %v, want %q", rel, err, want)
 		}
-		if _, err := ts.stage(rel, strings.NewReader("x"), DigestString("x"), 1, budget()); !errors.Is(err, errInvalidPath) {
+		if _, err := ts.stage(rel, strings.NewReader("x"), nil, DigestString("x"), 1, FileAt{}, budget()); !errors.Is(err, errInvalidPath) {
 			t.Errorf("stage(%q) = %v, want an invalid-path error", rel, err)
 		}
 		if tree, err := ts.hashTree([]string{rel}); err != nil || len(tree) != 0 {
@@ -253,7 +253,7 @@ func TestStageVerifiesSizeAndDigest(t *testing.T) {
 		{"wrong bytes", strings.ToUpper(content), fmt.Sprintf(`part does not match its manifest digest: "maps/host.map" hashes to %s, manifest says %s`, DigestString(strings.ToUpper(content)), digest)},
 	}
 	for _, tc := range tests {
-		_, err := ts.stage("maps/host.map", strings.NewReader(tc.part), digest, size, budget())
+		_, err := ts.stage("maps/host.map", strings.NewReader(tc.part), nil, digest, size, FileAt{}, budget())
 		if err == nil || err.Error() != tc.want || !errors.Is(err, errDigestMismatch) || !strings.Contains(err.Error(), "manifest digest") {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
@@ -278,7 +278,7 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 	want := "global\n  maxconn 2000\ndefaults\n"
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 	repl := "2000"
-	f, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget())
+	f, err := ts.stage("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,28 +289,28 @@ func TestStagePatchSplicesTheHeldFile(t *testing.T) {
 
 	wrongBase := *p
 	wrongBase.BaseDigest = DigestString("other")
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stage("haproxy.cfg", strings.NewReader(repl), &wrongBase, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("wrong base digest: %v", err)
 	}
-	if _, err := ts.stagePatch("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stage("absent.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("absent base: %v", err)
 	}
 	misfit := *p
 	misfit.Offset = int64(len(base))
-	_, err = ts.stagePatch("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)), heldOf(base), budget())
+	_, err = ts.stage("haproxy.cfg", strings.NewReader(repl), &misfit, DigestString(want), int64(len(want)), heldOf(base), budget())
 	if wantErr := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length 3, base %d bytes`, len(base), len(base)); err == nil || err.Error() != wantErr {
 		t.Errorf("misfit: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stage("haproxy.cfg", strings.NewReader("2001"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("wrong bytes: %v", err)
 	}
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
+	if _, err := ts.stage("haproxy.cfg", strings.NewReader("20000"), p, DigestString(want), int64(len(want)), heldOf(base), budget()); err == nil || !strings.Contains(err.Error(), "manifest digest") {
 		t.Errorf("long replacement: %v", err)
 	}
 	// The file changed behind the agent's back, to bytes of the same size:
 	// the result cannot match, and the patch asks for the whole file.
 	ts.write(t, "haproxy.cfg", strings.ToUpper(base))
-	if _, err := ts.stagePatch("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
+	if _, err := ts.stage("haproxy.cfg", strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), budget()); !errors.Is(err, errPatchBaseMissing) {
 		t.Errorf("a base changed behind the agent's back: %v", err)
 	}
 	if left := ts.tempEntries(t); len(left) != 0 {
@@ -333,7 +333,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	p := &FilePatch{BaseDigest: DigestString(base), BaseSize: int64(len(base)), Offset: 17, Length: 3}
 
 	whole := strings.NewReader(want + strings.Repeat("x", extra))
-	_, err := ts.stage("haproxy.cfg", whole, DigestString(want), size, budget())
+	_, err := ts.stage("haproxy.cfg", whole, nil, DigestString(want), size, FileAt{}, budget())
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("Stage: %v, want %q", err, msg)
 	}
@@ -342,7 +342,7 @@ func TestALongPartReportsOneByteOverItsSizeWholeOrPatched(t *testing.T) {
 	}
 
 	repl := strings.NewReader("2000" + strings.Repeat("x", extra))
-	_, err = ts.stagePatch("haproxy.cfg", repl, p, DigestString(want), size, heldOf(base), budget())
+	_, err = ts.stage("haproxy.cfg", repl, p, DigestString(want), size, heldOf(base), budget())
 	if err == nil || err.Error() != msg || !errors.Is(err, errDigestMismatch) {
 		t.Errorf("StagePatch: %v, want %q", err, msg)
 	}
@@ -384,7 +384,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 		{"minimum size", 0, 1, math.MinInt64},
 	} {
 		p := &FilePatch{BaseDigest: DigestString(base), BaseSize: b, Offset: tc.offset, Length: tc.length}
-		_, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size, heldOf(base), budget())
+		_, err := ts.stage("haproxy.cfg", strings.NewReader("x"), p, DigestString(base), tc.size, heldOf(base), budget())
 		want := fmt.Sprintf(`patch for "haproxy.cfg" does not fit its base: offset %d, length %d, base %d bytes`, tc.offset, tc.length, b)
 		if err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %q", tc.name, err, want)
@@ -394,7 +394,7 @@ func TestStagePatchRefusesAPatchThatDoesNotFitItsBase(t *testing.T) {
 	for _, p := range []*FilePatch{{Offset: 0, Length: b}, {Offset: b, Length: 0}} {
 		p.BaseDigest, p.BaseSize = DigestString(base), b
 		want := base[:p.Offset] + "x" + base[p.Offset+p.Length:]
-		f, err := ts.stagePatch("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)), heldOf(base), budget())
+		f, err := ts.stage("haproxy.cfg", strings.NewReader("x"), p, DigestString(want), int64(len(want)), heldOf(base), budget())
 		if err != nil {
 			t.Errorf("offset %d length %d: %v", p.Offset, p.Length, err)
 			continue

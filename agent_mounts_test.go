@@ -114,7 +114,7 @@ func TestEachMountGetsItsOwnTempAndBackupDirs(t *testing.T) {
 	// their path's mount.
 	big := strings.Repeat("x", maxInlineBytes+1)
 	for rel, want := range map[string]string{"general/big.bin": filepath.Join(dir, "general", storeTempDir), "big.bin": filepath.Join(dir, storeTempDir)} {
-		f, err := ts.stage(rel, strings.NewReader(big), DigestString(big), int64(len(big)), budget())
+		f, err := ts.stage(rel, strings.NewReader(big), nil, DigestString(big), int64(len(big)), FileAt{}, budget())
 		if err != nil {
 			t.Fatal(err)
 		}

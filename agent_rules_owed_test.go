@@ -242,7 +242,7 @@ func TestALargePatchsReplacementIsChargedToTheRecord(t *testing.T) {
 	var staged []*stagedFile
 	for _, rel := range []string{"maps/a.map", "maps/b.map"} {
 		ts.write(t, rel, base)
-		f, err := ts.stagePatch(rel, strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), &left)
+		f, err := ts.stage(rel, strings.NewReader(repl), p, DigestString(want), int64(len(want)), heldOf(base), &left)
 		if err != nil {
 			t.Fatalf("%s: %v", rel, err)
 		}
