@@ -395,28 +395,28 @@ func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expe
 	if len(programs) > MaxOpsPerApply {
 		return results, observed, fmt.Errorf("%d ops exceed the %d-op limit", len(programs), MaxOpsPerApply)
 	}
-	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1, expect: expected}
+	run := &execution{r: r, ctx: ctx, programs: programs, results: results, expect: expected}
 	err = run.all()
-	if err != nil && run.failedProg >= 0 && !errors.Is(err, errWorkerMoved) {
-		failed := programs[run.failedProg]
-		if failed.Kind == OpMapReplace {
+	// Lines run in program order and stop at the first failing one.
+	failed := slices.IndexFunc(results, func(res OpResult) bool { return !res.OK })
+	if err != nil && failed >= 0 && !errors.Is(err, errWorkerMoved) {
+		if programs[failed].Kind == OpMapReplace {
 			// No abort exists (compileMapReplace): the prepared version stays
 			// behind, uncommitted and harmless.
 			r.Logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
 		}
-		run.abort(failed)
+		run.abort(programs[failed])
 	}
 	return results, run.observed, err
 }
 
 // execution is the state of one execute call.
 type execution struct {
-	r          *haproxyRuntime
-	ctx        context.Context
-	programs   []program
-	results    []OpResult
-	version    string // the last captured map version
-	failedProg int    // the first program that failed, -1 if none
+	r        *haproxyRuntime
+	ctx      context.Context
+	programs []program
+	results  []OpResult
+	version  string // the last captured map version
 
 	expect   *HAProxyInfo // the worker every line must reach; nil checks nothing
 	observed HAProxyInfo  // the worker the last line reached
@@ -512,9 +512,6 @@ func (e *execution) send(line []lineCommand) error {
 
 // fail marks a program failed, keeping the first output it got.
 func (e *execution) fail(prog int, output string) {
-	if e.failedProg < 0 {
-		e.failedProg = prog
-	}
 	if e.results[prog].OK {
 		e.results[prog].OK = false
 		e.results[prog].Output = output
