@@ -134,15 +134,14 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	if err != nil {
 		return nil, false, transportError(ctx, err)
 	}
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(io.LimitReader(conn, maxRuntimeReplyBytes+1))
-	if buf.Len() > maxRuntimeReplyBytes {
+	raw, err = io.ReadAll(io.LimitReader(conn, maxRuntimeReplyBytes+1))
+	if len(raw) > maxRuntimeReplyBytes {
 		return nil, true, fmt.Errorf("runtime socket: reply exceeds %d bytes", maxRuntimeReplyBytes)
 	}
 	if err != nil {
 		err = transportError(ctx, err)
 	}
-	return buf.Bytes(), true, err
+	return raw, true, err
 }
 
 // pause waits d unless ctx ends first, and reports whether ctx is still live.
@@ -863,7 +862,7 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	if !slices.Contains(slices.Concat(procs.Workers, procs.OldWorkers), info.WorkerPID) {
 		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
-	inv, err := r.inventory(ctx, 1)
+	_, inv, err := r.listWorker(ctx, 1, false)
 	return info, inv, err
 }
 
@@ -880,11 +879,6 @@ func dataLines(what, text string) ([]string, error) {
 		return nil, fmt.Errorf("%s: %w (%d rows)", what, errTooManyEntries, len(lines))
 	}
 	return lines, nil
-}
-
-func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
-	_, inv, err := r.listWorker(ctx, generation, false)
-	return inv, err
 }
 
 // errNoIdentity marks a listing whose worker identity could not be read.

@@ -1581,7 +1581,7 @@ func testInventoryListsWhatTheWorkerLoaded(t *testing.T, tg *target) {
 	ca := newTestCA(t, "second CA")
 	mustExecute(t, r, []Op{{Kind: OpCertNew, Path: "certs/n.pem"}, {Kind: OpCANew, Path: "certs/ca2.pem"}},
 		map[string]string{"certs/n.pem": pemText, "certs/ca2.pem": string(ca.CertPEM)})
-	inv, err := r.inventory(t.Context(), 7)
+	_, inv, err := r.listWorker(t.Context(), 7, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1602,7 +1602,7 @@ func testInventoryReadsTheCAListing(t *testing.T, tg *target) {
 	if out := tg.show(t, "show ssl ca-file"); !strings.Contains(out, "certs/ca.pem - 1 certificate(s)") {
 		t.Fatalf("listing:\n%s", out)
 	}
-	inv, err := r.inventory(t.Context(), 1)
+	_, inv, err := r.listWorker(t.Context(), 1, false)
 	if err != nil || !slices.Equal(inv.CAFiles, []string{"certs/ca.pem"}) {
 		t.Errorf("CA files %v, %v", inv.CAFiles, err)
 	}
@@ -1623,7 +1623,7 @@ func testInventoryDeduplicatesTransactionRows(t *testing.T, tg *target) {
 	if out := tg.show(t, "show ssl cert"); !strings.Contains(out, "*certs/a.pem") {
 		t.Fatalf("no transaction row:\n%s", out)
 	}
-	inv, err := r.inventory(t.Context(), 1)
+	_, inv, err := r.listWorker(t.Context(), 1, false)
 	if err != nil || !slices.Equal(inv.Certs, []string{"certs/a.pem"}) {
 		t.Errorf("certs %v, %v", inv.Certs, err)
 	}
@@ -1676,7 +1676,7 @@ func TestListingCaps(t *testing.T) {
 		}
 		m.Maps["maps/big.map"] = big
 	})
-	if _, err := r.inventory(t.Context(), 1); !errors.Is(err, errTooManyEntries) {
+	if _, _, err := r.listWorker(t.Context(), 1, false); !errors.Is(err, errTooManyEntries) {
 		t.Errorf("4097 certificates: %v", err)
 	}
 	if _, err := r.mapEntries(t.Context(), "maps/big.map"); !errors.Is(err, errTooManyEntries) {

@@ -88,7 +88,7 @@ func (d *applyDeps) observedWorkerLocked(ctx context.Context, info HAProxyInfo) 
 		return nil
 	}
 	var inv *Inventory
-	if got, err := d.rt.inventory(ctx, 0); err == nil {
+	if _, got, err := d.rt.listWorker(ctx, 0, false); err == nil {
 		inv = &got
 	} else {
 		d.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
