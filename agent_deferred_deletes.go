@@ -84,9 +84,6 @@ type deleteQueue struct {
 // newDeleteQueue builds the queue; count (never blocking) is told every
 // outcome: "done", "deferred", "abandoned" or "superseded".
 func newDeleteQueue(rt *haproxyRuntime, count func(kind, outcome string)) *deleteQueue {
-	if count == nil {
-		count = func(string, string) {}
-	}
 	return &deleteQueue{rt: rt, count: count, wakeup: make(chan struct{}, 1)}
 }
 

@@ -51,7 +51,7 @@ func TestSplitSeparatesTheDeleteTail(t *testing.T) {
 }
 
 func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
-	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil)
+	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), func(string, string) {})
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
 	q.setWorker(worker)
 	servers := make([]serverRef, MaxPendingServerDeletes+1)
@@ -91,7 +91,7 @@ func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
 }
 
 func TestDeferralsRefuseAnUnsafeName(t *testing.T) {
-	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil)
+	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), func(string, string) {})
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
 	q.setWorker(worker)
 	for _, tt := range []struct {
