@@ -306,6 +306,31 @@ func TestResponsesTakesExactlyOneResponsePerCommand(t *testing.T) {
 	}
 }
 
+// TestRoundTripCapsTheReply: a reply of exactly the cap is read whole; one
+// byte more is refused after delivery, never cut into a shorter reply.
+func TestRoundTripCapsTheReply(t *testing.T) {
+	for _, size := range []int{maxRuntimeReplyBytes, maxRuntimeReplyBytes + 1} {
+		r := newHAProxyRuntime(runtimeConfig{WorkerSocket: "worker.sock"})
+		r.dial = func(context.Context, string, time.Time) (net.Conn, error) {
+			agent, haproxy := net.Pipe()
+			go func() {
+				defer haproxy.Close()
+				if _, err := io.ReadFull(haproxy, make([]byte, len("show map\n"))); err == nil {
+					haproxy.Write(make([]byte, size))
+				}
+			}()
+			return agent, nil
+		}
+		raw, delivered, err := r.roundTrip(t.Context(), r.WorkerSocket, "show map\n", time.Now().Add(time.Minute))
+		if size == maxRuntimeReplyBytes && (err != nil || !delivered || len(raw) != size) {
+			t.Errorf("a reply at the cap: %d bytes, delivered %v, %v", len(raw), delivered, err)
+		}
+		if size > maxRuntimeReplyBytes && (err == nil || err.Error() != "runtime socket: reply exceeds 67108864 bytes" || !delivered || raw != nil) {
+			t.Errorf("a reply over the cap: %d bytes, delivered %v, %v", len(raw), delivered, err)
+		}
+	}
+}
+
 // TestJudgeLineTreatsAnIncompleteReplyAsUnknown: a reply is judged by its
 // responses only when it holds exactly one whole response per command.
 // Commands past the last whole response are outcome unknown, and a reply
