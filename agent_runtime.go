@@ -34,7 +34,8 @@ import (
 
 // Socket constants; runtimeConfig overrides the timeouts in tests.
 const (
-	readPrefix = "set severity-output number;" // show info and show stat: they need no experimental mode
+	readPrefix      = "set severity-output number;" // show info and show stat: they need no experimental mode
+	identityCommand = "show info float"             // the worker's identity: parseWorkerInfo reads it
 
 	runtimeIOTimeout     = 30 * time.Second
 	connectRetryPause    = 100 * time.Millisecond
@@ -58,6 +59,7 @@ var (
 	errTooManyEntries     = errors.New("runtime listing exceeds the entry limit")
 	errWorkerGone         = errors.New("the deferred delete's HAProxy worker has changed")
 	errWorkerMoved        = errors.New("the commands reached another HAProxy worker than expected")
+	errNoIdentity         = errors.New("no worker identity")
 )
 
 // runtimeError has its own text yet matches the errors it stands for under
@@ -420,9 +422,6 @@ type execution struct {
 	expect   *HAProxyInfo // the worker every line must reach; nil checks nothing
 	observed HAProxyInfo  // the worker the last line reached
 }
-
-// identityCommand reads the worker's identity at the front of a line.
-const identityCommand = "show info float"
 
 // line sends one rendered line (which starts with linePrefix). With an
 // expected worker it reads the identity first and cuts that response out
@@ -880,9 +879,6 @@ func dataLines(what, text string) ([]string, error) {
 	}
 	return lines, nil
 }
-
-// errNoIdentity marks a listing whose worker identity could not be read.
-var errNoIdentity = errors.New("no worker identity")
 
 // listWorker lists what the worker has loaded: maps, certificates, CA
 // files, CRL files and crt-lists, each sorted and deduplicated (a file with
