@@ -198,7 +198,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	}
 	a.rt = newHAProxyRuntime(runtimeConfig{WorkerSocket: paths.worker, MasterSocket: paths.master, Logger: cfg.Logger,
 		ReloadTimeout: cfg.ReloadTimeout})
-	a.queue = newDeleteQueue(a.rt, cfg.Logger, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
+	a.queue = newDeleteQueue(a.rt, func(kind, outcome string) { a.metrics.deferredDeletes.inc(kind, outcome) })
 	if a.treeLock, err = lockTree(a.files.base); err != nil {
 		return nil, err
 	}

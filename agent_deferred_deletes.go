@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -70,8 +69,7 @@ type deleteItem struct {
 // session bound to the worker recorded at enqueue. Its mutex is a leaf, so
 // setWorker, enqueue, check and pending never wait for a session command.
 type deleteQueue struct {
-	rt     *haproxyRuntime
-	logger *slog.Logger
+	rt     *haproxyRuntime // its Logger is the queue's
 	count  func(kind, outcome string)
 	wakeup chan struct{}
 
@@ -85,11 +83,8 @@ type deleteQueue struct {
 
 // newDeleteQueue builds the queue; count (never blocking) is told every
 // outcome: "done", "deferred", "abandoned" or "superseded".
-func newDeleteQueue(rt *haproxyRuntime, logger *slog.Logger, count func(kind, outcome string)) *deleteQueue {
-	if count == nil {
-		count = func(string, string) {}
-	}
-	return &deleteQueue{rt: rt, logger: cmp.Or(logger, slog.New(slog.DiscardHandler)), count: count, wakeup: make(chan struct{}, 1)}
+func newDeleteQueue(rt *haproxyRuntime, count func(kind, outcome string)) *deleteQueue {
+	return &deleteQueue{rt: rt, count: count, wakeup: make(chan struct{}, 1)}
 }
 
 // check accepts deletes before anything executes: every name passes the
@@ -194,7 +189,7 @@ func (q *deleteQueue) setWorker(info HAProxyInfo) {
 	q.servers, q.backends = nil, nil
 	q.mu.Unlock()
 	for _, it := range dropped {
-		q.logger.Info("deferred delete superseded by a new worker", "kind", it.kind, "name", it.name)
+		q.rt.Logger.Info("deferred delete superseded by a new worker", "kind", it.kind, "name", it.name)
 		q.count(it.kind, "superseded")
 	}
 }
@@ -284,13 +279,13 @@ func (q *deleteQueue) runNext(ctx context.Context, list *[]*deleteItem) bool {
 
 	switch outcome {
 	case "done":
-		q.logger.Info("deferred delete done", "kind", it.kind, "name", it.name)
+		q.rt.Logger.Info("deferred delete done", "kind", it.kind, "name", it.name)
 	case "abandoned":
-		q.logger.Warn("deferred delete abandoned", "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
+		q.rt.Logger.Warn("deferred delete abandoned", "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	case "":
 		return true
 	default:
-		q.logger.Info("deferred delete "+outcome, "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
+		q.rt.Logger.Info("deferred delete "+outcome, "kind", it.kind, "name", it.name, "attempts", it.tries, "error", err)
 	}
 	q.count(it.kind, outcome)
 	return true

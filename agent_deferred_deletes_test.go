@@ -51,7 +51,7 @@ func TestSplitSeparatesTheDeleteTail(t *testing.T) {
 }
 
 func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
-	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, nil)
+	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), func(string, string) {})
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
 	q.setWorker(worker)
 	servers := make([]serverRef, MaxPendingServerDeletes+1)
@@ -91,7 +91,7 @@ func TestDeferralsRefuseMoreThanTheCap(t *testing.T) {
 }
 
 func TestDeferralsRefuseAnUnsafeName(t *testing.T) {
-	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, nil)
+	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), func(string, string) {})
 	worker := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1}
 	q.setWorker(worker)
 	for _, tt := range []struct {
@@ -119,7 +119,7 @@ func TestDeferralsRefuseAnUnsafeName(t *testing.T) {
 
 func TestWorkerAdoptionDetectsTheSamePIDWithANewStartTime(t *testing.T) {
 	var counted []string
-	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), nil, func(kind, outcome string) { counted = append(counted, kind+":"+outcome) })
+	q := newDeleteQueue(newHAProxyRuntime(runtimeConfig{}), func(kind, outcome string) { counted = append(counted, kind+":"+outcome) })
 	old := HAProxyInfo{WorkerPID: 1000, WorkerStartTimeUnixMicros: 1_700_000_000_000_000}
 	q.setWorker(old)
 	if err := q.enqueue(old, []serverRef{{Backend: "be-a", Server: "s1"}}, []string{"be-b"}); err != nil {
@@ -152,7 +152,7 @@ func TestWorkerAdoptionDetectsTheSamePIDWithANewStartTime(t *testing.T) {
 func queueOn(t *testing.T, tg *target) (*deleteQueue, *outcomeCounter) {
 	r := tg.newRuntime(t, nil)
 	counts := &outcomeCounter{}
-	q := newDeleteQueue(r, nil, counts.add)
+	q := newDeleteQueue(r, counts.add)
 	q.setWorker(tg.fake.Worker())
 	return q, counts
 }
@@ -377,7 +377,7 @@ func TestWorkerCancellationInterruptsAnIncompleteReply(t *testing.T) {
 	})
 	r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
 	counts := &outcomeCounter{}
-	q := newDeleteQueue(r, nil, counts.add)
+	q := newDeleteQueue(r, counts.add)
 	q.setWorker(info)
 	if err := q.enqueue(info, []serverRef{{Backend: "be-a", Server: "srv1"}}, nil); err != nil {
 		t.Fatal(err)
@@ -459,7 +459,7 @@ func TestBackendDeletionRequiresConfirmedAbsence(t *testing.T) {
 			})
 			r := newHAProxyRuntime(runtimeConfig{WorkerSocket: path})
 			counts := &outcomeCounter{}
-			q := newDeleteQueue(r, nil, counts.add)
+			q := newDeleteQueue(r, counts.add)
 			q.setWorker(info)
 			if err := q.enqueue(info, nil, []string{"be-b"}); err != nil {
 				t.Fatal(err)

@@ -34,7 +34,8 @@ import (
 
 // Socket constants; runtimeConfig overrides the timeouts in tests.
 const (
-	readPrefix = "set severity-output number;" // show info and show stat: they need no experimental mode
+	readPrefix      = "set severity-output number;" // show info and show stat: they need no experimental mode
+	identityCommand = "show info float"             // the worker's identity: parseWorkerInfo reads it
 
 	runtimeIOTimeout     = 30 * time.Second
 	connectRetryPause    = 100 * time.Millisecond
@@ -58,6 +59,7 @@ var (
 	errTooManyEntries     = errors.New("runtime listing exceeds the entry limit")
 	errWorkerGone         = errors.New("the deferred delete's HAProxy worker has changed")
 	errWorkerMoved        = errors.New("the commands reached another HAProxy worker than expected")
+	errNoIdentity         = errors.New("no worker identity")
 )
 
 // runtimeError has its own text yet matches the errors it stands for under
@@ -134,15 +136,14 @@ func (r *haproxyRuntime) roundTrip(ctx context.Context, path, line string, deadl
 	if err != nil {
 		return nil, false, transportError(ctx, err)
 	}
-	var buf bytes.Buffer
-	_, err = buf.ReadFrom(io.LimitReader(conn, maxRuntimeReplyBytes+1))
-	if buf.Len() > maxRuntimeReplyBytes {
+	raw, err = io.ReadAll(io.LimitReader(conn, maxRuntimeReplyBytes+1))
+	if len(raw) > maxRuntimeReplyBytes {
 		return nil, true, fmt.Errorf("runtime socket: reply exceeds %d bytes", maxRuntimeReplyBytes)
 	}
 	if err != nil {
 		err = transportError(ctx, err)
 	}
-	return buf.Bytes(), true, err
+	return raw, true, err
 }
 
 // pause waits d unless ctx ends first, and reports whether ctx is still live.
@@ -395,35 +396,32 @@ func (r *haproxyRuntime) executeAs(ctx context.Context, programs []program, expe
 	if len(programs) > MaxOpsPerApply {
 		return results, observed, fmt.Errorf("%d ops exceed the %d-op limit", len(programs), MaxOpsPerApply)
 	}
-	run := &execution{r: r, ctx: ctx, programs: programs, results: results, failedProg: -1, expect: expected}
+	run := &execution{r: r, ctx: ctx, programs: programs, results: results, expect: expected}
 	err = run.all()
-	if err != nil && run.failedProg >= 0 && !errors.Is(err, errWorkerMoved) {
-		failed := programs[run.failedProg]
-		if failed.Kind == OpMapReplace {
+	// Lines run in program order and stop at the first failing one.
+	failed := slices.IndexFunc(results, func(res OpResult) bool { return !res.OK })
+	if err != nil && failed >= 0 && !errors.Is(err, errWorkerMoved) {
+		if programs[failed].Kind == OpMapReplace {
 			// No abort exists (compileMapReplace): the prepared version stays
 			// behind, uncommitted and harmless.
 			r.Logger.Warn("map replace failed; an uncommitted map version is left behind", "error", err)
 		}
-		run.abort(failed)
+		run.abort(programs[failed])
 	}
 	return results, run.observed, err
 }
 
 // execution is the state of one execute call.
 type execution struct {
-	r          *haproxyRuntime
-	ctx        context.Context
-	programs   []program
-	results    []OpResult
-	version    string // the last captured map version
-	failedProg int    // the first program that failed, -1 if none
+	r        *haproxyRuntime
+	ctx      context.Context
+	programs []program
+	results  []OpResult
+	version  string // the last captured map version
 
 	expect   *HAProxyInfo // the worker every line must reach; nil checks nothing
 	observed HAProxyInfo  // the worker the last line reached
 }
-
-// identityCommand reads the worker's identity at the front of a line.
-const identityCommand = "show info float"
 
 // line sends one rendered line (which starts with linePrefix). With an
 // expected worker it reads the identity first and cuts that response out
@@ -512,9 +510,6 @@ func (e *execution) send(line []lineCommand) error {
 
 // fail marks a program failed, keeping the first output it got.
 func (e *execution) fail(prog int, output string) {
-	if e.failedProg < 0 {
-		e.failedProg = prog
-	}
 	if e.results[prog].OK {
 		e.results[prog].OK = false
 		e.results[prog].Output = output
@@ -866,7 +861,7 @@ func (r *haproxyRuntime) probe(ctx context.Context) (HAProxyInfo, Inventory, err
 	if !slices.Contains(slices.Concat(procs.Workers, procs.OldWorkers), info.WorkerPID) {
 		return HAProxyInfo{}, Inventory{}, fmt.Errorf("show proc: the master does not list worker %d", info.WorkerPID)
 	}
-	inv, err := r.inventory(ctx, 1)
+	_, inv, err := r.listWorker(ctx, 1, false)
 	return info, inv, err
 }
 
@@ -884,14 +879,6 @@ func dataLines(what, text string) ([]string, error) {
 	}
 	return lines, nil
 }
-
-func (r *haproxyRuntime) inventory(ctx context.Context, generation uint64) (Inventory, error) {
-	_, inv, err := r.listWorker(ctx, generation, false)
-	return inv, err
-}
-
-// errNoIdentity marks a listing whose worker identity could not be read.
-var errNoIdentity = errors.New("no worker identity")
 
 // listWorker lists what the worker has loaded: maps, certificates, CA
 // files, CRL files and crt-lists, each sorted and deduplicated (a file with

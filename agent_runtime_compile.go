@@ -93,6 +93,7 @@ func terminatorFor(version string) string {
 // (map_replace, cert_*, ca_*); term is the worker's payload terminator.
 func compileOp(op *Op, content func(path string) ([]byte, error), term string) (program, error) {
 	p := program{Kind: op.Kind, Terminator: term}
+	ref := op.Backend + "/" + op.Server // what the server commands name
 	var err error
 	switch op.Kind {
 	case OpBackendAdd:
@@ -116,7 +117,7 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " be-removable " + op.Backend, Expect: expectDone}}
 	case OpServerAdd:
 		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535), checkKeywords("keyword", op.Keywords))
-		text := "add server " + serverRefText(op) + " " + op.Address
+		text := "add server " + ref + " " + op.Address
 		if op.Port > 0 {
 			text += ":" + strconv.Itoa(op.Port)
 		}
@@ -124,15 +125,15 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpServerEnable:
 		err = checkRef(op)
 		if op.Health {
-			p.Commands = append(p.Commands, command{Text: "enable health " + serverRefText(op)})
+			p.Commands = append(p.Commands, command{Text: "enable health " + ref})
 		}
-		p.Commands = append(p.Commands, command{Text: "enable server " + serverRefText(op)})
+		p.Commands = append(p.Commands, command{Text: "enable server " + ref})
 	case OpServerDisable:
 		err = checkRef(op)
-		p.Commands = []command{{Text: "disable server " + serverRefText(op)}}
+		p.Commands = []command{{Text: "disable server " + ref}}
 	case OpServerSetAddr:
 		err = cmp.Or(checkRef(op), checkToken("address", op.Address), checkRange("port", op.Port, 0, 65535))
-		text := "set server " + serverRefText(op) + " addr " + op.Address
+		text := "set server " + ref + " addr " + op.Address
 		if op.Port > 0 {
 			text += " port " + strconv.Itoa(op.Port)
 		}
@@ -142,20 +143,20 @@ func compileOp(op *Op, content func(path string) ([]byte, error), term string) (
 	case OpServerSetWeight:
 		err = cmp.Or(checkRef(op), checkWeight(op.Weight))
 		if err == nil {
-			p.Commands = []command{{Text: "set server " + serverRefText(op) + " weight " + strconv.Itoa(*op.Weight)}}
+			p.Commands = []command{{Text: "set server " + ref + " weight " + strconv.Itoa(*op.Weight)}}
 		}
 	case OpServerSetState:
 		err = cmp.Or(checkRef(op), checkEnum("state", op.State, ServerStateReady, ServerStateMaint, ServerStateDrain))
-		p.Commands = []command{{Text: "set server " + serverRefText(op) + " state " + op.State}}
+		p.Commands = []command{{Text: "set server " + ref + " state " + op.State}}
 	case OpServerWaitRemovable:
 		err = cmp.Or(checkRef(op), checkRange("timeout_ms", op.TimeoutMs, 1, MaxWaitBudgetMs))
-		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + serverRefText(op), Expect: expectDone}}
+		p.Commands = []command{{Text: "wait " + strconv.Itoa(op.TimeoutMs) + " srv-removable " + ref, Expect: expectDone}}
 	case OpShutdownSessions:
 		err = checkRef(op)
-		p.Commands = []command{{Text: "shutdown sessions server " + serverRefText(op)}}
+		p.Commands = []command{{Text: "shutdown sessions server " + ref}}
 	case OpServerDel:
 		err = checkRef(op)
-		p.Commands = []command{{Text: "del server " + serverRefText(op), Expect: "Server deleted"}}
+		p.Commands = []command{{Text: "del server " + ref, Expect: "Server deleted"}}
 	case OpMapAdd:
 		// The payload form carries a value with spaces, which the line form
 		// would cut at the first space.
@@ -336,8 +337,6 @@ func crtListLine(op *Op) string {
 	return strings.Join(append(words, op.SNIFilters...), " ") + "\n"
 }
 
-func serverRefText(op *Op) string { return op.Backend + "/" + op.Server }
-
 // flatWords lists keywords, each followed by its arguments.
 func flatWords(kws []KeywordArg) []string {
 	var words []string
@@ -435,7 +434,7 @@ func checkCommand(c command, term string) error {
 	if c.Payload == "" {
 		return nil
 	}
-	if n := framedLen(c.Text, c.Payload, term); n > maxFramedPayloadCommand {
+	if n := len(frameCommand(c.Text, c.Payload, term)); n > maxFramedPayloadCommand {
 		return fmt.Errorf("payload command of %d bytes exceeds the %d-byte framed limit", n, maxFramedPayloadCommand)
 	}
 	if strings.IndexByte(c.Payload, 0) >= 0 {
@@ -464,15 +463,6 @@ func frameCommand(text, payload, term string) string {
 		payload += "\n"
 	}
 	return text + " <<" + term + "\n" + payload + term + "\n"
-}
-
-// framedLen is len(frameCommand(text, payload, term)) without building it.
-func framedLen(text, payload, term string) int {
-	n := len(text) + len(" <<") + 2*(len(term)+1) + len(payload)
-	if !strings.HasSuffix(payload, "\n") {
-		n++
-	}
-	return n
 }
 
 // Line building: the commands of consecutive programs share a line until

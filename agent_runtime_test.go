@@ -306,6 +306,31 @@ func TestResponsesTakesExactlyOneResponsePerCommand(t *testing.T) {
 	}
 }
 
+// TestRoundTripCapsTheReply: a reply of exactly the cap is read whole; one
+// byte more is refused after delivery, never cut into a shorter reply.
+func TestRoundTripCapsTheReply(t *testing.T) {
+	for _, size := range []int{maxRuntimeReplyBytes, maxRuntimeReplyBytes + 1} {
+		r := newHAProxyRuntime(runtimeConfig{WorkerSocket: "worker.sock"})
+		r.dial = func(context.Context, string, time.Time) (net.Conn, error) {
+			agent, haproxy := net.Pipe()
+			go func() {
+				defer haproxy.Close()
+				if _, err := io.ReadFull(haproxy, make([]byte, len("show map\n"))); err == nil {
+					haproxy.Write(make([]byte, size))
+				}
+			}()
+			return agent, nil
+		}
+		raw, delivered, err := r.roundTrip(t.Context(), r.WorkerSocket, "show map\n", time.Now().Add(time.Minute))
+		if size == maxRuntimeReplyBytes && (err != nil || !delivered || len(raw) != size) {
+			t.Errorf("a reply at the cap: %d bytes, delivered %v, %v", len(raw), delivered, err)
+		}
+		if size > maxRuntimeReplyBytes && (err == nil || err.Error() != "runtime socket: reply exceeds 67108864 bytes" || !delivered || raw != nil) {
+			t.Errorf("a reply over the cap: %d bytes, delivered %v, %v", len(raw), delivered, err)
+		}
+	}
+}
+
 // TestJudgeLineTreatsAnIncompleteReplyAsUnknown: a reply is judged by its
 // responses only when it holds exactly one whole response per command.
 // Commands past the last whole response are outcome unknown, and a reply
@@ -1581,7 +1606,7 @@ func testInventoryListsWhatTheWorkerLoaded(t *testing.T, tg *target) {
 	ca := newTestCA(t, "second CA")
 	mustExecute(t, r, []Op{{Kind: OpCertNew, Path: "certs/n.pem"}, {Kind: OpCANew, Path: "certs/ca2.pem"}},
 		map[string]string{"certs/n.pem": pemText, "certs/ca2.pem": string(ca.CertPEM)})
-	inv, err := r.inventory(t.Context(), 7)
+	_, inv, err := r.listWorker(t.Context(), 7, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1602,7 +1627,7 @@ func testInventoryReadsTheCAListing(t *testing.T, tg *target) {
 	if out := tg.show(t, "show ssl ca-file"); !strings.Contains(out, "certs/ca.pem - 1 certificate(s)") {
 		t.Fatalf("listing:\n%s", out)
 	}
-	inv, err := r.inventory(t.Context(), 1)
+	_, inv, err := r.listWorker(t.Context(), 1, false)
 	if err != nil || !slices.Equal(inv.CAFiles, []string{"certs/ca.pem"}) {
 		t.Errorf("CA files %v, %v", inv.CAFiles, err)
 	}
@@ -1623,7 +1648,7 @@ func testInventoryDeduplicatesTransactionRows(t *testing.T, tg *target) {
 	if out := tg.show(t, "show ssl cert"); !strings.Contains(out, "*certs/a.pem") {
 		t.Fatalf("no transaction row:\n%s", out)
 	}
-	inv, err := r.inventory(t.Context(), 1)
+	_, inv, err := r.listWorker(t.Context(), 1, false)
 	if err != nil || !slices.Equal(inv.Certs, []string{"certs/a.pem"}) {
 		t.Errorf("certs %v, %v", inv.Certs, err)
 	}
@@ -1676,7 +1701,7 @@ func TestListingCaps(t *testing.T) {
 		}
 		m.Maps["maps/big.map"] = big
 	})
-	if _, err := r.inventory(t.Context(), 1); !errors.Is(err, errTooManyEntries) {
+	if _, _, err := r.listWorker(t.Context(), 1, false); !errors.Is(err, errTooManyEntries) {
 		t.Errorf("4097 certificates: %v", err)
 	}
 	if _, err := r.mapEntries(t.Context(), "maps/big.map"); !errors.Is(err, errTooManyEntries) {

@@ -28,6 +28,9 @@ const (
 	awaitWorkerPoll   = 100 * time.Millisecond
 	workerSocketGrace = time.Second // a new worker silent this long on the agent's socket is asked about
 	maxStrayDials     = 10          // dials removeStrays waits for a replaced worker to stop listening
+
+	maxRecoveryReloads  = 64                     // attempts of a recovery reload while the master is busy or re-executing
+	recoveryReloadPause = 200 * time.Millisecond // between two of them
 )
 
 // errNoNewWorker: HAProxy reported the reload done, but no new worker
@@ -88,7 +91,7 @@ func (d *applyDeps) observedWorkerLocked(ctx context.Context, info HAProxyInfo) 
 		return nil
 	}
 	var inv *Inventory
-	if got, err := d.rt.inventory(ctx, 0); err == nil {
+	if _, got, err := d.rt.listWorker(ctx, 0, false); err == nil {
 		inv = &got
 	} else {
 		d.logger.Warn("could not refresh the runtime inventory after adopting a worker", "err", err)
@@ -159,14 +162,6 @@ func (d *applyDeps) reloadWorker(ctx context.Context) (*ReloadInfo, error) {
 	d.removeStrays()
 	return info, nil
 }
-
-// maxRecoveryReloads bounds the attempts of a recovery reload while the
-// master is still busy with an earlier reload (or re-executing itself);
-// recoveryReloadPause is the pause between two of them.
-const (
-	maxRecoveryReloads  = 64
-	recoveryReloadPause = 200 * time.Millisecond
-)
 
 // reloadToRecover reloads after an undo, when the worker may hold what the
 // undo took away: ops that ran, or a reload whose outcome is unknown (no
