@@ -3,9 +3,9 @@
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
 //
-// The metrics lock is a leaf: held only to read or bump a number, never
-// across I/O, and no other lock is taken under it, so any part of the agent
-// may count while holding its own locks. Nothing here panics, whatever the
+// The metrics lock is a leaf: held only to read, render or bump numbers,
+// never across I/O, and no other lock is taken under it, so any part of the
+// agent may count while holding its own locks. Nothing here panics, whatever the
 // caller passes.
 
 package haptic
@@ -13,6 +13,7 @@ package haptic
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -64,9 +65,7 @@ type agentMetrics struct {
 // agent's version, so that a query can join any series to the build that
 // produced it and a dashboard can show which versions a fleet runs.
 func newAgentMetrics(version string) *agentMetrics {
-	buildInfo := newCounterVec("haptic_agent_build_info", "Always 1; the label version is the agent's build version, as its state reports it.",
-		[]string{"version"}, []string{version})
-	buildInfo.typ = "gauge"
+	buildInfo := newGauge("haptic_agent_build_info", "Always 1; the label version is the agent's build version, as its state reports it.", "version")
 	buildInfo.inc(version)
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",
@@ -140,9 +139,8 @@ func (m *agentMetrics) writeText(w io.Writer) error {
 	return err
 }
 
-// metricFamily is a counter family with a fixed list of label names, or a
-// gauge, which has no label. A family without labels holds exactly one
-// series.
+// metricFamily is a counter or gauge family with a fixed list of label
+// names. A family without labels holds exactly one series.
 type metricFamily struct {
 	name, help, typ string
 	labels          []string
@@ -213,17 +211,12 @@ func seriesKey(labelValues []string) string { return fmt.Sprintf("%q", labelValu
 
 func (c *metricFamily) appendText(b []byte) []byte {
 	c.mu.Lock()
-	snapshot := make([]counterSeries, 0, len(c.series))
-	for _, s := range c.series {
-		snapshot = append(snapshot, *s)
-	}
-	c.mu.Unlock()
-
-	slices.SortFunc(snapshot, func(x, y counterSeries) int {
+	defer c.mu.Unlock()
+	series := slices.SortedFunc(maps.Values(c.series), func(x, y *counterSeries) int {
 		return slices.Compare(x.labelValues, y.labelValues)
 	})
 	b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", c.name, helpEscaper.Replace(c.help), c.name, c.typ)
-	for _, s := range snapshot {
+	for _, s := range series {
 		labels := ""
 		for i, label := range c.labels {
 			labels += "," + label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
@@ -236,8 +229,8 @@ func (c *metricFamily) appendText(b []byte) []byte {
 	return b
 }
 
-func newGauge(name, help string) *metricFamily {
-	g := newCounterVec(name, help, nil)
+func newGauge(name, help string, labels ...string) *metricFamily {
+	g := newCounterVec(name, help, labels)
 	g.typ = "gauge"
 	return g
 }
