@@ -436,7 +436,8 @@ func (a *Agent) close() {
 }
 
 // listenUnix binds a local agent socket with localSocketMode, replacing a
-// stale socket file but never a file of another kind.
+// stale socket file but never a file of another kind. Closing the listener
+// (Run's shutdown, close) removes the socket file.
 func listenUnix(flag, path string) (net.Listener, error) {
 	fi, err := os.Lstat(path)
 	switch {
@@ -543,10 +544,10 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
 			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }},
+			"GET " + PathState: a.handleState}), serverGrace, nil},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }},
+		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop) }},
 	} {
 		if s.ln == nil {
 			continue
@@ -579,12 +580,6 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 				s.after()
 			}
 		})
-	}
-}
-
-func removeSocketFile(path string) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		slog.Default().Warn("could not remove a local agent socket", "path", path, "err", err)
 	}
 }
 
