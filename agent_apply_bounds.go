@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -307,11 +308,8 @@ type manifestShape struct {
 func (s *manifestShape) refusal() error {
 	over := s.Files.top > MaxFiles ||
 		s.Ops.top+s.InPlaceOps.top > MaxOpsPerApply ||
-		s.OpBatches.top >= MaxOpBatches ||
+		s.OpBatches.top >= MaxOpBatches || slices.Max(s.OpBatches.inner[:]) > MaxOpsPerApply ||
 		s.Files.all+s.Ops.all+s.OpBatches.all+s.InPlaceOps.all > maxManifestListElements
-	for i := range min(s.OpBatches.top, MaxOpBatches) {
-		over = over || s.OpBatches.inner[i] > MaxOpsPerApply
-	}
 	if !over {
 		return nil
 	}
