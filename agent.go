@@ -131,9 +131,7 @@ type Agent struct {
 }
 
 // agentOptions are what internal tests may replace before an agent is
-// built: the disk (to count syncs, stop the process between two file
-// operations, or record what a power loss would keep) and the mount table.
-// Production uses the zero value.
+// built (the disk, the mount table); production uses the zero value.
 type agentOptions struct {
 	disk      disk
 	mountInfo string
@@ -175,11 +173,10 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		}
 	}
 	a.warnAboutAuth()
-	paths, err := resolveAgentPaths(&cfg)
-	if err != nil {
+	if a.paths, err = resolveAgentPaths(&cfg); err != nil {
 		return nil, err
 	}
-	a.paths = paths
+	paths := a.paths
 	a.files, err = newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
 		Logger: cfg.Logger, Disk: opts.disk, MountInfo: opts.mountInfo,
 		// The admin and drain socket names `haptic agent` binds by default
@@ -524,8 +521,8 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // serve starts, on wg, a server on each bound listener with its own limits
 // and connection cap (agent_listeners.go); once gctx ends, each shuts down
-// with its own grace and then runs its after hook. A server that fails fails
-// the run.
+// with its own grace, after which a drain still running answers cancelled.
+// A server that fails fails the run.
 func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)) {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
@@ -535,19 +532,18 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 		ln    net.Listener
 		mux   *http.ServeMux
 		grace time.Duration
-		after func() // runs once the server has shut down
 	}{
-		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
-			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, nil},
+			"GET " + PathState: a.handleState}), serverGrace},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop) }},
+		}}), a.cfg.DrainMaxWait + serverGrace},
 	} {
 		if s.ln == nil {
 			continue
@@ -576,8 +572,8 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 				a.logger.Warn("server did not stop within its grace", "server", s.name, "err", err)
 				srv.Close()
 			}
-			if s.after != nil {
-				s.after()
+			if s.name == listenerDrain {
+				close(a.drainStop)
 			}
 		})
 	}
