@@ -13,7 +13,6 @@ package haptic
 import (
 	"fmt"
 	"io"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -137,7 +136,7 @@ type metricFamily struct {
 	labels          []string
 
 	mu     sync.Mutex
-	series map[string]*counterSeries // by seriesKey of the label values
+	series []counterSeries // sorted by label values, the exposition's order
 }
 
 type counterSeries struct {
@@ -149,7 +148,7 @@ type counterSeries struct {
 // set per label name; every combination of them is created at 0. A family
 // without labels always has its single series at 0.
 func newCounterVec(name, help string, labels []string, closed ...[]string) *metricFamily {
-	c := &metricFamily{name: name, help: help, typ: "counter", labels: labels, series: map[string]*counterSeries{}}
+	c := &metricFamily{name: name, help: help, typ: "counter", labels: labels}
 	if len(closed) != len(labels) {
 		return c // an open label set: series appear when first incremented
 	}
@@ -181,33 +180,27 @@ func (c *metricFamily) inc(labelValues ...string) {
 	}
 }
 
-// lookup finds or creates a series; nil when the family is full. The caller
-// holds c.mu (or owns c exclusively, in newCounterVec).
+// lookup finds or creates a series; nil when the family is full. The
+// pointer is good until the next series is created: the caller holds c.mu
+// (or owns c exclusively, in newCounterVec).
 func (c *metricFamily) lookup(labelValues []string) *counterSeries {
-	key := seriesKey(labelValues)
-	if s, ok := c.series[key]; ok {
-		return s
-	}
-	if len(c.series) >= maxSeriesPerFamily {
+	i, found := slices.BinarySearchFunc(c.series, labelValues, func(s counterSeries, values []string) int {
+		return slices.Compare(s.labelValues, values)
+	})
+	if !found && len(c.series) >= maxSeriesPerFamily {
 		return nil
 	}
-	s := &counterSeries{labelValues: cloneSlice(labelValues)}
-	c.series[key] = s
-	return s
+	if !found {
+		c.series = slices.Insert(c.series, i, counterSeries{labelValues: cloneSlice(labelValues)})
+	}
+	return &c.series[i]
 }
-
-// seriesKey encodes label values without ambiguity: each value is quoted,
-// so no value can masquerade as a separator.
-func seriesKey(labelValues []string) string { return fmt.Sprintf("%q", labelValues) }
 
 func (c *metricFamily) appendText(b []byte) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	series := slices.SortedFunc(maps.Values(c.series), func(x, y *counterSeries) int {
-		return slices.Compare(x.labelValues, y.labelValues)
-	})
 	b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", c.name, helpEscaper.Replace(c.help), c.name, c.typ)
-	for _, s := range series {
+	for _, s := range c.series {
 		labels := ""
 		for i, label := range c.labels {
 			labels += "," + label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
