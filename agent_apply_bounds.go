@@ -42,8 +42,6 @@ const (
 	pressureStall         = 500 * time.Millisecond
 )
 
-// errMemoryBusy refuses a request the memory budget cannot hold now, and
-// errCutForMemory ends one whose client moved nothing while others waited.
 var errMemoryBusy = fmt.Errorf("the agent holds as many request bytes as it may (%d MiB) for other requests; retry", maxHeldBodyBytes>>20)
 var errCutForMemory = fmt.Errorf("the request was cut: others waited for the memory it held while its client moved nothing for %s; retry", pressureStall)
 
@@ -266,12 +264,9 @@ func tooManyFiles(n int) error {
 // of their elements, and refuses a manifest whose lists exceed what
 // validation accepts, with the text validation would have used. The second
 // is a plain json.Unmarshal into Manifest, so every manifest within the
-// bounds decodes, and is refused, as if the first were not there.
-//
-// A manifest of at most smallManifestBytes skips the first pass: it cannot
-// build much or hold more files than validation accepts, and validation
-// refuses its other lists with the same words. A first pass that fails
-// (bad syntax, not an object) decoded nothing large; the second reports it.
+// bounds decodes, and is refused, as if the first were not there. A small
+// manifest skips the first pass, and one the first pass cannot read (bad
+// syntax, not an object) decoded nothing large: the second reports it.
 func decodeManifest(b []byte) (*Manifest, error) {
 	var shape manifestShape
 	if len(b) > smallManifestBytes && json.Unmarshal(b, &shape) == nil {
@@ -287,7 +282,9 @@ func decodeManifest(b []byte) (*Manifest, error) {
 }
 
 // smallManifestBytes is the size below which a manifest is decoded in one
-// pass: MaxFiles entries of even the shortest file object do not fit in it.
+// pass: it cannot build much, MaxFiles entries of even the shortest file
+// object do not fit in it, and validation refuses its other lists with the
+// same words.
 const smallManifestBytes = 64 << 10
 
 // manifestShape is the first pass's view of a manifest: its plan id and
