@@ -46,8 +46,7 @@ import (
 // process) binds only the listeners it asks for, and no two of them fight
 // over :9101.
 //
-// Local paths (the sockets and the state file) are relative to BaseDir
-// unless absolute; NewAgent resolves them, once, against the absolute base.
+// NewAgent resolves the local paths as ResolvePaths says.
 type AgentConfig struct {
 	BaseDir              string        // --base-dir
 	ConfigFile           string        // --config; manifest path of the HAProxy config
@@ -653,8 +652,7 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		if err != nil {
 			logger.Error("recovery could not put every file back", "err", err)
 			// Where every copy is still there, the disk only failed to
-			// write it (full, failing): the recorded tree stands, answered
-			// applies included, and the agent tries again.
+			// write it (full, failing).
 			if files.restorable(t) {
 				owed = &owedTree{restoreSet: t, err: err}
 			}
@@ -960,8 +958,7 @@ func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID strin
 // landed another; a patch whose base is no longer held by then is asked
 // for whole (409 Missing "plan"). Like an apply, it is refused (503, or
 // 507 on a full disk) while the disk owes files or the log cannot be
-// compacted: each upload writes a record, and the log must stay within what
-// a start reads.
+// compacted (applyMu says why).
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
