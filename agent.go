@@ -419,8 +419,8 @@ func (a *Agent) bindListeners() (err error) {
 	return err
 }
 
-// close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns).
+// close releases what NewAgent took: the listeners (those a server
+// already closed are closed again, harmlessly), the state and the tree lock.
 func (a *Agent) close() {
 	for _, ln := range []net.Listener{a.apiLn, a.metricsLn, a.adminLn, a.drainLn} {
 		if ln != nil {
@@ -509,8 +509,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.Ready() {
 		a.deps.compact()
 	}
-	a.led.close()
-	a.treeLock.Close()
+	a.close()
 	a.deps.applyMu.Unlock()
 	if errors.Is(err, context.Canceled) {
 		return nil
