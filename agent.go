@@ -46,8 +46,7 @@ import (
 // process) binds only the listeners it asks for, and no two of them fight
 // over :9101.
 //
-// Local paths (the sockets and the state file) are relative to BaseDir
-// unless absolute; NewAgent resolves them, once, against the absolute base.
+// NewAgent resolves the local paths as ResolvePaths says.
 type AgentConfig struct {
 	BaseDir              string        // --base-dir
 	ConfigFile           string        // --config; manifest path of the HAProxy config
@@ -131,9 +130,7 @@ type Agent struct {
 }
 
 // agentOptions are what internal tests may replace before an agent is
-// built: the disk (to count syncs, stop the process between two file
-// operations, or record what a power loss would keep) and the mount table.
-// Production uses the zero value.
+// built (the disk, the mount table); production uses the zero value.
 type agentOptions struct {
 	disk      disk
 	mountInfo string
@@ -175,11 +172,10 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 		}
 	}
 	a.warnAboutAuth()
-	paths, err := resolveAgentPaths(&cfg)
-	if err != nil {
+	if a.paths, err = resolveAgentPaths(&cfg); err != nil {
 		return nil, err
 	}
-	a.paths = paths
+	paths := a.paths
 	a.files, err = newFileStore(fileStoreConfig{Base: cfg.BaseDir, Config: cfg.ConfigFile, FileMode: cfg.FileMode,
 		Logger: cfg.Logger, Disk: opts.disk, MountInfo: opts.mountInfo,
 		// The admin and drain socket names `haptic agent` binds by default
@@ -423,8 +419,8 @@ func (a *Agent) bindListeners() (err error) {
 	return err
 }
 
-// close releases what NewAgent took, for an agent that does not Run (Run
-// releases it when it returns).
+// close releases what NewAgent took: the listeners (those a server
+// already closed are closed again, harmlessly), the state and the tree lock.
 func (a *Agent) close() {
 	for _, ln := range []net.Listener{a.apiLn, a.metricsLn, a.adminLn, a.drainLn} {
 		if ln != nil {
@@ -436,7 +432,8 @@ func (a *Agent) close() {
 }
 
 // listenUnix binds a local agent socket with localSocketMode, replacing a
-// stale socket file but never a file of another kind.
+// stale socket file but never a file of another kind. Closing the listener
+// (Run's shutdown, close) removes the socket file.
 func listenUnix(flag, path string) (net.Listener, error) {
 	fi, err := os.Lstat(path)
 	switch {
@@ -512,8 +509,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.Ready() {
 		a.deps.compact()
 	}
-	a.led.close()
-	a.treeLock.Close()
+	a.close()
 	a.deps.applyMu.Unlock()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -523,8 +519,8 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // serve starts, on wg, a server on each bound listener with its own limits
 // and connection cap (agent_listeners.go); once gctx ends, each shuts down
-// with its own grace and then runs its after hook. A server that fails fails
-// the run.
+// with its own grace, after which a drain still running answers cancelled.
+// A server that fails fails the run.
 func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)) {
 	ignore := drainIgnoreSet(a.cfg.DrainIgnoreFrontends)
 	d := newDrainer(func(ctx context.Context) (uint64, error) { return a.rt.frontendConnections(ctx, ignore) },
@@ -534,19 +530,18 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 		ln    net.Listener
 		mux   *http.ServeMux
 		grace time.Duration
-		after func() // runs once the server has shut down
 	}{
-		{listenerAPI, a.apiLn, a.apiMux(), serverGrace, nil},
+		{listenerAPI, a.apiLn, a.apiMux(), serverGrace},
 		// The probes too: with mutual TLS the API port completes no
 		// handshake without a client certificate, which a kubelet's probe
 		// cannot present.
 		{listenerMetrics, a.metricsLn, muxOf(map[string]http.HandlerFunc{"GET /metrics": a.handleMetrics,
-			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace, nil},
+			"GET " + PathHealthz: a.handleHealthz, "GET " + PathReadyz: a.handleReadyz}), serverGrace},
 		{listenerAdmin, a.adminLn, muxOf(map[string]http.HandlerFunc{"GET " + PathHealthz: a.handleHealthz,
-			"GET " + PathState: a.handleState}), serverGrace, func() { removeSocketFile(a.paths.admin) }},
+			"GET " + PathState: a.handleState}), serverGrace},
 		{listenerDrain, a.drainLn, muxOf(map[string]http.HandlerFunc{"GET " + PathDrain: func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, d.drain(r.Context()))
-		}}), a.cfg.DrainMaxWait + serverGrace, func() { close(a.drainStop); removeSocketFile(a.paths.drain) }},
+		}}), a.cfg.DrainMaxWait + serverGrace},
 	} {
 		if s.ln == nil {
 			continue
@@ -575,16 +570,10 @@ func (a *Agent) serve(gctx context.Context, wg *sync.WaitGroup, fail func(error)
 				a.logger.Warn("server did not stop within its grace", "server", s.name, "err", err)
 				srv.Close()
 			}
-			if s.after != nil {
-				s.after()
+			if s.name == listenerDrain {
+				close(a.drainStop)
 			}
 		})
-	}
-}
-
-func removeSocketFile(path string) {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		slog.Default().Warn("could not remove a local agent socket", "path", path, "err", err)
 	}
 }
 
@@ -662,8 +651,7 @@ func recoverDisk(files *fileStore, led *ledger, loaded *loadedLog, logger *slog.
 		if err != nil {
 			logger.Error("recovery could not put every file back", "err", err)
 			// Where every copy is still there, the disk only failed to
-			// write it (full, failing): the recorded tree stands, answered
-			// applies included, and the agent tries again.
+			// write it (full, failing).
 			if files.restorable(t) {
 				owed = &owedTree{restoreSet: t, err: err}
 			}
@@ -969,8 +957,7 @@ func (a *Agent) readPlan(held *heldBytes, r io.Reader, contentType, planID strin
 // landed another; a patch whose base is no longer held by then is asked
 // for whole (409 Missing "plan"). Like an apply, it is refused (503, or
 // 507 on a full disk) while the disk owes files or the log cannot be
-// compacted: each upload writes a record, and the log must stay within what
-// a start reads.
+// compacted (applyMu says why).
 func (a *Agent) handlePutPlan(w http.ResponseWriter, r *http.Request) {
 	if !a.Ready() {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)

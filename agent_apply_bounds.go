@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,6 @@ const (
 	pressureStall         = 500 * time.Millisecond
 )
 
-// errMemoryBusy refuses a request the memory budget cannot hold now, and
-// errCutForMemory ends one whose client moved nothing while others waited.
 var errMemoryBusy = fmt.Errorf("the agent holds as many request bytes as it may (%d MiB) for other requests; retry", maxHeldBodyBytes>>20)
 var errCutForMemory = fmt.Errorf("the request was cut: others waited for the memory it held while its client moved nothing for %s; retry", pressureStall)
 
@@ -85,12 +84,23 @@ func newMemoryBudget() *memoryBudget {
 }
 
 // heldBytes is what one request holds of the budget, which release gives
-// back when the request ends, and the pace of its client (hold).
+// back when the request ends, and the pace its client is held to (hold):
+// the body it reads (as r.Body) or the answer it writes.
 type heldBytes struct {
 	budget *memoryBudget
 	ctx    context.Context
 	n      int64
-	pace
+
+	io.ReadCloser                       // the body, or
+	answer        http.ResponseWriter   // the answer
+	deadline      func(time.Time) error // the connection's read or write deadline
+	what          string
+	window, whole time.Duration
+	until         time.Time
+	quota, owed   int           // bytes a window must move, and still needs
+	spent         time.Duration // what the window waited on the client so far
+	waiting       atomic.Int64  // since when (Unix ns) the client is waited on; 0 when it is not
+	cut           atomic.Bool   // memory pressure cut it
 }
 
 // take takes n more bytes, waiting up to budgetWait for them and cutting
@@ -171,29 +181,14 @@ const (
 	chunkBytes  = 64 << 10 // the most a held read brings before the budget counts it, or an answer writes under one deadline
 )
 
-// pace holds a request's client to minBodyRate: the body it reads (as
-// r.Body) or the answer it writes.
-type pace struct {
-	io.ReadCloser                       // the body, or
-	answer        http.ResponseWriter   // the answer
-	deadline      func(time.Time) error // the connection's read or write deadline
-	what          string
-	window, whole time.Duration
-	until         time.Time
-	quota, owed   int           // bytes a window must move, and still needs
-	spent         time.Duration // what the window waited on the client so far
-	waiting       atomic.Int64  // since when (Unix ns) the client is waited on; 0 when it is not
-	cut           atomic.Bool   // memory pressure cut it
-}
-
 // hold starts r's share of the memory budget, pacing its body, or with
 // answer its answer.
 func (a *Agent) hold(w http.ResponseWriter, r *http.Request, answer bool) *heldBytes {
 	rc := http.NewResponseController(w)
 	srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server)
 	srv = cmp.Or(srv, &http.Server{}) // a handler called without a server sets no deadlines
-	h := &heldBytes{budget: a.memory, ctx: r.Context(), pace: pace{what: "upload", deadline: rc.SetReadDeadline,
-		whole: srv.ReadTimeout, window: a.paceWindow, quota: int(minBodyRate * a.paceWindow / time.Second)}}
+	h := &heldBytes{budget: a.memory, ctx: r.Context(), what: "upload", deadline: rc.SetReadDeadline,
+		whole: srv.ReadTimeout, window: a.paceWindow, quota: int(minBodyRate * a.paceWindow / time.Second)}
 	if answer {
 		h.answer, h.what, h.deadline, h.whole = w, "answer", rc.SetWriteDeadline, srv.WriteTimeout
 	} else {
@@ -204,37 +199,37 @@ func (a *Agent) hold(w http.ResponseWriter, r *http.Request, answer bool) *heldB
 	return h
 }
 
-func (p *pace) Read(b []byte) (int, error) {
-	return p.step(func() (int, error) { return p.ReadCloser.Read(b) })
+func (h *heldBytes) Read(b []byte) (int, error) {
+	return h.step(func() (int, error) { return h.ReadCloser.Read(b) })
 }
 
 // Write writes b under one deadline: writeState hands it chunkBytes at most.
-func (p *pace) Write(b []byte) (int, error) {
-	return p.step(func() (int, error) { return p.answer.Write(b) })
+func (h *heldBytes) Write(b []byte) (int, error) {
+	return h.step(func() (int, error) { return h.answer.Write(b) })
 }
 
 // step moves bytes with move under the window's deadline. It marks the
 // client waited on after it set the deadline, so that a cut's comes after.
-func (p *pace) step(move func() (int, error)) (n int, err error) {
+func (h *heldBytes) step(move func() (int, error)) (n int, err error) {
 	start := time.Now()
-	p.deadline(start.Add(min(p.window-p.spent, p.until.Sub(start))))
-	p.waiting.Store(start.UnixNano())
-	if err = errCutForMemory; !p.cut.Load() {
+	h.deadline(start.Add(min(h.window-h.spent, h.until.Sub(start))))
+	h.waiting.Store(start.UnixNano())
+	if err = errCutForMemory; !h.cut.Load() {
 		n, err = move()
 	}
-	p.waiting.Store(0)
-	p.spent += time.Since(start)
-	if p.owed -= n; p.owed <= 0 {
-		p.owed, p.spent = p.quota, 0
+	h.waiting.Store(0)
+	h.spent += time.Since(start)
+	if h.owed -= n; h.owed <= 0 {
+		h.owed, h.spent = h.quota, 0
 	}
 	switch {
 	case !errors.Is(err, os.ErrDeadlineExceeded):
-	case p.cut.Load():
+	case h.cut.Load():
 		err = errCutForMemory
-	case time.Now().Before(p.until):
-		err = fmt.Errorf("the %s fell below %d KiB/s: fewer than %d bytes in %s", p.what, minBodyRate>>10, p.quota, p.window)
+	case time.Now().Before(h.until):
+		err = fmt.Errorf("the %s fell below %d KiB/s: fewer than %d bytes in %s", h.what, minBodyRate>>10, h.quota, h.window)
 	default:
-		err = fmt.Errorf("the %s took longer than the %s a request may", p.what, p.whole)
+		err = fmt.Errorf("the %s took longer than the %s a request may", h.what, h.whole)
 	}
 	return n, err
 }
@@ -269,12 +264,9 @@ func tooManyFiles(n int) error {
 // of their elements, and refuses a manifest whose lists exceed what
 // validation accepts, with the text validation would have used. The second
 // is a plain json.Unmarshal into Manifest, so every manifest within the
-// bounds decodes, and is refused, as if the first were not there.
-//
-// A manifest of at most smallManifestBytes skips the first pass: it cannot
-// build much or hold more files than validation accepts, and validation
-// refuses its other lists with the same words. A first pass that fails
-// (bad syntax, not an object) decoded nothing large; the second reports it.
+// bounds decodes, and is refused, as if the first were not there. A small
+// manifest skips the first pass, and one the first pass cannot read (bad
+// syntax, not an object) decoded nothing large: the second reports it.
 func decodeManifest(b []byte) (*Manifest, error) {
 	var shape manifestShape
 	if len(b) > smallManifestBytes && json.Unmarshal(b, &shape) == nil {
@@ -290,7 +282,9 @@ func decodeManifest(b []byte) (*Manifest, error) {
 }
 
 // smallManifestBytes is the size below which a manifest is decoded in one
-// pass: MaxFiles entries of even the shortest file object do not fit in it.
+// pass: it cannot build much, MaxFiles entries of even the shortest file
+// object do not fit in it, and validation refuses its other lists with the
+// same words.
 const smallManifestBytes = 64 << 10
 
 // manifestShape is the first pass's view of a manifest: its plan id and
@@ -311,11 +305,8 @@ type manifestShape struct {
 func (s *manifestShape) refusal() error {
 	over := s.Files.top > MaxFiles ||
 		s.Ops.top+s.InPlaceOps.top > MaxOpsPerApply ||
-		s.OpBatches.top >= MaxOpBatches ||
+		s.OpBatches.top >= MaxOpBatches || slices.Max(s.OpBatches.inner[:]) > MaxOpsPerApply ||
 		s.Files.all+s.Ops.all+s.OpBatches.all+s.InPlaceOps.all > maxManifestListElements
-	for i := range min(s.OpBatches.top, MaxOpBatches) {
-		over = over || s.OpBatches.inner[i] > MaxOpsPerApply
-	}
 	if !over {
 		return nil
 	}
@@ -358,7 +349,7 @@ func (l *listShape) UnmarshalJSON(data []byte) error {
 // whole document before it calls an Unmarshaler. The walk allocates nothing
 // but its container stack, whose depth encoding/json bounds.
 func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
-	data = bytes.TrimLeft(data, " \t\n\r")
+	data = bytes.TrimLeft(data, jsonSpace)
 	if len(data) == 0 || data[0] != '[' {
 		return 0, 0, inner
 	}
@@ -374,24 +365,15 @@ func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
 			}
 		}
 	}
-	firstPending := false // just after '[': the next value, if any, is an element
 	for i := 0; i < len(data); i++ {
-		c := data[i]
-		if isJSONSpace(c) {
-			continue
-		}
-		if firstPending {
-			firstPending = false
-			if c != ']' {
-				count()
-			}
-		}
-		switch c {
+		switch data[i] {
 		case '"':
 			i = endOfJSONString(data, i)
 		case '[':
 			isList = append(isList, true)
-			firstPending = true
+			if bytes.TrimLeft(data[i+1:], jsonSpace)[0] != ']' { // its first element
+				count()
+			}
 		case '{':
 			isList = append(isList, false)
 		case ']', '}':
@@ -405,7 +387,7 @@ func countListElements(data []byte) (top, all int, inner [MaxOpBatches]int) {
 	return top, all, inner
 }
 
-func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+const jsonSpace = " \t\n\r"
 
 // endOfJSONString returns the index of the quote that closes the string
 // opening at data[start].

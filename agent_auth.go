@@ -1,10 +1,7 @@
 // This file owns how the agent authenticates the controller: HTTP Basic
-// with constant-time comparison, or mutual TLS 1.3 that verifies the client
-// certificate in the handshake and checks its name on every request, with
-// certificate files re-read when they change (so a rotation needs no
-// restart) and an overlap during which the previous client CA is still
-// trusted. The admin and drain sockets never authenticate: file permissions
-// protect them.
+// with constant-time comparison, or mutual TLS 1.3 from files re-read when
+// they change (tlsMaterial). It never authenticates the admin and drain
+// sockets: file permissions protect them.
 
 package haptic
 
@@ -30,8 +27,6 @@ import (
 )
 
 const (
-	// msgTooManyAuthFailures answers, with 429, a request from an address
-	// that spent its budget of failed authentications.
 	msgTooManyAuthFailures = "too many failed authentications from this address"
 	tlsCertFile            = "tls.crt"
 	tlsKeyFile             = "tls.key"
@@ -43,14 +38,13 @@ const (
 
 // authenticated wraps a handler of the network API with the configured
 // authentication; with --insecure-no-auth and nothing configured, every
-// request passes. With HTTP Basic a request first spends a check of its
-// address's budget (agent_authfail.go), and once that is spent is refused
-// with 429 unchecked, the right password too: a controller and a guesser
-// behind one address differ in nothing else, so serving the right one would
-// tell every guess whether it was right. Only a connection on which a
-// request authenticated needs no budget. Mutual TLS has no budget: nothing
-// can be guessed (the handshake verifies the certificate). A failure
-// answers at once and closes its connection.
+// request passes. With HTTP Basic a request on a connection that has not
+// authenticated first spends a check of its address's budget
+// (agent_authfail.go), and once that is spent is refused with 429
+// unchecked, the right password too: a controller and a guesser behind one
+// address differ in nothing else, so serving the right one would tell every
+// guess whether it was right. A failure answers at once and closes its
+// connection.
 func (a *Agent) authenticated(h http.HandlerFunc) http.HandlerFunc {
 	var scheme string
 	switch {

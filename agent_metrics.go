@@ -3,9 +3,9 @@
 // written by hand. Each agent owns one agentMetrics; there is no package-level
 // state.
 //
-// The metrics lock is a leaf: held only to read or bump a number, never
-// across I/O, and no other lock is taken under it, so any part of the agent
-// may count while holding its own locks. Nothing here panics, whatever the
+// The metrics lock is a leaf: held only to read, render or bump numbers,
+// never across I/O, and no other lock is taken under it, so any part of the
+// agent may count while holding its own locks. Nothing here panics, whatever the
 // caller passes.
 
 package haptic
@@ -64,54 +64,43 @@ type agentMetrics struct {
 // agent's version, so that a query can join any series to the build that
 // produced it and a dashboard can show which versions a fleet runs.
 func newAgentMetrics(version string) *agentMetrics {
-	buildInfo := newCounterVec("haptic_agent_build_info", "Always 1; the label version is the agent's build version, as its state reports it.",
-		[]string{"version"}, []string{version})
-	buildInfo.typ = "gauge"
+	buildInfo := newGauge("haptic_agent_build_info", "Always 1; the label version is the agent's build version, as its state reports it.", "version")
 	buildInfo.inc(version)
 	m := &agentMetrics{
 		applyTotal: newCounterVec("haptic_agent_apply_total",
 			"Applies finished and reloads fired by the pacer, by result mode.",
-			[]string{"mode"},
-			[]string{ResultRuntime, ResultFileOnly, ResultReload, ResultScheduled, ResultNoop, ResultRejected}),
+			[]string{"mode"}, []string{ResultRuntime, ResultFileOnly, ResultReload, ResultScheduled, ResultNoop, ResultRejected}),
 		applyRejected: newCounterVec("haptic_agent_apply_rejected_total",
 			"Applies and scheduled reloads that failed, by the stage that refused or aborted them.",
-			[]string{"stage"},
-			[]string{rejectedStageFencing, StageParts, StageBackup, StageWrite, StageReload,
+			[]string{"stage"}, []string{rejectedStageFencing, StageParts, StageBackup, StageWrite, StageReload,
 				StageRevert, StageRevertReload, StageScheduledReload}),
 		invariantViolations: newCounterVec("haptic_agent_invariant_violations_total",
 			"Internal invariants found false, by invariant name. Any non-zero value is a bug worth reporting.",
-			[]string{"name"},
-			[]string{"generation_monotonic", "disk_is_the_desired_set", "runtime_mode_does_not_reload",
+			[]string{"name"}, []string{"generation_monotonic", "disk_is_the_desired_set", "runtime_mode_does_not_reload",
 				"reload_mode_reloads", "noop_runs_no_ops", "journal_only_while_diverged",
 				"mount_probe_found_every_mount", "ops_executable", "recovery_reload"}),
 		reloads: newCounterVec("haptic_agent_reloads_total",
 			"HAProxy master reload attempts, by result.",
-			[]string{"result"},
-			[]string{"ok", "failed"}),
+			[]string{"result"}, []string{"ok", "failed"}),
 		rollbacks: newCounterVec("haptic_agent_rollbacks_total",
-			"Aborted applies rolled back and reverts to the last-known-good file set.",
-			nil),
+			"Aborted applies rolled back and reverts to the last-known-good file set.", nil),
 		deferredDeletes: newCounterVec("haptic_agent_deferred_deletes_total",
 			"Deferred server and backend deletes, by kind and queue outcome.",
-			[]string{"kind", "outcome"},
-			[]string{"server", "backend"},
+			[]string{"kind", "outcome"}, []string{"server", "backend"},
 			[]string{"done", "deferred", "abandoned", "superseded"}),
 		opErrors: newCounterVec("haptic_agent_op_errors_total",
 			"Runtime batches HAProxy rejected, by the kind of the first failed op (unknown when none is known).",
 			[]string{"kind"}, slices.Concat(opKinds[:], []string{"unknown"})),
 		mapDivergence: newCounterVec("haptic_agent_map_divergence_total",
-			"Read-backs that found the running worker diverging from the files on disk.",
-			nil),
+			"Read-backs that found the running worker diverging from the files on disk.", nil),
 		generation: newGauge("haptic_agent_generation",
 			"The apply generation of the state the agent serves."),
 		authFailures: newCounterVec("haptic_agent_auth_failures_total",
 			"Requests to the API that failed authentication, by scheme.",
-			[]string{"scheme"},
-			[]string{authSchemeBasic, authSchemeTLS}),
+			[]string{"scheme"}, []string{authSchemeBasic, authSchemeTLS}),
 		connsRefused: newCounterVec("haptic_agent_connections_refused_total",
 			"Connections reset because their listener held its cap of connections (refused at once, or evicted before they authenticated), by listener.",
-			[]string{"listener"},
-			[]string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
+			[]string{"listener"}, []string{listenerAPI, listenerMetrics, listenerAdmin, listenerDrain}),
 		stateLogBroken: newGauge("haptic_agent_state_log_broken",
 			"1 while the agent's state log is broken (a synced write failed and no snapshot has been written since): applies and plan uploads are refused and /readyz answers 503; 0 otherwise."),
 		diskBehind: newGauge("haptic_agent_disk_behind",
@@ -140,15 +129,14 @@ func (m *agentMetrics) writeText(w io.Writer) error {
 	return err
 }
 
-// metricFamily is a counter family with a fixed list of label names, or a
-// gauge, which has no label. A family without labels holds exactly one
-// series.
+// metricFamily is a counter or gauge family with a fixed list of label
+// names. A family without labels holds exactly one series.
 type metricFamily struct {
 	name, help, typ string
 	labels          []string
 
 	mu     sync.Mutex
-	series map[string]*counterSeries // by seriesKey of the label values
+	series []counterSeries // sorted by label values, the exposition's order
 }
 
 type counterSeries struct {
@@ -160,7 +148,7 @@ type counterSeries struct {
 // set per label name; every combination of them is created at 0. A family
 // without labels always has its single series at 0.
 func newCounterVec(name, help string, labels []string, closed ...[]string) *metricFamily {
-	c := &metricFamily{name: name, help: help, typ: "counter", labels: labels, series: map[string]*counterSeries{}}
+	c := &metricFamily{name: name, help: help, typ: "counter", labels: labels}
 	if len(closed) != len(labels) {
 		return c // an open label set: series appear when first incremented
 	}
@@ -192,38 +180,27 @@ func (c *metricFamily) inc(labelValues ...string) {
 	}
 }
 
-// lookup finds or creates a series; nil when the family is full. The caller
-// holds c.mu (or owns c exclusively, in newCounterVec).
+// lookup finds or creates a series; nil when the family is full. The
+// pointer is good until the next series is created: the caller holds c.mu
+// (or owns c exclusively, in newCounterVec).
 func (c *metricFamily) lookup(labelValues []string) *counterSeries {
-	key := seriesKey(labelValues)
-	if s, ok := c.series[key]; ok {
-		return s
-	}
-	if len(c.series) >= maxSeriesPerFamily {
+	i, found := slices.BinarySearchFunc(c.series, labelValues, func(s counterSeries, values []string) int {
+		return slices.Compare(s.labelValues, values)
+	})
+	if !found && len(c.series) >= maxSeriesPerFamily {
 		return nil
 	}
-	s := &counterSeries{labelValues: cloneSlice(labelValues)}
-	c.series[key] = s
-	return s
+	if !found {
+		c.series = slices.Insert(c.series, i, counterSeries{labelValues: cloneSlice(labelValues)})
+	}
+	return &c.series[i]
 }
-
-// seriesKey encodes label values without ambiguity: each value is quoted,
-// so no value can masquerade as a separator.
-func seriesKey(labelValues []string) string { return fmt.Sprintf("%q", labelValues) }
 
 func (c *metricFamily) appendText(b []byte) []byte {
 	c.mu.Lock()
-	snapshot := make([]counterSeries, 0, len(c.series))
-	for _, s := range c.series {
-		snapshot = append(snapshot, *s)
-	}
-	c.mu.Unlock()
-
-	slices.SortFunc(snapshot, func(x, y counterSeries) int {
-		return slices.Compare(x.labelValues, y.labelValues)
-	})
+	defer c.mu.Unlock()
 	b = fmt.Appendf(b, "# HELP %s %s\n# TYPE %s %s\n", c.name, helpEscaper.Replace(c.help), c.name, c.typ)
-	for _, s := range snapshot {
+	for _, s := range c.series {
 		labels := ""
 		for i, label := range c.labels {
 			labels += "," + label + `="` + labelValueEscaper.Replace(s.labelValues[i]) + `"`
@@ -236,8 +213,8 @@ func (c *metricFamily) appendText(b []byte) []byte {
 	return b
 }
 
-func newGauge(name, help string) *metricFamily {
-	g := newCounterVec(name, help, nil)
+func newGauge(name, help string, labels ...string) *metricFamily {
+	g := newCounterVec(name, help, labels)
 	g.typ = "gauge"
 	return g
 }

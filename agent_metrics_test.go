@@ -496,8 +496,10 @@ func TestMetricsWriteTextReportsAWriteError(t *testing.T) {
 func (c *metricFamily) value(labelValues ...string) uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s, ok := c.series[seriesKey(labelValues)]; ok {
-		return s.value
+	for _, s := range c.series {
+		if slices.Equal(s.labelValues, labelValues) {
+			return s.value
+		}
 	}
 	return 0
 }
