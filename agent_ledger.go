@@ -262,9 +262,8 @@ func (l *ledger) adopt(next agentState, r *logRecord) {
 }
 
 // changeState applies change to next. A last_apply it sets becomes the
-// whole answer of that apply, as a controller that polls the state for the
-// verdict of a scheduled reload takes it: the pairs, token, last-known-good
-// and worker it left, and the inventory of that worker.
+// whole answer of that apply, baseline and inventory, as a controller that
+// polls the state for the verdict of a scheduled reload takes it.
 func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 	prev := next.LastApply
 	change(next)
@@ -277,8 +276,7 @@ func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 // forget changes the state at once and writes it as well as it can: what
 // it forgets must not be reported even when the disk refuses the record
 // (the next start re-derives it from the tree and the worker anyway).
-// While an apply is in flight, its end record carries the change. The
-// caller holds mu.
+// The caller holds mu.
 func (l *ledger) forget(change func(*agentState)) {
 	change(&l.st)
 	if !l.applying {

@@ -132,10 +132,9 @@ func encodeFrame(r *logRecord) ([]byte, error) {
 	if len(payload) > maxRecordBytes {
 		return nil, fmt.Errorf("a state record of %d bytes exceeds the %d-byte limit", len(payload), maxRecordBytes)
 	}
-	out := make([]byte, frameHeaderBytes, frameHeaderBytes+len(payload))
-	binary.LittleEndian.PutUint32(out[0:4], frameMagic)
-	binary.LittleEndian.PutUint32(out[4:8], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(out[8:12], crc32.Checksum(payload, crcTable))
+	out := binary.LittleEndian.AppendUint32(make([]byte, 0, frameHeaderBytes+len(payload)), frameMagic)
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(payload)))
+	out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(payload, crcTable))
 	return append(out, payload...), nil
 }
 
@@ -361,9 +360,7 @@ func (l *loadedLog) index(r logRecord) {
 	}
 }
 
-// addChangeSources notes every place the changes name bytes in: each
-// file's new bytes (inline, a temp file, or a patch of its old ones) and
-// its old ones (its undo link).
+// addChangeSources notes every place the changes name bytes in, new and old.
 func addChangeSources(sources map[FileAt][]source, changes []fileChange) {
 	for _, f := range changes {
 		addSource(sources, f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
