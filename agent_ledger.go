@@ -534,7 +534,7 @@ func (l *ledger) faults() (broken, behind, stuck error) {
 func (l *ledger) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.log.close()
+	l.log.f.Close()
 }
 
 func applyTreeDelta(tree map[string]FileAt, delta map[string]*FileAt) {

@@ -529,5 +529,3 @@ func (w *stateLog) replace(path string, b []byte) error {
 	}
 	return w.disk.SyncDir(filepath.Dir(path))
 }
-
-func (w *stateLog) close() error { return w.f.Close() }
