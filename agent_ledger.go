@@ -492,7 +492,9 @@ func (l *ledger) promote(v planRef) {
 	l.st.LKG, l.st.Journal, l.resetPending = v, nil, true
 }
 
-// compactDue reports a log that should be compacted: long, broken or stuck.
+// compactDue reports whether the log should be compacted: it is long, a
+// write failed and only a new snapshot can be trusted again, or the last
+// compaction failed.
 func (l *ledger) compactDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
