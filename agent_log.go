@@ -301,18 +301,18 @@ func (l *loadedLog) replay(records []logRecord) {
 	}
 	for _, r := range records {
 		l.seq, l.count = r.Seq, l.count+1
-		if r.Kind == recordNumbers {
-			l.st.raiseNumbers(stateOf(r))
-			continue
-		}
-		if r.Kind == recordApply || r.Kind == recordEnd {
-			l.index(r)
-		}
 		if r.ResetJournal {
 			// A promotion rides the next record, whatever becomes of it.
 			l.st.Journal = nil
 		}
-		if r.Kind == recordApply {
+		switch {
+		case r.Kind == recordNumbers:
+			l.st.raiseNumbers(stateOf(r))
+			continue
+		case r.Kind == recordEnd:
+			l.index(r)
+		case r.Kind == recordApply:
+			l.index(r)
 			l.reload = l.reload || !closed[r.Seq] && r.Open
 			if !counts[r.Seq] {
 				l.st.ProofGeneration = max(l.st.ProofGeneration, r.State.ProofGeneration)
@@ -321,8 +321,7 @@ func (l *loadedLog) replay(records []logRecord) {
 			for _, f := range r.Files {
 				applyTreeDelta(l.tree, map[string]*FileAt{f.Path: f.New})
 			}
-		}
-		if r.Kind == recordState && r.State != nil && r.State.Generation < l.st.Generation {
+		case r.Kind == recordState && r.State != nil && r.State.Generation < l.st.Generation:
 			// Older than the state replay holds: written beside an apply
 			// still in flight, it describes the tree from before that
 			// apply, and must neither replace the state the apply landed
