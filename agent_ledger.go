@@ -91,10 +91,9 @@ type ledger struct {
 	st   agentState
 	tree map[string]FileAt
 	// plan is the canonical JSON of the stored plan (st.Blob), the base of
-	// the next plan patch; blob is its plan blob, as it came or, for a plan
-	// that came as a patch, encoded the first time it is asked for (nil
-	// until then). blob is replaced, never changed in place: state answers
-	// write it out without the lock.
+	// the next plan patch; blob is its plan blob as it came, nil until
+	// storedBlob encodes it. blob is replaced, never changed in place: state
+	// answers write it out without the lock.
 	plan []byte
 	blob []byte
 	// blobSaved: the blob file holds blob; otherwise only records do (the
@@ -255,7 +254,6 @@ func (l *ledger) adopt(next agentState, r *logRecord) {
 	if r.ResetJournal {
 		next.Journal = nil
 	}
-	next.Journal = append(next.Journal, r.Journal...)
 	l.st = next
 	if len(r.Tree) > 0 {
 		applyTreeDelta(l.tree, r.Tree)
@@ -264,9 +262,8 @@ func (l *ledger) adopt(next agentState, r *logRecord) {
 }
 
 // changeState applies change to next. A last_apply it sets becomes the
-// whole answer of that apply, as a controller that polls the state for the
-// verdict of a scheduled reload takes it: the pairs, token, last-known-good
-// and worker it left, and the inventory of that worker.
+// whole answer of that apply, baseline and inventory, as a controller that
+// polls the state for the verdict of a scheduled reload takes it.
 func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 	prev := next.LastApply
 	change(next)
@@ -279,19 +276,11 @@ func (l *ledger) changeState(next *agentState, change func(*agentState)) {
 // forget changes the state at once and writes it as well as it can: what
 // it forgets must not be reported even when the disk refuses the record
 // (the next start re-derives it from the tree and the worker anyway).
-// While an apply is in flight, its end record carries the change.
+// The caller holds mu.
 func (l *ledger) forget(change func(*agentState)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.forgetLocked(change)
-}
-
-func (l *ledger) forgetLocked(change func(*agentState)) {
-	next := l.st.clone()
-	change(&next)
-	l.st = next
+	change(&l.st)
 	if !l.applying {
-		l.write(&logRecord{Kind: recordState, State: &next}, false)
+		l.write(&logRecord{Kind: recordState, State: &l.st}, false)
 	}
 }
 
@@ -381,7 +370,7 @@ func (l *ledger) ended(e ending) error {
 		s.ReloadOwed = e.reloadOwed
 	})
 	if e.seq == 0 {
-		l.forgetLocked(func(s *agentState) { *s = next })
+		l.forget(func(s *agentState) { *s = next })
 		return nil
 	}
 	l.applying = false
@@ -403,6 +392,8 @@ func (l *ledger) ended(e ending) error {
 // applied plan once it took effect, nothing the agent can vouch for
 // otherwise.
 func (l *ledger) recovered(ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.forget(func(s *agentState) {
 		s.Running, s.WorkerOps = planRef{}, planRef{}
 		if ok && s.Applied.complete() {
@@ -424,6 +415,8 @@ func (l *ledger) lkgRestored() error {
 // the repair of a worker a read-back found diverging, or of a recovery
 // reload that got no verdict.
 func (l *ledger) repairPending(ref planRef, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.forget(func(s *agentState) { s.Pending, s.PendingAt = ref, at })
 }
 
@@ -557,7 +550,7 @@ func (l *ledger) faults() (broken, behind, stuck error) {
 func (l *ledger) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.log.close()
+	l.log.f.Close()
 }
 
 func applyTreeDelta(tree map[string]FileAt, delta map[string]*FileAt) {
@@ -665,7 +658,7 @@ func (l *ledger) invalidate() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.invalidations++
-	l.forgetLocked(func(s *agentState) { s.Applied, s.WorkerOps = planRef{}, planRef{} })
+	l.forget(func(s *agentState) { s.Applied, s.WorkerOps = planRef{}, planRef{} })
 }
 
 func (l *ledger) invalidationCount() uint64 {
@@ -690,7 +683,7 @@ func (l *ledger) adoptWorker(info HAProxyInfo, inv *Inventory, foreign bool) {
 	if foreign {
 		l.invalidations++
 	}
-	l.forgetLocked(func(s *agentState) {
+	l.forget(func(s *agentState) {
 		s.Worker = info
 		if foreign {
 			s.Applied, s.Running, s.WorkerOps = planRef{}, planRef{}, planRef{}

@@ -132,10 +132,9 @@ func encodeFrame(r *logRecord) ([]byte, error) {
 	if len(payload) > maxRecordBytes {
 		return nil, fmt.Errorf("a state record of %d bytes exceeds the %d-byte limit", len(payload), maxRecordBytes)
 	}
-	out := make([]byte, frameHeaderBytes, frameHeaderBytes+len(payload))
-	binary.LittleEndian.PutUint32(out[0:4], frameMagic)
-	binary.LittleEndian.PutUint32(out[4:8], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(out[8:12], crc32.Checksum(payload, crcTable))
+	out := binary.LittleEndian.AppendUint32(make([]byte, 0, frameHeaderBytes+len(payload)), frameMagic)
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(payload)))
+	out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(payload, crcTable))
 	return append(out, payload...), nil
 }
 
@@ -302,18 +301,18 @@ func (l *loadedLog) replay(records []logRecord) {
 	}
 	for _, r := range records {
 		l.seq, l.count = r.Seq, l.count+1
-		if r.Kind == recordNumbers {
-			l.st.raiseNumbers(stateOf(r))
-			continue
-		}
-		if r.Kind == recordApply || r.Kind == recordEnd {
-			l.index(r)
-		}
 		if r.ResetJournal {
 			// A promotion rides the next record, whatever becomes of it.
 			l.st.Journal = nil
 		}
-		if r.Kind == recordApply {
+		switch {
+		case r.Kind == recordNumbers:
+			l.st.raiseNumbers(stateOf(r))
+			continue
+		case r.Kind == recordEnd:
+			l.index(r)
+		case r.Kind == recordApply:
+			l.index(r)
 			l.reload = l.reload || !closed[r.Seq] && r.Open
 			if !counts[r.Seq] {
 				l.st.ProofGeneration = max(l.st.ProofGeneration, r.State.ProofGeneration)
@@ -322,8 +321,7 @@ func (l *loadedLog) replay(records []logRecord) {
 			for _, f := range r.Files {
 				applyTreeDelta(l.tree, map[string]*FileAt{f.Path: f.New})
 			}
-		}
-		if r.Kind == recordState && r.State != nil && r.State.Generation < l.st.Generation {
+		case r.Kind == recordState && r.State != nil && r.State.Generation < l.st.Generation:
 			// Older than the state replay holds: written beside an apply
 			// still in flight, it describes the tree from before that
 			// apply, and must neither replace the state the apply landed
@@ -361,9 +359,7 @@ func (l *loadedLog) index(r logRecord) {
 	}
 }
 
-// addChangeSources notes every place the changes name bytes in: each
-// file's new bytes (inline, a temp file, or a patch of its old ones) and
-// its old ones (its undo link).
+// addChangeSources notes every place the changes name bytes in, new and old.
 func addChangeSources(sources map[FileAt][]source, changes []fileChange) {
 	for _, f := range changes {
 		addSource(sources, f.New, source{data: f.Data, path: f.Temp, patch: f.Patch})
@@ -532,5 +528,3 @@ func (w *stateLog) replace(path string, b []byte) error {
 	}
 	return w.disk.SyncDir(filepath.Dir(path))
 }
-
-func (w *stateLog) close() error { return w.f.Close() }

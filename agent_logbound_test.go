@@ -25,7 +25,7 @@ func TestTheLogTakesNoRecordAStartWouldNotRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer w.f.Close()
 	took := 0
 	for seq := uint64(1); ; seq++ {
 		err := w.append(&logRecord{Seq: seq, Kind: recordState, State: &agentState{Generation: seq}}, false)

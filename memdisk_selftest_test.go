@@ -956,7 +956,7 @@ func TestMemDiskStateLog(t *testing.T) {
 	if got := seqs(); !slices.Equal(got, []uint64{3}) {
 		t.Errorf("after the sync: last records %v, want 3", got)
 	}
-	memOK(t, w.close())
+	memOK(t, w.f.Close())
 }
 
 // TestMemDiskStateLogSurvivesItsFirstSync: a file's sync does not make its
@@ -975,7 +975,7 @@ func TestMemDiskStateLogSurvivesItsFirstSync(t *testing.T) {
 			t.Fatalf("a synced first record was lost: the new log's name was not made durable")
 		}
 	}
-	memOK(t, w.close())
+	memOK(t, w.f.Close())
 }
 
 // TestMemDiskConcurrent: many goroutines on one disk, for the race

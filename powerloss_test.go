@@ -331,7 +331,7 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 	if err != nil {
 		return "ledger: " + err.Error()
 	}
-	defer led.log.close()
+	defer led.log.f.Close()
 	beforeRecovery := treeOf(img, cfg.BaseDir)
 	st, _, reload, owed, err := recoverDisk(files, led, loaded, logger, time.Now())
 	if err != nil {
