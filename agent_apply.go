@@ -91,6 +91,18 @@ type applyDeps struct {
 
 func (d *applyDeps) msSince(t time.Time) int64 { return d.now().Sub(t).Milliseconds() }
 
+// testHookPhase, set only by the phase-table benchmark, is told each point
+// on an apply's path to its answer as the apply passes it. In production it
+// is nil and costs a comparison per point.
+var testHookPhase func(point string)
+
+// passed tells testHookPhase that an apply reached point.
+func passed(point string) {
+	if testHookPhase != nil {
+		testHookPhase(point)
+	}
+}
+
 // invariant counts, logs and remembers a broken invariant. It never panics.
 func (d *applyDeps) invariant(ok bool, name string) {
 	if !ok {
@@ -115,6 +127,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, StageStartup, msgAgentInitialising)
 		return
 	}
+	passed("handler")
 	held := a.hold(w, r, false)
 	defer held.release()
 	mr, err := r.MultipartReader()
@@ -137,6 +150,7 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	autoDowngrade(m)
+	passed("manifest")
 	start := a.now()
 	if code, body := a.deps.fence(m); code != 0 {
 		writeJSON(w, code, body)
@@ -155,15 +169,18 @@ func (a *Agent) handleApply(w http.ResponseWriter, r *http.Request) {
 		writeError(w, code, StageParts, err.Error())
 		return
 	}
+	passed("staged")
 	a.deps.applyMu.Lock()
 	defer a.deps.applyMu.Unlock()
 	in, code, body := a.deps.admit(a.deps.ctx, m, p, start)
 	var done outcome
 	if in != nil {
+		passed("admitted")
 		done = a.deps.runApply(in)
 		code, body = a.deps.answer(in, done)
 		p.kept = done.keepStaged
 	}
+	passed("answering")
 	writeJSON(w, code, body)
 	http.NewResponseController(w).Flush()
 	if done.readBack != nil {

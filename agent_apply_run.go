@@ -42,10 +42,10 @@ type applyInput struct {
 // runApply is one admitted apply, in the order it becomes durable, which
 // every recovery rests on: the paths it changes linked aside
 // (linkChanges); one record naming the apply (the state it lands, its
-// files' new bytes and their undo) begun, a runtime apply's ops sent while
-// it syncs, and the sync awaited; what HAProxy must do (activate); a
-// counted apply's files installed (installCounted); and the end record
-// (end). No rename comes before the sync: an install takes the token only
+// files' new bytes and their undo) begun, a runtime apply's ops sent and
+// the install's bytes written while it syncs, and the sync awaited; what
+// HAProxy must do (activate); a counted apply's files installed
+// (installCounted); and the end record (end). No rename comes before the sync: an install takes the token only
 // the awaited sync returns. A runtime, file_only or noop apply counts from
 // that sync on; a reload apply is open, and counts only once its end
 // record, synced after its reload took effect, closes it. HAProxy's refusal
@@ -61,17 +61,25 @@ func (d *applyDeps) runApply(in *applyInput) outcome {
 	if err != nil {
 		return d.end(in, ch, d.fail(in, ch, linkStage(err), err, o))
 	}
+	passed("linked")
 	start := d.now()
 	r := in.record(ch, d.now())
 	await, err := d.led.beginApply(r)
 	if err != nil {
 		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
 	}
+	passed("recorded")
 	var ops opsOutcome
 	if in.steps.act == activateOps {
 		ops = d.runtimeOps(in, ch) // while the record syncs
+		passed("ops")
 	}
+	// Only the install's renames wait for the sync. A failure to write its
+	// bytes now meets the install again, which reports it.
+	_ = d.files.prepare(in.staged)
+	passed("prepared")
 	done, err := await()
+	passed("awaited")
 	o.opsRan, o.ops, o.write = ops.ran, ops.took, d.now().Sub(start)-ops.took
 	if err == nil || errors.Is(err, errRecordKept) {
 		o.seq = r.Seq // the record the end or the undo closes
@@ -83,8 +91,11 @@ func (d *applyDeps) runApply(in *applyInput) outcome {
 	o = d.activate(in, ch, done, ops, o)
 	if o.ok && !o.installed && len(ch.changes) > 0 {
 		o = d.installCounted(in, ch, done, o)
+		passed("installed")
 	}
-	return d.end(in, ch, o)
+	o = d.end(in, ch, o)
+	passed("ended")
+	return o
 }
 
 // ---------------------------------------------------------------------------

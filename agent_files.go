@@ -644,28 +644,43 @@ func (s *fileStore) linkAside(abs string) (string, error) {
 	return link, s.disk.Link(abs, link)
 }
 
+// prepare writes, unsynced, the temp file of each staged part that has none
+// yet (a small part, or a patch, whose bytes the record carries), so that
+// the install that follows is renames alone. It takes no token: a temp file
+// changes no path, and an apply runs it while its record syncs.
+func (s *fileStore) prepare(staged []*stagedFile) error {
+	for _, f := range staged {
+		if f.unchanged || f.installed || f.tmp != "" || f.built != "" {
+			continue
+		}
+		var err error
+		if f.built, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // install puts every staged file onto its path, the config last (HAProxy
 // reads it on reload, and every file it names must already be in place),
 // then unlinks the deleted paths; directories are created as needed and
 // never removed. Nothing is synced: recovery redoes it from the record,
 // which is on the disk (synced). A file a failed install already put in
-// place is skipped when tried again.
+// place is skipped when tried again, and one whose temp file a failed
+// prepare left unwritten is written here.
 func (s *fileStore) install(_ synced, staged []*stagedFile, dels []string) error {
+	if err := s.prepare(staged); err != nil {
+		return err
+	}
 	configLast := func(a, b *stagedFile) int { return boolInt(a.Rel == s.config) - boolInt(b.Rel == s.config) }
 	for _, f := range slices.SortedStableFunc(slices.Values(staged), configLast) {
 		if f.unchanged || f.installed {
 			continue
 		}
-		from := cmp.Or(f.tmp, f.built)
-		if from == "" {
-			var err error
-			if from, err = s.writeTemp(f.Rel, f.abs, func(w io.Writer) error { return s.writeStaged(f, w) }, false); err != nil {
-				return err
-			}
-		}
-		if err := s.put(f.Rel, from); err != nil {
-			if from != f.tmp {
-				s.disk.Remove(from)
+		if err := s.put(f.Rel, cmp.Or(f.tmp, f.built)); err != nil {
+			if f.built != "" {
+				s.disk.Remove(f.built)
+				f.built = ""
 			}
 			return err
 		}

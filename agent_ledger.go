@@ -305,7 +305,11 @@ func (l *ledger) beginApply(r *logRecord) (await func() (synced, error), err err
 	}
 	l.applying = true
 	done := make(chan error, 1)
-	go func() { done <- l.log.f.Sync() }()
+	go func() {
+		err := l.log.f.Sync()
+		passed("synced")
+		done <- err
+	}()
 	return func() (synced, error) {
 		err := <-done
 		l.mu.Lock()

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -1054,5 +1055,85 @@ func TestAScheduledReloadWaitsForStartupToFinish(t *testing.T) {
 	}
 	if got := diskSet(t, cfg.BaseDir); !sameSet(got, fs2) {
 		t.Errorf("the tree changed before startup finished: %v", got)
+	}
+}
+
+// A runtime apply writes its map's new bytes while its record syncs, and
+// renames them into the tree only once the sync is done: the log's sync is
+// held until the temp file is written (or two seconds pass), and nothing
+// may be renamed onto the map while it is held.
+func TestAnInstallsBytesAreWrittenWhileItsRecordSyncs(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWith(t, agentOptions{disk: d}, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	logPath, mapPath := filepath.Join(e.cfg.BaseDir, logFileName), filepath.Join(e.cfg.BaseDir, "maps/host.map")
+	var mu sync.Mutex
+	var syncing, written, writtenBySync, renamedWhileSyncing bool
+	wrote := make(chan struct{}, 1)
+	d.setHook(func(op diskOp) error {
+		mu.Lock()
+		switch {
+		case op.Op == "write" && strings.Contains(op.Path, storeTempDir):
+			written = true
+			notify(wrote)
+		case (op.Op == "exchange" || op.Op == "rename") && op.Path == mapPath:
+			renamedWhileSyncing = renamedWhileSyncing || syncing
+		case op.Op == "sync" && op.Path == logPath && !syncing && !writtenBySync:
+			syncing = true
+			mu.Unlock()
+			select {
+			case <-wrote:
+			case <-time.After(2 * time.Second):
+			}
+			mu.Lock()
+			syncing, writtenBySync = false, written
+		}
+		mu.Unlock()
+		return nil
+	})
+	next := fs.clone()
+	next["maps/host.map"] += "new.example be-b\n"
+	res := e.land(t, "plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "new.example", Value: "be-b"})
+	d.setHook(nil)
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case res.Mode != ResultRuntime:
+		t.Fatalf("the apply landed as %s, want runtime", res.Mode)
+	case !writtenBySync:
+		t.Error("the map's new bytes were not written while the record synced")
+	case renamedWhileSyncing:
+		t.Error("the map was renamed into the tree before the record's sync")
+	}
+	if got := diskSet(t, e.cfg.BaseDir); got["maps/host.map"] != next["maps/host.map"] {
+		t.Errorf("the map at the answer is %q, want %q", got["maps/host.map"], next["maps/host.map"])
+	}
+}
+
+// A write of the install's bytes that fails while the record syncs is tried
+// again by the install, which then reports any failure of its own: here the
+// second try takes, and the map is in place at the answer.
+func TestAFailedWriteBesideTheSyncIsTriedAgainByTheInstall(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWith(t, agentOptions{disk: d}, nil)
+	fs := seedFiles()
+	e.land(t, "plan-1", fs)
+	var failed atomic.Bool
+	d.setHook(func(op diskOp) error {
+		if op.Op == "write" && strings.Contains(op.Path, storeTempDir) && failed.CompareAndSwap(false, true) {
+			return syscall.EIO
+		}
+		return nil
+	})
+	next := fs.clone()
+	next["maps/host.map"] += "new.example be-b\n"
+	res := e.land(t, "plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "new.example", Value: "be-b"})
+	d.setHook(nil)
+	if !failed.Load() || res.Mode != ResultRuntime || res.Error != nil {
+		t.Fatalf("failed a write: %v; the apply: %s %+v", failed.Load(), res.Mode, res.Error)
+	}
+	if got := diskSet(t, e.cfg.BaseDir); got["maps/host.map"] != next["maps/host.map"] {
+		t.Errorf("the map at the answer is %q, want %q", got["maps/host.map"], next["maps/host.map"])
 	}
 }

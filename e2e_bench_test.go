@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -178,6 +179,101 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 		s.addRawMapEntry(b, e, log)
 	}
 	s.report(b)
+}
+
+// BenchmarkRealMapEntryPhases is the phase table of a one-entry runtime
+// apply: the median wall time of each stage its answer waits for, between
+// the points testHookPhase is told of, next to the raw `add map` round trip
+// and a bare fdatasync of a record's size measured in the same iterations.
+// The sync runs beside the op round trip, so "sync" overlaps "op" and
+// "sync-wait" is what the answer waits for the sync after the op; every
+// other stage follows the one before it, and together they make agent-ms.
+func BenchmarkRealMapEntryPhases(b *testing.B) {
+	e, r := benchEnv(b)
+	without := e.plan(r)
+	with := e.plan(r.with(func(r *e2eRender) { r.hostMap += "bench.test be-b\n" }))
+	addOp := Op{Kind: OpMapAdd, Path: e2eHostMap, Key: "bench.test", Value: "be-b"}
+	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
+	log := openDatasyncProbe(b, e)
+	var clock phaseClock
+	testHookPhase = clock.pass
+	b.Cleanup(func() { testHookPhase = nil })
+	var s benchSamples
+	took := map[string][]time.Duration{}
+	for b.Loop() {
+		m, parts := benchApply(e.state(b), with, []Op{addOp}, ModeAuto)
+		clock.start()
+		sent := time.Now()
+		res, err := e.c.Apply(context.Background(), m, parts, nil)
+		received := time.Now()
+		at := clock.stop()
+		if err != nil || !res.OK || res.Mode != ResultRuntime {
+			b.Fatalf("apply: %+v %v", res, err)
+		}
+		at["sent"], at["received"] = sent, received
+		for _, st := range phaseStages {
+			if at[st.from].IsZero() || at[st.to].IsZero() {
+				b.Fatalf("the apply passed no point %q or %q: %v", st.from, st.to, at)
+			}
+			took[st.name] = append(took[st.name], at[st.to].Sub(at[st.from]))
+		}
+		s.agent = append(s.agent, received.Sub(sent))
+		e.awaitReadBacks()
+		e.applyTimed(b, without, []Op{delOp}, ModeAuto, ResultRuntime)
+		s.addRawMapEntry(b, e, log)
+	}
+	s.report(b)
+	for _, st := range phaseStages {
+		b.ReportMetric(float64(median(took[st.name]).Nanoseconds())/1000, st.name+"-us")
+	}
+}
+
+// phaseStages are the stages of BenchmarkRealMapEntryPhases, each between
+// two points: the client's (sent, received) or testHookPhase's.
+var phaseStages = []struct{ name, from, to string }{
+	{"to-handler", "sent", "handler"},        // the client's encoding, the request's headers
+	{"read-decode", "handler", "manifest"},   // the manifest read, decoded and validated
+	{"stage", "manifest", "staged"},          // the fence, the map's part read and verified
+	{"admit", "staged", "admitted"},          // the apply lock, the plan's checks, the steps
+	{"link", "admitted", "linked"},           // the changes listed, paths linked aside
+	{"record-write", "linked", "recorded"},   // the record built, encoded and written
+	{"op", "recorded", "ops"},                // the op compiled and its round trip
+	{"sync", "recorded", "synced"},           // the record's fdatasync, beside the op
+	{"prepare", "ops", "prepared"},           // the install's bytes written, beside the sync
+	{"sync-wait", "prepared", "awaited"},     // what is left of the sync after them
+	{"install", "awaited", "installed"},      // the op's reply judged, the map renamed
+	{"end-record", "installed", "ended"},     // the end record, the answer filled
+	{"answer", "ended", "answering"},         // the answer checked and logged
+	{"from-answer", "answering", "received"}, // the answer encoded, sent, read and decoded
+}
+
+// phaseClock keeps when the one timed apply passed each point.
+type phaseClock struct {
+	mu sync.Mutex
+	at map[string]time.Time // nil outside the timed apply
+}
+
+func (c *phaseClock) pass(point string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at != nil {
+		c.at[point] = now
+	}
+}
+
+func (c *phaseClock) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.at = map[string]time.Time{}
+}
+
+func (c *phaseClock) stop() map[string]time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at := c.at
+	c.at = nil
+	return at
 }
 
 // addRawMapEntry is the raw side of a one-entry map benchmark: the timed
