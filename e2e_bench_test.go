@@ -185,9 +185,10 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 // apply: the median wall time of each stage its answer waits for, between
 // the points testHookPhase is told of, next to the raw `add map` round trip
 // and a bare fdatasync of a record's size measured in the same iterations.
-// The sync runs beside the op round trip, so "sync" overlaps "op" and
-// "sync-wait" is what the answer waits for the sync after the op; every
-// other stage follows the one before it, and together they make agent-ms.
+// The sync runs beside the op's round trip and the install's writes, so
+// "sync" overlaps "op" and "prepare", and "sync-wait" is what the answer
+// waits for the sync after them; every other stage follows the one before
+// it, and together they make agent-ms.
 func BenchmarkRealMapEntryPhases(b *testing.B) {
 	e, r := benchEnv(b)
 	without := e.plan(r)
