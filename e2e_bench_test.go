@@ -161,8 +161,17 @@ func rawLine(b *testing.B, socket, line string) (string, time.Duration) {
 
 // BenchmarkRealMapEntryApply: a runtime apply adding one map entry (the
 // POST /v1/apply a controller sends, read-back excluded) against the raw
-// round trip of the same `add map` line on the worker socket. Each
-// iteration also removes the entry again on both sides, untimed.
+// round trip of the same `add map` line on the worker socket, a bare
+// fdatasync of a record's size and the bare HTTP exchange of its body, all
+// in the same iterations. Each iteration also removes the entry again on
+// both sides, untimed.
+//
+// It is also the phase table: the median wall time of each stage the
+// answer waits for, between the points testHookPhase is told of. The sync
+// runs beside the op's round trip and the install's writes, so "sync"
+// overlaps "op" and "prepare", and "sync-wait" is what the answer waits
+// for the sync after them; every other stage follows the one before it,
+// and together they make agent-ms.
 func BenchmarkRealMapEntryApply(b *testing.B) {
 	e, r := benchEnv(b)
 	without := e.plan(r)
@@ -171,31 +180,6 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
 	log := openDatasyncProbe(b, e)
 	floor := startHTTPFloor(b, with, addOp)
-	var s benchSamples
-	for b.Loop() {
-		s.add(e.applyTimed(b, with, []Op{addOp}, ModeAuto, ResultRuntime))
-		e.applyTimed(b, without, []Op{delOp}, ModeAuto, ResultRuntime)
-		s.httpFloor = append(s.httpFloor, floor.post(b))
-		s.addRawMapEntry(b, e, log)
-	}
-	s.report(b)
-}
-
-// BenchmarkRealMapEntryPhases is the phase table of a one-entry runtime
-// apply: the median wall time of each stage its answer waits for, between
-// the points testHookPhase is told of, next to the raw `add map` round trip
-// and a bare fdatasync of a record's size measured in the same iterations.
-// The sync runs beside the op's round trip and the install's writes, so
-// "sync" overlaps "op" and "prepare", and "sync-wait" is what the answer
-// waits for the sync after them; every other stage follows the one before
-// it, and together they make agent-ms.
-func BenchmarkRealMapEntryPhases(b *testing.B) {
-	e, r := benchEnv(b)
-	without := e.plan(r)
-	with := e.plan(r.with(func(r *e2eRender) { r.hostMap += "bench.test be-b\n" }))
-	addOp := Op{Kind: OpMapAdd, Path: e2eHostMap, Key: "bench.test", Value: "be-b"}
-	delOp := Op{Kind: OpMapDel, Path: e2eHostMap, Key: "bench.test"}
-	log := openDatasyncProbe(b, e)
 	var clock phaseClock
 	testHookPhase = clock.pass
 	b.Cleanup(func() { testHookPhase = nil })
@@ -218,9 +202,10 @@ func BenchmarkRealMapEntryPhases(b *testing.B) {
 			}
 			took[st.name] = append(took[st.name], at[st.to].Sub(at[st.from]))
 		}
-		s.agent = append(s.agent, received.Sub(sent))
+		s.add(received.Sub(sent), res.Timing)
 		e.awaitReadBacks()
 		e.applyTimed(b, without, []Op{delOp}, ModeAuto, ResultRuntime)
+		s.httpFloor = append(s.httpFloor, floor.post(b))
 		s.addRawMapEntry(b, e, log)
 	}
 	s.report(b)
@@ -229,7 +214,7 @@ func BenchmarkRealMapEntryPhases(b *testing.B) {
 	}
 }
 
-// phaseStages are the stages of BenchmarkRealMapEntryPhases, each between
+// phaseStages are the stages of BenchmarkRealMapEntryApply, each between
 // two points: the client's (sent, received) or testHookPhase's.
 var phaseStages = []struct{ name, from, to string }{
 	{"to-handler", "sent", "handler"},        // the client's encoding, the request's headers
