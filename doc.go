@@ -96,10 +96,10 @@
 // transaction, runs the ops or reloads, fences stale leaders, and reports
 // what happened in an [ApplyResult]. Each apply is one record of an
 // append-only log, synced before its first rename (once for a runtime,
-// file_only or noop apply, while its ops travel; once more after a reload
-// took effect). A runtime, file_only or noop apply counts from that durable
-// point, renames its files into the tree (unsynced: recovery redoes them
-// from the record) and is answered: whoever reads the disk after an ACK
+// file_only or noop apply, while its ops travel and its files' bytes are
+// written; once more after a reload took effect). A runtime, file_only or
+// noop apply counts from that durable point, renames its files into the
+// tree (unsynced: recovery redoes them from the record) and is answered: whoever reads the disk after an ACK
 // sees the apply's files. Parts are read before the apply lock, so a slow
 // upload holds up no other apply; a body below a minimum rate is cut, and
 // the whole request has a deadline. runApply in agent_apply_run.go reads as
