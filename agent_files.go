@@ -1065,11 +1065,13 @@ func (s *fileStore) digestAbs(abs string) (FileAt, error) {
 	return FileAt{Digest: FormatDigest(h.Sum64()), Size: n}, nil
 }
 
-// hashTree observes the given paths, at most MaxFiles at a time. A path that
-// does not exist, is invalid or is not a regular file is left out, and so,
-// with a warning, is a file the agent may not read: the tree then differs
-// from the one recorded, the baseline is forgotten, and an apply that must
-// read the file fails on its own; the agent still starts and serves.
+// hashTree observes the given paths: the recorded tree (MaxFiles at most)
+// and, at a start, the paths the replayed records touched, which the bounds
+// of the log's read limit. A path that does not exist, is invalid or is not
+// a regular file is left out, and so, with a warning, is a file the agent
+// may not read: the tree then differs from the one recorded, the baseline
+// is forgotten, and an apply that must read the file fails on its own; the
+// agent still starts and serves.
 func (s *fileStore) hashTree(paths []string) (map[string]FileAt, error) {
 	tree := make(map[string]FileAt, len(paths))
 	for _, rel := range paths {
