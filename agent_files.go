@@ -262,13 +262,16 @@ type stagedFile struct {
 	Size   int64
 	// held is the agent's record of the path when the part was read, outside
 	// the apply lock: an apply that landed meanwhile may have moved it.
-	held      FileAt
-	inline    []byte // a small part's bytes
-	repl      []byte // with patch: the file is its base (the live file) with repl spliced in
-	patch     *FilePatch
-	tmp       string // a large part's synced temp file
-	built     string // the temp file the patch was spliced into while verified: one pass over a large base, not two
-	unchanged bool   // the live file already holds these bytes: neither installed nor journalled
+	held   FileAt
+	inline []byte // a small part's bytes
+	repl   []byte // with patch: the file is its base (the live file) with repl spliced in
+	patch  *FilePatch
+	tmp    string // a large part's synced temp file
+	// built is an unsynced temp file of bytes the record carries: a patch
+	// spliced while verified (one pass over a large base, not two), or a
+	// small part's bytes, written by prepare while the record syncs.
+	built     string
+	unchanged bool // the live file already holds these bytes: neither installed nor journalled
 	installed bool
 }
 
