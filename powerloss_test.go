@@ -143,7 +143,11 @@ func (f *forkingFile) Sync() error {
 		f.d.holdSync()
 	}
 	f.d.at("sync", f.Name())
-	return f.diskFile.Sync()
+	err := f.diskFile.Sync()
+	// The instant after: what the sync made durable must survive from here
+	// on, while operations that run beside the sync go on.
+	f.d.at("synced", f.Name())
+	return err
 }
 
 func (f *forkingFile) Truncate(size int64) error {
@@ -248,6 +252,9 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 		if master != nil && master.refused.Load() > 0 && changesTheTree(base, op) {
 			undoing.Store(true)
 		}
+		if op.Op == "synced" && committed.Load() && !k.refused {
+			acked.Store(true)
+		}
 		for _, img := range md.crashImages(perOp, rng) {
 			key := img.canonical()
 			if seen[key] {
@@ -259,11 +266,8 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 				failures = append(failures, fmt.Sprintf("before %s %s (op %d): %s", op.Op, op.Path, ops, msg))
 			}
 		}
-		switch {
-		case op.Op == "write-commit":
+		if op.Op == "write-commit" {
 			committed.Store(true)
-		case op.Op == "sync" && committed.Load() && !k.refused:
-			acked.Store(true)
 		}
 	}
 	// The apply under test follows a compaction: the bytes it replaces are
