@@ -1137,3 +1137,58 @@ func TestAFailedWriteBesideTheSyncIsTriedAgainByTheInstall(t *testing.T) {
 		t.Errorf("the map at the answer is %q, want %q", got["maps/host.map"], next["maps/host.map"])
 	}
 }
+
+// What the agent forgets between applies (an invalidated baseline, a worker
+// it adopted and cannot vouch for) is a record of its own, so a start that
+// finds no snapshot after it still forgets: the log is read from a copy of
+// the tree taken while the agent runs, as a kill -9 would leave it.
+func TestForgottenBaselinesSurviveACrash(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		forget func(l *ledger)
+		check  func(s agentState) string
+	}{
+		{"an invalidation", func(l *ledger) { l.invalidate() }, func(s agentState) string {
+			if s.Applied.complete() || s.WorkerOps.complete() {
+				return fmt.Sprintf("applied %+v, worker ops %+v: want both forgotten", s.Applied, s.WorkerOps)
+			}
+			return ""
+		}},
+		{"a foreign worker adopted", func(l *ledger) { l.adoptWorker(HAProxyInfo{WorkerPID: 4242, WorkerStartTimeUnixMicros: 7}, nil, true) },
+			func(s agentState) string {
+				if s.Worker.WorkerPID != 4242 || s.Applied.complete() || s.Running.complete() || s.WorkerOps.complete() {
+					return fmt.Sprintf("worker %d, applied %+v, running %+v, worker ops %+v: want 4242 and all three forgotten",
+						s.Worker.WorkerPID, s.Applied, s.Running, s.WorkerOps)
+				}
+				return ""
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := landedEnv(t, nil, nil)
+			if st := e.a.led.state(); !st.Applied.complete() || !st.Running.complete() {
+				t.Fatalf("plan-1 did not land whole: %+v", st)
+			}
+			e.a.deps.applyMu.Lock()
+			c.forget(e.a.led)
+			e.a.deps.applyMu.Unlock()
+			crashed := t.TempDir()
+			if err := os.CopyFS(crashed, os.DirFS(e.cfg.BaseDir)); err != nil {
+				t.Fatal(err)
+			}
+			cfg := e.cfg
+			cfg.BaseDir = crashed
+			paths, err := resolveAgentPaths(&cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			led, _, err := newLedger(osDisk{}, paths.state, paths.planBlob, testLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer led.log.f.Close()
+			if msg := c.check(led.state()); msg != "" {
+				t.Error("after the crash: " + msg)
+			}
+		})
+	}
+}
