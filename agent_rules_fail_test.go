@@ -139,3 +139,44 @@ func TestAnUndoRecordRefusedByAReadOnlyDiskOwesTheReload(t *testing.T) {
 		t.Errorf("the tree once the disk takes writes again:\n%s", describeSetDiff(got, set))
 	}
 }
+
+// The one case the last-known-good set is loaded: a runtime apply whose op
+// HAProxy refused falls back to a reload, HAProxy refuses that, and then
+// refuses the tree the undo put back too (the worker holds the ops that did
+// run, so it must reload something). The agent puts the last-known-good set
+// back, reloads it, and starts the journal afresh: the runtime apply
+// answered before, whose map entry the set does not hold, goes with it.
+func TestADoubleRefusalLoadsTheLastKnownGoodSet(t *testing.T) {
+	var armed atomic.Bool
+	var refused atomic.Int32
+	e, lkg := landedEnv(t, nil, func(a *Agent, fake *FakeHAProxy) {
+		a.deps.beforeReload = func() {
+			fail := armed.Load() && refused.Add(1) <= 2 // the fallback's reload, then the undo's
+			fake.With(func(m *FakeModel) { m.ReloadFails = fail })
+		}
+	})
+	answered := lkg.clone()
+	answered["maps/host.map"] += "a.example be-a\n"
+	e.land(t, "plan-2", answered, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "a.example", Value: "be-a"})
+	awaitReadBacks(e.a)
+	e.fake.With(func(m *FakeModel) {
+		m.Reject = func(command string) (string, bool) { return "refused", strings.HasPrefix(command, "set map") }
+	})
+	next := answered.clone()
+	next["maps/host.map"] = strings.Replace(next["maps/host.map"], "a.example be-a", "a.example be-b", 1) + "b.example be-a\n"
+	armed.Store(true)
+	res := e.c.apply(e.c.manifest("plan-3", next,
+		Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "b.example", Value: "be-a"},
+		Op{Kind: OpMapSet, Path: "maps/host.map", Key: "a.example", Value: "be-b"}), next)
+	armed.Store(false)
+	if n := refused.Load(); res.OK || res.Error == nil || res.Error.Stage != StageReload || res.Rollback == nil || !res.Rollback.Reloaded || n != 3 {
+		t.Fatalf("after %d reloads (want 3: two refused, the last-known-good set's taken): %s", n, jsonOf(res))
+	}
+	if got := e.disk(t); !sameSet(got, lkg) {
+		t.Errorf("the tree is not the last-known-good set:\n%s", describeSetDiff(got, lkg))
+	}
+	st := e.a.led.state()
+	if len(st.Journal) != 0 || st.Applied.ID != "plan-1" || st.Running.ID != "plan-1" {
+		t.Errorf("journal %v, applied %s, running %s: want an empty journal and plan-1 applied and running", st.Journal, st.Applied.ID, st.Running.ID)
+	}
+}
