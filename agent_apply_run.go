@@ -42,8 +42,8 @@ type applyInput struct {
 // runApply is one admitted apply, in the order it becomes durable, which
 // every recovery rests on: the paths it changes linked aside
 // (linkChanges); one record naming the apply (the state it lands, its
-// files' new bytes and their undo) begun, a runtime apply's ops sent and
-// the install's bytes written while it syncs, and the sync awaited; what
+// files' new bytes and their undo) begun, the install's bytes written and
+// a runtime apply's ops sent while it syncs, and the sync awaited; what
 // HAProxy must do (activate); a counted apply's files installed
 // (installCounted); and the end record (end). No rename comes before the sync: an install takes the token only
 // the awaited sync returns. A runtime, file_only or noop apply counts from
@@ -69,15 +69,16 @@ func (d *applyDeps) runApply(in *applyInput) outcome {
 		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
 	}
 	passed("recorded")
+	// While the record syncs: the install's bytes, so that only its renames
+	// wait for the sync, and then the ops. Bytes that cannot be written (a
+	// full disk) refuse the apply before any op reaches HAProxy.
+	unwritten := d.files.prepare(in.staged)
+	passed("prepared")
 	var ops opsOutcome
-	if in.steps.act == activateOps {
-		ops = d.runtimeOps(in, ch) // while the record syncs
+	if unwritten == nil && in.steps.act == activateOps {
+		ops = d.runtimeOps(in, ch)
 		passed("ops")
 	}
-	// Only the install's renames wait for the sync. A failure to write its
-	// bytes now meets the install again, which reports it.
-	_ = d.files.prepare(in.staged)
-	passed("prepared")
 	done, err := await()
 	passed("awaited")
 	o.opsRan, o.ops, o.write = ops.ran, ops.took, d.now().Sub(start)-ops.took
@@ -86,6 +87,9 @@ func (d *applyDeps) runApply(in *applyInput) outcome {
 	}
 	if err != nil {
 		return d.end(in, ch, d.fail(in, ch, StageBackup, err, o))
+	}
+	if unwritten != nil {
+		return d.end(in, ch, d.fail(in, ch, StageWrite, unwritten, o))
 	}
 	o.undone = false
 	o = d.activate(in, ch, done, ops, o)

@@ -14,13 +14,14 @@ import (
 )
 
 // compactIfDue writes a new snapshot once the log is long, a write failed,
-// or old versions linked aside take too much room. A compaction that fails
-// is retried every owedRetryInterval, and the agent is not ready
-// meanwhile.
+// or old versions linked aside take too much room, and keeps the log's
+// zeros ahead of its end. A compaction that fails is retried every
+// owedRetryInterval, and the agent is not ready meanwhile.
 func (d *applyDeps) compactIfDue() {
 	if (d.led.compactDue() || d.files.linkedBytes() > maxLinkedBytes) && d.compact() != nil {
 		d.retryOwed()
 	}
+	d.led.keepLogAhead()
 }
 
 // compact makes the tree durable, rewrites the state as a snapshot, and

@@ -487,21 +487,21 @@ func TestALostSyncedTailNeverHandsOutAProofAgain(t *testing.T) {
 			e.stop()
 			// Cut the log at its last apply record.
 			raw := img[logFileName]
-			start := -1
+			start, frame := -1, []byte(nil)
 			for pos := 0; ; {
 				r, end, ok := frameAt(raw, pos)
 				if !ok {
 					break
 				}
 				if r.Kind == recordApply {
-					start = pos
+					start, frame = pos, raw[pos:end]
 				}
 				pos = end
 			}
 			if start < 0 {
 				t.Fatalf("no apply record in the log")
 			}
-			img[logFileName] = raw[:start+cut.keep(raw[start:])]
+			img[logFileName] = raw[:start+cut.keep(frame)]
 			restoreImage(t, e.cfg.BaseDir, img)
 			e.restartStopped(t)
 			if n := logs.count(msgLogEndedTorn); (n > 0) != cut.logged {

@@ -153,9 +153,9 @@ func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger
 				return nil, nil, fmt.Errorf("set the damaged state aside: %w", err)
 			}
 		}
-		loaded.good, loaded.count = 0, 0
+		loaded.good, loaded.zeroed, loaded.count = 0, 0, 0
 	}
-	w, err := openStateLog(d, statePath, loaded.good, loaded.count)
+	w, err := openStateLog(d, statePath, loaded.good, loaded.zeroed, loaded.count)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the state log: %w", err)
 	}
@@ -517,6 +517,20 @@ func (l *ledger) compactDue() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return !l.applying && (l.log.full() || l.broken != nil || l.stuckBy != nil)
+}
+
+// keepLogAhead keeps zeros written past the log's end (logZeroAhead),
+// never while an apply is in flight: its sync is the one the apply waits
+// for.
+func (l *ledger) keepLogAhead() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.applying || l.broken != nil {
+		return
+	}
+	if err := l.log.keepAhead(); err != nil {
+		l.breakLog(err)
+	}
 }
 
 // mustCompact reports a log that must be compacted before anything else

@@ -490,6 +490,148 @@ func TestLogFramesTellATornTailFromDamage(t *testing.T) {
 	}
 }
 
+// TestTheLogWritesItsRecordsOverZerosKeptAhead: the log keeps synced zeros
+// past its last record, so that a record lands on blocks the file already
+// has and its sync commits no new size. A start reads the zeros as the
+// log's end, and keeps them; only the bytes of a record cut short are a
+// torn tail. Zeros
+// half used up are renewed; zeros a full disk refuses are cut off again,
+// and records then grow the file.
+func TestTheLogWritesItsRecordsOverZerosKeptAhead(t *testing.T) {
+	d := &halfFullDisk{}
+	statePath := filepath.Join(t.TempDir(), defaultStateFile)
+	w, err := openStateLog(d, statePath, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.f.Close()
+	length := func() int64 {
+		fi, err := os.Stat(logPathFor(statePath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	var seq uint64
+	write := func(sync bool) {
+		seq++
+		if err := w.append(logFiller(seq), sync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func(what string, torn int64) *loadedLog {
+		t.Helper()
+		l, err := loadLog(d, statePath)
+		if err != nil || l.seq != seq || l.good != w.bytes || l.torn != torn || l.damage != "" {
+			t.Fatalf("%s: a start read to record %d, %d bytes good, %d torn, damage %q (%v); want %d, %d, %d, none",
+				what, l.seq, l.good, l.torn, l.damage, err, seq, w.bytes, torn)
+		}
+		return l
+	}
+	if n := length(); n != logZeroAhead {
+		t.Fatalf("a new log is %d bytes long, want %d of zeros", n, logZeroAhead)
+	}
+	write(true)
+	write(false)
+	if n := length(); n != logZeroAhead {
+		t.Errorf("two records made the log %d bytes long, want %d", n, logZeroAhead)
+	}
+	l := load("two records over zeros", 0)
+	again, err := openStateLog(d, statePath, l.good, l.zeroed, l.count)
+	if err != nil || again.bytes != w.bytes || again.zeroed != logZeroAhead || length() != logZeroAhead {
+		t.Errorf("a start after two records: the log is %d bytes long, zeros from %d to %d (%v); want them kept", length(), again.bytes, again.zeroed, err)
+	}
+	again.f.Close()
+
+	frame, _ := encodeFrame(logFiller(seq + 1))
+	half := frame[:len(frame)/2]
+	if _, err := w.f.Write(half); err != nil {
+		t.Fatal(err)
+	}
+	load("half a record over zeros", int64(len(half)))
+	w.f.Seek(w.bytes, 0)
+
+	for w.bytes < logZeroAhead/2 {
+		write(false)
+	}
+	if err := w.keepAhead(); err != nil || length() != w.bytes+logZeroAhead {
+		t.Errorf("zeros half used up: the log is %d bytes long past its %d (%v), want %d", length(), w.bytes, err, w.bytes+logZeroAhead)
+	}
+	for w.zeroed-w.bytes >= logZeroAhead/2 {
+		write(false)
+	}
+	d.full.Store(true)
+	if err := w.keepAhead(); err != nil || length() != w.bytes {
+		t.Errorf("a full disk: the log is %d bytes long past its %d (%v), want none of the zeros left", length(), w.bytes, err)
+	}
+	d.full.Store(false)
+	write(true)
+	if length() != w.bytes {
+		t.Errorf("a record past the zeros: the log is %d bytes long, want %d", length(), w.bytes)
+	}
+	load("records past the zeros", 0)
+}
+
+// TestAnAgentRenewsItsLogsZerosAfterItsAnswers: once an apply's records
+// use up half the zeros, the work after its answer writes new ones, so
+// that a long run of applies keeps landing on blocks the log already has.
+func TestAnAgentRenewsItsLogsZerosAfterItsAnswers(t *testing.T) {
+	e := newTestEnv(t, nil, nil)
+	set := seedFiles()
+	e.land(t, "plan-1", set)
+	ahead := func() (length, end int64) {
+		e.a.led.mu.Lock()
+		defer e.a.led.mu.Unlock()
+		fi, err := os.Stat(filepath.Join(e.cfg.BaseDir, logFileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size(), e.a.led.log.bytes
+	}
+	for i := 0; ; i++ {
+		if _, end := ahead(); end > logZeroAhead/2 {
+			break
+		}
+		next, op := mapEntryChange(set, fmt.Sprintf("k%d.example", i), "be-a")
+		if res := e.c.apply(e.c.manifest(fmt.Sprintf("plan-%d", i+2), next, op), next); !res.OK || res.Mode != ResultRuntime {
+			t.Fatalf("apply %d: %s", i, jsonOf(res))
+		}
+		set = next
+	}
+	waitFor(t, "zeros renewed past the records", func() bool {
+		length, end := ahead()
+		return length-end >= logZeroAhead/2
+	})
+}
+
+// halfFullDisk is the OS's disk, whose files, while full is set, take half
+// of a write and then refuse the rest as a full disk does.
+type halfFullDisk struct {
+	osDisk
+	full atomic.Bool
+}
+
+func (d *halfFullDisk) OpenFile(name string, flag int, perm os.FileMode) (diskFile, error) {
+	f, err := d.osDisk.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return halfFullFile{f, d}, nil
+}
+
+type halfFullFile struct {
+	diskFile
+	d *halfFullDisk
+}
+
+func (f halfFullFile) Write(p []byte) (int, error) {
+	if !f.d.full.Load() {
+		return f.diskFile.Write(p)
+	}
+	n, _ := f.diskFile.Write(p[:len(p)/2])
+	return n, &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+}
+
 // TestSettle is the table of how a run's end changes the state: p1 is on
 // disk and in the worker, the apply lands p2.
 func TestSettle(t *testing.T) {
@@ -1111,10 +1253,10 @@ func TestAnInstallsBytesAreWrittenWhileItsRecordSyncs(t *testing.T) {
 	}
 }
 
-// A write of the install's bytes that fails while the record syncs is tried
-// again by the install, which then reports any failure of its own: here the
-// second try takes, and the map is in place at the answer.
-func TestAFailedWriteBesideTheSyncIsTriedAgainByTheInstall(t *testing.T) {
+// A write of the install's bytes that fails while the record syncs (a full
+// disk, say) refuses the apply before its op reaches HAProxy: the tree and
+// the worker are as the apply found them, and the next apply lands.
+func TestAFailedWriteBesideTheSyncRefusesTheApplyBeforeItsOps(t *testing.T) {
 	d := &hookDisk{}
 	e := newTestEnvWith(t, agentOptions{disk: d}, nil)
 	fs := seedFiles()
@@ -1122,19 +1264,24 @@ func TestAFailedWriteBesideTheSyncIsTriedAgainByTheInstall(t *testing.T) {
 	var failed atomic.Bool
 	d.setHook(func(op diskOp) error {
 		if op.Op == "write" && strings.Contains(op.Path, storeTempDir) && failed.CompareAndSwap(false, true) {
-			return syscall.EIO
+			return &os.PathError{Op: "write", Path: op.Path, Err: syscall.ENOSPC}
 		}
 		return nil
 	})
-	next := fs.clone()
-	next["maps/host.map"] += "new.example be-b\n"
-	res := e.land(t, "plan-2", next, Op{Kind: OpMapAdd, Path: "maps/host.map", Key: "new.example", Value: "be-b"})
+	next, op := mapEntryChange(fs, "new.example", "be-b")
+	res := e.c.apply(e.c.manifest("plan-2", next, op), next)
 	d.setHook(nil)
-	if !failed.Load() || res.Mode != ResultRuntime || res.Error != nil {
-		t.Fatalf("failed a write: %v; the apply: %s %+v", failed.Load(), res.Mode, res.Error)
+	if !failed.Load() || res.OK || res.Error == nil || res.Error.Stage != StageWrite || res.AppliedPlanID != "plan-1" {
+		t.Fatalf("failed a write: %v; the apply: %s", failed.Load(), jsonOf(res))
 	}
-	if got := diskSet(t, e.cfg.BaseDir); got["maps/host.map"] != next["maps/host.map"] {
-		t.Errorf("the map at the answer is %q, want %q", got["maps/host.map"], next["maps/host.map"])
+	if hasMapKey(e.fake, "maps/host.map", "new.example") || res.Rollback == nil || res.Rollback.Reloaded {
+		t.Errorf("the op reached the worker, or a reload took it away again: %s", jsonOf(res.Rollback))
+	}
+	if got := diskSet(t, e.cfg.BaseDir); !sameSet(got, fs) {
+		t.Errorf("the tree after the refusal:\n%s", describeSetDiff(got, fs))
+	}
+	if res := e.land(t, "plan-2", next, op); res.Mode != ResultRuntime {
+		t.Errorf("the apply once the write takes: %s", jsonOf(res))
 	}
 }
 

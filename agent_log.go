@@ -9,7 +9,8 @@
 // trust).
 //
 // It never decides what a record means beyond replaying it, and never syncs
-// unless asked: syncing is what makes an apply slow.
+// unless asked, or to keep zeros ahead of the log's end where no apply
+// waits: syncing is what makes an apply slow.
 
 package haptic
 
@@ -208,6 +209,7 @@ type loadedLog struct {
 	tree    map[string]FileAt
 	seq     uint64 // the last record's sequence number
 	good    int64  // the log's good prefix, where appends resume
+	zeroed  int64  // the log's length when only zeros follow good, else good
 	count   int    // records since the snapshot
 	touched []string
 	sources map[FileAt][]source
@@ -267,7 +269,12 @@ func loadLog(d disk, statePath string) (*loadedLog, error) {
 	default:
 		var good, damaged int
 		records, tail, good, damaged = decodeFrames(raw, out.seq)
-		out.good, out.torn = int64(good), int64(len(raw)-good)
+		// Zeros past the last record are kept there (logZeroAhead), not torn.
+		out.good, out.torn = int64(good), int64(len(bytes.TrimRight(raw[good:], "\x00")))
+		out.zeroed = out.good
+		if out.torn == 0 {
+			out.zeroed = int64(len(raw))
+		}
 		if damaged >= 0 && out.damage == "" {
 			out.damage = fmt.Sprintf("%s at offset %d", logPath, damaged)
 		}
@@ -407,19 +414,31 @@ func setAside(d disk, path string) error {
 // ---------------------------------------------------------------------------
 // Writing.
 
+// logZeroAhead is how much of the file past the log's last record is kept
+// written with zeros and synced. A record then lands on blocks the file
+// already has, and its fdatasync only writes them and flushes the disk's
+// cache; a record that grows the file also waits for the filesystem to
+// commit the new size (on ext4 a journal commit: one more trip to the disk,
+// and a wake-up of the journal's thread that busy cores delay). Replay reads
+// the zeros as the log's end. They are written where no apply waits: when
+// the log opens, and after an answer (keepAhead).
+const logZeroAhead = 256 << 10
+
 // stateLog appends records and writes snapshots.
 type stateLog struct {
 	disk      disk
 	statePath string
 	f         diskFile
-	bytes     int64
+	bytes     int64 // where the next record goes
+	zeroed    int64 // the file's length: zeros from bytes up to it
 	count     int
 	synced    uint64 // the last record whose sync completed
 }
 
 // openStateLog prepares appends after the good prefix of the log: a torn
-// tail is cut off first, so that a later record never follows garbage.
-func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, error) {
+// tail is cut off first, so that a later record never follows garbage,
+// while zeros after it (up to zeroed) are kept, as the room they hold.
+func openStateLog(d disk, statePath string, good, zeroed int64, count int) (*stateLog, error) {
 	logPath := logPathFor(statePath)
 	_, statErr := d.Lstat(logPath)
 	f, err := d.OpenFile(logPath, os.O_RDWR|os.O_CREATE, privateFileMode)
@@ -432,8 +451,16 @@ func openStateLog(d disk, statePath string, good int64, count int) (*stateLog, e
 		// vanish with it.
 		err = d.SyncDir(filepath.Dir(logPath))
 	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case zeroed > good:
+		w.bytes, w.zeroed = good, zeroed
+		_, err = f.Seek(good, io.SeekStart)
+	default:
 		err = w.cutBack(good)
+	}
+	if err == nil {
+		err = w.keepAhead()
 	}
 	if err != nil {
 		f.Close()
@@ -461,6 +488,7 @@ func (w *stateLog) append(r *logRecord, sync bool) error {
 		return err
 	}
 	w.bytes += int64(len(b))
+	w.zeroed = max(w.zeroed, w.bytes)
 	w.count++
 	if sync {
 		if err := w.f.Sync(); err != nil {
@@ -477,8 +505,36 @@ func (w *stateLog) append(r *logRecord, sync bool) error {
 func (w *stateLog) cutBack(size int64) error {
 	err := w.f.Truncate(size)
 	_, seekErr := w.f.Seek(size, io.SeekStart)
-	w.bytes = size
+	w.bytes, w.zeroed = size, size
 	return cmp.Or(err, seekErr)
+}
+
+// keepAhead writes zeros up to logZeroAhead past the log's end once less
+// than half of that is left, and syncs them. A log past maxLogBytes grows
+// as it is: its compaction is due. Zeros that cannot be written (a full
+// disk) are cut off again, giving the room back: records then grow the
+// file, slower and as durable. A failed sync is returned, as it may have
+// lost records written before it, and so is a cut that failed.
+func (w *stateLog) keepAhead() error {
+	end := w.bytes + logZeroAhead
+	if w.zeroed-w.bytes >= logZeroAhead/2 || w.bytes >= maxLogBytes {
+		return nil
+	}
+	_, err := w.f.Seek(w.zeroed, io.SeekStart)
+	if err == nil {
+		_, err = w.f.Write(make([]byte, end-w.zeroed))
+	}
+	if err == nil {
+		if err := w.f.Sync(); err != nil {
+			return err
+		}
+		_, err = w.f.Seek(w.bytes, io.SeekStart)
+	}
+	if err != nil {
+		return w.cutBack(w.bytes)
+	}
+	w.zeroed = end
+	return nil
 }
 
 // full reports whether the log should be compacted.
@@ -515,10 +571,13 @@ func (w *stateLog) compact(snap *logRecord) error {
 	if _, err := w.f.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	w.bytes, w.count = 0, 0
+	w.bytes, w.count, w.zeroed = 0, 0, 0
 	st := snap.State
-	return w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
-		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true)
+	if err := w.append(&logRecord{Seq: snap.Seq, Kind: recordNumbers,
+		State: &agentState{Generation: st.Generation, Token: st.Token, ProofGeneration: st.ProofGeneration}}, true); err != nil {
+		return err
+	}
+	return w.keepAhead()
 }
 
 // replace writes b over path, its rename made durable.
