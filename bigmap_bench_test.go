@@ -122,7 +122,7 @@ func BenchmarkRealBigMapEntryApply(b *testing.B) {
 	var plan, cpu []time.Duration
 	for b.Loop() {
 		start := processCPU()
-		s.add(e.applyPatchTimed(b, without, with, addOp))
+		log.measure(e, func() { s.add(e.applyPatchTimed(b, without, with, addOp)) })
 		applied := processCPU() - start
 		took, cpuTook := e.putPlanPatch(b, patches[0])
 		plan, cpu = append(plan, took), append(cpu, applied+cpuTook)

@@ -162,8 +162,9 @@ func rawLine(b *testing.B, socket, line string) (string, time.Duration) {
 // BenchmarkRealMapEntryApply: a runtime apply adding one map entry (the
 // POST /v1/apply a controller sends, read-back excluded) against the raw
 // round trip of the same `add map` line on the worker socket, a bare
-// fdatasync of a record's size and the bare HTTP exchange of its body, all
-// in the same iterations. Each iteration also removes the entry again on
+// fdatasync of the bytes the apply adds to the log, written in place as
+// the log writes them (datasyncProbe), and the bare HTTP exchange of its
+// body, all in the same iterations. Each iteration also removes the entry again on
 // both sides, untimed.
 //
 // It is also the phase table: the median wall time of each stage the
@@ -188,9 +189,14 @@ func BenchmarkRealMapEntryApply(b *testing.B) {
 	for b.Loop() {
 		m, parts := benchApply(e.state(b), with, []Op{addOp}, ModeAuto)
 		clock.start()
-		sent := time.Now()
-		res, err := e.c.Apply(context.Background(), m, parts, nil)
-		received := time.Now()
+		var sent, received time.Time
+		var res *ApplyResult
+		var err error
+		log.measure(e, func() {
+			sent = time.Now()
+			res, err = e.c.Apply(context.Background(), m, parts, nil)
+			received = time.Now()
+		})
 		at := clock.stop()
 		if err != nil || !res.OK || res.Mode != ResultRuntime {
 			b.Fatalf("apply: %+v %v", res, err)
@@ -223,10 +229,10 @@ var phaseStages = []struct{ name, from, to string }{
 	{"admit", "staged", "admitted"},          // the apply lock, the plan's checks, the steps
 	{"link", "admitted", "linked"},           // the changes listed, paths linked aside
 	{"record-write", "linked", "recorded"},   // the record built, encoded and written
-	{"op", "recorded", "ops"},                // the op compiled and its round trip
-	{"sync", "recorded", "synced"},           // the record's fdatasync, beside the op
-	{"prepare", "ops", "prepared"},           // the install's bytes written, beside the sync
-	{"sync-wait", "prepared", "awaited"},     // what is left of the sync after them
+	{"prepare", "recorded", "prepared"},      // the install's bytes written, beside the sync
+	{"op", "prepared", "ops"},                // the op compiled and its round trip, beside the sync
+	{"sync", "recorded", "synced"},           // the record's fdatasync
+	{"sync-wait", "ops", "awaited"},          // what is left of the sync after them
 	{"install", "awaited", "installed"},      // the op's reply judged, the map renamed
 	{"end-record", "installed", "ended"},     // the end record, the answer filled
 	{"answer", "ended", "answering"},         // the answer checked and logged
@@ -265,7 +271,7 @@ func (c *phaseClock) stop() map[string]time.Time {
 // addRawMapEntry is the raw side of a one-entry map benchmark: the timed
 // round trip of `add map` bench-raw.test on the worker socket, the untimed
 // `del map` that undoes it, and the disk's cost of one durable record.
-func (s *benchSamples) addRawMapEntry(b *testing.B, e *e2eEnv, log *os.File) {
+func (s *benchSamples) addRawMapEntry(b *testing.B, e *e2eEnv, log *datasyncProbe) {
 	rawAdd := linePrefix + frameCommand("add map "+e2eHostMap, "bench-raw.test be-b\n", terminatorFor(e.h.Version()))
 	reply, took := rawLine(b, e.h.WorkerSocket(), rawAdd)
 	if strings.Contains(reply, "]: ") && !strings.Contains(reply, "[6]") {
@@ -273,7 +279,7 @@ func (s *benchSamples) addRawMapEntry(b *testing.B, e *e2eEnv, log *os.File) {
 	}
 	s.raw = append(s.raw, took)
 	rawLine(b, e.h.WorkerSocket(), linePrefix+"del map "+e2eHostMap+" bench-raw.test\n")
-	s.datasync = append(s.datasync, appendDatasync(b, log))
+	s.datasync = append(s.datasync, log.sample(b))
 }
 
 // httpFloor is a loopback HTTP server whose handler only reads a
@@ -330,29 +336,64 @@ func (f *httpFloor) post(b *testing.B) time.Duration {
 	return time.Since(start)
 }
 
-// openDatasyncProbe opens a file beside the agent's state, where a record
-// of the same size as an apply's commit is appended and fdatasync'ed once
-// per iteration: the disk's cost of one durable record, measured in the
-// same run as the agent.
-func openDatasyncProbe(b *testing.B, e *e2eEnv) *os.File {
-	f, err := os.OpenFile(filepath.Join(e.a.cfg.BaseDir, ".bench-datasync"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+// datasyncProbe is a file beside the agent's state, written as the agent's
+// log is: zeros synced ahead, and once per iteration the bytes the timed
+// apply added to the log (its record and its end record, which the next
+// apply's sync carries) written over them and fdatasync'ed. It is the
+// disk's own cost of one durable record, measured in the same run as the
+// agent.
+type datasyncProbe struct {
+	f    *os.File
+	at   int64
+	size int64 // the bytes the last timed apply added to the log
+}
+
+const datasyncProbeBytes = 8 << 20
+
+func openDatasyncProbe(b *testing.B, e *e2eEnv) *datasyncProbe {
+	f, err := os.OpenFile(filepath.Join(e.a.cfg.BaseDir, ".bench-datasync"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		_, err = f.Write(make([]byte, datasyncProbeBytes))
+	}
+	if err == nil {
+		err = datasync(f)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
-	return f
+	return &datasyncProbe{f: f, size: 512}
 }
 
-var datasyncRecord = bytes.Repeat([]byte("r"), 512)
+// measure notes what the apply that run made the log grow by; a
+// compaction after it empties the log, and leaves the last size.
+func (p *datasyncProbe) measure(e *e2eEnv, run func()) {
+	before := e.logBytes()
+	run()
+	if grew := e.logBytes() - before; grew > 0 {
+		p.size = grew
+	}
+}
 
-func appendDatasync(b *testing.B, f *os.File) time.Duration {
+func (e *e2eEnv) logBytes() int64 {
+	e.a.led.mu.Lock()
+	defer e.a.led.mu.Unlock()
+	return e.a.led.log.bytes
+}
+
+func (p *datasyncProbe) sample(b *testing.B) time.Duration {
+	if p.at+p.size > datasyncProbeBytes {
+		p.at = 0
+	}
+	record := bytes.Repeat([]byte("r"), int(p.size))
 	start := time.Now()
-	if _, err := f.Write(datasyncRecord); err != nil {
+	if _, err := p.f.WriteAt(record, p.at); err != nil {
 		b.Fatal(err)
 	}
-	if err := datasync(f); err != nil {
+	if err := datasync(p.f); err != nil {
 		b.Fatal(err)
 	}
+	p.at += p.size
 	return time.Since(start)
 }
 
