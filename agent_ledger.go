@@ -520,8 +520,8 @@ func (l *ledger) compactDue() bool {
 }
 
 // keepLogAhead keeps zeros written past the log's end (logZeroAhead),
-// never while an apply is in flight: its sync is the one the apply waits
-// for.
+// never while an apply is in flight: its end record would wait behind
+// them.
 func (l *ledger) keepLogAhead() {
 	l.mu.Lock()
 	defer l.mu.Unlock()

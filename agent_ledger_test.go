@@ -604,6 +604,33 @@ func TestAnAgentRenewsItsLogsZerosAfterItsAnswers(t *testing.T) {
 	})
 }
 
+// TestAFailedSyncOfTheZerosBreaksTheLog: the sync that makes new zeros
+// durable also makes the records written since durable; when it fails, they
+// may be lost, so the log is broken until a snapshot is written, as after
+// any failed sync of the log.
+func TestAFailedSyncOfTheZerosBreaksTheLog(t *testing.T) {
+	d := &hookDisk{}
+	e := newTestEnvWithDisk(t, d, nil)
+	e.land(t, "plan-1", seedFiles())
+	logPath := filepath.Join(e.cfg.BaseDir, logFileName)
+	d.setHook(func(op diskOp) error {
+		if op.Op == "sync" && op.Path == logPath {
+			return syscall.EIO
+		}
+		return nil
+	})
+	defer d.setHook(nil)
+	e.a.deps.applyMu.Lock()
+	e.a.led.mu.Lock()
+	e.a.led.log.zeroed = e.a.led.log.bytes // the zeros used up
+	e.a.led.mu.Unlock()
+	e.a.led.keepLogAhead()
+	e.a.deps.applyMu.Unlock()
+	if broken, _, _ := e.a.led.faults(); !errors.Is(broken, syscall.EIO) {
+		t.Errorf("the log after a failed sync of its zeros: broken by %v, want the sync's error", broken)
+	}
+}
+
 // halfFullDisk is the OS's disk, whose files, while full is set, take half
 // of a write and then refuse the rest as a full disk does.
 type halfFullDisk struct {

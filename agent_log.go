@@ -524,17 +524,13 @@ func (w *stateLog) keepAhead() error {
 	if err == nil {
 		_, err = w.f.Write(make([]byte, end-w.zeroed))
 	}
-	if err == nil {
-		if err := w.f.Sync(); err != nil {
-			return err
-		}
-		_, err = w.f.Seek(w.bytes, io.SeekStart)
-	}
 	if err != nil {
 		return w.cutBack(w.bytes)
 	}
 	w.zeroed = end
-	return nil
+	err = w.f.Sync()
+	_, seekErr := w.f.Seek(w.bytes, io.SeekStart)
+	return cmp.Or(err, seekErr)
 }
 
 // full reports whether the log should be compacted.
