@@ -134,6 +134,9 @@ type Agent struct {
 type agentOptions struct {
 	disk      disk
 	mountInfo string
+	// logZeroAhead: 0 is the package's; the power-loss simulation keeps
+	// fewer zeros, as every disk image it forks copies them.
+	logZeroAhead int64
 }
 
 func (a *Agent) now() time.Time {
@@ -198,7 +201,7 @@ func newAgent(cfg AgentConfig, opts agentOptions) (*Agent, error) {
 	if a.treeLock, err = lockTree(a.files.base); err != nil {
 		return nil, err
 	}
-	if a.led, a.loaded, err = newLedger(opts.disk, paths.state, paths.planBlob, cfg.Logger); err != nil {
+	if a.led, a.loaded, err = newLedger(opts.disk, paths.state, paths.planBlob, cmp.Or(opts.logZeroAhead, logZeroAhead), cfg.Logger); err != nil {
 		a.treeLock.Close()
 		return nil, err
 	}

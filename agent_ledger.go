@@ -140,7 +140,7 @@ var errLedgerBroken = errors.New("could not write the agent's state")
 // that names a path on a volume mounted since is acted on like any other:
 // every byte recovery puts back is checked by its digest, wherever it is
 // found, so an ACK is paid onto the tree as it is mounted now.
-func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger, *loadedLog, error) {
+func newLedger(d disk, statePath, blobPath string, logAhead int64, logger *slog.Logger) (*ledger, *loadedLog, error) {
 	loaded, err := loadLog(d, statePath)
 	if err != nil {
 		return nil, nil, err
@@ -155,7 +155,7 @@ func newLedger(d disk, statePath, blobPath string, logger *slog.Logger) (*ledger
 		}
 		loaded.good, loaded.zeroed, loaded.count = 0, 0, 0
 	}
-	w, err := openStateLog(d, statePath, loaded.good, loaded.zeroed, loaded.count)
+	w, err := openStateLog(d, statePath, loaded.good, loaded.zeroed, logAhead, loaded.count)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the state log: %w", err)
 	}
@@ -519,7 +519,7 @@ func (l *ledger) compactDue() bool {
 	return !l.applying && (l.log.full() || l.broken != nil || l.stuckBy != nil)
 }
 
-// keepLogAhead keeps zeros written past the log's end (logZeroAhead),
+// keepLogAhead keeps zeros written past the log's end (keepAhead),
 // never while an apply is in flight: its end record would wait behind
 // them.
 func (l *ledger) keepLogAhead() {

@@ -500,7 +500,7 @@ func TestLogFramesTellATornTailFromDamage(t *testing.T) {
 func TestTheLogWritesItsRecordsOverZerosKeptAhead(t *testing.T) {
 	d := &halfFullDisk{}
 	statePath := filepath.Join(t.TempDir(), defaultStateFile)
-	w, err := openStateLog(d, statePath, 0, 0, 0)
+	w, err := openStateLog(d, statePath, 0, 0, logZeroAhead, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +537,7 @@ func TestTheLogWritesItsRecordsOverZerosKeptAhead(t *testing.T) {
 		t.Errorf("two records made the log %d bytes long, want %d", n, logZeroAhead)
 	}
 	l := load("two records over zeros", 0)
-	again, err := openStateLog(d, statePath, l.good, l.zeroed, l.count)
+	again, err := openStateLog(d, statePath, l.good, l.zeroed, logZeroAhead, l.count)
 	if err != nil || again.bytes != w.bytes || again.zeroed != logZeroAhead || length() != logZeroAhead {
 		t.Errorf("a start after two records: the log is %d bytes long, zeros from %d to %d (%v); want them kept", length(), again.bytes, again.zeroed, err)
 	}
@@ -1355,7 +1355,7 @@ func TestForgottenBaselinesSurviveACrash(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			led, _, err := newLedger(osDisk{}, paths.state, paths.planBlob, testLogger())
+			led, _, err := newLedger(osDisk{}, paths.state, paths.planBlob, logZeroAhead, testLogger())
 			if err != nil {
 				t.Fatal(err)
 			}

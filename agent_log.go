@@ -183,7 +183,15 @@ func decodeFrames(b []byte, after uint64) (records, tail []logRecord, good, dama
 		last = max(last, records[len(records)-1].Seq)
 	}
 	damaged = -1
+	magic := binary.LittleEndian.AppendUint32(nil, frameMagic)
 	for pos := good + 1; pos+frameHeaderBytes <= len(b) && len(tail) < maxLogReadRecords; pos++ {
+		// Only where a frame's magic is can one start: the zeros kept past
+		// the log's end are skipped at the speed of a search, not decoded.
+		at := bytes.Index(b[pos:], magic)
+		if at < 0 {
+			break
+		}
+		pos += at
 		r, _, ok := frameAt(b, pos)
 		if !ok || r.Seq <= last {
 			continue
@@ -431,6 +439,7 @@ type stateLog struct {
 	f         diskFile
 	bytes     int64 // where the next record goes
 	zeroed    int64 // the file's length: zeros from bytes up to it
+	ahead     int64 // the zeros kept past bytes (logZeroAhead)
 	count     int
 	synced    uint64 // the last record whose sync completed
 }
@@ -438,14 +447,14 @@ type stateLog struct {
 // openStateLog prepares appends after the good prefix of the log: a torn
 // tail is cut off first, so that a later record never follows garbage,
 // while zeros after it (up to zeroed) are kept, as the room they hold.
-func openStateLog(d disk, statePath string, good, zeroed int64, count int) (*stateLog, error) {
+func openStateLog(d disk, statePath string, good, zeroed, ahead int64, count int) (*stateLog, error) {
 	logPath := logPathFor(statePath)
 	_, statErr := d.Lstat(logPath)
 	f, err := d.OpenFile(logPath, os.O_RDWR|os.O_CREATE, privateFileMode)
 	if err != nil {
 		return nil, err
 	}
-	w := &stateLog{disk: d, statePath: statePath, f: f, count: count}
+	w := &stateLog{disk: d, statePath: statePath, f: f, count: count, ahead: ahead}
 	if errors.Is(statErr, fs.ErrNotExist) {
 		// A record synced into a log whose own name is not durable could
 		// vanish with it.
@@ -509,15 +518,15 @@ func (w *stateLog) cutBack(size int64) error {
 	return cmp.Or(err, seekErr)
 }
 
-// keepAhead writes zeros up to logZeroAhead past the log's end once less
-// than half of that is left, and syncs them. A log past maxLogBytes grows
+// keepAhead writes zeros up to w.ahead past the log's end once less than
+// half of that is left, and syncs them. A log past maxLogBytes grows
 // as it is: its compaction is due. Zeros that cannot be written (a full
 // disk) are cut off again, giving the room back: records then grow the
 // file, slower and as durable. A failed sync is returned, as it may have
 // lost records written before it, and so is a cut that failed.
 func (w *stateLog) keepAhead() error {
-	end := w.bytes + logZeroAhead
-	if w.zeroed-w.bytes >= logZeroAhead/2 || w.bytes >= maxLogBytes {
+	end := w.bytes + w.ahead
+	if w.zeroed-w.bytes >= w.ahead/2 || w.bytes >= maxLogBytes {
 		return nil
 	}
 	_, err := w.f.Seek(w.zeroed, io.SeekStart)

@@ -21,7 +21,7 @@ import (
 // it past the bytes a start reads, which is where the start stops reading.
 func TestTheLogTakesNoRecordAStartWouldNotRead(t *testing.T) {
 	statePath := filepath.Join(t.TempDir(), ".haptic-agent.json")
-	w, err := openStateLog(osDisk{}, statePath, 0, 0, 0)
+	w, err := openStateLog(osDisk{}, statePath, 0, 0, logZeroAhead, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -931,7 +931,7 @@ func logFiller(seq uint64) *logRecord {
 func TestMemDiskStateLog(t *testing.T) {
 	md := newMemDisk()
 	memOK(t, md.mkdirAll("/s"))
-	w, err := openStateLog(md, "/s/state", 0, 0, 0)
+	w, err := openStateLog(md, "/s/state", 0, 0, logZeroAhead, 0)
 	memOK(t, err)
 	memOK(t, md.SyncDir("/s"))
 	memOK(t, w.append(logFiller(1), true))
@@ -965,7 +965,7 @@ func TestMemDiskStateLog(t *testing.T) {
 func TestMemDiskStateLogSurvivesItsFirstSync(t *testing.T) {
 	md := newMemDisk()
 	memOK(t, md.mkdirAll("/s"))
-	w, err := openStateLog(md, "/s/state", 0, 0, 0)
+	w, err := openStateLog(md, "/s/state", 0, 0, logZeroAhead, 0)
 	memOK(t, err)
 	memOK(t, w.append(logFiller(1), true))
 	for _, img := range md.crashImages(0, nil) {

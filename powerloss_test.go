@@ -47,6 +47,12 @@ import (
 // always among them.
 const powerLossImagesPerOp = 12
 
+// powerLossZeroAhead is the zeros the simulated agent keeps past its log's
+// end: two blocks, so that records land on zeros, a torn one ends on them,
+// and they are renewed every few applies, while the images it forks copy
+// kilobytes, not logZeroAhead.
+const powerLossZeroAhead = 2 * memBlockSize
+
 // forkingDisk is a memDisk that calls before(op) ahead of every operation
 // that changes something or syncs, outside the memDisk's lock, so that
 // before can fork crash images of the instant between two operations.
@@ -201,7 +207,7 @@ func runPowerLoss(t *testing.T, k crashKind, perOp int) {
 		master = newRefusingMaster(t, fake)
 		cfg.MasterSocket = master.path
 	}
-	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd, mountInfo: mountInfo}, nil, true)
+	a, _ := launchAgentWith(t, cfg, agentOptions{disk: fd, mountInfo: mountInfo, logZeroAhead: powerLossZeroAhead}, nil, true)
 	c := newAgentClient(t, a)
 	if k.warmup == nil {
 		if res := c.apply(c.manifest(k.planID(1), k.before), k.before); !res.OK {
@@ -331,7 +337,7 @@ func checkRecovery(img *memDisk, cfg AgentConfig, mountInfo string, k crashKind,
 	if err != nil {
 		return "file store: " + err.Error()
 	}
-	led, loaded, err := newLedger(img, paths.state, paths.planBlob, logger)
+	led, loaded, err := newLedger(img, paths.state, paths.planBlob, powerLossZeroAhead, logger)
 	if err != nil {
 		return "ledger: " + err.Error()
 	}
