@@ -669,8 +669,9 @@ func (s *fileStore) prepare(staged []*stagedFile) error {
 // then unlinks the deleted paths; directories are created as needed and
 // never removed. Nothing is synced: recovery redoes it from the record,
 // which is on the disk (synced). A file a failed install already put in
-// place is skipped when tried again, and one whose temp file a failed
-// prepare left unwritten is written here.
+// place is skipped when tried again. The apply wrote the temp files
+// (prepare) while its record synced; one that has none here is written
+// now, so that no path is ever put from nothing, which would delete it.
 func (s *fileStore) install(_ synced, staged []*stagedFile, dels []string) error {
 	if err := s.prepare(staged); err != nil {
 		return err

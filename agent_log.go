@@ -525,10 +525,10 @@ func (w *stateLog) cutBack(size int64) error {
 // file, slower and as durable. A failed sync is returned, as it may have
 // lost records written before it, and so is a cut that failed.
 func (w *stateLog) keepAhead() error {
-	end := w.bytes + w.ahead
 	if w.zeroed-w.bytes >= w.ahead/2 || w.bytes >= maxLogBytes {
 		return nil
 	}
+	end := w.bytes + w.ahead
 	_, err := w.f.Seek(w.zeroed, io.SeekStart)
 	if err == nil {
 		_, err = w.f.Write(make([]byte, end-w.zeroed))

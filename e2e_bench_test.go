@@ -368,17 +368,18 @@ func openDatasyncProbe(b *testing.B, e *e2eEnv) *datasyncProbe {
 // measure notes what the apply that run made the log grow by; a
 // compaction after it empties the log, and leaves the last size.
 func (p *datasyncProbe) measure(e *e2eEnv, run func()) {
-	before := e.logBytes()
+	before := logEnd(e.a)
 	run()
-	if grew := e.logBytes() - before; grew > 0 {
+	if grew := logEnd(e.a) - before; grew > 0 {
 		p.size = grew
 	}
 }
 
-func (e *e2eEnv) logBytes() int64 {
-	e.a.led.mu.Lock()
-	defer e.a.led.mu.Unlock()
-	return e.a.led.log.bytes
+// logEnd is where a's log puts its next record.
+func logEnd(a *Agent) int64 {
+	a.led.mu.Lock()
+	defer a.led.mu.Unlock()
+	return a.led.log.bytes
 }
 
 func (p *datasyncProbe) sample(b *testing.B) time.Duration {
